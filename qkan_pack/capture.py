@@ -1,0 +1,366 @@
+"""Run a loaded model per manifest shape: CUDA-graph replay, or eager with the same interface.
+
+Capture follows torch.cuda.graphs' recipe: warm up on a side stream made on the target
+device, synchronize, capture the largest shape first, hand one memory pool to every
+capture, all under ``torch.cuda.device(N)``. Nothing here reads files.
+
+Runners expose ``run(index, inputs, rows, copy) -> list[Tensor]`` (flat output leaves). The
+caller (the predictor) serialises calls; a runner is never entered by two threads at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import CaptureError
+from .progress import progress
+from .source import describe
+from .tree import describe_output, flatten, unflatten
+
+WARMUP_ITERS = 3
+
+
+@dataclass
+class ShapeRecord:
+    """What happened to one manifest shape at load (surfaced in ``predictor.report``)."""
+
+    label: str
+    policy: str = "eager"
+    capture_seconds: float = 0.0
+    pool_bytes: int = 0
+    fallback_reason: str = ""
+    graphs: int = 0
+    replay_max_abs: float = 0.0
+    reference_max_abs: float = 0.0
+
+
+@dataclass
+class _ShapeGraph:
+    graph: torch.cuda.CUDAGraph
+    static_inputs: list[torch.Tensor]
+    static_outputs: list[torch.Tensor]
+
+
+def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.device | None,
+                     copy: bool) -> torch.Tensor:
+    if rows is not None:
+        tensor = tensor[:rows]
+    if not copy:
+        return tensor
+    if out_device is not None and out_device != tensor.device:
+        return tensor.to(out_device)
+    return tensor.clone()
+
+
+class EagerRunner:
+    """Eager forward on the model's device; outputs never alias parameters or inputs."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.records: list[ShapeRecord] = []
+        self._internal = {t.untyped_storage().data_ptr()
+                          for t in [*model.parameters(), *model.buffers()] if t.numel()}
+
+    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
+            padded: Sequence[int] | None, copy: bool = True,
+            out_device: torch.device | None = None) -> list[torch.Tensor]:
+        moved = [self._to_device(x, padded) for x in inputs]
+        with torch.no_grad():
+            leaves = flatten(self.model(*moved))
+        foreign = {x.untyped_storage().data_ptr() for x in moved} | self._internal
+        return [
+            _prepare_for_out(leaf, rows, out_device,
+                             copy=leaf.untyped_storage().data_ptr() in foreign or (
+                                 out_device is not None and out_device != leaf.device))
+            for leaf in leaves
+        ]
+
+    def _to_device(self, x: torch.Tensor, padded: Sequence[int] | None) -> torch.Tensor:
+        x = x.to(self.device).contiguous()
+        if padded is not None and tuple(x.shape) != tuple(padded):
+            full = torch.zeros(padded, dtype=x.dtype, device=self.device)
+            full[: x.shape[0]].copy_(x)
+            return full
+        return x
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+
+class GraphRunner:
+    """Replays one captured graph per manifest shape (whole model), or eager glue around
+    captured submodules for shapes where whole-model capture failed.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.pool: Any = None
+        self.records: list[ShapeRecord] = []
+        self._full: dict[int, _ShapeGraph] = {}
+        self._eager = EagerRunner(model, device)
+        self._submodule_graphs: list[_SubmoduleGraphs] = []
+        self._last_stream: torch.cuda.Stream | None = None
+
+    # -- capture ---------------------------------------------------------------------
+
+    def capture(self, shapes: Sequence[tuple[str, list[torch.Tensor]]], policy: str,
+                submodule_names: Sequence[str], *, show_progress: bool | None) -> None:
+        """Capture every shape under ``policy``; raise CaptureError leaving nothing captured."""
+        order = sorted(range(len(shapes)), key=lambda i: -sum(t.numel() for t in shapes[i][1]))
+        self.records = [ShapeRecord(label=label) for label, _ in shapes]
+        try:
+            with torch.cuda.device(self.device):
+                self.pool = torch.cuda.graph_pool_handle()
+                side = torch.cuda.Stream(device=self.device)
+                fallback = self._capture_full(shapes, order, policy, side, show_progress)
+                if fallback:
+                    self._capture_submodules(shapes, fallback, submodule_names, side, show_progress)
+                torch.cuda.synchronize(self.device)
+        except BaseException:
+            self.close()
+            raise
+
+    def _capture_full(self, shapes: Sequence[tuple[str, list[torch.Tensor]]], order: list[int],
+                      policy: str, side: torch.cuda.Stream, show_progress: bool | None) -> list[int]:
+        if policy == "submodules":
+            return order
+        fallback = []
+        for index in progress(order, desc="capturing graphs", enabled=show_progress):
+            label, sample = shapes[index]
+            record = self.records[index]
+            started = time.perf_counter()
+            before = torch.cuda.memory_reserved(self.device)
+            try:
+                self._full[index] = self._capture_one(lambda *a: flatten(self.model(*a)),
+                                                      sample, side)
+            except CaptureError as exc:
+                if policy == "full":
+                    raise CaptureError(
+                        f"whole-model capture failed for shape {label}: {exc}. Rebuild with "
+                        "--capture auto or --capture submodules to graph only the safe blocks"
+                    ) from exc
+                record.fallback_reason = str(exc)
+                fallback.append(index)
+                continue
+            record.policy = "full"
+            record.graphs = 1
+            record.capture_seconds = time.perf_counter() - started
+            record.pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        return fallback
+
+    def _capture_one(self, fn: Callable[..., list[torch.Tensor]], sample: Sequence[torch.Tensor],
+                     side: torch.cuda.Stream) -> _ShapeGraph:
+        static_inputs = [t.to(self.device).clone() for t in sample]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.no_grad():
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_ITERS):
+                        fn(*static_inputs)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                torch.cuda.synchronize(self.device)
+                with torch.cuda.graph(graph, pool=self.pool, stream=side,
+                                      capture_error_mode="thread_local"):
+                    static_outputs = fn(*static_inputs)
+        except Exception as exc:
+            del graph
+            _recover(self.device)
+            raise CaptureError(describe(exc)) from exc
+        return _ShapeGraph(graph, static_inputs, static_outputs)
+
+    def _capture_submodules(self, shapes: Sequence[tuple[str, list[torch.Tensor]]],
+                            indices: list[int], names: Sequence[str], side: torch.cuda.Stream,
+                            show_progress: bool | None) -> None:
+        targets = select_submodules(self.model, names)
+        if not targets:
+            wanted = ", ".join(names) if names else "modules from the qkan package"
+            raise CaptureError(
+                f"no submodules to capture: the model has no {wanted}; pass --submodules "
+                "ClassName,... naming graph-safe blocks"
+            )
+        recorders = [_SubmoduleGraphs(path, module, self) for path, module in targets]
+        _record_calls(self.model, recorders, {i: shapes[i][1] for i in indices}, self.device)
+        for index in indices:
+            self.records[index].policy = "submodules"
+        for index in progress(indices, desc="capturing submodules", enabled=show_progress):
+            started = time.perf_counter()
+            before = torch.cuda.memory_reserved(self.device)
+            label = self.records[index].label
+            graphs = 0
+            for recorder in recorders:
+                graphs += recorder.capture_for(index, side, label)
+            self.records[index].graphs = graphs
+            self.records[index].capture_seconds = time.perf_counter() - started
+            self.records[index].pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        for recorder in recorders:
+            recorder.install()
+        self._submodule_graphs = recorders
+
+    # -- replay ----------------------------------------------------------------------
+
+    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
+            padded: Sequence[int] | None, copy: bool = True,
+            out_device: torch.device | None = None) -> list[torch.Tensor]:
+        stream = torch.cuda.current_stream(self.device)
+        if self._last_stream is not None and stream != self._last_stream:
+            stream.wait_stream(self._last_stream)  # static buffers were last used there
+        self._last_stream = stream
+        shape_graph = self._full.get(index)
+        if shape_graph is None:
+            return self._eager.run(index, inputs, rows, padded, copy=True, out_device=out_device)
+        for static, x in zip(shape_graph.static_inputs, inputs):
+            if rows is None:
+                static.copy_(x, non_blocking=True)
+            else:
+                static[:rows].copy_(x, non_blocking=True)
+                static[rows:].zero_()
+        shape_graph.graph.replay()
+        return [_prepare_for_out(t, rows, out_device, copy) for t in shape_graph.static_outputs]
+
+    def close(self) -> None:
+        for recorder in self._submodule_graphs:
+            recorder.uninstall()
+        self._submodule_graphs = []
+        self._full.clear()
+        self.pool = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+
+def select_submodules(model: torch.nn.Module, names: Sequence[str]
+                      ) -> list[tuple[str, torch.nn.Module]]:
+    """Top-most submodules whose class is in ``names`` (default: classes from ``qkan``)."""
+
+    def wanted(module: torch.nn.Module) -> bool:
+        cls = type(module)
+        if names:
+            return cls.__name__ in names
+        return cls.__module__.split(".")[0] == "qkan"
+
+    chosen: list[tuple[str, torch.nn.Module]] = []
+    for path, module in model.named_modules():
+        if not path or not wanted(module):
+            continue
+        if any(path.startswith(prefix + ".") for prefix, _ in chosen):
+            continue
+        chosen.append((path, module))
+    return chosen
+
+
+class _SubmoduleGraphs:
+    """Per-signature graphs for one submodule; replaces its forward with replay + copy."""
+
+    def __init__(self, path: str, module: torch.nn.Module, runner: GraphRunner) -> None:
+        self.path = path
+        self.module = module
+        self.runner = runner
+        self.samples: dict[int, list[tuple[Any, list[torch.Tensor]]]] = {}
+        self.graphs: dict[Any, tuple[_ShapeGraph, Any]] = {}
+        self._recording: int | None = None
+
+    def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._recording is None:
+            return
+        if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+            raise CaptureError(
+                f"submodule {self.path} ({type(module).__name__}) is called with non-tensor or "
+                "keyword arguments; only submodules taking tensors positionally can be captured"
+            )
+        key = _signature(args)
+        samples = self.samples.setdefault(self._recording, [])
+        if all(existing != key for existing, _ in samples):
+            samples.append((key, [a.detach().clone() for a in args]))
+
+    def capture_for(self, index: int, side: torch.cuda.Stream, label: str) -> int:
+        captured = 0
+        for key, sample in self.samples.get(index, []):
+            if key in self.graphs:
+                continue
+            module = self.module
+            structure: list[Any] = []
+
+            def call(*args: torch.Tensor, _module: torch.nn.Module = module,
+                     _structure: list[Any] = structure) -> list[torch.Tensor]:
+                out = _module(*args)
+                _structure[:] = [describe_output(out)]
+                return flatten(out)
+
+            try:
+                shape_graph = self.runner._capture_one(call, sample, side)
+            except CaptureError as exc:
+                raise CaptureError(
+                    f"capturing submodule {self.path} ({type(module).__name__}) for shape "
+                    f"{label} failed: {exc}"
+                ) from exc
+            self.graphs[key] = (shape_graph, structure[0])
+            captured += 1
+        return captured
+
+    def install(self) -> None:
+        graphs = self.graphs
+        path = self.path
+
+        def replay(*args: torch.Tensor, **kwargs: Any) -> Any:
+            key = _signature(args)
+            found = graphs.get(key) if not kwargs else None
+            if found is None:
+                raise CaptureError(
+                    f"submodule {path} was called with {key}, which no captured graph covers "
+                    "(its input shapes depend on data, not only on the declared shapes)"
+                )
+            shape_graph, structure = found
+            for static, x in zip(shape_graph.static_inputs, args):
+                static.copy_(x)
+            shape_graph.graph.replay()
+            return unflatten(structure, [t.clone() for t in shape_graph.static_outputs])
+
+        self.module.forward = replay  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        self.module.__dict__.pop("forward", None)
+        self.graphs.clear()
+
+
+def _signature(args: Sequence[torch.Tensor]) -> tuple:
+    return tuple((tuple(a.shape), a.dtype, tuple(a.stride())) for a in args)
+
+
+def _record_calls(model: torch.nn.Module, recorders: list[_SubmoduleGraphs],
+                  samples: dict[int, list[torch.Tensor]], device: torch.device) -> None:
+    """Run eager forwards with hooks to learn each submodule's input signatures per shape."""
+    handles = [r.module.register_forward_pre_hook(r.pre_hook, with_kwargs=True) for r in recorders]
+    try:
+        for index, sample in samples.items():
+            for recorder in recorders:
+                recorder._recording = index
+            with torch.no_grad():
+                model(*[t.to(device) for t in sample])
+    finally:
+        for handle in handles:
+            handle.remove()
+        for recorder in recorders:
+            recorder._recording = None
+
+
+def _recover(device: torch.device) -> None:
+    """After a failed capture: clear the sticky error state and prove the context works."""
+    for _ in range(2):
+        try:
+            torch.cuda.synchronize(device)
+            break
+        except RuntimeError:
+            continue
+    probe = torch.ones(4, device=device)
+    if float((probe * 2).sum().item()) != 8.0:
+        raise CaptureError("the CUDA context is unusable after a failed capture")

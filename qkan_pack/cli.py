@@ -1,0 +1,208 @@
+"""The ``qkan-pack`` command line: parse, call the library, map errors to one-line messages.
+
+Exit codes: 0 success, 1 error (one line; ``QKAN_PACK_DEBUG=1`` shows the traceback),
+2 usage error. Nothing here imports torch at module level so ``--help`` and ``inspect``
+stay instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._version import __version__
+from .errors import QkanPackError, ShapeSpecError
+from .spec import CAPTURE_POLICIES, check_dtype, format_shape, parse_config_items, parse_shapes
+
+DEBUG_ENV = "QKAN_PACK_DEBUG"
+
+
+class _Group(click.Group):
+    """Maps every library error to ``Error: <message>`` and exit 1 (the one mapping)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        except QkanPackError as exc:
+            _fail(exc, known=True)
+        except Exception as exc:
+            _fail(exc, known=False)
+
+
+def _fail(exc: BaseException, *, known: bool) -> None:
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise exc
+    message = " ".join(str(exc).split()) if known else f"unexpected {type(exc).__name__}: {exc}"
+    click.echo(f"Error: {message}", err=True)
+    if not known:
+        click.echo(f"(set {DEBUG_ENV}=1 to see the traceback)", err=True)
+    sys.exit(1)
+
+
+def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
+    return click.BadParameter(str(exc), param_hint=param)
+
+
+def _shapes_option(ctx: click.Context, param: click.Parameter, value: str) -> list:
+    try:
+        return parse_shapes(value)
+    except ShapeSpecError as exc:
+        raise _usage("--shapes", exc) from None
+
+
+def _dtype_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_dtype(value)
+    except ShapeSpecError as exc:
+        raise _usage("--dtype", exc) from None
+
+
+def _config_option(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -> dict:
+    try:
+        return parse_config_items(value)
+    except ShapeSpecError as exc:
+        raise _usage(f"--{param.name}", exc) from None
+
+
+def _range_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter("write LOW,HIGH, e.g. 0,256", param_hint="--input-range") from None
+    if not low < high:
+        raise click.BadParameter("LOW must be below HIGH", param_hint="--input-range")
+    return (low, high)
+
+
+def _list_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple:
+    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="qkan-pack")
+def cli() -> None:
+    """Package launch-bound PyTorch models into artifacts served by pre-captured CUDA graphs.
+
+    \b
+    qkan-pack build model.py --shapes 1x128,8x128      # write artifacts/model/
+    qkan-pack inspect artifacts/model                  # manifest as a table
+    qkan-pack verify artifacts/model --device cuda     # integrity, load, self-test
+    """
+
+
+@cli.command()
+@click.argument("model_py", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--shapes", required=True, callback=_shapes_option,
+              help="Comma-separated input shapes, dims joined by x: 1x128,8x128.")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Artifact directory [default: artifacts/<model file stem>].")
+@click.option("--dtype", default="float32", show_default=True, callback=_dtype_option,
+              help="Input dtype (int64 for token ids).")
+@click.option("--entry", default="build_model", show_default=True,
+              help="Factory in the model file: build_model(**config) -> nn.Module.")
+@click.option("--config", "config", multiple=True, callback=_config_option, metavar="KEY=VALUE",
+              help="Factory argument; VALUE parsed as JSON, else a string. Repeatable.")
+@click.option("--weights", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="safetensors file or torch state dict (read with weights_only=True).")
+@click.option("--include", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Extra local .py file or package directory the model imports. Repeatable.")
+@click.option("--capture", type=click.Choice(CAPTURE_POLICIES), default="auto", show_default=True,
+              help="Graph capture policy recorded for the GPU runtime.")
+@click.option("--submodules", callback=_list_option, metavar="CLASS,...",
+              help="Classes to capture under the submodules policy [default: qkan modules].")
+@click.option("--input-range", callback=_range_option, metavar="LOW,HIGH",
+              help="Range of reference inputs (uniform; ints in [LOW, HIGH)).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the reference inputs.")
+@click.option("--force", is_flag=True, help="Replace an existing artifact at the output path.")
+def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: str,
+          config: dict, weights: Path | None, include: tuple, capture: str, submodules: tuple,
+          input_range: Any, seed: int, force: bool) -> None:
+    """Build an artifact from MODEL_PY for the declared input shapes."""
+    from .build import build as build_artifact
+
+    result = build_artifact(model_py, shapes, output=output, dtype=dtype, entry=entry,
+                            config=config, weights=weights, includes=include, capture=capture,
+                            submodules=submodules, input_range=input_range, seed=seed,
+                            force=force)
+    shown = ", ".join(e.label for e in result.manifest.shapes)
+    click.echo(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
+    click.echo(f"digest {result.digest}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect(directory: Path, as_json: bool) -> None:
+    """Show an artifact's manifest as a table (checks integrity; runs no model code)."""
+    from .artifact import read_artifact
+    from .spec import manifest_to_dict
+
+    artifact = read_artifact(directory)
+    if as_json:
+        payload = {"digest": artifact.digest, "manifest": manifest_to_dict(artifact.manifest)}
+        click.echo(json.dumps(payload, indent=2))
+        return
+    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path)))
+
+
+def render_manifest(manifest: Any, digest: str, path: str) -> str:
+    """The manifest as a human-readable table."""
+    model, producer = manifest.model, manifest.producer
+    config = json.dumps(dict(model.config), sort_keys=True) if model.config else "{}"
+    lines = [
+        f"artifact   {path}",
+        f"digest     {digest}   (integrity verified)",
+        f"format     {manifest.format_name} v{manifest.format_version}, created {manifest.created}",
+        f"model      {model.source} :: {model.entry}(**{config})",
+        f"parameters {model.parameters:,}" + (f"   tied: {list(map(list, model.tied))}"
+                                              if model.tied else ""),
+        f"capture    {manifest.capture.policy}"
+        + (f" ({', '.join(manifest.capture.submodules)})" if manifest.capture.submodules else ""),
+        "producer   " + ", ".join(f"{k} {v}" for k, v in producer.items() if v),
+        "inputs     " + ", ".join(f"{d.name}: {d.dtype}" for d in manifest.inputs),
+        "",
+        f"  {'#':>2}  {'inputs':<24}{'outputs':<40}",
+    ]
+    for index, entry in enumerate(manifest.shapes):
+        inputs = ", ".join(f"{n} {format_shape(s)}" for n, s in entry.inputs)
+        lines.append(f"  {index:>2}  {inputs:<24}{entry.outputs.label:<40}")
+    lines += ["", f"  {'file':<44}{'bytes':>12}  sha256"]
+    for name, entry in sorted(manifest.files.items()):
+        lines.append(f"  {name:<44}{entry.size:>12,}  {entry.sha256[:16]}…")
+    if manifest.kernels:
+        lines += ["", "  shipped kernels:"]
+        lines += [f"    {k.key}  ({k.directory})" for k in manifest.kernels]
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--expected-digest", help="Refuse unless the artifact digest is this sha256:…")
+@click.option("--override", "overrides", multiple=True, callback=_config_option,
+              metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
+def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict) -> None:
+    """Check integrity, load on DEVICE and run the self-test; exit 0 only when sound."""
+    from .predictor import Predictor
+
+    with Predictor.load(directory, device=device, expected_digest=expected_digest,
+                        config_overrides=overrides) as predictor:
+        click.echo(str(predictor.report))
+        click.echo(f"OK: {directory} is sound on {predictor.device}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli.main(args=list(argv) if argv is not None else None, prog_name="qkan-pack")

@@ -1,0 +1,209 @@
+"""The load pipeline behind ``Predictor.load``, in trust order.
+
+verify (sizes, digests, layout, format) -> import the verified source -> build via the
+factory -> strict weights -> eval -> eager pass on the device (compiles kernels, and is
+the replay self-test's baseline) -> reference self-test -> capture -> replay self-test.
+Nothing from the artifact runs before its bytes have matched the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .artifact import VerifiedArtifact, read_artifact
+from .capture import EagerRunner, GraphRunner, ShapeRecord
+from .predictor import (
+    CROSS_HOST_TOLERANCE,
+    SAME_HOST_TOLERANCE,
+    LoadReport,
+    Predictor,
+    compare,
+    resolve_device,
+    self_test_failure,
+    warn,
+)
+from .source import call_factory, entry_function, import_model_source
+from .spec import WEIGHTS_NAME, Manifest
+from .tree import flatten
+from .weights import load_strict, parse_weights
+
+
+@contextmanager
+def _stage(stages: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        stages[name] = stages.get(name, 0.0) + time.perf_counter() - started
+
+
+def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.device, *,
+                   expected_digest: str | None, config_overrides: dict[str, Any],
+                   pad_batch: bool, copy_outputs: bool,
+                   reference_tolerance: tuple[float, float] | None,
+                   replay_tolerance: tuple[float, float],
+                   show_progress: bool | None) -> Predictor:
+    started = time.perf_counter()
+    stages: dict[str, float] = {}
+    with _stage(stages, "verify"):
+        artifact = read_artifact(path, expected_digest=expected_digest)
+    manifest = artifact.manifest
+    target = resolve_device(device)
+    if target.type == "cuda":
+        with _stage(stages, "cuda init"):
+            torch.cuda.init()
+            torch.empty(0, device=target)
+    config = {**manifest.model.config, **config_overrides}
+    report = LoadReport(
+        artifact=str(artifact.path), digest=artifact.digest, device=str(target),
+        capture_policy=manifest.capture.policy if target.type == "cuda" else "eager (no CUDA)",
+        factory_device=str(target) if manifest.model.device_argument else None,
+        config=config, config_overrides=dict(config_overrides), solvers=[],
+        reference_tolerance=reference_tolerance or _default_tolerance(manifest, target,
+                                                                     config_overrides),
+    )
+    check_compatibility(manifest, report)
+    model = _rebuild(artifact, target, config, stages)
+    report.solvers = sorted({s for m in model.modules()
+                             if isinstance(s := getattr(m, "solver", None), str)})
+    with _stage(stages, "references"):
+        samples, expected = _references(artifact, target)
+    with _stage(stages, "first forward"):
+        eager = [flatten(_eager(model, inputs)) for _, inputs in samples]
+    reference_errors = _check_references(samples, eager, expected, report.reference_tolerance)
+    runner = _make_runner(model, target, manifest, samples, stages, show_progress)
+    if isinstance(runner, GraphRunner):  # eager-vs-eager would compare a thing with itself
+        try:
+            with _stage(stages, "self-test"):
+                _check_replay(runner, samples, eager, replay_tolerance, target)
+        except BaseException:
+            runner.close()
+            raise
+    for record, error in zip(runner.records, reference_errors):
+        record.reference_max_abs = error
+    report.shapes = runner.records
+    report.pool_bytes = sum(r.pool_bytes for r in runner.records)
+    report.stages = stages
+    report.load_to_ready_seconds = time.perf_counter() - started
+    return cls(artifact=artifact, model=model, runner=runner, device=target, report=report,
+               pad_batch=pad_batch, copy_outputs=copy_outputs)
+
+
+def _default_tolerance(manifest: Manifest, target: torch.device,
+                       overrides: Mapping[str, Any]) -> tuple[float, float]:
+    same_host = manifest.reference_device == target.type and not overrides
+    return SAME_HOST_TOLERANCE if same_host else CROSS_HOST_TOLERANCE
+
+
+def check_compatibility(manifest: Manifest, report: LoadReport) -> None:
+    """Warn on version skew with the build host; the self-test is the hard guard."""
+    from .build import producer_versions
+
+    here = producer_versions()
+    for package in ("torch", "qkan"):
+        built, local = manifest.producer.get(package), here.get(package)
+        if built and local and _minor(built) != _minor(local):
+            warn(report, f"artifact built with {package} {built}, loading with {local}: "
+                         "outputs are checked by the self-test")
+        if built and not local:
+            warn(report, f"artifact built with {package} {built}, which is not installed here")
+
+
+def _minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+def _rebuild(artifact: VerifiedArtifact, target: torch.device, config: dict[str, Any],
+             stages: dict[str, float]) -> torch.nn.Module:
+    info = artifact.manifest.model
+    with _stage(stages, "import"):
+        sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
+        module = import_model_source(info.source, sources)
+    with _stage(stages, "build"):
+        factory = entry_function(module, info.entry, info.source)
+        model = call_factory(factory, config, info.source, info.entry, device=str(target))
+        model.to(target)
+    with _stage(stages, "weights"):
+        tensors = parse_weights(artifact.files[WEIGHTS_NAME], WEIGHTS_NAME)
+        load_strict(model, tensors, info.tied, f"{artifact.path}/{WEIGHTS_NAME}")
+        model.eval()  # after loading: QKAN rebuilds its folded eval caches here
+        model.requires_grad_(False)
+    return model
+
+
+def _references(artifact: VerifiedArtifact, target: torch.device
+                ) -> tuple[list[tuple[str, list[torch.Tensor]]], list[list[torch.Tensor]]]:
+    manifest = artifact.manifest
+    samples, expected = [], []
+    for entry in manifest.shapes:
+        tensors = parse_weights(artifact.files[entry.reference], entry.reference)
+        inputs = [_reference_tensor(tensors, f"input.{n}", entry.reference).to(target)
+                  for n in manifest.input_names]
+        count = len(list(entry.outputs.leaves()))
+        outputs = [_reference_tensor(tensors, f"output.{i}", entry.reference) for i in range(count)]
+        samples.append((entry.label, inputs))
+        expected.append(outputs)
+    return samples, expected
+
+
+def _reference_tensor(tensors: Mapping[str, torch.Tensor], key: str, where: str) -> torch.Tensor:
+    from .errors import ArtifactError
+
+    if key not in tensors:
+        raise ArtifactError(f"{where} lacks tensor {key!r}; rebuild the artifact")
+    return tensors[key]
+
+
+def _eager(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
+    with torch.no_grad():
+        return model(*inputs)
+
+
+def _check_references(samples: list[tuple[str, list[torch.Tensor]]],
+                      eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
+                      tolerance: tuple[float, float]) -> list[float]:
+    errors = []
+    for (label, _), got, want in zip(samples, eager, expected):
+        error, ok = compare(got, want, tolerance)
+        if not ok:
+            raise self_test_failure(
+                label, "outputs on this host and the build-time references", error, tolerance,
+                "The model, weights or runtime differ from the build host; if the difference "
+                "is expected (another solver or device), pass reference_tolerance=(rtol, atol)",
+            )
+        errors.append(error)
+    return errors
+
+
+def _make_runner(model: torch.nn.Module, target: torch.device, manifest: Manifest,
+                 samples: list[tuple[str, list[torch.Tensor]]], stages: dict[str, float],
+                 show_progress: bool | None) -> EagerRunner | GraphRunner:
+    if target.type != "cuda":
+        runner = EagerRunner(model, target)
+        runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
+        return runner
+    runner = GraphRunner(model, target)
+    with _stage(stages, "capture"):
+        runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,
+                       show_progress=show_progress)
+    return runner
+
+
+def _check_replay(runner: EagerRunner | GraphRunner, samples: list[tuple[str, list[torch.Tensor]]],
+                  eager: list[list[torch.Tensor]], tolerance: tuple[float, float],
+                  target: torch.device) -> None:
+    """Replay each shape on its reference inputs; a wrong capture must fail loudly."""
+    for index, ((label, inputs), want) in enumerate(zip(samples, eager)):
+        got = runner.run(index, inputs, None, None, copy=True)
+        error, ok = compare(got, want, tolerance)
+        runner.records[index].replay_max_abs = error
+        if not ok:
+            raise self_test_failure(label, f"replayed outputs and eager outputs on {target}",
+                                    error, tolerance, "The captured graph is wrong; report a bug "
+                                    "with the artifact, or use --capture submodules")
