@@ -24,6 +24,27 @@ from .source import describe
 from .tree import describe_output, flatten, unflatten
 
 WARMUP_ITERS = 3
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every warm-up and capture in the process.
+
+    cuBLAS keeps a workspace per (handle, stream) for the life of the process; a fresh
+    stream per load would strand one workspace (32 MiB on Hopper) per load.
+    """
+    stream = _CAPTURE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device.index] = torch.cuda.Stream(device=device)
+    return stream
+
+
+def _stream_id(device_index: int) -> Any:
+    """A cheap identity for the calling thread's current stream (no Stream object built)."""
+    query = getattr(torch._C, "_cuda_getCurrentStream", None)
+    if query is not None:
+        return query(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 @dataclass
@@ -82,6 +103,10 @@ class EagerRunner:
             for leaf in leaves
         ]
 
+    def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor:
+        out_device = x.device if x.device != self.device else None
+        return self.run(index, [x], None, None, copy=copy, out_device=out_device)[0]
+
     def _to_device(self, x: torch.Tensor, padded: Sequence[int] | None) -> torch.Tensor:
         x = x.to(self.device).contiguous()
         if padded is not None and tuple(x.shape) != tuple(padded):
@@ -107,6 +132,7 @@ class GraphRunner:
         self._full: dict[int, _ShapeGraph] = {}
         self._eager = EagerRunner(model, device)
         self._submodule_graphs: list[_SubmoduleGraphs] = []
+        self._last_stream_id: Any = None
         self._last_stream: torch.cuda.Stream | None = None
 
     # -- capture ---------------------------------------------------------------------
@@ -119,7 +145,7 @@ class GraphRunner:
         try:
             with torch.cuda.device(self.device):
                 self.pool = torch.cuda.graph_pool_handle()
-                side = torch.cuda.Stream(device=self.device)
+                side = capture_stream(self.device)
                 fallback = self._capture_full(shapes, order, policy, side, show_progress)
                 if fallback:
                     self._capture_submodules(shapes, fallback, submodule_names, side, show_progress)
@@ -137,10 +163,9 @@ class GraphRunner:
             label, sample = shapes[index]
             record = self.records[index]
             started = time.perf_counter()
-            before = torch.cuda.memory_reserved(self.device)
             try:
                 self._full[index] = self._capture_one(lambda *a: flatten(self.model(*a)),
-                                                      sample, side)
+                                                      sample, side, record)
             except CaptureError as exc:
                 if policy == "full":
                     raise CaptureError(
@@ -153,27 +178,30 @@ class GraphRunner:
             record.policy = "full"
             record.graphs = 1
             record.capture_seconds = time.perf_counter() - started
-            record.pool_bytes = torch.cuda.memory_reserved(self.device) - before
         return fallback
 
     def _capture_one(self, fn: Callable[..., list[torch.Tensor]], sample: Sequence[torch.Tensor],
-                     side: torch.cuda.Stream) -> _ShapeGraph:
+                     side: torch.cuda.Stream, record: ShapeRecord) -> _ShapeGraph:
+        """Warm up on the side stream, then capture into the shared pool (torch's recipe)."""
         static_inputs = [t.to(self.device).clone() for t in sample]
         graph = torch.cuda.CUDAGraph()
+        caller_stream = torch.cuda.current_stream(self.device)
         try:
             with torch.no_grad():
-                side.wait_stream(torch.cuda.current_stream(self.device))
+                side.wait_stream(caller_stream)
                 with torch.cuda.stream(side):
                     for _ in range(WARMUP_ITERS):
                         fn(*static_inputs)
-                torch.cuda.current_stream(self.device).wait_stream(side)
+                caller_stream.wait_stream(side)
                 torch.cuda.synchronize(self.device)
+                before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=side,
                                       capture_error_mode="thread_local"):
                     static_outputs = fn(*static_inputs)
+                record.pool_bytes += torch.cuda.memory_reserved(self.device) - before
         except Exception as exc:
             del graph
-            _recover(self.device)
+            _recover(self.device, caller_stream, side)
             raise CaptureError(describe(exc)) from exc
         return _ShapeGraph(graph, static_inputs, static_outputs)
 
@@ -193,14 +221,9 @@ class GraphRunner:
             self.records[index].policy = "submodules"
         for index in progress(indices, desc="capturing submodules", enabled=show_progress):
             started = time.perf_counter()
-            before = torch.cuda.memory_reserved(self.device)
-            label = self.records[index].label
-            graphs = 0
-            for recorder in recorders:
-                graphs += recorder.capture_for(index, side, label)
-            self.records[index].graphs = graphs
-            self.records[index].capture_seconds = time.perf_counter() - started
-            self.records[index].pool_bytes = torch.cuda.memory_reserved(self.device) - before
+            record = self.records[index]
+            record.graphs = sum(r.capture_for(index, side, record) for r in recorders)
+            record.capture_seconds = time.perf_counter() - started
         for recorder in recorders:
             recorder.install()
         self._submodule_graphs = recorders
@@ -210,10 +233,7 @@ class GraphRunner:
     def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
             padded: Sequence[int] | None, copy: bool = True,
             out_device: torch.device | None = None) -> list[torch.Tensor]:
-        stream = torch.cuda.current_stream(self.device)
-        if self._last_stream is not None and stream != self._last_stream:
-            stream.wait_stream(self._last_stream)  # static buffers were last used there
-        self._last_stream = stream
+        self._order_after_last_stream()
         shape_graph = self._full.get(index)
         if shape_graph is None:
             return self._eager.run(index, inputs, rows, padded, copy=True, out_device=out_device)
@@ -225,6 +245,29 @@ class GraphRunner:
                 static[rows:].zero_()
         shape_graph.graph.replay()
         return [_prepare_for_out(t, rows, out_device, copy) for t in shape_graph.static_outputs]
+
+    def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor | None:
+        """Hot path: one input, one output tensor, exact shape; None when not graphed whole."""
+        shape_graph = self._full.get(index)
+        if shape_graph is None:
+            return None
+        self._order_after_last_stream()
+        shape_graph.static_inputs[0].copy_(x, non_blocking=True)
+        shape_graph.graph.replay()
+        out = shape_graph.static_outputs[0]
+        if not copy:
+            return out
+        return out.clone() if x.is_cuda else out.to("cpu")
+
+    def _order_after_last_stream(self) -> None:
+        """Static buffers were last touched on the previous caller's stream: wait for it."""
+        stream_id = _stream_id(self.device.index)
+        if stream_id == self._last_stream_id:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if self._last_stream is not None:
+            current.wait_stream(self._last_stream)
+        self._last_stream_id, self._last_stream = stream_id, current
 
     def close(self) -> None:
         for recorder in self._submodule_graphs:
@@ -282,7 +325,7 @@ class _SubmoduleGraphs:
         if all(existing != key for existing, _ in samples):
             samples.append((key, [a.detach().clone() for a in args]))
 
-    def capture_for(self, index: int, side: torch.cuda.Stream, label: str) -> int:
+    def capture_for(self, index: int, side: torch.cuda.Stream, record: ShapeRecord) -> int:
         captured = 0
         for key, sample in self.samples.get(index, []):
             if key in self.graphs:
@@ -297,11 +340,11 @@ class _SubmoduleGraphs:
                 return flatten(out)
 
             try:
-                shape_graph = self.runner._capture_one(call, sample, side)
+                shape_graph = self.runner._capture_one(call, sample, side, record)
             except CaptureError as exc:
                 raise CaptureError(
                     f"capturing submodule {self.path} ({type(module).__name__}) for shape "
-                    f"{label} failed: {exc}"
+                    f"{record.label} failed: {exc}"
                 ) from exc
             self.graphs[key] = (shape_graph, structure[0])
             captured += 1
@@ -353,14 +396,26 @@ def _record_calls(model: torch.nn.Module, recorders: list[_SubmoduleGraphs],
             recorder._recording = None
 
 
-def _recover(device: torch.device) -> None:
-    """After a failed capture: clear the sticky error state and prove the context works."""
+def _recover(device: torch.device, caller_stream: torch.cuda.Stream,
+             side: torch.cuda.Stream) -> None:
+    """Leave CUDA as it was before a failed capture, and prove the context still works.
+
+    A capture that raises skips parts of torch's clean-up: the caller's current stream is
+    not restored, and the device's RNG stays in "capturing" mode so that every later random
+    op fails ("Offset increment outside graph capture"). A trivial successful capture runs
+    the RNG epilogue again.
+    """
+    torch.cuda.set_stream(caller_stream)
     for _ in range(2):
         try:
             torch.cuda.synchronize(device)
             break
         except RuntimeError:
             continue
+    reset = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(reset, stream=side):
+        torch.zeros(1, device=device).add_(1)
+    del reset
     probe = torch.ones(4, device=device)
-    if float((probe * 2).sum().item()) != 8.0:
+    if float((probe * 2).sum().item()) != 8.0 or float(torch.rand(1, device=device).item()) >= 1:
         raise CaptureError("the CUDA context is unusable after a failed capture")

@@ -127,9 +127,12 @@ def cli() -> None:
               help="Range of reference inputs (uniform; ints in [LOW, HIGH)).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the reference inputs.")
 @click.option("--force", is_flag=True, help="Replace an existing artifact at the output path.")
+@click.option("--warm", "warm_device", is_flag=False, flag_value="cuda", default=None,
+              metavar="[DEVICE]", help="Then ship compiled GPU kernels (needs a GPU here; "
+              "DEVICE defaults to cuda). See `qkan-pack warm`.")
 def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: str,
           config: dict, weights: Path | None, include: tuple, capture: str, submodules: tuple,
-          input_range: Any, seed: int, force: bool) -> None:
+          input_range: Any, seed: int, force: bool, warm_device: str | None) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .build import build as build_artifact
 
@@ -139,6 +142,32 @@ def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: 
                             force=force)
     shown = ", ".join(e.label for e in result.manifest.shapes)
     click.echo(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
+    if warm_device is not None:
+        _warm(result.path, warm_device)
+    else:
+        click.echo(f"digest {result.digest}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--device", default="cuda", show_default=True, help="cuda or cuda:N.")
+def warm(directory: Path, device: str) -> None:
+    """Compile the GPU kernels DIRECTORY needs on this host's GPU and ship them inside it.
+
+    A fresh GPU host then loads without compiling anything; one artifact can carry a
+    kernel set per GPU architecture + toolchain (warm it once on each kind of host).
+    """
+    _warm(directory, device)
+
+
+def _warm(directory: Path, device: str) -> None:
+    from .kernels import warm as warm_artifact
+
+    click.echo(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
+               err=True)
+    result = warm_artifact(directory, device)
+    click.echo(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
+               f"{result.key} in {result.path}")
     click.echo(f"digest {result.digest}")
 
 

@@ -47,8 +47,10 @@ def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.d
                    expected_digest: str | None, config_overrides: dict[str, Any],
                    pad_batch: bool, copy_outputs: bool,
                    reference_tolerance: tuple[float, float] | None,
-                   replay_tolerance: tuple[float, float],
+                   replay_tolerance: tuple[float, float], kernels: str,
                    show_progress: bool | None) -> Predictor:
+    if kernels not in ("auto", "off"):
+        raise ValueError(f"kernels={kernels!r}: use 'auto' or 'off'")
     started = time.perf_counter()
     stages: dict[str, float] = {}
     with _stage(stages, "verify"):
@@ -69,11 +71,48 @@ def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.d
                                                                      config_overrides),
     )
     check_compatibility(manifest, report)
-    model = _rebuild(artifact, target, config, stages)
+    with _kernel_cache(artifact, target, kernels, report):
+        runner, model = _prepare(artifact, target, config, report, stages, replay_tolerance,
+                                 show_progress)
+    report.stages = stages
+    report.load_to_ready_seconds = time.perf_counter() - started
+    return cls(artifact=artifact, model=model, runner=runner, device=target, report=report,
+               pad_batch=pad_batch, copy_outputs=copy_outputs)
+
+
+@contextmanager
+def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str,
+                  report: LoadReport) -> Iterator[None]:
+    """Serve Triton from the artifact's shipped kernels while loading, when they match."""
+    if target.type != "cuda" or kernels == "off":
+        report.kernel_cache = "not used (CPU)" if target.type != "cuda" else "off (compiled as usual)"
+        yield
+        return
+    from .kernels import matching_set, shipped_kernels
+
+    kernel_set, report.kernel_cache = matching_set(artifact, target.index or 0)
+    if kernel_set is None:
+        yield
+        return
+    with shipped_kernels(artifact, kernel_set) as counts:
+        yield
+    report.kernel_cache += f" ({counts['shipped']} shipped, {counts['compiled']} compiled here)"
+    if counts["compiled"]:
+        warn(report, f"{counts['compiled']} kernel(s) were not in the shipped set and were "
+                     "compiled at load; re-run `qkan-pack warm` for this host")
+
+
+def _prepare(artifact: VerifiedArtifact, target: torch.device, config: dict[str, Any],
+             report: LoadReport, stages: dict[str, float],
+             replay_tolerance: tuple[float, float], show_progress: bool | None
+             ) -> tuple[EagerRunner | GraphRunner, torch.nn.Module]:
+    """Build, self-test against references, capture, self-test replay."""
+    manifest = artifact.manifest
+    model = rebuild_model(artifact, target, config, stages)
     report.solvers = sorted({s for m in model.modules()
                              if isinstance(s := getattr(m, "solver", None), str)})
     with _stage(stages, "references"):
-        samples, expected = _references(artifact, target)
+        samples, expected = reference_samples(artifact, target)
     with _stage(stages, "first forward"):
         eager = [flatten(_eager(model, inputs)) for _, inputs in samples]
     reference_errors = _check_references(samples, eager, expected, report.reference_tolerance)
@@ -89,10 +128,7 @@ def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.d
         record.reference_max_abs = error
     report.shapes = runner.records
     report.pool_bytes = sum(r.pool_bytes for r in runner.records)
-    report.stages = stages
-    report.load_to_ready_seconds = time.perf_counter() - started
-    return cls(artifact=artifact, model=model, runner=runner, device=target, report=report,
-               pad_batch=pad_batch, copy_outputs=copy_outputs)
+    return runner, model
 
 
 def _default_tolerance(manifest: Manifest, target: torch.device,
@@ -119,8 +155,10 @@ def _minor(version: str) -> tuple[str, ...]:
     return tuple(version.split("+")[0].split(".")[:2])
 
 
-def _rebuild(artifact: VerifiedArtifact, target: torch.device, config: dict[str, Any],
-             stages: dict[str, float]) -> torch.nn.Module:
+def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: dict[str, Any],
+                  stages: dict[str, float] | None = None) -> torch.nn.Module:
+    """Import, build, strictly load weights, eval: the eager model an artifact describes."""
+    stages = {} if stages is None else stages
     info = artifact.manifest.model
     with _stage(stages, "import"):
         sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
@@ -137,8 +175,10 @@ def _rebuild(artifact: VerifiedArtifact, target: torch.device, config: dict[str,
     return model
 
 
-def _references(artifact: VerifiedArtifact, target: torch.device
-                ) -> tuple[list[tuple[str, list[torch.Tensor]]], list[list[torch.Tensor]]]:
+def reference_samples(artifact: VerifiedArtifact, target: torch.device
+                      ) -> tuple[list[tuple[str, list[torch.Tensor]]], list[list[torch.Tensor]]]:
+    """Per manifest shape: (label, reference inputs on ``target``), and the build-time
+    reference outputs (on the CPU), in manifest order."""
     manifest = artifact.manifest
     samples, expected = [], []
     for entry in manifest.shapes:

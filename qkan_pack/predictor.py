@@ -118,6 +118,7 @@ class Predictor:
         self._index = {tuple(torch.Size(s) for _, s in e.inputs): i
                        for i, e in enumerate(manifest.shapes)}
         self._padding = _padding_table(manifest) if pad_batch else {}
+        self._fast = _fast_table(manifest, self._dtypes, device)
 
     # -- construction ------------------------------------------------------------------
 
@@ -128,22 +129,41 @@ class Predictor:
              pad_batch: bool = False, copy_outputs: bool = True,
              reference_tolerance: tuple[float, float] | None = None,
              replay_tolerance: tuple[float, float] = REPLAY_TOLERANCE,
-             progress: bool | None = None) -> Predictor:
+             kernels: str = "auto", progress: bool | None = None) -> Predictor:
         """Verify, rebuild, load weights, capture every shape (CUDA), self-test, return.
 
         ``config_overrides`` replace factory arguments at load (e.g. ``{"solver": "flash"}``);
-        a factory with a ``device`` parameter receives the target device.
+        a factory with a ``device`` parameter receives the target device. ``kernels="auto"``
+        uses the artifact's shipped GPU kernels when they match this host (``qkan-pack
+        warm``); ``"off"`` compiles as usual.
         """
         from .loading import load_predictor
 
         return load_predictor(cls, path, device, expected_digest=expected_digest,
                               config_overrides=dict(config_overrides or {}), pad_batch=pad_batch,
                               copy_outputs=copy_outputs, reference_tolerance=reference_tolerance,
-                              replay_tolerance=replay_tolerance, show_progress=progress)
+                              replay_tolerance=replay_tolerance, kernels=kernels,
+                              show_progress=progress)
 
     # -- calls -------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if fast is not None and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            index = fast.get((x.shape, x.dtype, x.device))
+            runner = self._runner
+            if index is not None and runner is not None:
+                if x.requires_grad:
+                    x = x.detach()
+                with self._lock:
+                    out = runner.run_one(index, x, self.copy_outputs)
+                if out is not None:
+                    return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The general path: keywords, numpy, several inputs, structured outputs, padding."""
         runner = self._runner
         if runner is None:
             raise InputError("this predictor is closed; load the artifact again")
@@ -158,7 +178,7 @@ class Predictor:
         for position, value in enumerate(args):
             if not isinstance(value, torch.Tensor):
                 value, as_numpy = self._coerce(value, position), True
-            tensors.append(value)
+            tensors.append(value.detach() if value.requires_grad else value)
         index, rows, padded = self._lookup(tensors)
         out_device = tensors[0].device if tensors[0].device != self.device else None
         if as_numpy:
@@ -261,6 +281,17 @@ class Predictor:
     def __repr__(self) -> str:
         state = "closed" if self._runner is None else "ready"
         return f"Predictor({str(self.path)!r}, device={self.device}, {state}, {self.accepted()})"
+
+
+def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device
+                ) -> dict[tuple, int] | None:
+    """(shape, dtype, device) -> shape index for one-input, one-tensor-output artifacts."""
+    single_output = all(e.outputs.kind == "tensor" for e in manifest.shapes)
+    if len(manifest.inputs) != 1 or not single_output:
+        return None
+    devices = {torch.device("cpu"), device}
+    return {(torch.Size(entry.inputs[0][1]), dtypes[0], dev): index
+            for index, entry in enumerate(manifest.shapes) for dev in devices}
 
 
 def _entry_label(entry: ShapeEntry, dtypes: Mapping[str, str]) -> str:

@@ -1,0 +1,211 @@
+"""Ship JIT-compiled GPU kernels inside an artifact so a fresh GPU host starts pre-warmed.
+
+``warm()`` loads the artifact in a child process whose Triton cache directory starts
+empty, so every kernel the model needs for every manifest shape (and Triton's compiled
+launcher stubs) lands there; those files are stored under ``kernels/<key>/`` with their
+digests in the manifest. The key names the GPU architecture and the toolchain (Triton,
+torch, CUDA, Python, machine): Triton's own cache keys differ across any of them.
+
+At load, a matching set is copied to a private temp directory and Triton is pointed at it
+only while the predictor loads; the artifact and the user's own cache are never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .artifact import VerifiedArtifact, read_artifact, write_artifact
+from .errors import DeviceError, KernelCacheError
+from .spec import KERNELS_DIR, KernelSet
+
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+_SKIPPED_SUFFIXES = (".lock",)
+
+
+def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:
+    """The compatibility key of this host's GPU + toolchain, and its readable details."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    details = {
+        "gpu": torch.cuda.get_device_name(device_index),
+        "arch": f"sm_{major}{minor}",
+        "triton": triton_version,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "machine": platform.machine(),
+    }
+    key = (f"sm{major}{minor}-triton{triton_version}-torch{torch.__version__}"
+           f"-cuda{torch.version.cuda}-py{sys.version_info.major}{sys.version_info.minor}"
+           f"-{platform.machine()}")
+    return key.replace("+", "_"), details
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    path: Path
+    key: str
+    files: int
+    bytes: int
+    digest: str
+
+
+def warm(path: str | os.PathLike[str], device: str = "cuda", *,
+         config_overrides: Mapping[str, object] | None = None) -> WarmResult:
+    """Compile every kernel the artifact needs on ``device`` and store them inside it."""
+    import torch
+
+    from .predictor import resolve_device
+
+    root = Path(path)
+    artifact = read_artifact(root)
+    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
+        raise DeviceError(
+            f"qkan-pack warm needs a CUDA GPU (asked for {device!r}): kernels are compiled for "
+            "the GPU they run on; run it on a GPU host of the kind you deploy to"
+        )
+    target = resolve_device(device)
+    key, details = kernel_key(target.index or 0)
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as cache:
+        _compile_in_child(root, str(target), cache, config_overrides or {})
+        compiled = _collect(Path(cache))
+    if not compiled:
+        raise KernelCacheError(
+            f"loading {root} on {target} compiled no Triton kernels: nothing to ship "
+            "(the model uses only precompiled torch kernels, so cold starts are already warm)"
+        )
+    directory = f"{KERNELS_DIR}/{key}"
+    files = {name: data for name, data in artifact.files.items()
+             if not name.startswith(directory + "/")}
+    files.update({f"{directory}/{name}": data for name, data in compiled.items()})
+    kernel_sets = [k for k in artifact.manifest.kernels if k.key != key]
+    kernel_sets.append(KernelSet(key=key, directory=directory, details=details))
+    manifest = dataclasses.replace(artifact.manifest, kernels=tuple(kernel_sets))
+    _, digest = write_artifact(root, manifest, files, force=True)
+    return WarmResult(path=root, key=key, files=len(compiled),
+                      bytes=sum(map(len, compiled.values())), digest=digest)
+
+
+def _compile_in_child(root: Path, device: str, cache: str,
+                      overrides: Mapping[str, object]) -> None:
+    """Load the artifact in a fresh process whose Triton cache starts empty."""
+    code = (
+        "import json, sys\n"
+        "from qkan_pack.predictor import Predictor\n"
+        "Predictor.load(sys.argv[1], device=sys.argv[2], kernels='off',\n"
+        "               config_overrides=json.loads(sys.argv[3])).close()\n"
+    )
+    import json
+
+    env = {**os.environ, TRITON_CACHE_ENV: cache}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(root), device, json.dumps(dict(overrides))],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelCacheError(f"loading {root} to compile its kernels failed: {last}")
+
+
+def _collect(cache: Path) -> dict[str, bytes]:
+    return {
+        file.relative_to(cache).as_posix(): file.read_bytes()
+        for file in sorted(cache.rglob("*"))
+        if file.is_file() and not file.name.endswith(_SKIPPED_SUFFIXES) and ".tmp" not in file.name
+    }
+
+
+def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelSet | None, str]:
+    """The shipped set for this host, and a sentence for ``predictor.report``."""
+    if not artifact.manifest.kernels:
+        return None, "artifact ships no kernels (run `qkan-pack warm`); compiled as usual"
+    key, _ = kernel_key(device_index)
+    for kernel_set in artifact.manifest.kernels:
+        if kernel_set.key == key:
+            return kernel_set, f"using shipped kernels {key}"
+    shipped = ", ".join(k.key for k in artifact.manifest.kernels)
+    return None, f"no shipped kernels for {key} (artifact has {shipped}); compiled as usual"
+
+
+@contextlib.contextmanager
+def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[dict[str, int]]:
+    """Point Triton at a private copy of the shipped kernels for the duration of a load.
+
+    Yields counters filled on exit: ``shipped`` cache entries, ``compiled`` new entries
+    (kernels the shipped set lacked, compiled as usual into the private copy).
+    """
+    prefix = kernel_set.directory + "/"
+    counts = {"shipped": 0, "compiled": 0}
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
+        root = Path(private)
+        for name, data in artifact.files.items():
+            if name.startswith(prefix):
+                destination = root / name[len(prefix):]
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                destination.write_bytes(data)
+        before = {p.name for p in root.iterdir()}
+        counts["shipped"] = len(before)
+        with _triton_cache_dir(private):
+            try:
+                yield counts
+            finally:
+                counts["compiled"] = len({p.name for p in root.iterdir()} - before)
+
+
+@contextlib.contextmanager
+def _triton_cache_dir(directory: str) -> Iterator[None]:
+    """Set Triton's cache dir for this process only, and restore what was there."""
+    previous = os.environ.get(TRITON_CACHE_ENV)
+    knobs = _triton_cache_knobs()
+    knob_previous = knobs.__dict__.get("dir") if knobs is not None else None
+    os.environ[TRITON_CACHE_ENV] = directory
+    if knobs is not None:
+        knobs.__dict__.pop("dir", None)  # let the env var rule while we load
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TRITON_CACHE_ENV, None)
+        else:
+            os.environ[TRITON_CACHE_ENV] = previous
+        if knobs is not None and knob_previous is not None:
+            knobs.__dict__["dir"] = knob_previous
+
+
+def _triton_cache_knobs() -> object | None:
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return getattr(knobs, "cache", None)
+
+
+def remove_kernels(path: str | os.PathLike[str], key: str | None = None) -> int:
+    """Drop one shipped set (or all); returns how many sets were removed."""
+    root = Path(path)
+    artifact = read_artifact(root)
+    dropped = [k for k in artifact.manifest.kernels if key is None or k.key == key]
+    if not dropped:
+        return 0
+    prefixes = tuple(k.directory + "/" for k in dropped)
+    files = {n: d for n, d in artifact.files.items() if not n.startswith(prefixes)}
+    kept = tuple(k for k in artifact.manifest.kernels if k not in dropped)
+    write_artifact(root, dataclasses.replace(artifact.manifest, kernels=kept), files, force=True)
+    return len(dropped)
+
