@@ -236,7 +236,9 @@ class GraphRunner:
         self._order_after_last_stream()
         shape_graph = self._full.get(index)
         if shape_graph is None:
-            return self._eager.run(index, inputs, rows, padded, copy=True, out_device=out_device)
+            with torch.cuda.device(self.device):  # eager glue launches on the current device
+                return self._eager.run(index, inputs, rows, padded, copy=True,
+                                       out_device=out_device)
         for static, x in zip(shape_graph.static_inputs, inputs):
             if rows is None:
                 static.copy_(x, non_blocking=True)

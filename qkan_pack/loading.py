@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +71,18 @@ def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.d
                                                                      config_overrides),
     )
     check_compatibility(manifest, report)
-    with _kernel_cache(artifact, target, kernels, report):
+    with _kernel_cache(artifact, target, kernels, report), _on_device(target):
         runner, model = _prepare(artifact, target, config, report, stages, replay_tolerance,
                                  show_progress)
     report.stages = stages
     report.load_to_ready_seconds = time.perf_counter() - started
     return cls(artifact=artifact, model=model, runner=runner, device=target, report=report,
                pad_batch=pad_batch, copy_outputs=copy_outputs)
+
+
+def _on_device(target: torch.device) -> Any:
+    """Make the target GPU current while loading: Triton launches on the current device."""
+    return torch.cuda.device(target) if target.type == "cuda" else nullcontext()
 
 
 @contextmanager
