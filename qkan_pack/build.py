@@ -16,7 +16,14 @@ from . import __version__
 from .artifact import write_artifact
 from .errors import ModelSourceError, ShapeSpecError
 from .progress import progress
-from .source import accepts_device, call_factory, describe, entry_function, import_model_source
+from .source import (
+    accepts_device,
+    call_factory,
+    check_entry_named,
+    describe,
+    entry_function,
+    import_model_source,
+)
 from .spec import (
     CAPTURE_POLICIES,
     INTEGER_DTYPES,
@@ -77,6 +84,7 @@ def build(
     source_name = f"{SOURCE_DIR}/{model_path.name}"
     module = import_model_source(source_name, sources, display_path=str(model_path))
     factory = entry_function(module, entry, str(model_path))
+    check_entry_named(entry, sources, str(model_path))  # the loader checks this before import
     model = call_factory(factory, config, str(model_path), entry, device="cpu")
     tied = tied_groups(model)
     if weights is not None:

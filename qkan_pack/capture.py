@@ -10,6 +10,7 @@ caller (the predictor) serialises calls; a runner is never entered by two thread
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -86,28 +87,23 @@ class EagerRunner:
         self.model = model
         self.device = device
         self.records: list[ShapeRecord] = []
-        self._internal = {t.untyped_storage().data_ptr()
-                          for t in [*model.parameters(), *model.buffers()] if t.numel()}
 
     def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
             padded: Sequence[int] | None, copy: bool = True,
             out_device: torch.device | None = None) -> list[torch.Tensor]:
-        moved = [self._to_device(x, padded) for x in inputs]
+        moved = [self._to_device(x, None if padded is None else padded[i])
+                 for i, x in enumerate(inputs)]
         with torch.no_grad():
             leaves = flatten(self.model(*moved))
-        foreign = {x.untyped_storage().data_ptr() for x in moved} | self._internal
-        return [
-            _prepare_for_out(leaf, rows, out_device,
-                             copy=leaf.untyped_storage().data_ptr() in foreign or (
-                                 out_device is not None and out_device != leaf.device))
-            for leaf in leaves
-        ]
+        # Always copy: a forward may return a parameter, an input or a tensor it caches.
+        return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
 
     def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor:
         out_device = x.device if x.device != self.device else None
         return self.run(index, [x], None, None, copy=copy, out_device=out_device)[0]
 
     def _to_device(self, x: torch.Tensor, padded: Sequence[int] | None) -> torch.Tensor:
+        """Move to the model's device; zero-pad the batch up to ``padded`` when given."""
         x = x.to(self.device).contiguous()
         if padded is not None and tuple(x.shape) != tuple(padded):
             full = torch.zeros(padded, dtype=x.dtype, device=self.device)
@@ -201,7 +197,8 @@ class GraphRunner:
                 record.pool_bytes += torch.cuda.memory_reserved(self.device) - before
         except Exception as exc:
             del graph
-            _recover(self.device, caller_stream, side)
+            _recover(self.device, caller_stream, side, self.pool)
+            self.pool = torch.cuda.graph_pool_handle()  # the failed capture's pool is unusable
             raise CaptureError(describe(exc)) from exc
         return _ShapeGraph(graph, static_inputs, static_outputs)
 
@@ -399,15 +396,18 @@ def _record_calls(model: torch.nn.Module, recorders: list[_SubmoduleGraphs],
 
 
 def _recover(device: torch.device, caller_stream: torch.cuda.Stream,
-             side: torch.cuda.Stream) -> None:
+             side: torch.cuda.Stream, pool: Any) -> None:
     """Leave CUDA as it was before a failed capture, and prove the context still works.
 
     A capture that raises skips parts of torch's clean-up: the caller's current stream is
-    not restored, and the device's RNG stays in "capturing" mode so that every later random
+    not restored, the allocator keeps routing the capture stream's allocations to the
+    graph pool, and the device's RNG stays in "capturing" mode so that every later random
     op fails ("Offset increment outside graph capture"). A trivial successful capture runs
     the RNG epilogue again.
     """
     torch.cuda.set_stream(caller_stream)
+    with contextlib.suppress(RuntimeError):  # not recording any more: nothing to end
+        torch._C._cuda_endAllocateToPool(device.index, pool)
     for _ in range(2):
         try:
             torch.cuda.synchronize(device)

@@ -233,5 +233,93 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
         click.echo(f"OK: {directory} is sound on {predictor.device}")
 
 
+_BENCH_SKIPPABLE = ("bare_graph", "qkan_compile_inference", "torch_compile")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--device", default="auto", show_default=True,
+              help="cuda, cuda:N or cpu; auto picks cuda when available.")
+@click.option("--iters", default=300, show_default=True, type=click.IntRange(min=1),
+              help="Timed calls per variant per repeat.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Repeat the whole measurement; the spread between repeats shows the noise.")
+@click.option("--warmup", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Untimed calls per variant before timing.")
+@click.option("--skip", multiple=True, type=click.Choice(_BENCH_SKIPPABLE),
+              help="Leave a variant out (e.g. torch_compile, whose warm-up takes long). Repeatable.")
+@click.option("--override", "overrides", multiple=True, callback=_config_option,
+              metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the full results as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of latency per shape per variant here (needs matplotlib).")
+@click.option("--cold-start", is_flag=True,
+              help="Also time fresh processes from launch to their first served call.")
+@click.option("--fresh-kernel-cache", is_flag=True,
+              help="Give the cold-start processes empty Triton/Inductor caches (a new host).")
+def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, skip: tuple,
+          overrides: dict, json_path: Path | None, plot_path: Path | None, cold_start: bool,
+          fresh_kernel_cache: bool) -> None:
+    """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side."""
+    from .bench import BenchSettings, run_bench
+    from .bench_report import render_table, write_json, write_plot
+
+    settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
+                             config_overrides=overrides)
+    report = run_bench(directory, device, settings=settings, cold_start=cold_start,
+                       fresh_kernel_cache=fresh_kernel_cache)
+    click.echo(render_table(report))
+    if json_path is not None:
+        click.echo(f"wrote {write_json(report, json_path)}")
+    if plot_path is not None:
+        click.echo(f"wrote {write_plot(report, plot_path)}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replicas, each loading its own predictor.")
+@click.option("--gpus-per-replica", type=click.FloatRange(min=0),
+              help="GPUs each replica reserves [default: 1 when the Ray cluster has GPUs, else 0].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP bind address.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--max-batch-size", type=click.IntRange(min=1),
+              help="Rows gathered per replay [default: the largest captured batch].")
+@click.option("--max-batch-wait-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Longest wait for more rows once one arrived.")
+@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="Larger request bodies get HTTP 413.")
+@click.option("--address", help="Ray cluster to join (e.g. auto) [default: RAY_ADDRESS, else a "
+              "local Ray started here].")
+def serve(directory: Path, replicas: int, gpus_per_replica: float | None, host: str, port: int,
+          max_batch_size: int | None, max_batch_wait_ms: float, max_body_mb: float,
+          address: str | None) -> None:
+    """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C (pip install 'qkan-pack[serve]').
+
+    Single rows from concurrent requests are batched into the captured shapes. GET / describes
+    the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
+    from .serve import serve_forever
+
+    def ready(url: str, description: dict) -> None:
+        replica = description["replica"]
+        click.echo(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
+                   f"replica(s) on {replica['device']}; accepted: {'; '.join(description['accepted'])}")
+        click.echo("Ctrl-C to stop")
+
+    try:
+        serve_forever(directory, host=host, port=port, address=address, replicas=replicas,
+                      gpus_per_replica=gpus_per_replica, max_batch_size=max_batch_size,
+                      max_batch_wait_ms=max_batch_wait_ms,
+                      max_body_bytes=int(max_body_mb * 2**20), on_ready=ready)
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     cli.main(args=list(argv) if argv is not None else None, prog_name="qkan-pack")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import platform
 import subprocess
@@ -29,6 +30,8 @@ from .spec import KERNELS_DIR, KernelSet
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
+_GROUP_PREFIX = "__grp__"
+_CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 
 
 def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:
@@ -111,8 +114,6 @@ def _compile_in_child(root: Path, device: str, cache: str,
         "Predictor.load(sys.argv[1], device=sys.argv[2], kernels='off',\n"
         "               config_overrides=json.loads(sys.argv[3])).close()\n"
     )
-    import json
-
     env = {**os.environ, TRITON_CACHE_ENV: cache}
     result = subprocess.run(
         [sys.executable, "-c", code, str(root), device, json.dumps(dict(overrides))],
@@ -124,11 +125,35 @@ def _compile_in_child(root: Path, device: str, cache: str,
 
 
 def _collect(cache: Path) -> dict[str, bytes]:
-    return {
-        file.relative_to(cache).as_posix(): file.read_bytes()
-        for file in sorted(cache.rglob("*"))
-        if file.is_file() and not file.name.endswith(_SKIPPED_SUFFIXES) and ".tmp" not in file.name
+    """Every finished cache file, with group indexes made relocatable."""
+    collected = {}
+    for file in sorted(cache.rglob("*")):
+        if not file.is_file() or file.name.endswith(_SKIPPED_SUFFIXES) or ".tmp" in file.name:
+            continue
+        data = file.read_bytes()
+        if file.name.startswith(_GROUP_PREFIX):
+            data = _relocate_group(data, str(cache), _CACHE_PLACEHOLDER)
+        collected[file.relative_to(cache).as_posix()] = data
+    return collected
+
+
+def _relocate_group(data: bytes, old_root: str, new_root: str) -> bytes:
+    """Rewrite a Triton group index's absolute ``child_paths`` from one cache root to another.
+
+    Triton records where each compiled file of a kernel lives as absolute paths; a cache
+    moved to another directory misses on every kernel unless those paths follow it.
+    """
+    try:
+        group = json.loads(data)
+        children = group["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        return data
+    prefix = old_root.rstrip("/") + "/"
+    group["child_paths"] = {
+        name: new_root.rstrip("/") + "/" + path[len(prefix):] if path.startswith(prefix) else path
+        for name, path in children.items()
     }
+    return json.dumps(group).encode()
 
 
 def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelSet | None, str]:
@@ -147,8 +172,9 @@ def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelS
 def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[dict[str, int]]:
     """Point Triton at a private copy of the shipped kernels for the duration of a load.
 
-    Yields counters filled on exit: ``shipped`` cache entries, ``compiled`` new entries
-    (kernels the shipped set lacked, compiled as usual into the private copy).
+    Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
+    Triton wrote while loading (kernels it did not find in the shipped set), counted from
+    new or rewritten group indexes.
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
@@ -158,14 +184,23 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
             if name.startswith(prefix):
                 destination = root / name[len(prefix):]
                 destination.parent.mkdir(parents=True, exist_ok=True)
+                if destination.name.startswith(_GROUP_PREFIX):
+                    data = _relocate_group(data, _CACHE_PLACEHOLDER, private)
                 destination.write_bytes(data)
-        before = {p.name for p in root.iterdir()}
+        before = _group_stamps(root)
         counts["shipped"] = len(before)
         with _triton_cache_dir(private):
             try:
                 yield counts
             finally:
-                counts["compiled"] = len({p.name for p in root.iterdir()} - before)
+                after = _group_stamps(root)
+                counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+
+
+def _group_stamps(root: Path) -> dict[str, int]:
+    """Group index files -> mtime in ns: a compile (re)writes its kernel's index."""
+    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns
+            for p in root.glob(f"*/{_GROUP_PREFIX}*")}
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import torch
 
 from .artifact import VerifiedArtifact, read_artifact
 from .capture import EagerRunner, GraphRunner, ShapeRecord
+from .errors import IncompatibleArtifactError, KernelCacheError
 from .predictor import (
     CROSS_HOST_TOLERANCE,
     SAME_HOST_TOLERANCE,
@@ -50,7 +51,7 @@ def load_predictor(cls: type[Predictor], path: str | Path, device: str | torch.d
                    replay_tolerance: tuple[float, float], kernels: str,
                    show_progress: bool | None) -> Predictor:
     if kernels not in ("auto", "off"):
-        raise ValueError(f"kernels={kernels!r}: use 'auto' or 'off'")
+        raise KernelCacheError(f"kernels={kernels!r}: use 'auto' (shipped kernels) or 'off'")
     started = time.perf_counter()
     stages: dict[str, float] = {}
     with _stage(stages, "verify"):
@@ -143,21 +144,43 @@ def _default_tolerance(manifest: Manifest, target: torch.device,
 
 
 def check_compatibility(manifest: Manifest, report: LoadReport) -> None:
-    """Warn on version skew with the build host; the self-test is the hard guard."""
+    """Refuse a runtime older than the build host by a breaking version; warn on other skew.
+
+    A model written against a newer torch/qkan may call APIs or rely on numerics this host
+    lacks; the self-test catches numeric drift, so smaller skew is a warning.
+    """
     from .build import producer_versions
 
     here = producer_versions()
     for package in ("torch", "qkan"):
         built, local = manifest.producer.get(package), here.get(package)
-        if built and local and _minor(built) != _minor(local):
+        if not built:
+            continue
+        if not local:
+            warn(report, f"artifact built with {package} {built}, which is not installed here")
+        elif _breaking(built) > _breaking(local):
+            raise IncompatibleArtifactError(
+                f"artifact built with {package} {built}; this host has {local}, an older "
+                f"incompatible release: upgrade {package} to {'.'.join(map(str, _breaking(built)))}"
+                " or newer, or rebuild the artifact here"
+            )
+        elif _release(built)[:2] != _release(local)[:2]:
             warn(report, f"artifact built with {package} {built}, loading with {local}: "
                          "outputs are checked by the self-test")
-        if built and not local:
-            warn(report, f"artifact built with {package} {built}, which is not installed here")
 
 
-def _minor(version: str) -> tuple[str, ...]:
-    return tuple(version.split("+")[0].split(".")[:2])
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
+        parts.append(int(digits[:9]))
+    return tuple(parts)
+
+
+def _breaking(version: str) -> tuple[int, ...]:
+    """The component whose change may break compatibility (semver; 0.x counts the minor)."""
+    release = (*_release(version), 0, 0)
+    return release[:2] if release[0] == 0 else release[:1]
 
 
 def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: dict[str, Any],

@@ -95,8 +95,11 @@ class Predictor:
     """Replay-only inference over the shapes an artifact declares.
 
     Build with ``Predictor.load``. Calls accept exactly the manifest's shapes and dtypes
-    (torch tensors on the CPU or the predictor's device, or numpy arrays); anything else
-    raises ``InputError`` listing what is accepted.
+    (dense torch tensors on the CPU or the predictor's device, or numpy arrays); anything
+    else raises ``InputError`` listing what is accepted. Documented results, not errors:
+    non-contiguous inputs are copied; ``requires_grad`` inputs are read without autograd
+    (outputs never require grad); NaN/inf values are computed as given (checking them would
+    cost a device sync per call); numpy inputs give numpy outputs.
     """
 
     def __init__(self, *, artifact: VerifiedArtifact, model: torch.nn.Module,
@@ -153,7 +156,7 @@ class Predictor:
             x = args[0]
             index = fast.get((x.shape, x.dtype, x.device))
             runner = self._runner
-            if index is not None and runner is not None:
+            if index is not None and runner is not None and x.layout == torch.strided:
                 if x.requires_grad:
                     x = x.detach()
                 with self._lock:
@@ -207,8 +210,13 @@ class Predictor:
     def _coerce(self, value: Any, position: int) -> torch.Tensor:
         name = self._names[position]
         if isinstance(value, np.ndarray):
+            array = np.ascontiguousarray(value)
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
+            if not array.flags.writeable:
+                array = array.copy()  # torch.from_numpy warns on read-only memory
             try:
-                return torch.from_numpy(np.ascontiguousarray(value))
+                return torch.from_numpy(array)
             except TypeError as exc:
                 raise InputError(f"input {name!r}: numpy dtype {value.dtype} unsupported: {exc}") from None
         raise InputError(
@@ -218,6 +226,11 @@ class Predictor:
 
     def _lookup(self, tensors: Sequence[torch.Tensor]) -> tuple[int, int | None, Any]:
         for position, (tensor, dtype) in enumerate(zip(tensors, self._dtypes)):
+            if tensor.layout != torch.strided:
+                raise InputError(
+                    f"input {self._names[position]!r} has layout {tensor.layout}; pass a dense "
+                    "tensor (.to_dense())"
+                )
             if tensor.dtype != dtype:
                 raise InputError(
                     f"input {self._names[position]!r} has dtype "
@@ -235,7 +248,7 @@ class Predictor:
             return index, None, None
         if self._padding:
             return self._padded_entry(key)
-        shown = ", ".join(format_shape(s) for s in key)
+        shown = ", ".join(_shape_text(s) for s in key)
         raise InputError(f"input shape {shown} is not in the manifest; accepted: {self.accepted()}")
 
     def _padded_entry(self, key: tuple) -> tuple[int, int, Any]:
@@ -246,9 +259,9 @@ class Predictor:
             (count,) = rows
             for batch, index in candidates:
                 if count <= batch and count > 0:
-                    padded = self.manifest.shapes[index].inputs[0][1]
+                    padded = tuple(shape for _, shape in self.manifest.shapes[index].inputs)
                     return index, count, padded
-        shown = ", ".join(format_shape(s) for s in key)
+        shown = ", ".join(_shape_text(s) for s in key)
         largest = max((b for b, _ in candidates), default=None)
         hint = f"; batches up to {largest} are padded" if largest else ""
         raise InputError(
@@ -292,6 +305,10 @@ def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch
     devices = {torch.device("cpu"), device}
     return {(torch.Size(entry.inputs[0][1]), dtypes[0], dev): index
             for index, entry in enumerate(manifest.shapes) for dev in devices}
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return format_shape(shape) if len(shape) else "() (a 0-d tensor)"
 
 
 def _entry_label(entry: ShapeEntry, dtypes: Mapping[str, str]) -> str:

@@ -14,6 +14,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import threading
 import traceback
@@ -78,7 +79,9 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
     with _IMPORT_LOCK:
         if name in sys.modules:
             return sys.modules[name]
-        includes = {module_name_for(p): (p, data) for p, data in sources.items() if p != source}
+        base = source.rpartition("/")[0]  # includes import relative to the model file's folder
+        includes = {module_name_for(p.removeprefix(f"{base}/") if base else p): (p, data)
+                    for p, data in sources.items() if p != source}
         module = ModuleType(name)
         module.__file__ = shown
         with _serving(includes, name):
@@ -114,6 +117,19 @@ def _serving(includes: Mapping[str, tuple[str, bytes]], owner: str) -> Iterator[
 
 def _is_include(name: str, includes: Mapping[str, Any]) -> bool:
     return name in includes or any(name.startswith(n + ".") for n in includes)
+
+
+def check_entry_named(entry: str, sources: Mapping[str, bytes], shown: str) -> None:
+    """Refuse, before running anything, an entry whose name appears in none of the sources.
+
+    A cheap textual test (no import, no parse): a factory the module can define names itself.
+    """
+    pattern = re.compile(rb"\b" + re.escape(entry.encode()) + rb"\b")
+    if not any(pattern.search(data) for data in sources.values()):
+        raise ModelSourceError(
+            f"{shown} never mentions the entry {entry}(): the manifest names a factory the "
+            "source does not define; rebuild the artifact (or pass the right --entry)"
+        )
 
 
 def entry_function(module: ModuleType, entry: str, shown: str) -> Any:

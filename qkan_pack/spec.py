@@ -24,6 +24,7 @@ SOURCE_DIR = "source"
 REFERENCE_DIR = "references"
 KERNELS_DIR = "kernels"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1
 MAX_SHAPES = 256
@@ -42,8 +43,10 @@ DTYPES = (
 )
 INTEGER_DTYPES = ("uint8", "int8", "int16", "int32", "int64")
 CAPTURE_POLICIES = ("auto", "full", "submodules")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+#: Producer fields the runtime compares with its own versions: text or null.
+_PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform")
 
 Shape = tuple[int, ...]
 
@@ -73,7 +76,8 @@ def _parse_dim(part: str, text: str) -> int:
             f"bad dimension {part!r} in shape {text!r}: each dimension must be a positive "
             "integer, dims joined by 'x' (e.g. '8x128')"
         )
-    value = int(part)
+    digits = part.lstrip("0") or "0"
+    value = int(digits) if len(digits) <= len(str(MAX_DIM)) else MAX_DIM + 1  # no 4300-digit int()
     if value <= 0:
         raise ShapeSpecError(f"dimension {part!r} in shape {text!r} must be positive")
     if value > MAX_DIM:
@@ -264,9 +268,11 @@ class Manifest:
 
 
 def loads_strict(text: str | bytes) -> Any:
-    """``json.loads`` that refuses duplicate keys and NaN/Infinity; errors are ManifestError."""
+    """``json.loads`` that refuses duplicate keys and NaN/Infinity (also as ``1e999``);
+    errors are ManifestError."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants,
+                          parse_float=_finite_float)
     except ManifestError:
         raise
     except (ValueError, TypeError, RecursionError) as exc:
@@ -284,6 +290,13 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constants(name: str) -> Any:
     raise ManifestError(f"JSON constant {name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ManifestError(f"JSON number {text[:40]} overflows to infinity")
+    return value
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
@@ -387,10 +400,12 @@ def _manifest_from(reader: _Reader) -> Manifest:
     for path in (model.source, *model.includes):
         if path not in files:
             raise ManifestError(f"model source {path!r} is not listed in manifest.files")
+    if WEIGHTS_NAME not in files:
+        raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
     return Manifest(
         format_version=reader.get("format_version", int),
         created=reader.get("created", str, default=""),
-        producer=reader.get("producer", dict),
+        producer=reader.child("producer").build(_producer_from),
         model=model,
         inputs=inputs,
         shapes=shapes,
@@ -399,6 +414,13 @@ def _manifest_from(reader: _Reader) -> Manifest:
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
         files=files,
     )
+
+
+def _producer_from(reader: _Reader) -> dict[str, Any]:
+    for key in _PRODUCER_TEXT:
+        if reader.raw.get(key) is not None:
+            reader.get(key, str)
+    return reader.raw
 
 
 def _input_from(reader: _Reader) -> InputDecl:
@@ -475,6 +497,8 @@ def _model_from(reader: _Reader) -> ModelInfo:
     if not all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in tied):
         raise ManifestError("manifest.model.tied must be a list of lists of tensor names")
     includes = reader.get("includes", list, default=[])
+    if not all(isinstance(p, str) for p in includes):
+        raise ManifestError("manifest.model.includes must be a list of paths")
     return ModelInfo(
         source=_relative_path(reader.get("source", str), "manifest.model.source"),
         includes=tuple(_relative_path(p, "manifest.model.includes") for p in includes),
@@ -498,10 +522,12 @@ def _capture_from(reader: _Reader) -> CapturePolicy:
 
 def _kernel_from(reader: _Reader) -> KernelSet:
     details = reader.get("details", dict, default={})
+    if not all(isinstance(v, str) for v in details.values()):
+        raise ManifestError(f"{reader.where}.details must map names to text")
     return KernelSet(
         key=reader.get("key", str),
         directory=_relative_path(reader.get("directory", str), f"{reader.where}.directory"),
-        details={str(k): str(v) for k, v in details.items()},
+        details=dict(details),
     )
 
 

@@ -16,8 +16,8 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from .errors import ArtifactError, WeightsMismatchError
+from .spec import MAX_HEADER_BYTES
 
-MAX_HEADER_BYTES = 16 * 1024 * 1024
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
 
 

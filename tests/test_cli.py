@@ -1,0 +1,273 @@
+"""The command line: exit codes (0 ok, 1 error, 2 usage), one-line messages, no torch for
+``--help``/``inspect``, and one real ``python -m qkan_pack`` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from qkan_pack import ModelSourceError, read_artifact
+from qkan_pack.cli import cli
+
+from .conftest import EXAMPLES, ROOT
+
+MLP = str(EXAMPLES / "qkan_mlp.py")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
+
+
+def one_line_error(result: Result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QKAN_PACK_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="module")
+def cli_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("cli") / "mlp"
+    result = run("build", MLP, "--shapes", "1x2,4x2", "-o", out)
+    assert result.exit_code == 0, result.output
+    digest = result.stdout.strip().splitlines()[-1].removeprefix("digest ")
+    return out, digest
+
+
+# ---------------------------------------------------------------------------
+# Success paths
+# ---------------------------------------------------------------------------
+
+
+def test_build_prints_path_shapes_and_digest(cli_artifact: tuple[Path, str]) -> None:
+    path, digest = cli_artifact
+    assert digest.startswith("sha256:") and len(digest) == 71
+    assert read_artifact(path).digest == digest
+
+
+def test_inspect_table_shows_digest_shapes_files(cli_artifact: tuple[Path, str]) -> None:
+    path, digest = cli_artifact
+    result = run("inspect", path)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert f"digest     {digest}" in text and "integrity verified" in text
+    for needle in ("qkan-pack v1", "source/qkan_mlp.py :: build_model", "x: float32", "1x2",
+                   "4x2", "weights.safetensors", "references/shape-001.safetensors",
+                   "capture    auto", "torch"):
+        assert needle in text, needle
+
+
+def test_inspect_json(cli_artifact: tuple[Path, str]) -> None:
+    path, digest = cli_artifact
+    result = run("inspect", "--json", path)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["digest"] == digest
+    assert payload["manifest"]["format"] == "qkan-pack"
+    assert [s["inputs"]["x"] for s in payload["manifest"]["shapes"]] == [[1, 2], [4, 2]]
+
+
+def test_verify_ok(cli_artifact: tuple[Path, str]) -> None:
+    path, digest = cli_artifact
+    result = run("verify", path, "--expected-digest", digest)
+    assert result.exit_code == 0, result.output
+    assert "OK:" in result.stdout and "is sound on cpu" in result.stdout
+
+
+def test_default_output_is_artifacts_stem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = run("build", MLP, "--shapes", "1x2")
+    assert result.exit_code == 0, result.output
+    assert read_artifact(tmp_path / "artifacts" / "qkan_mlp").manifest.model.entry == "build_model"
+
+
+def test_existing_artifact_needs_force(tmp_path: Path) -> None:
+    out = tmp_path / "mlp"
+    assert run("build", MLP, "--shapes", "1x2", "-o", out).exit_code == 0
+    before = read_artifact(out).digest
+    refused = run("build", MLP, "--shapes", "1x2", "-o", out, "--seed", "1")
+    assert refused.exit_code == 1
+    assert "--force" in one_line_error(refused) and str(out) in refused.stderr
+    assert read_artifact(out).digest == before
+    forced = run("build", MLP, "--shapes", "1x2", "-o", out, "--seed", "1", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert read_artifact(out).digest != before
+
+
+# ---------------------------------------------------------------------------
+# Usage errors: exit 2, naming what is wrong
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["build", MLP, "--shapes", "1x0"], ["--shapes", "positive"]),
+    (["build", MLP, "--shapes", "axb"], ["--shapes", "bad dimension 'a'"]),
+    (["build", MLP, "--shapes", "1x2,1x2x3"], ["--shapes", "mix ranks"]),
+    (["build", MLP, "--shapes", ""], ["--shapes", "empty"]),
+    (["build", MLP], ["Missing option '--shapes'"]),
+    (["build", MLP, "--shapes", "1x2", "--dtype", "float128"], ["--dtype", "unknown dtype"]),
+    (["build", MLP, "--shapes", "1x2", "--config", "novalue"], ["--config", "KEY=VALUE"]),
+    (["build", MLP, "--shapes", "1x2", "--config", "a=1", "--config", "a=2"], ["--config", "twice"]),
+    (["build", MLP, "--shapes", "1x2", "--capture", "always"], ["--capture", "always"]),
+    (["build", MLP, "--shapes", "1x2", "--input-range", "3,1"], ["--input-range", "below"]),
+    (["build", MLP, "--shapes", "1x2", "--input-range", "x"], ["--input-range", "LOW,HIGH"]),
+    (["build", MLP, "--shapes", "1x2", "--weights", "/no/such/file.pt"], ["--weights", "does not exist"]),
+    (["build", MLP, "--shapes", "1x2", "--seed", "many"], ["--seed"]),
+    (["build", MLP, "--shapes", "1x2", "--bogus"], ["No such option", "--bogus"]),
+    (["build"], ["Missing argument 'MODEL_PY'"]),
+    (["inspect"], ["Missing argument 'DIRECTORY'"]),
+    (["verify", "x", "--override", "1=2"], ["--override", "KEY=VALUE"]),
+    (["frobnicate"], ["No such command 'frobnicate'"]),
+])
+def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    for needle in says:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
+# ---------------------------------------------------------------------------
+# Failing model files: exit 1, one line naming the file
+# ---------------------------------------------------------------------------
+
+FAILING = {
+    "import_error": ("import definitely_not_a_module_xyz\n", "definitely_not_a_module_xyz"),
+    "syntax_error": ("def build_model(:\n", "syntax error at line 1"),
+    "factory_raises": ("def build_model():\n    raise ValueError('bad width 7')\n", "bad width 7"),
+    "not_a_module": ("def build_model():\n    return 42\n", "expected a torch.nn.Module"),
+    "no_entry": ("import torch\n", "defines no build_model()"),
+    "forward_fails": (textwrap.dedent("""
+        import torch
+        def build_model():
+            return torch.nn.Linear(2, 2)
+    """), "forward failed on shape 1x3"),
+    "nan_output": (textwrap.dedent("""
+        import torch
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return x / 0.0 * 0.0
+        def build_model():
+            return M()
+    """), "NaN/inf"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_failing_model_file_exits_1_with_one_line(tmp_path: Path, case: str) -> None:
+    source, says = FAILING[case]
+    model = tmp_path / f"{case}.py"
+    model.write_text(source)
+    shapes = "1x3" if case == "forward_fails" else "1x2"
+    result = run("build", model, "--shapes", shapes, "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    line = one_line_error(result)
+    assert str(model) in line and says in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_model_file_and_wrong_suffix(tmp_path: Path) -> None:
+    result = run("build", tmp_path / "absent.py", "--shapes", "1x2", "-o", tmp_path / "o")
+    assert result.exit_code == 1 and "does not exist" in one_line_error(result)
+    (tmp_path / "model.txt").write_text("x")
+    result = run("build", tmp_path / "model.txt", "--shapes", "1x2", "-o", tmp_path / "o")
+    assert result.exit_code == 1 and "not a .py file" in one_line_error(result)
+
+
+def test_debug_env_shows_the_exception(tmp_path: Path) -> None:
+    model = tmp_path / "broken.py"
+    model.write_text(FAILING["factory_raises"][0])
+    result = run("build", model, "--shapes", "1x2", "-o", tmp_path / "o",
+                 env={"QKAN_PACK_DEBUG": "1"})
+    assert result.exit_code == 1
+    assert isinstance(result.exception, ModelSourceError)  # re-raised: Python prints the traceback
+    assert isinstance(result.exception.__cause__, ValueError)
+
+
+def test_unexpected_errors_point_at_debug(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import qkan_pack.artifact
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(qkan_pack.artifact, "read_artifact", explode)
+    result = run("inspect", tmp_path)
+    assert result.exit_code == 1
+    assert "unexpected KeyError" in result.stderr and "QKAN_PACK_DEBUG=1" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_verify_and_inspect_failures(tmp_path: Path, cli_artifact: tuple[Path, str]) -> None:
+    path, _ = cli_artifact
+    result = run("inspect", tmp_path / "nothing")
+    assert result.exit_code == 1 and "no artifact" in one_line_error(result)
+    wrong = "sha256:" + "0" * 64
+    result = run("verify", path, "--expected-digest", wrong)
+    assert result.exit_code == 1 and "pinned" in one_line_error(result)
+    result = run("verify", path, "--device", "cuda")
+    if result.exit_code == 1:  # a CPU-only host
+        assert "CUDA is not available" in one_line_error(result)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for file in path.rglob("*"):
+        if file.is_file():
+            target = damaged / file.relative_to(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(file.read_bytes())
+    (damaged / "weights.safetensors").write_bytes(b"\x00" * 16)
+    for command in ("verify", "inspect"):
+        result = run(command, damaged)
+        assert result.exit_code == 1 and "weights.safetensors" in one_line_error(result)
+
+
+# ---------------------------------------------------------------------------
+# Real processes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_python_m_qkan_pack_builds(tmp_path: Path) -> None:
+    out = tmp_path / "mlp"
+    env = {**os.environ, "QKAN_PACK_PROGRESS": "0"}
+    env.pop("QKAN_PACK_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "qkan_pack", "build", MLP, "--shapes", "1x2",
+                           "-o", str(out)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"digest {read_artifact(out).digest}"
+
+
+CHECK_IMPORTS = textwrap.dedent("""
+    import json, sys
+    from qkan_pack.cli import main
+    codes = []
+    for argv in (["--help"], ["build", "--help"], ["--version"], ["inspect", sys.argv[1]],
+                 ["inspect", "--json", sys.argv[1]]):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            codes.append(exc.code)
+    heavy = sorted(m for m in ("torch", "qkan", "safetensors", "numpy") if m in sys.modules)
+    print(json.dumps({"codes": codes, "heavy": heavy}))
+""")
+
+
+def test_help_and_inspect_do_not_import_torch(cli_artifact: tuple[Path, str]) -> None:
+    path, _ = cli_artifact
+    proc = subprocess.run([sys.executable, "-c", CHECK_IMPORTS, str(path)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"codes": [0, 0, 0, 0, 0], "heavy": []}
