@@ -141,8 +141,8 @@ def captured_batch(sizes: Sequence[tuple[int, str]], rows: int) -> tuple[int, st
     raise InputError(f"{rows} rows exceed the largest captured batch {sizes[-1][0]}")
 
 
-def describe_artifact(manifest: Manifest, digest: str, plan: Mapping[Tail, list[tuple[int, str]]]
-             ) -> dict[str, Any]:
+def describe_artifact(manifest: Manifest, digest: str,
+                      plan: Mapping[Tail, list[tuple[int, str]]]) -> dict[str, Any]:
     """The artifact as ``GET /`` shows it (no file list, no weights)."""
     dtypes = {d.name: d.dtype for d in manifest.inputs}
     return {
@@ -188,10 +188,10 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
         request = loads_strict(body)
     except QkanPackError as exc:
         raise MalformedRequestError(f"request body is not valid JSON ({exc}); send "
-                               '{"inputs": [[...]]}') from None
+                                    '{"inputs": [[...]]}') from None
     if not isinstance(request, dict) or "inputs" not in request:
         raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
-                               '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
+                                    '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
     unknown = sorted(set(request) - _REQUEST_KEYS)
     if unknown:
         raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(_REQUEST_KEYS)}")
@@ -203,7 +203,7 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
         return {name: parse_tensor(value, f"inputs.{name}") for name, value in inputs.items()}, encoding
     if len(names) != 1:
         raise MalformedRequestError(f"this artifact takes {len(names)} inputs; send "
-                               f'"inputs" as an object keyed by {list(names)}')
+                                    f'"inputs" as an object keyed by {list(names)}')
     return {names[0]: parse_tensor(inputs, "inputs")}, encoding
 
 
@@ -215,17 +215,17 @@ def parse_tensor(value: Any, where: str) -> Given:
         array = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as exc:
         raise MalformedRequestError(f"{where} is not a rectangular nested list of numbers: "
-                               f"{' '.join(str(exc).split())[:160]}") from None
+                                    f"{' '.join(str(exc).split())[:160]}") from None
     if array.dtype.kind not in "biuf":
         raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested lists "
-                               "of one depth everywhere")
+                                    "of one depth everywhere")
     return Given(array, None)
 
 
 def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
     if set(value) != _B64_KEYS:
         raise MalformedRequestError(f"{where}: a base64 tensor has exactly the keys "
-                               f'"b64", "dtype", "shape"; got {sorted(value)}')
+                                    f'"b64", "dtype", "shape"; got {sorted(value)}')
     try:
         dtype = check_dtype(value["dtype"])
     except ShapeSpecError as exc:
@@ -234,7 +234,7 @@ def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
     if (not isinstance(shape, list) or len(shape) > MAX_RANK
             or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
         raise MalformedRequestError(f"{where}.shape must be a list of at most {MAX_RANK} "
-                               "non-negative integers")
+                                    "non-negative integers")
     try:
         raw = base64.b64decode(value["b64"], validate=True)
     except (binascii.Error, TypeError, ValueError) as exc:
@@ -243,7 +243,7 @@ def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
     expected = math.prod(shape) * wire.itemsize
     if len(raw) != expected:
         raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
-                               f"the base64 holds {len(raw)}")
+                                    f"the base64 holds {len(raw)}")
     return Given(np.frombuffer(raw, wire).reshape(shape), dtype)
 
 
@@ -281,10 +281,16 @@ def _encode_tensor(tensor: torch.Tensor, encoding: str) -> Any:
     tensor = tensor.detach().cpu()
     if encoding == "list":
         return (tensor.float() if dtype == "bfloat16" else tensor).tolist()
-    bits = tensor.view(_torch().int16) if dtype == "bfloat16" else tensor
-    data = np.ascontiguousarray(bits.numpy(), dtype=np.dtype(WIRE_DTYPES[dtype]))
+    data = _wire_array(tensor, dtype)
     return {"b64": base64.b64encode(data.tobytes()).decode(), "dtype": dtype,
             "shape": list(tensor.shape)}
+
+
+def _wire_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    """A CPU tensor as a little-endian array; bfloat16 as its raw 16 bits."""
+    if dtype == "bfloat16":
+        return tensor.view(_torch().int16).numpy().view(np.uint16).astype("<u2", copy=False)
+    return tensor.numpy().astype(WIRE_DTYPES[dtype], copy=False)
 
 
 def _torch() -> Any:
@@ -660,6 +666,9 @@ def serve_forever(path: str | os.PathLike[str], *, host: str = "127.0.0.1", port
     import ray
     from ray import serve
 
+    from .artifact import read_artifact
+
+    read_artifact(path)  # fail on a bad artifact before starting Ray
     local = address is None and "RAY_ADDRESS" not in os.environ
     ray.init(address=address, include_dashboard=False if local else None,
              logging_level=logging.WARNING)

@@ -110,14 +110,15 @@ def test_build_fixture_is_untouched(mlp_artifact: Path) -> None:
 
 def test_runtime_older_than_the_build_host_is_refused(mlp_artifact: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkan_pack import IncompatibleArtifactError, Predictor
-    from qkan_pack.build import producer_versions
+    import sys
 
-    real = producer_versions()
-    monkeypatch.setattr("qkan_pack.build.producer_versions",
-                        lambda: {**real, "qkan": "0.1.0"})
+    from qkan_pack import IncompatibleArtifactError, Predictor
+
+    build_module = sys.modules["qkan_pack.build"]  # the attribute qkan_pack.build is the function
+    real = build_module.producer_versions()
+    monkeypatch.setattr(build_module, "producer_versions", lambda: {**real, "qkan": "0.1.0"})
     with pytest.raises(IncompatibleArtifactError, match=r"upgrade qkan to 0\.2"):
         Predictor.load(mlp_artifact)
-    monkeypatch.setattr("qkan_pack.build.producer_versions", lambda: {**real, "qkan": "0.2.9"})
+    monkeypatch.setattr(build_module, "producer_versions", lambda: {**real, "qkan": "0.2.9"})
     with Predictor.load(mlp_artifact) as predictor:  # same breaking release: loads
         assert predictor.report.warnings == []

@@ -235,7 +235,7 @@ def test_oversize_body_and_bad_routes(served: Served) -> None:
 
 def test_a_crashed_replica_is_replaced_while_the_other_serves(served: Served,
                                                               predictor: Any) -> None:
-    """Last in the module: the replacement replica keeps loading while Ray shuts down."""
+    """The last Ray test: the replacement replica may still be loading at teardown."""
     from qkan_pack.serve import build_app
 
     handle = serve.run(build_app(served.artifact, replicas=2, cpus_per_replica=0.5),
@@ -253,3 +253,31 @@ def test_a_crashed_replica_is_replaced_while_the_other_serves(served: Served,
         states = serve.status().applications["crash"].deployments["QkanPack"].replica_states
     assert "STARTING" in states, states  # Ray is bringing up a replacement
     assert served_after >= 20  # and every call meanwhile was answered by the survivor
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "uint8", "bool"])
+def test_base64_codec_round_trips_every_wire_dtype(dtype: str) -> None:
+    import torch
+
+    from qkan_pack.serve import encode_outputs, fit, parse_tensor
+    from qkan_pack.tree import torch_dtype
+
+    tensor = (torch.arange(-3, 3).reshape(2, 3) % (2 if dtype == "bool" else 256)).to(torch_dtype(dtype))
+    encoded = encode_outputs(tensor, "base64")
+    assert encoded["dtype"] == dtype and encoded["shape"] == [2, 3]
+    back = fit(parse_tensor(encoded, "inputs"), "x", dtype, "")
+    assert back.dtype == tensor.dtype and torch.equal(back, tensor)
+    listed = fit(parse_tensor(encode_outputs(tensor, "list"), "inputs"), "x", dtype, "")
+    assert torch.equal(listed, tensor)
+
+
+@pytest.mark.parametrize(("value", "want", "message"), [
+    ([1.5, 2.0], "int64", "holds floats"),
+    ([2**40], "int32", "outside the int32 range"),
+    ([1, 0], "bool", "holds integers"),
+])
+def test_json_numbers_that_do_not_fit_the_dtype(value: list, want: str, message: str) -> None:
+    from qkan_pack.serve import fit, parse_tensor
+
+    with pytest.raises(InputError, match=message):
+        fit(parse_tensor(value, "inputs"), "x", want, "")
