@@ -8,7 +8,7 @@ STAMP := $(VENV)/.qkan-pack-installed
 TORCH_PIN := torch==2.13.0
 QKAN_PIN := qkan==0.2.3
 
-.PHONY: test demo lint gpu-test clean
+.PHONY: test test-fast demo lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(PY) -m ruff check qkan_pack tests examples benchmarks
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
