@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from qkan_pack.serve import build_app
 
     runs: dict[str, Any] = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.artifact
         if path is None:
@@ -213,7 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python benchmarks/serve_load.py " + " ".join(argv or sys.argv[1:]),
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
                  "python": platform.python_version(), "torch": torch.__version__,
-                 "ray": ray.__version__, "network": "loopback (127.0.0.1)"},
+                 "ray": ray.__version__, "network": "loopback (127.0.0.1)",
+                 "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
+                 "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()]},
         "artifact": {"digest": artifact.digest,
                      "shapes": [e.label for e in artifact.manifest.shapes]},
         "config": {"clients": args.clients, "seconds": args.seconds, "warmup": args.warmup,

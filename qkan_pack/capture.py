@@ -190,6 +190,7 @@ class GraphRunner:
                         fn(*static_inputs)
                 caller_stream.wait_stream(side)
                 torch.cuda.synchronize(self.device)
+                torch.cuda.empty_cache()  # torch.cuda.graph does it too: measure from there
                 before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=side,
                                       capture_error_mode="thread_local"):

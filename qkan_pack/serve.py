@@ -638,16 +638,17 @@ def build_app(path: str | os.PathLike[str], *, replicas: int = 1, gpus_per_repli
     from .artifact import read_artifact
 
     artifact = read_artifact(path)
-    if replicas < 1 or gpus_per_replica < 0 or max_batch_wait_ms < 0 or max_body_bytes < 1:
-        raise ValueError("replicas >= 1, gpus_per_replica >= 0, max_batch_wait_ms >= 0 and "
-                         "max_body_bytes >= 1 are required")
+    if (replicas < 1 or gpus_per_replica < 0 or max_batch_wait_ms < 0 or max_body_bytes < 1
+            or (max_batch_size is not None and max_batch_size < 1)):
+        raise ValueError("replicas, max_batch_size and max_body_bytes must be >= 1; "
+                         "gpus_per_replica and max_batch_wait_ms >= 0")
     largest = max((b for s in row_plan(artifact.manifest).values() for b, _ in s), default=1)
     batch = max_batch_size or largest
     deployment = serve.deployment(
         ArtifactServer, name=name, num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
         max_ongoing_requests=max_ongoing_requests or max(64, 2 * batch),
-        health_check_period_s=10, health_check_timeout_s=30, max_constructor_retry_count=3,
+        health_check_period_s=10, health_check_timeout_s=30,
     )
     return deployment.bind(str(artifact.path), digest=artifact.digest, device=device,
                            max_batch_size=batch, max_batch_wait_ms=max_batch_wait_ms,

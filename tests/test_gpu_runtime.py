@@ -20,6 +20,7 @@ from .conftest import EXAMPLES, MODELS
 
 pytestmark = pytest.mark.gpu
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
+CALLS_PER_THREAD = 2000  # 16 threads x 2,000 calls, mixed shapes (reliability issue)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +108,12 @@ def test_threads_with_mixed_shapes_give_sequential_results(built: dict[str, Path
 
         def worker(offset: int) -> None:
             torch.cuda.set_device(0)
-            for step in range(200):
+            for step in range(CALLS_PER_THREAD):
                 i = (offset + step) % len(inputs)
                 y = predictor(inputs[i])
                 if not torch.allclose(y, expected[i], **TIGHT):
                     failures.append(f"thread {offset} step {step}")
-                if step % 50 == 0:
+                if step % 100 == 0:
                     kept.append((i, y))
 
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
@@ -122,7 +123,8 @@ def test_threads_with_mixed_shapes_give_sequential_results(built: dict[str, Path
             thread.join()
         torch.cuda.synchronize()
         assert failures == []
-        assert all(torch.allclose(y, expected[i], **TIGHT) for i, y in kept)
+        assert all(torch.allclose(y, expected[i], **TIGHT) for i, y in kept)  # held outputs intact
+        print(f"{len(threads)} threads x {CALLS_PER_THREAD} calls: {len(failures)} mismatches")
 
 
 def test_auto_falls_back_to_submodules_when_forward_syncs(built: dict[str, Path]) -> None:
@@ -169,7 +171,7 @@ def test_eight_shapes_share_one_pool(tmp_path: Path) -> None:
     with Predictor.load(tmp_path / "eight", device="cuda") as shared:
         total = shared.report.pool_bytes
     print(f"pool bytes: 8 shapes {total}, largest alone {largest}, ratio {total / largest:.2f}")
-    assert total <= 1.5 * largest
+    assert largest > 0 and total <= 1.5 * largest
 
 
 def test_pad_batch_pads_and_slices(built: dict[str, Path]) -> None:

@@ -27,7 +27,7 @@ serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 
 from qkan_pack.errors import InputError  # noqa: E402
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY_LIMIT = 64 * 1024
