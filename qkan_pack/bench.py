@@ -57,6 +57,13 @@ CPU_NOTE = ("CUDA graphs need CUDA: this host has none, so only eager PyTorch an
             "(which runs eagerly here) were compared; run on a GPU host with --device cuda for "
             "graph replay, qkan.compile_inference, torch.compile and GPU memory")
 SKIPPABLE = VARIANTS[2:]
+TORCH_COMPILE_APART = (
+    "not run in this process by default: on an H200 (torch 2.11, triton 3.6) in-process "
+    "torch.compile(mode='reduce-overhead') of a flash-solver QKAN hit an illegal memory access "
+    "that poisoned the CUDA context once it ran after this benchmark's own graphs (alone, and "
+    "next to a Predictor, it ran correctly). --cold-start measures it in its own process "
+    "(warm-up and steady latency); --with-torch-compile runs it here anyway"
+)
 GRAPH_WARMUP = 3  # forwards on the side stream before a capture (torch's recipe)
 
 
@@ -74,6 +81,7 @@ class BenchSettings:
     kernel_replays: int = 100
     skip: tuple[str, ...] = ()
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    in_process_torch_compile: bool = False
 
     def check(self) -> None:
         for name in ("iters", "repeats", "warmup", "blocks", "kernel_replays"):
@@ -261,7 +269,8 @@ class _Session:
                                         progress=False)
         artifact = read_artifact(path, expected_digest=self.predictor.digest)
         self.manifest = artifact.manifest
-        self.model = rebuild_model(artifact, target, dict(self.predictor.report.config))
+        self._rebuild = lambda: rebuild_model(artifact, target, dict(self.predictor.report.config))
+        self.model = self._rebuild()
         self.samples, _ = reference_samples(artifact, target)
         self.side = torch.cuda.Stream(device=target) if self.cuda else None
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(target)) if self.cuda \
@@ -383,9 +392,15 @@ class _Session:
                                                  "(compile + graph recording) timed apart")
         if "torch_compile" in self.settings.skip:
             return variant
+        if not self.settings.in_process_torch_compile:
+            variant.fail("skipped", TORCH_COMPILE_APART)
+            return variant
         if self._compiled is None:
             try:
-                self._compiled = torch.compile(self.model, mode="reduce-overhead", dynamic=False)
+                # Its own model instance: sharing the one the bare graphs captured crashed
+                # with an illegal memory access on an H200 (torch 2.11); apart, both run.
+                self._compiled = torch.compile(self._rebuild(), mode="reduce-overhead",
+                                               dynamic=False)
             except Exception as exc:
                 variant.fail("failed", f"torch.compile failed: {describe(exc)}")
                 return variant
