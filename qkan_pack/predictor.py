@@ -15,7 +15,7 @@ import torch
 from .artifact import VerifiedArtifact
 from .capture import EagerRunner, GraphRunner, ShapeRecord
 from .errors import DeviceError, InputError, SelfTestError
-from .spec import Manifest, ShapeEntry, format_shape
+from .spec import Manifest, ShapeEntry, format_shape, padding_table
 from .tree import torch_dtype, unflatten
 
 #: Replay vs eager on the same device: the same kernels on the same data.
@@ -120,7 +120,7 @@ class Predictor:
         self._dtypes = tuple(torch_dtype(d.dtype) for d in manifest.inputs)
         self._index = {tuple(torch.Size(s) for _, s in e.inputs): i
                        for i, e in enumerate(manifest.shapes)}
-        self._padding = _padding_table(manifest) if pad_batch else {}
+        self._padding = padding_table(manifest) if pad_batch else {}
         self._fast = _fast_table(manifest, self._dtypes, device)
 
     # -- construction ------------------------------------------------------------------
@@ -316,24 +316,6 @@ def _entry_label(entry: ShapeEntry, dtypes: Mapping[str, str]) -> str:
         name, shape = entry.inputs[0]
         return f"{format_shape(shape)} {dtypes[name]}"
     return ", ".join(f"{n}: {format_shape(s)} {dtypes[n]}" for n, s in entry.inputs)
-
-
-def _padding_table(manifest: Manifest) -> dict[tuple, list[tuple[int, int]]]:
-    """Non-batch dims -> [(batch, shape index)] ascending, for shapes whose every output
-    leads with the batch dimension (otherwise slicing rows back would be wrong)."""
-    table: dict[tuple, list[tuple[int, int]]] = {}
-    for index, entry in enumerate(manifest.shapes):
-        batches = {shape[0] for _, shape in entry.inputs}
-        if len(batches) != 1:
-            continue
-        (batch,) = batches
-        if not all(leaf.shape and leaf.shape[0] == batch for leaf in entry.outputs.leaves()):
-            continue
-        tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
-        table.setdefault(tail, []).append((batch, index))
-    for value in table.values():
-        value.sort()
-    return table
 
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],

@@ -57,7 +57,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import InputError, QkanPackError, ShapeSpecError
-from .spec import MAX_RANK, Manifest, Shape, ShapeEntry, check_dtype, format_shape, loads_strict
+from .spec import (
+    MAX_RANK,
+    Manifest,
+    Shape,
+    ShapeEntry,
+    check_dtype,
+    format_shape,
+    loads_strict,
+    padding_table,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -91,24 +100,10 @@ Tail = tuple[Shape, ...]
 
 
 def row_plan(manifest: Manifest) -> dict[Tail, list[tuple[int, str]]]:
-    """Row shape (non-batch dims per input) -> [(captured batch, shape label)] ascending.
-
-    Only shapes whose inputs share one leading batch size and whose every output leads with
-    it can take padded rows (slicing rows back would be wrong otherwise).
-    """
-    plan: dict[Tail, list[tuple[int, str]]] = {}
-    for entry in manifest.shapes:
-        batches = {shape[0] for _, shape in entry.inputs}
-        if len(batches) != 1:
-            continue
-        (batch,) = batches
-        if not all(leaf.shape and leaf.shape[0] == batch for leaf in entry.outputs.leaves()):
-            continue
-        tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
-        plan.setdefault(tail, []).append((batch, entry.label))
-    for sizes in plan.values():
-        sizes.sort()
-    return plan
+    """Row shape (non-batch dims per input) -> [(captured batch, shape label)] ascending
+    (the predictor's padding rule: ``spec.padding_table``)."""
+    return {tail: [(batch, manifest.shapes[index].label) for batch, index in rows]
+            for tail, rows in padding_table(manifest).items()}
 
 
 @dataclass(frozen=True)

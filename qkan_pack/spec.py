@@ -600,3 +600,24 @@ class _Reader:
             _relative_path(name, f"{self.where} key"): fn(_Reader(v, f"{self.where}[{name!r}]"))
             for name, v in self.raw.items()
         }
+
+
+def padding_table(manifest: Manifest) -> dict[tuple[Shape, ...], list[tuple[int, int]]]:
+    """Row shape (non-batch dims per input) -> [(batch, shape index)] ascending.
+
+    Only shapes whose inputs share one leading batch size and whose every output leads with
+    it can take zero-padded rows (slicing rows back would be wrong otherwise).
+    """
+    table: dict[tuple[Shape, ...], list[tuple[int, int]]] = {}
+    for index, entry in enumerate(manifest.shapes):
+        batches = {shape[0] for _, shape in entry.inputs}
+        if len(batches) != 1:
+            continue
+        (batch,) = batches
+        if not all(leaf.shape and leaf.shape[0] == batch for leaf in entry.outputs.leaves()):
+            continue
+        tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
+        table.setdefault(tail, []).append((batch, index))
+    for rows in table.values():
+        rows.sort()
+    return table

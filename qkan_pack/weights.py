@@ -6,7 +6,6 @@ keeps initial values; a packager must do neither. Every mismatch is listed in on
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from .artifact import safetensors_header
 from .errors import ArtifactError, WeightsMismatchError
-from .spec import MAX_HEADER_BYTES
 
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
 
@@ -44,15 +43,9 @@ def weights_bytes(model: torch.nn.Module, tied: Sequence[Sequence[str]]) -> byte
 
 
 def parse_weights(data: bytes, where: str) -> dict[str, torch.Tensor]:
-    """Parse safetensors bytes, capping the header so a hostile file cannot exhaust memory."""
-    if len(data) < 8:
-        raise ArtifactError(f"{where} is {len(data)} bytes: not a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > MAX_HEADER_BYTES or header_len > len(data) - 8:
-        raise ArtifactError(
-            f"{where} declares a {header_len}-byte header (file is {len(data)} bytes, limit "
-            f"{MAX_HEADER_BYTES}): corrupt or hostile"
-        )
+    """Parse safetensors bytes after auditing the header (size cap, strict JSON, offsets),
+    so a hostile file cannot exhaust memory or confuse the parser."""
+    safetensors_header(data, where)
     try:
         return load_safetensors(data)
     except (SafetensorError, ValueError, RuntimeError, OverflowError) as exc:
