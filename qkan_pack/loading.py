@@ -32,7 +32,7 @@ from .predictor import (
 from .source import call_factory, entry_function, import_model_source
 from .spec import WEIGHTS_NAME, Manifest
 from .tree import flatten
-from .weights import load_strict, parse_weights
+from .weights import load_strict, parse_audited
 
 
 @contextmanager
@@ -196,7 +196,7 @@ def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: dict
         model = call_factory(factory, config, info.source, info.entry, device=str(target))
         model.to(target)
     with _stage(stages, "weights"):
-        tensors = parse_weights(artifact.files[WEIGHTS_NAME], WEIGHTS_NAME)
+        tensors = parse_audited(artifact.files[WEIGHTS_NAME], WEIGHTS_NAME)
         load_strict(model, tensors, info.tied, f"{artifact.path}/{WEIGHTS_NAME}")
         model.eval()  # after loading: QKAN rebuilds its folded eval caches here
         model.requires_grad_(False)
@@ -210,22 +210,14 @@ def reference_samples(artifact: VerifiedArtifact, target: torch.device
     manifest = artifact.manifest
     samples, expected = [], []
     for entry in manifest.shapes:
-        tensors = parse_weights(artifact.files[entry.reference], entry.reference)
-        inputs = [_reference_tensor(tensors, f"input.{n}", entry.reference).to(target)
-                  for n in manifest.input_names]
+        tensors = parse_audited(artifact.files[entry.reference], entry.reference)
+        # read_artifact checked these keys, shapes and dtypes against the manifest
+        inputs = [tensors[f"input.{n}"].to(target) for n in manifest.input_names]
         count = len(list(entry.outputs.leaves()))
-        outputs = [_reference_tensor(tensors, f"output.{i}", entry.reference) for i in range(count)]
+        outputs = [tensors[f"output.{i}"] for i in range(count)]
         samples.append((entry.label, inputs))
         expected.append(outputs)
     return samples, expected
-
-
-def _reference_tensor(tensors: Mapping[str, torch.Tensor], key: str, where: str) -> torch.Tensor:
-    from .errors import ArtifactError
-
-    if key not in tensors:
-        raise ArtifactError(f"{where} lacks tensor {key!r}; rebuild the artifact")
-    return tensors[key]
 
 
 def _eager(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:

@@ -43,9 +43,14 @@ def weights_bytes(model: torch.nn.Module, tied: Sequence[Sequence[str]]) -> byte
 
 
 def parse_weights(data: bytes, where: str) -> dict[str, torch.Tensor]:
-    """Parse safetensors bytes after auditing the header (size cap, strict JSON, offsets),
-    so a hostile file cannot exhaust memory or confuse the parser."""
+    """Parse untrusted safetensors bytes after auditing the header (size cap, strict JSON,
+    offsets), so a hostile file cannot exhaust memory or confuse the parser."""
     safetensors_header(data, where)
+    return parse_audited(data, where)
+
+
+def parse_audited(data: bytes, where: str) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes whose header ``read_artifact`` has already audited."""
     try:
         return load_safetensors(data)
     except (SafetensorError, ValueError, RuntimeError, OverflowError) as exc:
