@@ -373,7 +373,7 @@ def _pct(value: float | None) -> str:
 
 def _s(item: Any, key: str) -> str:
     value = getattr(item, key, None) if item is not None and item.status == "ok" else None
-    return "-" if value is None else f"{value:.2f}"
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

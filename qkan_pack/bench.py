@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from . import __version__
+from .capture import CaptureStreams, capture_streams, private_cublas_workspace
 from .errors import QkanPackError
 from .progress import progress
 from .source import describe
@@ -57,13 +58,6 @@ CPU_NOTE = ("CUDA graphs need CUDA: this host has none, so only eager PyTorch an
             "(which runs eagerly here) were compared; run on a GPU host with --device cuda for "
             "graph replay, qkan.compile_inference, torch.compile and GPU memory")
 SKIPPABLE = VARIANTS[2:]
-TORCH_COMPILE_APART = (
-    "not run in this process by default: on an H200 (torch 2.11, triton 3.6) in-process "
-    "torch.compile(mode='reduce-overhead') of a flash-solver QKAN hit an illegal memory access "
-    "that poisoned the CUDA context once it ran after this benchmark's own graphs (alone, and "
-    "next to a Predictor, it ran correctly). --cold-start measures it in its own process "
-    "(warm-up and steady latency); --with-torch-compile runs it here anyway"
-)
 GRAPH_WARMUP = 3  # forwards on the side stream before a capture (torch's recipe)
 
 
@@ -81,7 +75,6 @@ class BenchSettings:
     kernel_replays: int = 100
     skip: tuple[str, ...] = ()
     config_overrides: dict[str, Any] = field(default_factory=dict)
-    in_process_torch_compile: bool = False
 
     def check(self) -> None:
         for name in ("iters", "repeats", "warmup", "blocks", "kernel_replays"):
@@ -272,7 +265,7 @@ class _Session:
         self._rebuild = lambda: rebuild_model(artifact, target, dict(self.predictor.report.config))
         self.model = self._rebuild()
         self.samples, _ = reference_samples(artifact, target)
-        self.side = torch.cuda.Stream(device=target) if self.cuda else None
+        self.streams = capture_streams(target) if self.cuda else None
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(target)) if self.cuda \
             else (lambda: None)
         self._graphs: list[_BareGraph] = []
@@ -355,8 +348,9 @@ class _Session:
             return variant
         try:
             static = [t.detach().clone() for t in inputs]
-            _warm_on(self.side, self.model, static, self.target)
-            graph = self._capture(static, pool=None)
+            _warm_on(self.streams, self.model, static, self.target)
+            with private_cublas_workspace():
+                graph = self._capture(static, pool=None)
         except Exception as exc:
             _recover(self.target)
             variant.fail("failed", f"whole-model capture failed: {describe(exc)}")
@@ -392,13 +386,9 @@ class _Session:
                                                  "(compile + graph recording) timed apart")
         if "torch_compile" in self.settings.skip:
             return variant
-        if not self.settings.in_process_torch_compile:
-            variant.fail("skipped", TORCH_COMPILE_APART)
-            return variant
         if self._compiled is None:
             try:
-                # Its own model instance: sharing the one the bare graphs captured crashed
-                # with an illegal memory access on an H200 (torch 2.11); apart, both run.
+                # Its own model instance, so that dynamo's guards see only its own calls.
                 self._compiled = torch.compile(self._rebuild(), mode="reduce-overhead",
                                                dynamic=False)
             except Exception as exc:
@@ -471,11 +461,11 @@ class _Session:
     # -- GPU floor and memory ---------------------------------------------------------
 
     def _capture(self, static: list[torch.Tensor], pool: Any) -> _BareGraph:
-        """Capture the whole model on the side stream (warmed up there) reading ``static``."""
-        assert self.side is not None
+        """Capture the whole model on the capture stream reading ``static`` (warmed up first)."""
+        assert self.streams is not None
         with torch.cuda.device(self.target):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.side,
+            with torch.cuda.graph(graph, pool=pool, stream=self.streams.record,
                                   capture_error_mode="thread_local"):
                 outputs = flatten(self.model(*static))
         return _BareGraph(graph, static, outputs)
@@ -496,7 +486,8 @@ class _Session:
         report = self.predictor.report
         memory: dict[str, Any] = {
             "method": "torch.cuda.memory_reserved before and after capture (after warm-up and "
-                      "empty_cache), bare whole-model graphs of this artifact",
+                      "empty_cache), bare whole-model graphs of this artifact; each pool holds "
+                      "the cuBLAS workspace its graphs write to (allocated inside the capture)",
             "predictor_pool_bytes": report.pool_bytes,
             "predictor_shapes": {r.label: r.pool_bytes for r in report.shapes},
         }
@@ -557,10 +548,11 @@ def _split(total: int, blocks: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(blocks)]
 
 
-def _warm_on(side: torch.cuda.Stream | None, model: torch.nn.Module,
+def _warm_on(streams: CaptureStreams | None, model: torch.nn.Module,
              inputs: Sequence[torch.Tensor], device: torch.device) -> None:
-    """torch's recipe: forwards on the capture stream, then wait and synchronize."""
-    assert side is not None
+    """torch's recipe: forwards on a side stream, then wait and synchronize."""
+    assert streams is not None
+    side = streams.warm
     caller = torch.cuda.current_stream(device)
     side.wait_stream(caller)
     with torch.cuda.stream(side):
@@ -635,19 +627,20 @@ def measure_pools(session: _Session, inputs: Sequence[Sequence[torch.Tensor]],
     """
     device = session.target
     order = sorted(range(len(inputs)), key=lambda i: -sum(t.numel() for t in inputs[i]))
-    assert session.side is not None
+    assert session.streams is not None
     with torch.cuda.device(device):
         statics = [[t.detach().clone() for t in sample] for sample in inputs]
         for static in statics:
-            _warm_on(session.side, session.model, static, device)
+            _warm_on(session.streams, session.model, static, device)
         shared: dict[str, int] = {}
         graphs: list[_BareGraph] = []
-        _settle(device)
         pool = torch.cuda.graph_pool_handle()
-        for index in order:
-            before = torch.cuda.memory_reserved(device)
-            graphs.append(session._capture(statics[index], pool))
-            shared[labels[index]] = torch.cuda.memory_reserved(device) - before
+        with private_cublas_workspace():  # as the predictor captures: one workspace, in the pool
+            _settle(device)  # release the warm-ups' workspaces, freed just now, before measuring
+            for index in order:
+                before = torch.cuda.memory_reserved(device)
+                graphs.append(session._capture(statics[index], pool))
+                shared[labels[index]] = torch.cuda.memory_reserved(device) - before
         graphs.clear()
         del pool
         _settle(device)
@@ -655,7 +648,8 @@ def measure_pools(session: _Session, inputs: Sequence[Sequence[torch.Tensor]],
         for index in order:
             _settle(device)
             before = torch.cuda.memory_reserved(device)
-            graphs.append(session._capture(statics[index], None))
+            with private_cublas_workspace():
+                graphs.append(session._capture(statics[index], None))
             private[labels[index]] = torch.cuda.memory_reserved(device) - before
         graphs.clear()
         _settle(device)

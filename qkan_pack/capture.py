@@ -1,8 +1,10 @@
 """Run a loaded model per manifest shape: CUDA-graph replay, or eager with the same interface.
 
 Capture follows torch.cuda.graphs' recipe: warm up on a side stream made on the target
-device, synchronize, capture the largest shape first, hand one memory pool to every
-capture, all under ``torch.cuda.device(N)``. Nothing here reads files.
+device, synchronize, capture (on another side stream) the largest shape first, hand one
+memory pool to every capture, all under ``torch.cuda.device(N)``; like torch.compile's CUDA
+graph trees, cuBLAS's cached workspaces are cleared around the captures so the one the
+graphs use lives in their pool (see ``clear_cublas_workspaces``). Nothing here reads files.
 
 Runners expose ``run(index, inputs, rows, copy) -> list[Tensor]`` (flat output leaves). The
 caller (the predictor) serialises calls; a runner is never entered by two threads at once.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,19 +27,57 @@ from .source import describe
 from .tree import describe_output, flatten, unflatten
 
 WARMUP_ITERS = 3
-_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every warm-up and capture in the process.
+@dataclass(frozen=True)
+class CaptureStreams:
+    """The side streams of one device: eager warm-ups on ``warm``, captures on ``record``.
 
-    cuBLAS keeps a workspace per (handle, stream) for the life of the process; a fresh
-    stream per load would strand one workspace (32 MiB on Hopper) per load.
+    No eager work runs on ``record``, so the cuBLAS workspace a capture finds for it was
+    allocated inside a capture (in a graph pool), never in the general pool at warm-up.
     """
-    stream = _CAPTURE_STREAMS.get(device.index)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[device.index] = torch.cuda.Stream(device=device)
-    return stream
+
+    warm: torch.cuda.Stream
+    record: torch.cuda.Stream
+
+
+_CAPTURE_STREAMS: dict[int, CaptureStreams] = {}
+
+
+def capture_streams(device: torch.device) -> CaptureStreams:
+    """One pair of side streams per device for every warm-up and capture in the process."""
+    streams = _CAPTURE_STREAMS.get(device.index)
+    if streams is None:
+        streams = _CAPTURE_STREAMS[device.index] = CaptureStreams(
+            torch.cuda.Stream(device=device), torch.cuda.Stream(device=device))
+    return streams
+
+
+def clear_cublas_workspaces() -> None:
+    """Drop torch's cached cuBLAS workspaces (one per cuBLAS handle and stream).
+
+    A graph bakes in the address of the workspace of the stream it was captured on. A
+    workspace allocated eagerly lives in the general pool, and whatever later clears these
+    caches -- torch.compile(mode="reduce-overhead") does before and after every recording --
+    hands that memory back to the allocator while the graph still writes to it: silent
+    corruption, or an illegal memory access once ``empty_cache`` unmaps it (seen on an H200).
+    Cleared just before capture, the workspace is allocated inside the capture, in the
+    graph's private pool, which is neither released nor lent out while the graph lives.
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def private_cublas_workspace() -> Iterator[None]:
+    """Captures inside get a cuBLAS workspace in their own pool, which nothing else keeps
+    using afterwards (torch's CUDA graph trees do the same around each recording)."""
+    clear_cublas_workspaces()
+    try:
+        yield
+    finally:
+        clear_cublas_workspaces()
 
 
 def _stream_id(device_index: int) -> Any:
@@ -139,19 +179,19 @@ class GraphRunner:
         order = sorted(range(len(shapes)), key=lambda i: -sum(t.numel() for t in shapes[i][1]))
         self.records = [ShapeRecord(label=label) for label, _ in shapes]
         try:
-            with torch.cuda.device(self.device):
+            with torch.cuda.device(self.device), private_cublas_workspace():
                 self.pool = torch.cuda.graph_pool_handle()
-                side = capture_stream(self.device)
-                fallback = self._capture_full(shapes, order, policy, side, show_progress)
+                streams = capture_streams(self.device)
+                fallback = self._capture_full(shapes, order, policy, streams, show_progress)
                 if fallback:
-                    self._capture_submodules(shapes, fallback, submodule_names, side, show_progress)
+                    self._capture_submodules(shapes, fallback, submodule_names, streams, show_progress)
                 torch.cuda.synchronize(self.device)
         except BaseException:
             self.close()
             raise
 
     def _capture_full(self, shapes: Sequence[tuple[str, list[torch.Tensor]]], order: list[int],
-                      policy: str, side: torch.cuda.Stream, show_progress: bool | None) -> list[int]:
+                      policy: str, streams: CaptureStreams, show_progress: bool | None) -> list[int]:
         if policy == "submodules":
             return order
         fallback = []
@@ -161,7 +201,7 @@ class GraphRunner:
             started = time.perf_counter()
             try:
                 self._full[index] = self._capture_one(lambda *a: flatten(self.model(*a)),
-                                                      sample, side, record)
+                                                      sample, streams, record)
             except CaptureError as exc:
                 if policy == "full":
                     raise CaptureError(
@@ -177,34 +217,34 @@ class GraphRunner:
         return fallback
 
     def _capture_one(self, fn: Callable[..., list[torch.Tensor]], sample: Sequence[torch.Tensor],
-                     side: torch.cuda.Stream, record: ShapeRecord) -> _ShapeGraph:
-        """Warm up on the side stream, then capture into the shared pool (torch's recipe)."""
+                     streams: CaptureStreams, record: ShapeRecord) -> _ShapeGraph:
+        """Warm up on a side stream, then capture into the shared pool (torch's recipe)."""
         static_inputs = [t.to(self.device).clone() for t in sample]
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(self.device)
         try:
             with torch.no_grad():
-                side.wait_stream(caller_stream)
-                with torch.cuda.stream(side):
+                streams.warm.wait_stream(caller_stream)
+                with torch.cuda.stream(streams.warm):
                     for _ in range(WARMUP_ITERS):
                         fn(*static_inputs)
-                caller_stream.wait_stream(side)
+                caller_stream.wait_stream(streams.warm)
                 torch.cuda.synchronize(self.device)
                 torch.cuda.empty_cache()  # torch.cuda.graph does it too: measure from there
                 before = torch.cuda.memory_reserved(self.device)
-                with torch.cuda.graph(graph, pool=self.pool, stream=side,
+                with torch.cuda.graph(graph, pool=self.pool, stream=streams.record,
                                       capture_error_mode="thread_local"):
                     static_outputs = fn(*static_inputs)
                 record.pool_bytes += torch.cuda.memory_reserved(self.device) - before
         except Exception as exc:
             del graph
-            _recover(self.device, caller_stream, side, self.pool)
+            _recover(self.device, caller_stream, streams, self.pool)
             self.pool = torch.cuda.graph_pool_handle()  # the failed capture's pool is unusable
             raise CaptureError(describe(exc)) from exc
         return _ShapeGraph(graph, static_inputs, static_outputs)
 
     def _capture_submodules(self, shapes: Sequence[tuple[str, list[torch.Tensor]]],
-                            indices: list[int], names: Sequence[str], side: torch.cuda.Stream,
+                            indices: list[int], names: Sequence[str], streams: CaptureStreams,
                             show_progress: bool | None) -> None:
         targets = select_submodules(self.model, names)
         if not targets:
@@ -220,7 +260,7 @@ class GraphRunner:
         for index in progress(indices, desc="capturing submodules", enabled=show_progress):
             started = time.perf_counter()
             record = self.records[index]
-            record.graphs = sum(r.capture_for(index, side, record) for r in recorders)
+            record.graphs = sum(r.capture_for(index, streams, record) for r in recorders)
             record.capture_seconds = time.perf_counter() - started
         for recorder in recorders:
             recorder.install()
@@ -325,7 +365,7 @@ class _SubmoduleGraphs:
         if all(existing != key for existing, _ in samples):
             samples.append((key, [a.detach().clone() for a in args]))
 
-    def capture_for(self, index: int, side: torch.cuda.Stream, record: ShapeRecord) -> int:
+    def capture_for(self, index: int, streams: CaptureStreams, record: ShapeRecord) -> int:
         captured = 0
         for key, sample in self.samples.get(index, []):
             if key in self.graphs:
@@ -340,7 +380,7 @@ class _SubmoduleGraphs:
                 return flatten(out)
 
             try:
-                shape_graph = self.runner._capture_one(call, sample, side, record)
+                shape_graph = self.runner._capture_one(call, sample, streams, record)
             except CaptureError as exc:
                 raise CaptureError(
                     f"capturing submodule {self.path} ({type(module).__name__}) for shape "
@@ -397,14 +437,15 @@ def _record_calls(model: torch.nn.Module, recorders: list[_SubmoduleGraphs],
 
 
 def _recover(device: torch.device, caller_stream: torch.cuda.Stream,
-             side: torch.cuda.Stream, pool: Any) -> None:
+             streams: CaptureStreams, pool: Any) -> None:
     """Leave CUDA as it was before a failed capture, and prove the context still works.
 
     A capture that raises skips parts of torch's clean-up: the caller's current stream is
     not restored, the allocator keeps routing the capture stream's allocations to the
     graph pool, and the device's RNG stays in "capturing" mode so that every later random
     op fails ("Offset increment outside graph capture"). A trivial successful capture runs
-    the RNG epilogue again.
+    the RNG epilogue again. A cuBLAS workspace first allocated by the failed capture lives in
+    its abandoned pool: cleared here, the next capture allocates its own.
     """
     torch.cuda.set_stream(caller_stream)
     with contextlib.suppress(RuntimeError):  # not recording any more: nothing to end
@@ -415,8 +456,9 @@ def _recover(device: torch.device, caller_stream: torch.cuda.Stream,
             break
         except RuntimeError:
             continue
+    clear_cublas_workspaces()
     reset = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(reset, stream=side):
+    with torch.cuda.graph(reset, stream=streams.record):
         torch.zeros(1, device=device).add_(1)
     del reset
     probe = torch.ones(4, device=device)

@@ -258,18 +258,15 @@ _BENCH_SKIPPABLE = ("bare_graph", "qkan_compile_inference", "torch_compile")
               help="Also time fresh processes from launch to their first served call.")
 @click.option("--fresh-kernel-cache", is_flag=True,
               help="Give the cold-start processes empty Triton/Inductor caches (a new host).")
-@click.option("--with-torch-compile", is_flag=True,
-              help="Also time torch.compile in this process (off by default: see README).")
 def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, skip: tuple,
           overrides: dict, json_path: Path | None, plot_path: Path | None, cold_start: bool,
-          fresh_kernel_cache: bool, with_torch_compile: bool) -> None:
+          fresh_kernel_cache: bool) -> None:
     """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side."""
     from .bench import BenchSettings, run_bench
     from .bench_report import render_table, write_json, write_plot
 
     settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
-                             config_overrides=overrides,
-                             in_process_torch_compile=with_torch_compile)
+                             config_overrides=overrides)
     report = run_bench(directory, device, settings=settings, cold_start=cold_start,
                        fresh_kernel_cache=fresh_kernel_cache)
     click.echo(render_table(report))

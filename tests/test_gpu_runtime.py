@@ -211,6 +211,7 @@ def test_several_inputs_and_dict_outputs(built: dict[str, Path]) -> None:
 
 
 def test_close_frees_the_pool(built: dict[str, Path]) -> None:
+    torch._C._cuda_clearCublasWorkspaces()  # a load frees cached workspaces: not a baseline
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -245,3 +246,48 @@ def test_cross_solver_self_test_is_recorded(built: dict[str, Path]) -> None:
         assert report.reference_tolerance == (2e-3, 2e-4)
         assert all(0 <= r.reference_max_abs < 1e-3 for r in report.shapes)
         print(str(report))
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_replay_survives_other_code_clearing_cublas_workspaces(built: dict[str, Path],
+                                                              name: str) -> None:
+    """torch.compile(mode="reduce-overhead") clears torch's cuBLAS workspaces around every
+    recording. A graph that baked in an eagerly allocated workspace then writes into memory
+    the allocator has released (illegal address, seen on an H200) or lent to other tensors."""
+    with Predictor.load(built[name], device="cuda") as predictor:
+        eager = eager_model(built[name])
+        dtype = predictor.manifest.inputs[0].dtype
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        fillers = [torch.full((n * 2**18,), float("nan"), device="cuda")
+                   for n in (1, 2, 4, 8, 16, 32, 64, 128) for _ in range(4)]
+        for entry in predictor.manifest.shapes:
+            for _ in range(3):
+                x = fresh_input(entry.inputs[0][1], dtype)
+                with torch.no_grad():
+                    want = eager(x)
+                torch.testing.assert_close(predictor(x), want, **TIGHT)
+        torch.cuda.synchronize()
+        assert all(bool(torch.isnan(f).all()) for f in fillers), "a replay wrote into freed memory"
+
+
+def test_predictor_next_to_torch_compile_reduce_overhead(built: dict[str, Path]) -> None:
+    """In one process, torch.compile's CUDA graphs are recorded after the predictor's, between
+    its calls: both stay correct (the order that crashed before workspaces were pooled)."""
+    with Predictor.load(built["mlp"], device="cuda") as predictor:
+        eager = eager_model(built["mlp"])
+        compiled = torch.compile(eager_model(built["mlp"]), mode="reduce-overhead", dynamic=False)
+        try:
+            with torch.no_grad():
+                for entry in [*predictor.manifest.shapes, *predictor.manifest.shapes]:
+                    x = fresh_input(entry.inputs[0][1], "float32")
+                    want = eager(x)
+                    torch.testing.assert_close(predictor(x), want, **TIGHT)
+                    for _ in range(3):
+                        got = compiled(x).clone()
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+                    torch.testing.assert_close(predictor(x), want, **TIGHT)
+            torch.cuda.synchronize()
+        finally:
+            torch._dynamo.reset()
