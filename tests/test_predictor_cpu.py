@@ -319,3 +319,24 @@ def test_load_report_on_cpu(mlp: Predictor) -> None:
     assert {"verify", "import", "build", "weights"} <= set(report.stages)
     assert mlp.digest.startswith("sha256:") and len(mlp.digest) == 7 + 64
     assert "artifact" in str(report)
+
+
+def test_captures_clear_cublas_workspaces_on_entry_and_exit(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The capture session clears torch's cuBLAS workspace cache before (so the capture
+    allocates its own, in the graph pool) and after (so nothing eager shares it), even when
+    the capture fails; without the private hook it does nothing."""
+    from qkan_pack import capture
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"),
+                        raising=False)
+    with capture.private_cublas_workspace():
+        calls.append("capture")
+    assert calls == ["clear", "capture", "clear"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="capture failed"), capture.private_cublas_workspace():
+        raise RuntimeError("capture failed")
+    assert calls == ["clear", "clear"]
+    monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")
+    capture.clear_cublas_workspaces()  # absent in a future torch: a no-op, not an error
