@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class CaptureStreams:
 
 
 _CAPTURE_STREAMS: dict[int, CaptureStreams] = {}
+_CAPTURE_SESSION = threading.RLock()
 
 
 def capture_streams(device: torch.device) -> CaptureStreams:
@@ -72,12 +74,17 @@ def clear_cublas_workspaces() -> None:
 @contextlib.contextmanager
 def private_cublas_workspace() -> Iterator[None]:
     """Captures inside get a cuBLAS workspace in their own pool, which nothing else keeps
-    using afterwards (torch's CUDA graph trees do the same around each recording)."""
-    clear_cublas_workspaces()
-    try:
-        yield
-    finally:
+    using afterwards (torch's CUDA graph trees do the same around each recording).
+
+    One such session at a time in the process: a load on another thread clearing the cache
+    mid-capture would free the workspace the graphs being captured have just baked in.
+    """
+    with _CAPTURE_SESSION:
         clear_cublas_workspaces()
+        try:
+            yield
+        finally:
+            clear_cublas_workspaces()
 
 
 def _stream_id(device_index: int) -> Any:

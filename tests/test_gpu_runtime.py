@@ -291,3 +291,38 @@ def test_predictor_next_to_torch_compile_reduce_overhead(built: dict[str, Path])
             torch.cuda.synchronize()
         finally:
             torch._dynamo.reset()
+
+
+def test_concurrent_loads_from_threads(built: dict[str, Path]) -> None:
+    """Loads on several threads at once (each clears torch's cuBLAS workspace cache around its
+    captures) give predictors that all match eager."""
+    names = ["mlp", "gpt", "mlp64", "gpt"]
+    loaded: dict[int, Predictor] = {}
+    errors: list[BaseException] = []
+
+    def load(slot: int) -> None:
+        try:
+            loaded[slot] = Predictor.load(built[names[slot]], device="cuda")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(slot,)) for slot in range(len(names))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert errors == []
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        for slot, name in enumerate(names):
+            predictor, eager = loaded[slot], eager_model(built[name])
+            dtype = predictor.manifest.inputs[0].dtype
+            for entry in predictor.manifest.shapes:
+                x = fresh_input(entry.inputs[0][1], dtype)
+                with torch.no_grad():
+                    want = eager(x)
+                torch.testing.assert_close(predictor(x), want, **TIGHT)
+    finally:
+        for predictor in loaded.values():
+            predictor.close()

@@ -340,3 +340,33 @@ def test_captures_clear_cublas_workspaces_on_entry_and_exit(monkeypatch: pytest.
     assert calls == ["clear", "clear"]
     monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")
     capture.clear_cublas_workspaces()  # absent in a future torch: a no-op, not an error
+
+
+def test_capture_sessions_run_one_at_a_time() -> None:
+    """A second thread's session (and its cache clear) waits until the first has finished
+    capturing, so it cannot free a workspace that graph has baked in."""
+    import threading
+
+    from qkan_pack import capture
+
+    first_inside, release, second_inside = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with capture.private_cublas_workspace():
+            first_inside.set()
+            release.wait(10)
+
+    def second() -> None:
+        first_inside.wait(10)
+        with capture.private_cublas_workspace():
+            second_inside.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    assert first_inside.wait(10)
+    assert not second_inside.wait(0.3), "a second capture session ran during the first"
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert second_inside.is_set()
