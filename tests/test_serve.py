@@ -259,7 +259,7 @@ def test_a_crashed_replica_is_replaced_while_the_other_serves(served: Served,
 def test_base64_codec_round_trips_every_wire_dtype(dtype: str) -> None:
     import torch
 
-    from qkan_pack.serve import encode_outputs, fit, parse_tensor
+    from qkan_pack._wire import encode_outputs, fit, parse_tensor
     from qkan_pack.tree import torch_dtype
 
     tensor = (torch.arange(-3, 3).reshape(2, 3) % (2 if dtype == "bool" else 256)).to(torch_dtype(dtype))
@@ -277,7 +277,7 @@ def test_base64_codec_round_trips_every_wire_dtype(dtype: str) -> None:
     ([1, 0], "bool", "holds integers"),
 ])
 def test_json_numbers_that_do_not_fit_the_dtype(value: list, want: str, message: str) -> None:
-    from qkan_pack.serve import fit, parse_tensor
+    from qkan_pack._wire import fit, parse_tensor
 
     with pytest.raises(InputError, match=message):
         fit(parse_tensor(value, "inputs"), "x", want, "")
