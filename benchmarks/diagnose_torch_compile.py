@@ -158,7 +158,7 @@ def main() -> int:
                            None)
             results[label] = {"exit": code, "seconds": round(seconds, 1), "verdict": verdict}
             print(f"== {label}: exit {code} in {seconds:.1f}s; torch.compile: {verdict}", flush=True)
-            if verdict is None or "failed" in (verdict or ""):
+            if verdict is None or "failed" in verdict:
                 tail = [line for line in text.splitlines() if "Warning" not in line][-40:]
                 print("\n".join("   | " + line for line in tail), flush=True)
     print("SUMMARY " + json.dumps(results, indent=1))

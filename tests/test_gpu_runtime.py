@@ -14,6 +14,7 @@ import torch
 
 from qkan_pack import CaptureError, DeviceError, InputError, Predictor, build
 from qkan_pack.artifact import read_artifact
+from qkan_pack.capture import clear_cublas_workspaces
 from qkan_pack.loading import rebuild_model
 
 from .conftest import EXAMPLES, MODELS
@@ -56,19 +57,24 @@ def fresh_input(shape: tuple[int, ...], dtype: str, device: str = "cuda") -> tor
     return torch.randn(shape, device=device)
 
 
+def assert_matches_eager(predictor: Predictor, eager: torch.nn.Module, calls: int = 1) -> None:
+    """``calls`` fresh random inputs per manifest shape: the predictor equals eager."""
+    dtype = predictor.manifest.inputs[0].dtype
+    for entry in predictor.manifest.shapes:
+        for _ in range(calls):
+            x = fresh_input(entry.inputs[0][1], dtype)
+            with torch.no_grad():
+                want = eager(x)
+            torch.testing.assert_close(predictor(x), want, **TIGHT)
+
+
 @pytest.mark.parametrize("name", ["mlp", "mlp64", "gpt"])
 def test_replay_matches_eager_on_every_shape(built: dict[str, Path], name: str) -> None:
     with Predictor.load(built[name], device="cuda") as predictor:
         eager = eager_model(built[name])
         assert predictor.report.solvers == ["flash"]
         assert all(r.policy == "full" for r in predictor.report.shapes), predictor.report
-        dtype = predictor.manifest.inputs[0].dtype
-        for entry in predictor.manifest.shapes:
-            for _ in range(3):
-                x = fresh_input(entry.inputs[0][1], dtype)
-                with torch.no_grad():
-                    want = eager(x)
-                torch.testing.assert_close(predictor(x), want, **TIGHT)
+        assert_matches_eager(predictor, eager, calls=3)
 
 
 def test_rejects_shapes_and_dtypes_outside_the_manifest(built: dict[str, Path]) -> None:
@@ -211,7 +217,7 @@ def test_several_inputs_and_dict_outputs(built: dict[str, Path]) -> None:
 
 
 def test_close_frees_the_pool(built: dict[str, Path]) -> None:
-    torch._C._cuda_clearCublasWorkspaces()  # a load frees cached workspaces: not a baseline
+    clear_cublas_workspaces()  # a load frees cached workspaces: not a baseline
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -256,18 +262,12 @@ def test_replay_survives_other_code_clearing_cublas_workspaces(built: dict[str, 
     the allocator has released (illegal address, seen on an H200) or lent to other tensors."""
     with Predictor.load(built[name], device="cuda") as predictor:
         eager = eager_model(built[name])
-        dtype = predictor.manifest.inputs[0].dtype
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         fillers = [torch.full((n * 2**18,), float("nan"), device="cuda")
                    for n in (1, 2, 4, 8, 16, 32, 64, 128) for _ in range(4)]
-        for entry in predictor.manifest.shapes:
-            for _ in range(3):
-                x = fresh_input(entry.inputs[0][1], dtype)
-                with torch.no_grad():
-                    want = eager(x)
-                torch.testing.assert_close(predictor(x), want, **TIGHT)
+        assert_matches_eager(predictor, eager, calls=3)
         torch.cuda.synchronize()
         assert all(bool(torch.isnan(f).all()) for f in fillers), "a replay wrote into freed memory"
 
@@ -313,16 +313,10 @@ def test_concurrent_loads_from_threads(built: dict[str, Path]) -> None:
         thread.join()
     try:
         assert errors == []
-        torch._C._cuda_clearCublasWorkspaces()
+        clear_cublas_workspaces()
         torch.cuda.empty_cache()
         for slot, name in enumerate(names):
-            predictor, eager = loaded[slot], eager_model(built[name])
-            dtype = predictor.manifest.inputs[0].dtype
-            for entry in predictor.manifest.shapes:
-                x = fresh_input(entry.inputs[0][1], dtype)
-                with torch.no_grad():
-                    want = eager(x)
-                torch.testing.assert_close(predictor(x), want, **TIGHT)
+            assert_matches_eager(loaded[slot], eager_model(built[name]))
     finally:
         for predictor in loaded.values():
             predictor.close()
