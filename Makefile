@@ -8,7 +8,7 @@ STAMP := $(VENV)/.qkan-pack-installed
 TORCH_PIN := torch==2.13.0
 QKAN_PIN := qkan==0.2.3
 
-.PHONY: test test-fast demo lint clean
+.PHONY: test test-fast demo lint clean bench-reference
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check qkan_pack tests examples benchmarks
+	$(PY) -m ruff check qkan_pack tests examples
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -29,7 +30,21 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check qkan_pack tests examples benchmarks
+	$(PY) -m ruff check qkan_pack tests examples
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) artifacts/*/ .pytest_cache
+
+# The reference benchmarks on a GPU host: JSON + PNG per model into benchmarks/results/.
+RESULTS ?= benchmarks/results
+DATE := $(shell date +%F)
+bench-reference: $(STAMP)
+	$(PY) -m qkan_pack build examples/qkan_mlp.py --shapes 1x2,64x2 -o artifacts/ref_qkan_2_8_2 --force
+	$(PY) -m qkan_pack build examples/qkan_mlp.py --shapes 1x64,256x64 --config 'width=[64,64,64]' \
+		--config reps=3 -o artifacts/ref_qkan_64_r3 --force
+	$(PY) -m qkan_pack build examples/hqkan_gpt.py --shapes 1x128,8x128 --dtype int64 \
+		-o artifacts/ref_hqkan_gpt --force
+	for m in qkan_2_8_2 qkan_64_r3 hqkan_gpt; do \
+		$(PY) -m qkan_pack bench artifacts/ref_$$m --device cuda --json $(RESULTS)/$(DATE)_bench_$$m.json \
+			--plot $(RESULTS)/$(DATE)_bench_$$m.png || exit 1; done

@@ -7,18 +7,20 @@ pre-captured CUDA graphs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_getattr
 from ._version import __version__
 from .errors import (
     ArtifactError,
+    BenchError,
     CaptureError,
     DeviceError,
     DigestMismatchError,
     IncompatibleArtifactError,
     InputError,
     KernelCacheError,
+    MalformedRequestError,
     ManifestError,
     ModelSourceError,
     QkanPackError,
@@ -26,26 +28,28 @@ from .errors import (
     ShapeSpecError,
     WeightsMismatchError,
 )
-from .spec import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
+from .format import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
 
 if TYPE_CHECKING:
-    from .artifact import VerifiedArtifact, read_artifact
-    from .build import BuildResult, build
-    from .predictor import LoadReport, Predictor
+    from .builder import BuildResult, build
+    from .runtime import LoadOptions, LoadReport, Predictor, VerifiedArtifact, read_artifact
 
+#: Names resolved on first use, so that ``import qkan_pack`` does not import torch.
 _LAZY = {
-    "BuildResult": "build",
-    "build": "build",
-    "LoadReport": "predictor",
-    "Predictor": "predictor",
-    "VerifiedArtifact": "artifact",
-    "read_artifact": "artifact",
+    "BuildResult": ".builder",
+    "build": ".builder",
+    "LoadOptions": ".runtime",
+    "LoadReport": ".runtime",
+    "Predictor": ".runtime",
+    "VerifiedArtifact": ".runtime",
+    "read_artifact": ".runtime",
 }
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ArtifactError",
+    "BenchError",
     "BuildResult",
     "CaptureError",
     "DeviceError",
@@ -53,7 +57,9 @@ __all__ = [
     "IncompatibleArtifactError",
     "InputError",
     "KernelCacheError",
+    "LoadOptions",
     "LoadReport",
+    "MalformedRequestError",
     "Manifest",
     "ManifestError",
     "ModelSourceError",
@@ -71,13 +77,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qkan_pack' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -17,8 +17,16 @@ from typing import Any
 import click
 
 from ._version import __version__
+from .bench import SKIPPABLE
 from .errors import QkanPackError, ShapeSpecError
-from .spec import CAPTURE_POLICIES, check_dtype, format_shape, parse_config_items, parse_shapes
+from .format import (
+    CAPTURE_POLICIES,
+    check_dtype,
+    format_shape,
+    manifest_to_dict,
+    parse_config_items,
+    parse_shapes,
+)
 
 DEBUG_ENV = "QKAN_PACK_DEBUG"
 
@@ -134,7 +142,7 @@ def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: 
           config: dict, weights: Path | None, include: tuple, capture: str, submodules: tuple,
           input_range: Any, seed: int, force: bool, warm_device: str | None) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
-    from .build import build as build_artifact
+    from .builder import build as build_artifact
 
     result = build_artifact(model_py, shapes, output=output, dtype=dtype, entry=entry,
                             config=config, weights=weights, includes=include, capture=capture,
@@ -161,7 +169,7 @@ def warm(directory: Path, device: str) -> None:
 
 
 def _warm(directory: Path, device: str) -> None:
-    from .kernels import warm as warm_artifact
+    from .builder import warm as warm_artifact
 
     click.echo(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
                err=True)
@@ -176,8 +184,7 @@ def _warm(directory: Path, device: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
     """Show an artifact's manifest as a table (checks integrity; runs no model code)."""
-    from .artifact import read_artifact
-    from .spec import manifest_to_dict
+    from .runtime import read_artifact
 
     artifact = read_artifact(directory)
     if as_json:
@@ -225,15 +232,12 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
 def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict) -> None:
     """Check integrity, load on DEVICE and run the self-test; exit 0 only when sound."""
-    from .predictor import Predictor
+    from .runtime import Predictor
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
                         config_overrides=overrides) as predictor:
         click.echo(str(predictor.report))
         click.echo(f"OK: {directory} is sound on {predictor.device}")
-
-
-_BENCH_SKIPPABLE = ("bare_graph", "qkan_compile_inference", "torch_compile")
 
 
 @cli.command()
@@ -246,7 +250,7 @@ _BENCH_SKIPPABLE = ("bare_graph", "qkan_compile_inference", "torch_compile")
               help="Repeat the whole measurement; the spread between repeats shows the noise.")
 @click.option("--warmup", default=20, show_default=True, type=click.IntRange(min=0),
               help="Untimed calls per variant before timing.")
-@click.option("--skip", multiple=True, type=click.Choice(_BENCH_SKIPPABLE),
+@click.option("--skip", multiple=True, type=click.Choice(SKIPPABLE),
               help="Leave a variant out (e.g. torch_compile, whose warm-up takes long). Repeatable.")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
@@ -262,8 +266,7 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
           overrides: dict, json_path: Path | None, plot_path: Path | None, cold_start: bool,
           fresh_kernel_cache: bool) -> None:
     """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side."""
-    from .bench import BenchSettings, run_bench
-    from .bench_report import render_table, write_json, write_plot
+    from .bench import BenchSettings, render_table, run_bench, write_json, write_plot
 
     settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
                              config_overrides=overrides)

@@ -197,12 +197,12 @@ def test_debug_env_shows_the_exception(tmp_path: Path) -> None:
 
 
 def test_unexpected_errors_point_at_debug(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import qkan_pack.artifact
+    import qkan_pack.runtime
 
     def explode(*args: object, **kwargs: object) -> None:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(qkan_pack.artifact, "read_artifact", explode)
+    monkeypatch.setattr(qkan_pack.runtime, "read_artifact", explode)
     result = run("inspect", tmp_path)
     assert result.exit_code == 1
     assert "unexpected KeyError" in result.stderr and "QKAN_PACK_DEBUG=1" in result.stderr

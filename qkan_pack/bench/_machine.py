@@ -1,0 +1,36 @@
+"""The machine a benchmark ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": platform.node(), "platform": platform.platform(terse=True),
+        "python": platform.python_version(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "gpu": None, "gpu_memory_bytes": None, "cuda": torch.version.cuda,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = props.name
+        info["gpu_memory_bytes"] = int(props.total_memory)
+        info["gpu_capability"] = f"{props.major}.{props.minor}"
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+

@@ -1,0 +1,206 @@
+"""The contestants of a benchmark: each a callable for one shape, made ready and checked.
+
+Every variant is built from the same artifact: eager PyTorch (the rebuilt model), the
+``Predictor``, a bare graph captured with the runtime's own primitives (the floor for any
+graph runtime), ``qkan.compile_inference`` and ``torch.compile(mode="reduce-overhead")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import BenchError
+from ..runtime import (
+    WARMUP_CALLS,
+    ShapeGraph,
+    capture_graph,
+    capture_session,
+    capture_streams,
+    check_context,
+    compare,
+    describe,
+    flatten,
+    warm_up,
+)
+from ._names import LABELS
+
+
+@dataclass
+class Variant:
+    """One contestant at one shape: its call, its first calls' timings, its samples."""
+
+    name: str
+    call: Callable[[], Any] | None = None
+    status: str = "ok"
+    reason: str = ""
+    note: str = ""
+    first_call_s: float | None = None
+    warmup_s: float | None = None
+    max_abs_diff: float | None = None
+    samples: list[list[float]] = field(default_factory=list)  # per repeat, seconds
+    throughput: list[float] = field(default_factory=list)  # per repeat, calls/s
+
+    def fail(self, status: str, reason: str) -> None:
+        self.status, self.reason, self.call = status, reason, None
+
+
+def bare_graph(model: torch.nn.Module, inputs: list[torch.Tensor], device: torch.device,
+               streams: Any) -> ShapeGraph:
+    """The whole model captured at one shape, in a private pool, with the runtime's recipe."""
+    static = [t.detach().clone() for t in inputs]
+    forward = lambda *a: flatten(model(*a))  # noqa: E731
+    warm_up(forward, static, streams, device)
+    with capture_session():
+        return capture_graph(forward, static, streams, pool=None)
+
+
+def first_calls(variant: Variant, want: list[torch.Tensor], warmup: int,
+                sync: Callable[[], None]) -> None:
+    """First call (timed: compiles and captures happen here), warm-up calls, one check."""
+    call = variant.call
+    assert call is not None
+    started = time.perf_counter()
+    call()
+    sync()
+    variant.first_call_s = time.perf_counter() - started
+    for _ in range(max(warmup, WARMUP_CALLS)):
+        call()
+    sync()
+    variant.warmup_s = time.perf_counter() - started
+    variant.max_abs_diff, _ = compare(flatten(call()), want, (0.0, 0.0))
+    sync()
+
+
+def fail_variant(variant: Variant, what: str, exc: BaseException, device: torch.device) -> None:
+    """Mark a variant failed; on CUDA make sure the context survived (else stop the run)."""
+    if device.type == "cuda":
+        try:
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.synchronize(device)
+            check_context(device)
+        except Exception as context_error:
+            raise BenchError(f"the CUDA context is unusable after {LABELS[variant.name]} "
+                             f"failed: {context_error}") from exc
+    variant.fail("failed", f"{LABELS[variant.name]} {what}: {describe(exc)}")
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """Inductor's cudagraph skips and dynamo's graph breaks so far in this process."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:
+        return 0, 0
+    skips = int(counters.get("inductor", {}).get("cudagraph_skips", 0))
+    breaks = int(sum(counters.get("graph_break", {}).values()))
+    return skips, breaks
+
+
+def reset_dynamo() -> None:
+    with contextlib.suppress(Exception):  # best effort: a later bench recompiles anyway
+        torch._dynamo.reset()
+
+
+class Contestants:
+    """Builds the variants for each shape from one model; owns what they keep alive
+    (bare graphs, the qkan wrapper, the torch.compile'd twin) until ``close``."""
+
+    def __init__(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module],
+                 predictor: Any, device: torch.device, shapes: int, skip: tuple[str, ...]) -> None:
+        self.model = model
+        self.rebuild = rebuild
+        self.predictor = predictor
+        self.device = device
+        self.shapes = shapes
+        self.skip = set(skip)
+        self.streams = capture_streams(device) if device.type == "cuda" else None
+        self.graphs: list[ShapeGraph] = []
+        self._wrapper: Any = None
+        self._compiled: Any = None
+        self.used_dynamo = False
+
+    def for_shape(self, inputs: list[torch.Tensor]) -> list[Variant]:
+        model, predictor = self.model, self.predictor
+        variants = [Variant("eager", lambda: model(*inputs)),
+                    Variant("predictor", lambda: predictor(*inputs))]
+        if self.device.type == "cuda":
+            variants += [self._bare(inputs), self._qkan(inputs), self._torch_compile(inputs)]
+        for variant in variants:
+            if variant.name in self.skip:
+                variant.fail("skipped", "skipped on request (--skip)")
+        return variants
+
+    def _bare(self, inputs: list[torch.Tensor]) -> Variant:
+        variant = Variant("bare_graph", note="private pool; copy_ in, replay, clone out")
+        if variant.name in self.skip:
+            return variant
+        try:
+            graph = bare_graph(self.model, inputs, self.device, self.streams)
+        except Exception as exc:
+            fail_variant(variant, "whole-model capture failed", exc, self.device)
+            return variant
+        self.graphs.append(graph)
+        variant.call = lambda: graph.replay_copy(inputs)
+        return variant
+
+    def _qkan(self, inputs: list[torch.Tensor]) -> Variant:
+        variant = Variant("qkan_compile_inference",
+                          note="returns its static output buffer (no copy out)")
+        if variant.name in self.skip:
+            return variant
+        try:
+            from qkan import compile_inference
+        except ImportError as exc:
+            variant.fail("skipped", f"qkan.compile_inference is not available here ({exc})")
+            return variant
+        if len(inputs) != 1:
+            variant.fail("skipped", f"qkan.compile_inference takes one tensor input; this "
+                                    f"artifact takes {len(inputs)}")
+            return variant
+        if self._wrapper is None:
+            self._wrapper = compile_inference(self.model, max_shapes=max(8, self.shapes))
+            self._wrapper.eval()  # a fresh nn.Module is in training mode: it would run eagerly
+        wrapper, (x,) = self._wrapper, inputs
+        variant.call = lambda: wrapper(x)
+        return variant
+
+    def _torch_compile(self, inputs: list[torch.Tensor]) -> Variant:
+        variant = Variant("torch_compile", note='mode="reduce-overhead", dynamic=False; warm-up '
+                                                "(compile + graph recording) timed apart")
+        if variant.name in self.skip:
+            return variant
+        if self._compiled is None:
+            try:
+                # Its own model instance, so that dynamo's guards see only its own calls.
+                self._compiled = torch.compile(self.rebuild(), mode="reduce-overhead",
+                                               dynamic=False)
+            except Exception as exc:
+                variant.fail("failed", f"torch.compile failed: {describe(exc)}")
+                return variant
+            self.used_dynamo = True
+        compiled = self._compiled
+        variant.call = lambda: compiled(*inputs)
+        return variant
+
+    def note_first_calls(self, variant: Variant, before: tuple[int, int]) -> None:
+        """Warn in the variant's note when it did not run as advertised."""
+        if variant.name == "qkan_compile_inference" and not getattr(self._wrapper, "_cache", True):
+            variant.note += "; WARNING: no graph was captured, it ran eagerly"
+        if variant.name == "torch_compile":
+            skips, breaks = (now - then for now, then in zip(dynamo_counts(), before))
+            if skips:
+                variant.note += (f"; WARNING: inductor skipped CUDA graphs {skips} time(s) "
+                                 "(TORCH_LOGS=perf_hints says why)")
+            if breaks:
+                variant.note += f"; {breaks} graph break(s) (TORCH_LOGS=graph_breaks)"
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self._wrapper = self._compiled = None
+        if self.used_dynamo:
+            reset_dynamo()

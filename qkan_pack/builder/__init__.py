@@ -1,0 +1,12 @@
+"""The build side: turn a model file into an artifact, and ship compiled kernels into one.
+
+Uses the runtime (source import, weights, output walker) and writes with the atomic
+writer; nothing in the serving path imports this package.
+"""
+
+from ._build import BuildResult, build, forward_input_names, random_input
+from ._warm import WarmResult, warm
+from ._writer import write_artifact
+
+__all__ = ["BuildResult", "WarmResult", "build", "forward_input_names", "random_input", "warm",
+           "write_artifact"]

@@ -1,0 +1,76 @@
+"""Weights out of the user's model and files: tied tensors stored once, checkpoints read
+without unpickling code (``weights_only=True``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+from ..errors import WeightsMismatchError
+from ..runtime import parse_weights
+
+_CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+def tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of state-dict names that share one storage (e.g. an LM head tied to embeddings)."""
+    by_storage: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        by_storage.setdefault(key, []).append(name)
+    return sorted(sorted(names) for names in by_storage.values() if len(names) > 1)
+
+
+def weights_bytes(model: torch.nn.Module, tied: Sequence[Sequence[str]]) -> bytes:
+    """Serialise every parameter and persistent buffer; each tied group once (first name)."""
+    aliases = {name for group in tied for name in group[1:]}
+    tensors = {
+        name: tensor.detach().to("cpu").contiguous().clone()
+        for name, tensor in model.state_dict().items()
+        if name not in aliases
+    }
+    return save_safetensors(tensors, metadata={"format": "pt"})
+
+
+def read_user_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read ``--weights``: a safetensors file, or a torch checkpoint with ``weights_only=True``."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise WeightsMismatchError(source=str(path), reason=f"cannot read: {exc.strerror}") from None
+    if path.suffix == ".safetensors":
+        return parse_weights(data, str(path))
+    return _read_checkpoint(path)
+
+
+def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WeightsMismatchError(
+            source=str(path), reason=f"cannot read it as a PyTorch state dict with "
+            f"weights_only=True: {first}. Save weights with torch.save(model.state_dict(), "
+            "path) or safetensors") from None
+    if isinstance(state, Mapping):
+        for key in _CHECKPOINT_KEYS:
+            if isinstance(state.get(key), Mapping) and all(
+                isinstance(k, str) for k in state[key]
+            ):
+                state = state[key]
+                break
+    if not isinstance(state, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise WeightsMismatchError(
+            source=str(path), reason="not a state dict (a mapping of names to tensors, "
+            f"optionally under one of {_CHECKPOINT_KEYS})")
+    return dict(state)
+
+

@@ -1,0 +1,175 @@
+"""Write artifacts atomically: a reader never sees a half-written one.
+
+Every file goes into a temp directory beside the target (same filesystem), is fsynced, the
+manifest is written last, then the directory is renamed into place (or atomically
+exchanged with an existing artifact under ``force``). A killed build leaves at most a
+``.<name>.partial-*`` directory, never at the target and swept by the next build (where
+renameat2 is missing, the two-rename swap may also leave the old artifact moved aside as
+``.<name>.old-<pid>``: the next build puts it back). Write failures (a full disk) raise
+``ArtifactError`` and leave the target as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from ..errors import ArtifactError
+from ..format import MANIFEST_NAME, FileEntry, Manifest, dumps_manifest
+from ..runtime import artifact_digest, sha256_hex
+
+_PARTIAL_MARK = ".partial-"
+_BACKUP_MARK = ".old-"
+_RENAME_EXCHANGE = 2
+
+
+def file_entries(files: Mapping[str, bytes]) -> dict[str, FileEntry]:
+    return {name: FileEntry(size=len(data), sha256=sha256_hex(data)) for name, data in files.items()}
+
+
+def write_artifact(target: str | os.PathLike[str], manifest: Manifest, files: Mapping[str, bytes],
+                   *, force: bool = False) -> tuple[Manifest, str]:
+    """Write ``files`` plus a manifest listing them; return the final manifest and digest."""
+    target = Path(target)
+    final = dataclasses.replace(manifest, files=file_entries(files))
+    manifest_bytes = dumps_manifest(final)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _target_lock(target):
+        _sweep_partials(target)  # first: it may put back an artifact a killed build moved aside
+        _refuse_existing(target, force)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL_MARK}{os.getpid()}-",
+                                        dir=target.parent))
+        try:
+            os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the artifact from other users
+            for name, data in files.items():
+                _write_file(staging / name, data)
+            _write_file(staging / MANIFEST_NAME, manifest_bytes)
+            _fsync_tree(staging)
+            _install(staging, target)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and not isinstance(exc, ArtifactError):
+                raise ArtifactError(
+                    f"cannot write artifact {target}: {exc.strerror or exc}; free space or fix "
+                    "permissions and build again"
+                ) from exc
+            raise
+    return final, artifact_digest(manifest_bytes)
+
+
+def _refuse_existing(target: Path, force: bool) -> None:
+    if target.is_symlink():
+        raise ArtifactError(f"output path {target} is a symlink; choose a real directory")
+    if target.exists():
+        if not target.is_dir():
+            raise ArtifactError(f"output path {target} exists and is not a directory")
+        if not force:
+            raise ArtifactError(
+                f"an artifact already exists at {target}; pass --force (force=True) to replace it"
+            )
+        if any(target.iterdir()) and not (target / MANIFEST_NAME).exists():
+            raise ArtifactError(
+                f"{target} is a non-empty directory that is not an artifact; refusing to replace it"
+            )
+
+
+@contextlib.contextmanager
+def _target_lock(target: Path) -> Iterator[None]:
+    """Serialise concurrent builds to one target (advisory flock beside it)."""
+    lock_path = target.parent / f".{target.name}.lock"
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _sweep_partials(target: Path) -> None:
+    """Remove staging directories left by killed builds whose process is gone, and put back
+    an old artifact that a build killed inside the non-atomic fallback swap had moved aside."""
+    prefix = f".{target.name}{_PARTIAL_MARK}"
+    for leftover in target.parent.glob(prefix + "*"):
+        pid_text = leftover.name[len(prefix):].split("-", 1)[0]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(leftover, ignore_errors=True)
+    backup_prefix = f".{target.name}{_BACKUP_MARK}"
+    for backup in target.parent.glob(backup_prefix + "*"):
+        pid_text = backup.name[len(backup_prefix):]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if target.exists() or target.is_symlink():
+                shutil.rmtree(backup, ignore_errors=True)
+            else:
+                os.rename(backup, target)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _dirs, _files in os.walk(root):
+        _fsync_dir(Path(folder))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Move the staged artifact into place; an existing one is exchanged atomically."""
+    if not target.exists():
+        os.rename(staging, target)
+        _fsync_dir(target.parent)
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging)  # now holds the old artifact
+        _fsync_dir(target.parent)
+        return
+    backup = target.parent / f".{target.name}{_BACKUP_MARK}{os.getpid()}"
+    os.rename(target, backup)
+    os.rename(staging, target)
+    _fsync_dir(target.parent)
+    shutil.rmtree(backup)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second),
+                       _RENAME_EXCHANGE)
+    return result == 0

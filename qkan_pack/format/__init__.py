@@ -1,0 +1,92 @@
+"""The artifact format, torch-free: constants (the one dtype table), the text grammar of
+shapes/dtypes/config, strict JSON, and the manifest with its reader and writer.
+
+Importing this package costs milliseconds: ``qkan-pack --help`` and ``inspect`` use it
+without torch.
+"""
+
+from ._constants import (
+    CAPTURE_POLICIES,
+    DIGEST_PREFIX,
+    DTYPES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INTEGER_DTYPES,
+    KERNELS_DIR,
+    MANIFEST_NAME,
+    MAX_DIM,
+    MAX_MANIFEST_BYTES,
+    MAX_RANK,
+    MAX_SHAPES,
+    REFERENCE_DIR,
+    SOURCE_DIR,
+    WEIGHTS_NAME,
+    DType,
+)
+from ._grammar import (
+    IDENTIFIER,
+    Shape,
+    check_dtype,
+    format_shape,
+    parse_config_items,
+    parse_shape,
+    parse_shapes,
+)
+from ._json import loads_strict
+from ._manifest import (
+    CapturePolicy,
+    FileEntry,
+    InputDecl,
+    KernelSet,
+    Manifest,
+    ModelInfo,
+    OutputNode,
+    ShapeEntry,
+    Signature,
+    TensorSpec,
+    dumps_manifest,
+    manifest_to_dict,
+    padding_table,
+    parse_manifest,
+)
+
+__all__ = [
+    "CAPTURE_POLICIES",
+    "DIGEST_PREFIX",
+    "DTYPES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "IDENTIFIER",
+    "INTEGER_DTYPES",
+    "KERNELS_DIR",
+    "MANIFEST_NAME",
+    "MAX_DIM",
+    "MAX_MANIFEST_BYTES",
+    "MAX_RANK",
+    "MAX_SHAPES",
+    "REFERENCE_DIR",
+    "SOURCE_DIR",
+    "WEIGHTS_NAME",
+    "CapturePolicy",
+    "DType",
+    "FileEntry",
+    "InputDecl",
+    "KernelSet",
+    "Manifest",
+    "ModelInfo",
+    "OutputNode",
+    "Shape",
+    "ShapeEntry",
+    "Signature",
+    "TensorSpec",
+    "check_dtype",
+    "dumps_manifest",
+    "format_shape",
+    "loads_strict",
+    "manifest_to_dict",
+    "padding_table",
+    "parse_config_items",
+    "parse_manifest",
+    "parse_shape",
+    "parse_shapes",
+]

@@ -1,0 +1,62 @@
+"""Format constants: names, limits, and the one dtype table every layer derives from.
+
+A dtype's manifest name is also its ``torch`` attribute name (``torch.float32``) and its
+numpy name, so the runtime maps names to torch dtypes with ``getattr`` and nothing else
+keeps a second table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+FORMAT_NAME = "qkan-pack"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+WEIGHTS_NAME = "weights.safetensors"
+SOURCE_DIR = "source"
+REFERENCE_DIR = "references"
+KERNELS_DIR = "kernels"
+DIGEST_PREFIX = "sha256:"
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_RANK = 8
+MAX_DIM = 2**31 - 1
+MAX_SHAPES = 256
+CAPTURE_POLICIES = ("auto", "full", "submodules")
+
+
+@dataclass(frozen=True)
+class DType:
+    """One supported tensor dtype and how each file or wire format spells it."""
+
+    name: str  # manifest name == torch attribute == numpy name (bfloat16 aside)
+    safetensors: str  # safetensors header code
+    wire: str  # numpy little-endian format on the serve wire; bfloat16 as raw 16 bits
+    kind: str  # "float" | "int" | "bool"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+
+DTYPES: Mapping[str, DType] = {d.name: d for d in (
+    DType("float16", "F16", "<f2", "float"),
+    DType("bfloat16", "BF16", "<u2", "float"),
+    DType("float32", "F32", "<f4", "float"),
+    DType("float64", "F64", "<f8", "float"),
+    DType("uint8", "U8", "u1", "int"),
+    DType("int8", "I8", "i1", "int"),
+    DType("int16", "I16", "<i2", "int"),
+    DType("int32", "I32", "<i4", "int"),
+    DType("int64", "I64", "<i8", "int"),
+    DType("bool", "BOOL", "?", "bool"),
+)}
+INTEGER_DTYPES = tuple(name for name, d in DTYPES.items() if d.kind == "int")
+_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64",
+            "int": "int32"}
+
+
+def dtype_alias(text: str) -> str:
+    """``torch.float`` / ``Float`` / ``half`` ... -> the canonical spelling (unchecked)."""
+    canonical = text.strip().lower().removeprefix("torch.")
+    return _ALIASES.get(canonical, canonical)

@@ -1,0 +1,490 @@
+"""The manifest: frozen dataclasses describing an artifact, and their strict JSON I/O.
+
+Every reader here either returns a valid frozen object or raises a ``QkanPackError``
+subclass; no other exception escapes (the property tests hold us to it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import IncompatibleArtifactError, ManifestError, ShapeSpecError
+from ._constants import (
+    CAPTURE_POLICIES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MAX_DIM,
+    MAX_MANIFEST_BYTES,
+    MAX_RANK,
+    MAX_SHAPES,
+    WEIGHTS_NAME,
+)
+from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
+from ._json import loads_strict
+
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+#: Producer fields the runtime compares with its own versions: text or null.
+_PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform")
+
+#: One accepted input signature: input name -> (shape, dtype), in declared order.
+Signature = Mapping[str, tuple[Shape, str]]
+
+
+# ---------------------------------------------------------------------------
+# Manifest model
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: Shape
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{format_shape(self.shape)} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class OutputNode:
+    """One node of a model's output structure: a tensor, a tuple/list, or a dict."""
+
+    kind: str  # "tensor" | "tuple" | "list" | "dict"
+    tensor: TensorSpec | None = None
+    items: tuple[OutputNode, ...] = ()
+    keys: tuple[str, ...] = ()
+
+    def leaves(self) -> Iterator[TensorSpec]:
+        if self.kind == "tensor" and self.tensor is not None:
+            yield self.tensor
+        for item in self.items:
+            yield from item.leaves()
+
+    @property
+    def label(self) -> str:
+        if self.kind == "tensor" and self.tensor is not None:
+            return self.tensor.label
+        inner = ", ".join(
+            f"{k}: {v.label}" if self.kind == "dict" else v.label
+            for k, v in zip(self.keys or [""] * len(self.items), self.items)
+        )
+        return {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
+
+
+@dataclass(frozen=True)
+class InputDecl:
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ShapeEntry:
+    """One declared input signature: a shape per input, its outputs, its reference file."""
+
+    inputs: tuple[tuple[str, Shape], ...]
+    outputs: OutputNode
+    reference: str
+
+    @property
+    def label(self) -> str:
+        if len(self.inputs) == 1:
+            return format_shape(self.inputs[0][1])
+        return ",".join(f"{name}:{format_shape(shape)}" for name, shape in self.inputs)
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    policy: str = "auto"
+    submodules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """JIT-compiled kernels shipped for one GPU architecture + toolchain key."""
+
+    key: str
+    directory: str
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    source: str
+    entry: str
+    config: Mapping[str, Any]
+    includes: tuple[str, ...] = ()
+    parameters: int = 0
+    tied: tuple[tuple[str, ...], ...] = ()
+    device_argument: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    producer: Mapping[str, Any]
+    model: ModelInfo
+    inputs: tuple[InputDecl, ...]
+    shapes: tuple[ShapeEntry, ...]
+    capture: CapturePolicy
+    files: Mapping[str, FileEntry]
+    reference_device: str = "cpu"
+    created: str = ""
+    kernels: tuple[KernelSet, ...] = ()
+    format_name: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    def input_dtype(self, name: str) -> str:
+        return {decl.name: decl.dtype for decl in self.inputs}[name]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(decl.name for decl in self.inputs)
+
+    def signature(self, entry: ShapeEntry) -> Signature:
+        """``entry``'s inputs as ``{name: (shape, dtype)}``, in declared order."""
+        dtypes = {decl.name: decl.dtype for decl in self.inputs}
+        return {name: (shape, dtypes[name]) for name, shape in entry.inputs}
+
+    def signatures(self) -> tuple[Signature, ...]:
+        """Every accepted input signature, in manifest order: the one representation of
+        "what this artifact accepts" (errors carry it, serve replies with it)."""
+        return tuple(self.signature(entry) for entry in self.shapes)
+
+
+# ---------------------------------------------------------------------------
+# JSON I/O
+# ---------------------------------------------------------------------------
+
+
+def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "format": manifest.format_name,
+        "format_version": manifest.format_version,
+        "created": manifest.created,
+        "producer": dict(manifest.producer),
+        "model": {
+            "source": manifest.model.source,
+            "includes": list(manifest.model.includes),
+            "entry": manifest.model.entry,
+            "config": dict(manifest.model.config),
+            "device_argument": manifest.model.device_argument,
+            "parameters": manifest.model.parameters,
+            "tied": [list(group) for group in manifest.model.tied],
+        },
+        "inputs": [{"name": d.name, "dtype": d.dtype} for d in manifest.inputs],
+        "shapes": [
+            {
+                "inputs": {name: list(shape) for name, shape in entry.inputs},
+                "outputs": _output_to_dict(entry.outputs),
+                "reference": entry.reference,
+            }
+            for entry in manifest.shapes
+        ],
+        "reference_device": manifest.reference_device,
+        "capture": {
+            "policy": manifest.capture.policy,
+            "submodules": list(manifest.capture.submodules),
+        },
+        "kernels": [
+            {"key": k.key, "directory": k.directory, "details": dict(k.details)}
+            for k in manifest.kernels
+        ],
+        "files": {
+            name: {"size": entry.size, "sha256": entry.sha256}
+            for name, entry in sorted(manifest.files.items())
+        },
+    }
+
+
+def dumps_manifest(manifest: Manifest) -> bytes:
+    return (json.dumps(manifest_to_dict(manifest), indent=2, sort_keys=False) + "\n").encode()
+
+
+def _output_to_dict(node: OutputNode) -> dict[str, Any]:
+    if node.kind == "tensor" and node.tensor is not None:
+        return {"tensor": {"shape": list(node.tensor.shape), "dtype": node.tensor.dtype}}
+    if node.kind == "dict":
+        return {"dict": {k: _output_to_dict(v) for k, v in zip(node.keys, node.items)}}
+    return {node.kind: [_output_to_dict(item) for item in node.items]}
+
+
+def parse_manifest(data: str | bytes) -> Manifest:
+    """Parse and validate manifest JSON; refuse newer formats with 'upgrade qkan-pack'."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"manifest is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES} "
+            "(a real manifest is a few KiB: this one is corrupt or hostile)"
+        )
+    raw = loads_strict(data)
+    reader = _Reader(raw, "manifest")
+    _check_format(reader)
+    return reader.build(_manifest_from)
+
+
+def _check_format(reader: _Reader) -> None:
+    name = reader.get("format", str)
+    if name != FORMAT_NAME:
+        raise ManifestError(f"not a qkan-pack manifest (format {name!r}, expected {FORMAT_NAME!r})")
+    version = reader.get("format_version", int)
+    if version > FORMAT_VERSION:
+        raise IncompatibleArtifactError(
+            f"artifact format version {version} is newer than this qkan-pack reads "
+            f"(up to {FORMAT_VERSION}): upgrade qkan-pack (pip install -U qkan-pack)"
+        )
+    if version < 1:
+        raise ManifestError(f"format_version {version} is invalid: versions start at 1")
+
+
+def _manifest_from(reader: _Reader) -> Manifest:
+    inputs = tuple(reader.each("inputs", _input_from))
+    names = [d.name for d in inputs]
+    if not names:
+        raise ManifestError("manifest.inputs is empty: an artifact declares at least one input")
+    if len(set(names)) != len(names):
+        raise ManifestError(f"manifest.inputs repeats a name: {names}")
+    shapes = tuple(reader.each("shapes", lambda r: _shape_from(r, names)))
+    if not shapes:
+        raise ManifestError("manifest.shapes is empty: an artifact declares at least one shape")
+    if len(shapes) > MAX_SHAPES:
+        raise ManifestError(f"manifest declares {len(shapes)} shapes; at most {MAX_SHAPES}")
+    if len({s.inputs for s in shapes}) != len(shapes):
+        raise ManifestError("manifest.shapes declares the same input shapes twice")
+    files = reader.child("files").mapping(_file_from)
+    for entry in shapes:
+        if entry.reference not in files:
+            raise ManifestError(f"reference {entry.reference!r} is not listed in manifest.files")
+    model = reader.child("model").build(_model_from)
+    for path in (model.source, *model.includes):
+        if path not in files:
+            raise ManifestError(f"model source {path!r} is not listed in manifest.files")
+    if WEIGHTS_NAME not in files:
+        raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
+    return Manifest(
+        format_version=reader.get("format_version", int),
+        created=reader.get("created", str, default=""),
+        producer=reader.child("producer").build(_producer_from),
+        model=model,
+        inputs=inputs,
+        shapes=shapes,
+        reference_device=reader.get("reference_device", str, default="cpu"),
+        capture=reader.child("capture").build(_capture_from),
+        kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
+        files=files,
+    )
+
+
+def _producer_from(reader: _Reader) -> dict[str, Any]:
+    for key in _PRODUCER_TEXT:
+        if reader.raw.get(key) is not None:
+            reader.get(key, str)
+    return reader.raw
+
+
+def _input_from(reader: _Reader) -> InputDecl:
+    name = reader.get("name", str)
+    if not IDENTIFIER.match(name):
+        raise ManifestError(f"{reader.where}.name {name!r} is not an identifier")
+    try:
+        dtype = check_dtype(reader.get("dtype", str))
+    except ShapeSpecError as exc:
+        raise ManifestError(f"{reader.where}.dtype: {exc}") from None
+    return InputDecl(name=name, dtype=dtype)
+
+
+def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
+    declared = reader.get("inputs", dict)
+    if sorted(declared) != sorted(names):
+        raise ManifestError(
+            f"{reader.where}.inputs names {sorted(declared)} differ from manifest.inputs {names}"
+        )
+    inputs = tuple((name, _shape_value(declared[name], f"{reader.where}.inputs.{name}"))
+                   for name in names)
+    return ShapeEntry(
+        inputs=inputs,
+        outputs=_output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0),
+        reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
+    )
+
+
+def _shape_value(value: Any, where: str) -> Shape:
+    if not isinstance(value, list) or not value or len(value) > MAX_RANK:
+        raise ManifestError(f"{where} must be a list of 1..{MAX_RANK} positive integers")
+    for dim in value:
+        if type(dim) is not int or dim <= 0 or dim > MAX_DIM:
+            raise ManifestError(f"{where} has invalid dimension {dim!r}")
+    return tuple(value)
+
+
+def _output_from(value: dict[str, Any], where: str, depth: int) -> OutputNode:
+    if depth > 16:
+        raise ManifestError(f"{where} nests deeper than 16 levels")
+    if len(value) != 1:
+        raise ManifestError(f"{where} must have exactly one of tensor/tuple/list/dict")
+    ((kind, body),) = value.items()
+    if kind == "tensor":
+        sub = _Reader(body, where + ".tensor")
+        try:
+            dtype = check_dtype(sub.get("dtype", str))
+        except ShapeSpecError as exc:
+            raise ManifestError(f"{where}.tensor.dtype: {exc}") from None
+        shape = sub.get("shape", list)
+        if len(shape) > MAX_RANK or any(type(d) is not int or d < 0 for d in shape):
+            raise ManifestError(f"{where}.tensor.shape {shape!r} is invalid")
+        return OutputNode("tensor", tensor=TensorSpec(tuple(shape), dtype))
+    if kind in ("tuple", "list") and isinstance(body, list):
+        items = tuple(_child_output(v, f"{where}.{kind}[{i}]", depth) for i, v in enumerate(body))
+        return OutputNode(kind, items=items)
+    if kind == "dict" and isinstance(body, dict):
+        items = tuple(_child_output(v, f"{where}.dict.{k}", depth) for k, v in body.items())
+        return OutputNode("dict", items=items, keys=tuple(body))
+    raise ManifestError(f"{where}: unknown output kind {kind!r} or malformed body")
+
+
+def _child_output(value: Any, where: str, depth: int) -> OutputNode:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where} must be an object")
+    return _output_from(value, where, depth + 1)
+
+
+def _model_from(reader: _Reader) -> ModelInfo:
+    entry = reader.get("entry", str)
+    if not IDENTIFIER.match(entry):
+        raise ManifestError(f"manifest.model.entry {entry!r} is not a Python identifier")
+    tied = reader.get("tied", list, default=[])
+    if not all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in tied):
+        raise ManifestError("manifest.model.tied must be a list of lists of tensor names")
+    includes = reader.get("includes", list, default=[])
+    if not all(isinstance(p, str) for p in includes):
+        raise ManifestError("manifest.model.includes must be a list of paths")
+    return ModelInfo(
+        source=_relative_path(reader.get("source", str), "manifest.model.source"),
+        includes=tuple(_relative_path(p, "manifest.model.includes") for p in includes),
+        entry=entry,
+        config=reader.get("config", dict, default={}),
+        device_argument=reader.get("device_argument", bool, default=False),
+        parameters=reader.get("parameters", int, default=0),
+        tied=tuple(tuple(g) for g in tied),
+    )
+
+
+def _capture_from(reader: _Reader) -> CapturePolicy:
+    policy = reader.get("policy", str, default="auto")
+    if policy not in CAPTURE_POLICIES:
+        raise ManifestError(f"manifest.capture.policy {policy!r} is not one of {CAPTURE_POLICIES}")
+    names = reader.get("submodules", list, default=[])
+    if not all(isinstance(n, str) and IDENTIFIER.match(n) for n in names):
+        raise ManifestError("manifest.capture.submodules must list class names")
+    return CapturePolicy(policy=policy, submodules=tuple(names))
+
+
+def _kernel_from(reader: _Reader) -> KernelSet:
+    details = reader.get("details", dict, default={})
+    if not all(isinstance(v, str) for v in details.values()):
+        raise ManifestError(f"{reader.where}.details must map names to text")
+    return KernelSet(
+        key=reader.get("key", str),
+        directory=_relative_path(reader.get("directory", str), f"{reader.where}.directory"),
+        details=dict(details),
+    )
+
+
+def _file_from(reader: _Reader) -> FileEntry:
+    size = reader.get("size", int)
+    digest = reader.get("sha256", str)
+    if size < 0:
+        raise ManifestError(f"{reader.where}.size is negative")
+    if not _SHA256.match(digest):
+        raise ManifestError(f"{reader.where}.sha256 is not 64 lowercase hex digits")
+    return FileEntry(size=size, sha256=digest)
+
+
+def _relative_path(path: str, where: str) -> str:
+    """Accept only plain relative POSIX paths that stay inside the artifact."""
+    parts = path.split("/")
+    bad = (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\x00" in path
+        or any(p in ("", ".", "..") for p in parts)
+        or len(path) > 255
+    )
+    if bad:
+        raise ManifestError(f"{where}: path {path!r} must be relative and stay inside the artifact")
+    return path
+
+
+class _Reader:
+    """Typed access to one JSON object with error messages that name the field."""
+
+    def __init__(self, raw: Any, where: str) -> None:
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{where} must be a JSON object, got {type(raw).__name__}")
+        self.raw = raw
+        self.where = where
+
+    _MISSING = object()
+
+    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        if key not in self.raw:
+            if default is self._MISSING:
+                raise ManifestError(f"{self.where}.{key} is missing")
+            return default
+        value = self.raw[key]
+        if kind is int and (type(value) is not int):
+            raise ManifestError(f"{self.where}.{key} must be an integer, got {value!r:.60}")
+        if kind is float and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ManifestError(f"{self.where}.{key} must be a number")
+        if not isinstance(value, kind):
+            raise ManifestError(
+                f"{self.where}.{key} must be {kind.__name__}, got {type(value).__name__}"
+            )
+        return value
+
+    def child(self, key: str) -> _Reader:
+        return _Reader(self.get(key, dict), f"{self.where}.{key}")
+
+    def build(self, fn: Any) -> Any:
+        return fn(self)
+
+    def each(self, key: str, fn: Any, default: Any = _MISSING) -> Iterator[Any]:
+        items = self.get(key, list, default=default)
+        for index, item in enumerate(items):
+            yield fn(_Reader(item, f"{self.where}.{key}[{index}]"))
+
+    def mapping(self, fn: Any) -> dict[str, Any]:
+        return {
+            _relative_path(name, f"{self.where} key"): fn(_Reader(v, f"{self.where}[{name!r}]"))
+            for name, v in self.raw.items()
+        }
+
+
+def padding_table(manifest: Manifest) -> dict[tuple[Shape, ...], list[tuple[int, int]]]:
+    """Row shape (non-batch dims per input) -> [(batch, shape index)] ascending.
+
+    Only shapes whose inputs share one leading batch size and whose every output leads with
+    it can take zero-padded rows (slicing rows back would be wrong otherwise).
+    """
+    table: dict[tuple[Shape, ...], list[tuple[int, int]]] = {}
+    for index, entry in enumerate(manifest.shapes):
+        batches = {shape[0] for _, shape in entry.inputs}
+        if len(batches) != 1:
+            continue
+        (batch,) = batches
+        if not all(leaf.shape and leaf.shape[0] == batch for leaf in entry.outputs.leaves()):
+            continue
+        tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
+        table.setdefault(tail, []).append((batch, index))
+    for rows in table.values():
+        rows.sort()
+    return table

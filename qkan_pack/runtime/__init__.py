@@ -1,0 +1,146 @@
+"""The serving path: read and verify an artifact, rebuild its model, capture, replay.
+
+What a production process imports is this package, ``format`` and ``errors`` (plus the
+model's own source): nothing of builder, bench, serve or cli. Torch-free names import
+eagerly; the rest on first use, so that ``inspect`` and ``--help`` stay instant.
+
+Public here for the tools above (builder, bench, serve): the primitives they share with
+the load path, so that each exists once (one capture recipe, one comparison, one device
+resolver, one versions function, one output walker).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
+from ._artifact import VerifiedArtifact, artifact_digest, read_artifact, safetensors_header, sha256_hex
+from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, kernel_key
+from ._options import (
+    CROSS_HOST_TOLERANCE,
+    REPLAY_TOLERANCE,
+    SAME_HOST_TOLERANCE,
+    LoadOptions,
+    Tolerance,
+)
+from ._source import (
+    accepts_device,
+    call_factory,
+    check_entry_named,
+    content_name,
+    describe,
+    entry_function,
+    import_model_source,
+)
+
+if TYPE_CHECKING:
+    from ._capture import (
+        WARMUP_CALLS,
+        CaptureStreams,
+        GraphPool,
+        ShapeGraph,
+        capture_graph,
+        capture_session,
+        capture_streams,
+        check_context,
+        clear_cublas_workspaces,
+        release_graph_memory,
+        warm_up,
+    )
+    from ._compat import installed_version, package_versions
+    from ._device import resolve_device
+    from ._load import eager_forward, rebuild_model, reference_samples
+    from ._predictor import Predictor
+    from ._progress import progress_bar
+    from ._report import LoadReport, ShapeRecord
+    from ._runners import EagerRunner, GraphRunner
+    from ._selftest import check_outputs, compare
+    from ._submodules import SubmoduleGraphs, select_submodules
+    from ._tree import describe_output, dtype_name, flatten, map_leaves, torch_dtype, unflatten
+    from ._weights import load_strict, parse_weights
+
+_LAZY = {
+    "WARMUP_CALLS": "_capture", "CaptureStreams": "_capture", "GraphPool": "_capture",
+    "ShapeGraph": "_capture",
+    "capture_graph": "_capture", "capture_session": "_capture", "capture_streams": "_capture",
+    "check_context": "_capture", "clear_cublas_workspaces": "_capture",
+    "release_graph_memory": "_capture", "warm_up": "_capture",
+    "installed_version": "_compat", "package_versions": "_compat",
+    "resolve_device": "_device",
+    "eager_forward": "_load", "rebuild_model": "_load", "reference_samples": "_load",
+    "Predictor": "_predictor",
+    "progress_bar": "_progress",
+    "LoadReport": "_report", "ShapeRecord": "_report",
+    "EagerRunner": "_runners", "GraphRunner": "_runners",
+    "check_outputs": "_selftest", "compare": "_selftest",
+    "SubmoduleGraphs": "_submodules", "select_submodules": "_submodules",
+    "describe_output": "_tree", "dtype_name": "_tree", "flatten": "_tree",
+    "map_leaves": "_tree", "torch_dtype": "_tree", "unflatten": "_tree",
+    "load_strict": "_weights", "parse_weights": "_weights",
+}
+
+__all__ = [
+    "CROSS_HOST_TOLERANCE",
+    "REPLAY_TOLERANCE",
+    "SAME_HOST_TOLERANCE",
+    "TRITON_CACHE_ENV",
+    "WARMUP_CALLS",
+    "CaptureStreams",
+    "EagerRunner",
+    "GraphPool",
+    "GraphRunner",
+    "LoadOptions",
+    "LoadReport",
+    "Predictor",
+    "ShapeGraph",
+    "ShapeRecord",
+    "SubmoduleGraphs",
+    "Tolerance",
+    "VerifiedArtifact",
+    "accepts_device",
+    "artifact_digest",
+    "call_factory",
+    "capture_graph",
+    "capture_session",
+    "capture_streams",
+    "check_context",
+    "check_entry_named",
+    "check_outputs",
+    "clear_cublas_workspaces",
+    "collect_kernel_cache",
+    "compare",
+    "content_name",
+    "describe",
+    "describe_output",
+    "dtype_name",
+    "eager_forward",
+    "entry_function",
+    "flatten",
+    "import_model_source",
+    "installed_version",
+    "kernel_key",
+    "load_strict",
+    "map_leaves",
+    "package_versions",
+    "parse_weights",
+    "progress_bar",
+    "read_artifact",
+    "rebuild_model",
+    "reference_samples",
+    "release_graph_memory",
+    "resolve_device",
+    "safetensors_header",
+    "select_submodules",
+    "sha256_hex",
+    "torch_dtype",
+    "unflatten",
+    "warm_up",
+]
+
+
+__getattr__ = lazy_getattr(__name__, {name: f".{module}" for name, module in _LAZY.items()},
+                           globals())
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,266 @@
+"""Read an artifact back verified, without torch and without ever importing user code.
+
+The manifest is size-capped and strictly parsed, the tree is checked for
+symlinks, unlisted and missing files, then every file's size and sha256 is checked, then
+(still without torch or user code) every safetensors header is parsed and the reference
+files must hold exactly the inputs and outputs the manifest declares. The verified bytes
+are returned so callers parse exactly what was hashed (no re-read races).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import stat
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ArtifactError, DigestMismatchError, ManifestError
+from ..format import (
+    DIGEST_PREFIX,
+    DTYPES,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    WEIGHTS_NAME,
+    FileEntry,
+    Manifest,
+    loads_strict,
+    parse_manifest,
+)
+from ._source import check_entry_named
+
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
+#: safetensors dtype code -> bytes per element (codes not listed skip the size check).
+_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+                "C64": 8}
+
+
+@dataclass(frozen=True)
+class VerifiedArtifact:
+    """An artifact whose every byte matched its manifest when read."""
+
+    path: Path
+    manifest: Manifest
+    digest: str
+    files: Mapping[str, bytes]
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def artifact_digest(manifest_bytes: bytes) -> str:
+    """The whole-artifact digest: sha256 of manifest.json, which pins every file's sha256."""
+    return DIGEST_PREFIX + sha256_hex(manifest_bytes)
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+
+def read_artifact(path: str | os.PathLike[str], *,
+                  expected_digest: str | None = None) -> VerifiedArtifact:
+    """Audit an artifact directory and return its verified bytes.
+
+    Order: manifest size -> pinned digest -> format/version -> layout (symlinks, missing,
+    extra files) -> each file's size -> each file's sha256 -> safetensors headers and
+    references against the manifest -> the entry named in the source. Runs no user code.
+    """
+    root = _artifact_root(path)
+    manifest_bytes = _read_regular(root, MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
+    digest = artifact_digest(manifest_bytes)
+    if expected_digest is not None and _normalise_digest(expected_digest) != digest:
+        raise DigestMismatchError(path=str(root), actual=digest, expected=expected_digest)
+    manifest = parse_manifest(manifest_bytes)
+    _check_layout(root, manifest)
+    files = {name: _read_checked(root, name, entry)
+             for name, entry in sorted(manifest.files.items())}
+    _check_contents(manifest, files)
+    return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files)
+
+
+def _normalise_digest(text: str) -> str:
+    if not isinstance(text, str):
+        raise ArtifactError(f"expected_digest must be text like 'sha256:…', got {text!r:.40}")
+    text = text.strip().lower()
+    return text if text.startswith(DIGEST_PREFIX) else DIGEST_PREFIX + text
+
+
+def _artifact_root(path: str | os.PathLike[str]) -> Path:
+    root = Path(path)
+    try:
+        info = root.lstat()
+    except FileNotFoundError:
+        raise ArtifactError(f"no artifact at {root}: the directory does not exist") from None
+    except OSError as exc:
+        raise ArtifactError(f"cannot read artifact {root}: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ArtifactError(f"artifact path {root} is a symlink; pass the real directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise ArtifactError(f"artifact path {root} is not a directory")
+    if not (root / MANIFEST_NAME).exists() and not (root / MANIFEST_NAME).is_symlink():
+        raise ArtifactError(
+            f"{root} has no {MANIFEST_NAME}: not an artifact, or a build that did not finish"
+        )
+    return root
+
+
+def _check_layout(root: Path, manifest: Manifest) -> None:
+    listed = set(manifest.files) | {MANIFEST_NAME}
+    found = set(_walk(root))
+    extra = sorted(found - listed)
+    missing = sorted(listed - found)
+    if missing:
+        raise ArtifactError(f"artifact {root} is missing listed files: {', '.join(missing)}")
+    if extra:
+        raise ArtifactError(
+            f"artifact {root} holds files its manifest does not list: {', '.join(extra)}; "
+            "an artifact is never edited by hand: rebuild it"
+        )
+
+
+def _walk(root: Path) -> Iterator[str]:
+    """Yield every regular file as a POSIX path relative to root; refuse anything else."""
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                relative = Path(entry.path).relative_to(root).as_posix()
+                if entry.is_symlink():
+                    raise ArtifactError(
+                        f"artifact {root} contains a symlink at {relative}; symlinks are refused "
+                        "because they can point outside the artifact"
+                    )
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    yield relative
+                else:
+                    raise ArtifactError(f"artifact {root} contains a special file at {relative}")
+
+
+def _read_regular(root: Path, name: str, *, limit: int) -> bytes:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(root / name, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ArtifactError(f"{root / name} is a symlink; refused") from None
+        raise ArtifactError(f"cannot open {root / name}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"{root / name} is not a regular file")
+        if info.st_size > limit:
+            raise ManifestError(
+                f"{root / name} is {info.st_size} bytes; the limit is {limit}: corrupt or hostile"
+            )
+        return handle.read(limit + 1)
+
+
+def _read_checked(root: Path, name: str, entry: FileEntry) -> bytes:
+    try:
+        size = (root / name).lstat().st_size
+    except OSError as exc:
+        raise ArtifactError(f"cannot stat {root / name}: {exc.strerror}") from None
+    if size != entry.size:
+        raise ArtifactError(
+            f"{name} in {root} is {size} bytes but the manifest says {entry.size}: "
+            "the file was truncated, extended or replaced; rebuild the artifact"
+        )
+    data = _read_regular(root, name, limit=entry.size)
+    if len(data) != entry.size:
+        raise ArtifactError(f"{name} in {root} changed size while being read")
+    actual = sha256_hex(data)
+    if actual != entry.sha256:
+        raise ArtifactError(
+            f"{name} in {root} has sha256 {actual[:16]}…, the manifest says "
+            f"{entry.sha256[:16]}…: the file was modified; rebuild the artifact"
+        )
+    return data
+
+
+def _check_contents(manifest: Manifest, files: Mapping[str, bytes]) -> None:
+    """Cross-check verified bytes with the manifest before any of them is run or loaded."""
+    safetensors_header(files[WEIGHTS_NAME], WEIGHTS_NAME)
+    for entry in manifest.shapes:
+        header = safetensors_header(files[entry.reference], entry.reference)
+        wanted = {f"input.{name}": (shape, manifest.input_dtype(name)) for name, shape in entry.inputs}
+        wanted.update({f"output.{i}": (leaf.shape, leaf.dtype)
+                       for i, leaf in enumerate(entry.outputs.leaves())})
+        found = {key: (tuple(info["shape"]), info["dtype"]) for key, info in header.items()}
+        if set(found) != set(wanted):
+            raise ArtifactError(
+                f"{entry.reference} holds {sorted(found)}, the manifest declares {sorted(wanted)} "
+                f"for shape {entry.label}: the manifest or the file was edited; rebuild the artifact"
+            )
+        for key, (shape, dtype) in wanted.items():
+            if found[key] != (shape, DTYPES[dtype].safetensors):
+                raise ArtifactError(
+                    f"{entry.reference} holds {key} as {found[key][0]} {found[key][1]}, the "
+                    f"manifest declares {shape} {dtype} for shape {entry.label}: the manifest or "
+                    "the file was edited; rebuild the artifact"
+                )
+    info = manifest.model
+    check_entry_named(info.entry, {p: files[p] for p in (info.source, *info.includes)},
+                      info.source)
+
+
+def safetensors_header(data: bytes, where: str) -> dict[str, dict]:
+    """Parse and audit a safetensors header without torch: size cap, strict JSON, known
+    fields, and data offsets that tile the payload exactly (as the dtypes and shapes say)."""
+    if len(data) < 8:
+        raise ArtifactError(f"{where} is {len(data)} bytes: not a safetensors file")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > MAX_HEADER_BYTES or length > len(data) - 8:
+        raise ArtifactError(
+            f"{where} declares a {length}-byte header (file is {len(data)} bytes, limit "
+            f"{MAX_HEADER_BYTES}): corrupt or hostile"
+        )
+    try:
+        header = loads_strict(data[8:8 + length])
+    except ManifestError as exc:
+        raise ArtifactError(f"{where} has an invalid safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{where}: the safetensors header is not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ArtifactError(f"{where}: safetensors __metadata__ must map names to text")
+    spans = sorted(_tensor_span(name, info, where) for name, info in header.items())
+    cursor = 0
+    for begin, end in spans:
+        if begin != cursor:
+            raise ArtifactError(f"{where}: tensor data overlaps or leaves a gap at byte {cursor}")
+        cursor = end
+    if cursor != len(data) - 8 - length:
+        raise ArtifactError(f"{where}: tensors cover {cursor} bytes of a "
+                            f"{len(data) - 8 - length}-byte payload")
+    return header
+
+
+def _tensor_span(name: str, info: object, where: str) -> tuple[int, int]:
+    fields = {"dtype", "shape", "data_offsets"}
+    if not isinstance(info, dict) or set(info) != fields:
+        raise ArtifactError(f"{where}: tensor {name!r} must have exactly {sorted(fields)}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not all(
+        type(d) is int and d >= 0 for d in shape
+    ):
+        raise ArtifactError(f"{where}: tensor {name!r} has an invalid dtype or shape")
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+        raise ArtifactError(f"{where}: tensor {name!r} has invalid data_offsets {offsets!r:.60}")
+    itemsize = _ST_ITEMSIZE.get(dtype)
+    if itemsize is not None and offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+        raise ArtifactError(
+            f"{where}: tensor {name!r} is {dtype} {shape} but spans "
+            f"{offsets[1] - offsets[0]} bytes: the header was edited"
+        )
+    return offsets[0], offsets[1]

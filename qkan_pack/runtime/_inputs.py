@@ -1,0 +1,142 @@
+"""Matching call arguments to a manifest signature: names, numpy, dtypes, devices, padding.
+
+Every refusal is an ``InputError`` carrying the accepted signatures as data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError, format_accepted
+from ..format import Manifest, format_shape, padding_table
+from ._tree import torch_dtype
+
+
+class InputMatcher:
+    """Turns ``(args, kwargs)`` into tensors and the manifest shape they replay."""
+
+    def __init__(self, manifest: Manifest, device: torch.device, pad_batch: bool) -> None:
+        self.manifest = manifest
+        self.device = device
+        self.pad_batch = pad_batch
+        self._names = manifest.input_names
+        self._dtypes = tuple(torch_dtype(d.dtype) for d in manifest.inputs)
+        self._index = {tuple(torch.Size(s) for _, s in e.inputs): i
+                       for i, e in enumerate(manifest.shapes)}
+        self._padding = padding_table(manifest) if pad_batch else {}
+        self.signatures = manifest.signatures()
+        self.fast = _fast_table(manifest, self._dtypes, device)
+
+    def match(self, args: tuple, kwargs: dict[str, Any]
+              ) -> tuple[list[torch.Tensor], bool, int, int | None, Any]:
+        """(tensors, given as numpy, shape index, rows to keep, padded shape) for a call."""
+        if kwargs:
+            args = self._order_keywords(args, kwargs)
+        if len(args) != len(self._names):
+            raise self.refuse(
+                f"expected {len(self._names)} input(s) ({', '.join(self._names)}), got {len(args)}")
+        as_numpy = False
+        tensors = []
+        for position, value in enumerate(args):
+            if not isinstance(value, torch.Tensor):
+                value, as_numpy = self._coerce(value, position), True
+            tensors.append(value.detach() if value.requires_grad else value)
+        index, rows, padded = self._lookup(tensors)
+        return tensors, as_numpy, index, rows, padded
+
+    def _order_keywords(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        unknown = sorted(set(kwargs) - set(self._names))
+        if unknown:
+            raise self.refuse(f"unknown input(s) {unknown}; this artifact takes {list(self._names)}")
+        given = dict(zip(self._names, args))
+        clash = sorted(set(given) & set(kwargs))
+        if clash:
+            raise self.refuse(f"input(s) {clash} given both by position and by name")
+        given.update(kwargs)
+        missing = [n for n in self._names if n not in given]
+        if missing:
+            raise self.refuse(f"missing input(s) {missing}; this artifact takes {list(self._names)}")
+        return tuple(given[n] for n in self._names)
+
+    def _coerce(self, value: Any, position: int) -> torch.Tensor:
+        name = self._names[position]
+        if isinstance(value, np.ndarray):
+            array = np.ascontiguousarray(value)
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
+            if not array.flags.writeable:
+                array = array.copy()  # torch.from_numpy warns on read-only memory
+            try:
+                return torch.from_numpy(array)
+            except TypeError as exc:
+                raise self.refuse(f"input {name!r}: numpy dtype {value.dtype} unsupported: "
+                                   f"{exc}") from None
+        raise self.refuse(
+            f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor or numpy.ndarray")
+
+    def _lookup(self, tensors: Sequence[torch.Tensor]) -> tuple[int, int | None, Any]:
+        for position, (tensor, dtype) in enumerate(zip(tensors, self._dtypes)):
+            if tensor.layout != torch.strided:
+                raise self.refuse(
+                    f"input {self._names[position]!r} has layout {tensor.layout}; pass a dense "
+                    "tensor (.to_dense())")
+            if tensor.dtype != dtype:
+                raise self.refuse(
+                    f"input {self._names[position]!r} has dtype "
+                    f"{str(tensor.dtype).removeprefix('torch.')} (convert with "
+                    f".to(torch.{str(dtype).removeprefix('torch.')}))")
+            if tensor.device.type != "cpu" and tensor.device != self.device:
+                raise self.refuse(
+                    f"input {self._names[position]!r} is on {tensor.device}, the predictor on "
+                    f"{self.device}; pass a CPU tensor or move it with .to('{self.device}')")
+        key = tuple(t.shape for t in tensors)
+        index = self._index.get(key)
+        if index is not None:
+            return index, None, None
+        if self._padding:
+            return self._padded_entry(key)
+        shown = ", ".join(_shape_text(s) for s in key)
+        raise self.refuse(f"input shape {shown} is not in the manifest")
+
+    def _padded_entry(self, key: tuple) -> tuple[int, int, Any]:
+        rows = {s[0] for s in key if len(s)}
+        tail = tuple(tuple(s[1:]) for s in key)
+        candidates = self._padding.get(tail, [])
+        if len(rows) == 1:
+            (count,) = rows
+            for batch, index in candidates:
+                if count <= batch and count > 0:
+                    padded = tuple(shape for _, shape in self.manifest.shapes[index].inputs)
+                    return index, count, padded
+        shown = ", ".join(_shape_text(s) for s in key)
+        largest = max((b for b, _ in candidates), default=None)
+        hint = f"; batches up to {largest} are padded" if largest else ""
+        raise self.refuse(
+            f"input shape {shown} is not in the manifest and cannot be padded to it{hint}")
+
+    def accepted(self) -> str:
+        """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
+        holds the same as data)."""
+        return format_accepted(self.signatures, padded=self.pad_batch)
+
+    def refuse(self, problem: str) -> InputError:
+        return InputError(problem, accepted=self.signatures, padded=self.pad_batch)
+
+
+def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device
+                ) -> dict[tuple, int] | None:
+    """(shape, dtype, device) -> shape index for one-input, one-tensor-output artifacts."""
+    single_output = all(e.outputs.kind == "tensor" for e in manifest.shapes)
+    if len(manifest.inputs) != 1 or not single_output:
+        return None
+    devices = {torch.device("cpu"), device}
+    return {(torch.Size(entry.inputs[0][1]), dtypes[0], dev): index
+            for index, entry in enumerate(manifest.shapes) for dev in devices}
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return format_shape(shape) if len(shape) else "() (a 0-d tensor)"

@@ -1,0 +1,160 @@
+"""Shipped GPU kernels at load: pick the set that matches this host, serve Triton from it.
+
+An artifact may carry JIT-compiled kernels under ``kernels/<key>/`` (written by ``qkan-pack
+warm``). The key names the GPU architecture and the toolchain (Triton, torch, CUDA, Python,
+machine): Triton's own cache keys differ across any of them. At load, a matching set is
+copied to a private temp directory and Triton is pointed at it only while the predictor
+loads; the artifact and the user's own cache are never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..format import KernelSet
+from ._artifact import VerifiedArtifact
+
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+_GROUP_PREFIX = "__grp__"
+_CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
+_SKIPPED_SUFFIXES = (".lock",)
+
+
+def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:
+    """The compatibility key of this host's GPU + toolchain, and its readable details."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    details = {
+        "gpu": torch.cuda.get_device_name(device_index),
+        "arch": f"sm_{major}{minor}",
+        "triton": triton_version,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "machine": platform.machine(),
+    }
+    key = (f"sm{major}{minor}-triton{triton_version}-torch{torch.__version__}"
+           f"-cuda{torch.version.cuda}-py{sys.version_info.major}{sys.version_info.minor}"
+           f"-{platform.machine()}")
+    return key.replace("+", "_"), details
+
+
+def collect_kernel_cache(cache: Path) -> dict[str, bytes]:
+    """Every finished cache file, with group indexes made relocatable."""
+    collected = {}
+    for file in sorted(cache.rglob("*")):
+        if not file.is_file() or file.name.endswith(_SKIPPED_SUFFIXES) or ".tmp" in file.name:
+            continue
+        data = file.read_bytes()
+        if file.name.startswith(_GROUP_PREFIX):
+            data = _relocate_group(data, str(cache), _CACHE_PLACEHOLDER)
+        collected[file.relative_to(cache).as_posix()] = data
+    return collected
+
+
+def _relocate_group(data: bytes, old_root: str, new_root: str) -> bytes:
+    """Rewrite a Triton group index's absolute ``child_paths`` from one cache root to another.
+
+    Triton records where each compiled file of a kernel lives as absolute paths; a cache
+    moved to another directory misses on every kernel unless those paths follow it.
+    """
+    try:
+        group = json.loads(data)
+        children = group["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        return data
+    prefix = old_root.rstrip("/") + "/"
+    group["child_paths"] = {
+        name: new_root.rstrip("/") + "/" + path[len(prefix):] if path.startswith(prefix) else path
+        for name, path in children.items()
+    }
+    return json.dumps(group).encode()
+
+
+def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelSet | None, str]:
+    """The shipped set for this host, and a sentence for ``predictor.report``."""
+    if not artifact.manifest.kernels:
+        return None, "artifact ships no kernels (run `qkan-pack warm`); compiled as usual"
+    key, _ = kernel_key(device_index)
+    for kernel_set in artifact.manifest.kernels:
+        if kernel_set.key == key:
+            return kernel_set, f"using shipped kernels {key}"
+    shipped = ", ".join(k.key for k in artifact.manifest.kernels)
+    return None, f"no shipped kernels for {key} (artifact has {shipped}); compiled as usual"
+
+
+@contextlib.contextmanager
+def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[dict[str, int]]:
+    """Point Triton at a private copy of the shipped kernels for the duration of a load.
+
+    Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
+    Triton wrote while loading (kernels it did not find in the shipped set), counted from
+    new or rewritten group indexes.
+    """
+    prefix = kernel_set.directory + "/"
+    counts = {"shipped": 0, "compiled": 0}
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
+        root = Path(private)
+        for name, data in artifact.files.items():
+            if name.startswith(prefix):
+                destination = root / name[len(prefix):]
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                if destination.name.startswith(_GROUP_PREFIX):
+                    data = _relocate_group(data, _CACHE_PLACEHOLDER, private)
+                destination.write_bytes(data)
+        before = _group_stamps(root)
+        counts["shipped"] = len(before)
+        with _triton_cache_dir(private):
+            try:
+                yield counts
+            finally:
+                after = _group_stamps(root)
+                counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+
+
+def _group_stamps(root: Path) -> dict[str, int]:
+    """Group index files -> mtime in ns: a compile (re)writes its kernel's index."""
+    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns
+            for p in root.glob(f"*/{_GROUP_PREFIX}*")}
+
+
+@contextlib.contextmanager
+def _triton_cache_dir(directory: str) -> Iterator[None]:
+    """Set Triton's cache dir for this process only, and restore what was there."""
+    previous = os.environ.get(TRITON_CACHE_ENV)
+    knobs = _triton_cache_knobs()
+    knob_previous = knobs.__dict__.get("dir") if knobs is not None else None
+    os.environ[TRITON_CACHE_ENV] = directory
+    if knobs is not None:
+        knobs.__dict__.pop("dir", None)  # let the env var rule while we load
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TRITON_CACHE_ENV, None)
+        else:
+            os.environ[TRITON_CACHE_ENV] = previous
+        if knobs is not None and knob_previous is not None:
+            knobs.__dict__["dir"] = knob_previous
+
+
+def _triton_cache_knobs() -> object | None:
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return getattr(knobs, "cache", None)

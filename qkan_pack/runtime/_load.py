@@ -1,0 +1,207 @@
+"""The load pipeline behind ``Predictor.load``, in trust order.
+
+verify (sizes, digests, layout, format) -> compatibility -> import the verified source ->
+build via the factory -> strict weights -> eval -> eager pass on the device (compiles
+kernels, and is the replay self-test's baseline) -> reference self-test -> capture ->
+replay self-test. Nothing from the artifact runs before its bytes have matched the manifest.
+
+Not owned here: how calls are served (``Predictor``), the capture recipe (``_capture``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..format import WEIGHTS_NAME, Manifest
+from ._artifact import VerifiedArtifact, read_artifact
+from ._compat import check_compatibility
+from ._device import resolve_device
+from ._kernels import matching_set, shipped_kernels
+from ._options import CROSS_HOST_TOLERANCE, SAME_HOST_TOLERANCE, LoadOptions, Tolerance
+from ._report import LoadReport, ShapeRecord, timed_stage
+from ._runners import EagerRunner, GraphRunner, Sample
+from ._selftest import check_outputs
+from ._source import call_factory, entry_function, import_model_source
+from ._tree import flatten
+from ._weights import load_strict, parse_audited
+
+_REFERENCE_HINT = ("The model, weights or runtime differ from the build host; if the difference "
+                   "is expected (another solver or device), pass reference_tolerance=(rtol, atol)")
+_REPLAY_HINT = ("The captured graph is wrong; report a bug with the artifact, or use "
+                "--capture submodules")
+
+
+@dataclass
+class Loaded:
+    """Everything a ``Predictor`` is made of, ready to serve."""
+
+    artifact: VerifiedArtifact
+    model: torch.nn.Module
+    runner: EagerRunner | GraphRunner
+    device: torch.device
+    report: LoadReport
+
+
+def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
+    """Verify, rebuild, self-test and capture the artifact at ``path`` on ``device``."""
+    started = time.perf_counter()
+    target = resolve_device(device)
+    verify_started = time.perf_counter()
+    artifact = read_artifact(path, expected_digest=options.expected_digest)
+    report = _new_report(artifact, target, options)
+    report.stages["verify"] = time.perf_counter() - verify_started
+    check_compatibility(artifact.manifest, report.warn)
+    if target.type == "cuda":
+        with report.stage("cuda init"):
+            torch.cuda.init()
+            torch.empty(0, device=target)
+    with _kernel_cache(artifact, target, options.kernels, report), _on_device(target):
+        model, runner = _prepare(artifact, target, report, options)
+    report.load_to_ready_seconds = time.perf_counter() - started
+    return Loaded(artifact=artifact, model=model, runner=runner, device=target, report=report)
+
+
+def _new_report(artifact: VerifiedArtifact, target: torch.device,
+                options: LoadOptions) -> LoadReport:
+    manifest = artifact.manifest
+    overrides = dict(options.config_overrides)
+    return LoadReport(
+        artifact=str(artifact.path), digest=artifact.digest, device=str(target),
+        capture_policy=manifest.capture.policy if target.type == "cuda" else "eager (no CUDA)",
+        factory_device=str(target) if manifest.model.device_argument else None,
+        config={**manifest.model.config, **overrides}, config_overrides=overrides,
+        reference_tolerance=options.reference_tolerance or default_tolerance(
+            manifest, target, overrides),
+    )
+
+
+def _on_device(target: torch.device) -> Any:
+    """Make the target GPU current while loading: Triton launches on the current device."""
+    return torch.cuda.device(target) if target.type == "cuda" else nullcontext()
+
+
+@contextmanager
+def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str,
+                  report: LoadReport) -> Iterator[None]:
+    """Serve Triton from the artifact's shipped kernels while loading, when they match."""
+    if target.type != "cuda" or kernels == "off":
+        report.kernel_cache = "not used (CPU)" if target.type != "cuda" else "off (compiled as usual)"
+        yield
+        return
+    kernel_set, report.kernel_cache = matching_set(artifact, target.index or 0)
+    if kernel_set is None:
+        yield
+        return
+    with shipped_kernels(artifact, kernel_set) as counts:
+        yield
+    report.kernel_cache += f" ({counts['shipped']} shipped, {counts['compiled']} compiled here)"
+    if counts["compiled"]:
+        report.warn(f"{counts['compiled']} kernel(s) were not in the shipped set and were "
+                    "compiled at load; re-run `qkan-pack warm` for this host")
+
+
+def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,
+             options: LoadOptions) -> tuple[torch.nn.Module, EagerRunner | GraphRunner]:
+    """Build, self-test against references, capture, self-test replay."""
+    model = rebuild_model(artifact, target, report.config, report.stages)
+    report.solvers = sorted({s for m in model.modules()
+                             if isinstance(s := getattr(m, "solver", None), str)})
+    with report.stage("references"):
+        samples, expected = reference_samples(artifact, target)
+    with report.stage("first forward"):
+        eager = [flatten(eager_forward(model, inputs)) for _, inputs in samples]
+    reference_errors = [
+        check_outputs(label, "outputs on this host and the build-time references", got, want,
+                      report.reference_tolerance, _REFERENCE_HINT)
+        for (label, _), got, want in zip(samples, eager, expected)]
+    runner = _make_runner(model, target, artifact.manifest, samples, eager, report, options)
+    for record, error in zip(runner.records, reference_errors):
+        record.reference_max_abs = error
+    report.shapes = runner.records
+    report.pool_bytes = sum(r.pool_bytes for r in runner.records)
+    return model, runner
+
+
+def default_tolerance(manifest: Manifest, target: torch.device,
+                      overrides: Mapping[str, Any]) -> Tolerance:
+    same_host = manifest.reference_device == target.type and not overrides
+    return SAME_HOST_TOLERANCE if same_host else CROSS_HOST_TOLERANCE
+
+
+def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapping[str, Any],
+                  stages: dict[str, float] | None = None) -> torch.nn.Module:
+    """Import, build, strictly load weights, eval: the eager model an artifact describes
+    (seconds per step added to ``stages`` when given)."""
+    info = artifact.manifest.model
+    with timed_stage(stages, "import"):
+        sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
+        module = import_model_source(info.source, sources)
+    with timed_stage(stages, "build"):
+        factory = entry_function(module, info.entry, info.source)
+        model = call_factory(factory, config, info.source, info.entry, device=str(target))
+        model.to(target)
+    with timed_stage(stages, "weights"):
+        tensors = parse_audited(artifact.files[WEIGHTS_NAME], WEIGHTS_NAME)
+        load_strict(model, tensors, info.tied, f"{artifact.path}/{WEIGHTS_NAME}")
+        model.eval()  # after loading: QKAN rebuilds its folded eval caches here
+        model.requires_grad_(False)
+    return model
+
+
+def reference_samples(artifact: VerifiedArtifact, target: torch.device
+                      ) -> tuple[list[Sample], list[list[torch.Tensor]]]:
+    """Per manifest shape: (label, reference inputs on ``target``), and the build-time
+    reference outputs (on the CPU), in manifest order."""
+    manifest = artifact.manifest
+    samples, expected = [], []
+    for entry in manifest.shapes:
+        tensors = parse_audited(artifact.files[entry.reference], entry.reference)
+        # read_artifact checked these keys, shapes and dtypes against the manifest
+        inputs = [tensors[f"input.{n}"].to(target) for n in manifest.input_names]
+        count = len(list(entry.outputs.leaves()))
+        samples.append((entry.label, inputs))
+        expected.append([tensors[f"output.{i}"] for i in range(count)])
+    return samples, expected
+
+
+def eager_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
+    with torch.no_grad():
+        return model(*inputs)
+
+
+def _make_runner(model: torch.nn.Module, target: torch.device, manifest: Manifest,
+                 samples: list[Sample], eager: list[list[torch.Tensor]], report: LoadReport,
+                 options: LoadOptions) -> EagerRunner | GraphRunner:
+    """Eager on the CPU; on CUDA capture every shape, then check replay against eager."""
+    if target.type != "cuda":
+        runner = EagerRunner(model, target)
+        runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
+        return runner
+    runner = GraphRunner(model, target)
+    with report.stage("capture"):
+        runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,
+                       progress=options.progress)
+    try:
+        with report.stage("self-test"):
+            _check_replay(runner, samples, eager, options.replay_tolerance, target)
+    except BaseException:
+        runner.close()
+        raise
+    return runner
+
+
+def _check_replay(runner: GraphRunner, samples: list[Sample], eager: list[list[torch.Tensor]],
+                  tolerance: Tolerance, target: torch.device) -> None:
+    """Replay each shape on its reference inputs; a wrong capture must fail loudly."""
+    for index, ((label, inputs), want) in enumerate(zip(samples, eager)):
+        got = runner.run(index, inputs, None, None, copy=True)
+        runner.records[index].replay_max_abs = check_outputs(
+            label, f"replayed outputs and eager outputs on {target}", got, want, tolerance,
+            _REPLAY_HINT)

@@ -1,0 +1,60 @@
+"""``LoadOptions``: every choice ``Predictor.load`` takes, checked before the artifact is read,
+and the default tolerances of the self-tests (torch-free, so the options import cheaply)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..errors import KernelCacheError
+
+KERNEL_MODES = ("auto", "off")
+Tolerance = tuple[float, float]
+#: Replay vs eager on the same device: the same kernels on the same data.
+REPLAY_TOLERANCE: Tolerance = (1e-5, 1e-6)
+#: Same device type and config as at build: only float reassociation differs.
+SAME_HOST_TOLERANCE: Tolerance = (1e-4, 1e-5)
+#: Other device type or config overrides (e.g. exact CPU solver vs flash GPU solver).
+CROSS_HOST_TOLERANCE: Tolerance = (2e-3, 2e-4)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load an artifact.
+
+    - ``expected_digest``: refuse unless the artifact's digest is this ``sha256:…``;
+    - ``config_overrides``: factory arguments replaced at load (e.g. ``{"solver": "flash"}``);
+    - ``pad_batch``: zero-pad smaller batches up to a captured one (rows must be independent);
+    - ``copy_outputs``: False returns the graphs' static buffers (overwritten by the next call);
+    - ``reference_tolerance``: ``(rtol, atol)`` against the build references (default by device);
+    - ``replay_tolerance``: ``(rtol, atol)`` of replay against eager on this device;
+    - ``kernels``: ``"auto"`` uses the artifact's shipped GPU kernels when they match this
+      host (``qkan-pack warm``), ``"off"`` compiles as usual;
+    - ``progress``: progress bars on stderr (None: when stderr is a terminal).
+    """
+
+    expected_digest: str | None = None
+    config_overrides: Mapping[str, Any] = field(default_factory=dict)
+    pad_batch: bool = False
+    copy_outputs: bool = True
+    reference_tolerance: Tolerance | None = None
+    replay_tolerance: Tolerance = REPLAY_TOLERANCE
+    kernels: str = "auto"
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_overrides", dict(self.config_overrides or {}))
+        if self.kernels not in KERNEL_MODES:
+            raise KernelCacheError(
+                f"kernels={self.kernels!r}: use 'auto' (shipped kernels) or 'off'")
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any]) -> LoadOptions:
+        """Options from ``Predictor.load(**keywords)``; an unknown keyword names the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise TypeError(f"Predictor.load() got unknown option(s) {unknown}; "
+                            f"options: {sorted(known)}")
+        return cls(**keywords)

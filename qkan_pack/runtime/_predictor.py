@@ -1,0 +1,123 @@
+"""``Predictor``: load a verified artifact, pre-capture every shape, serve replay-only calls."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..format import Manifest
+from ._inputs import InputMatcher
+from ._load import Loaded, load
+from ._options import LoadOptions
+from ._runners import EagerRunner, GraphRunner
+from ._tree import unflatten
+
+
+class Predictor:
+    """Replay-only inference over the shapes an artifact declares.
+
+    Build with ``Predictor.load``. Calls accept exactly the manifest's shapes and dtypes
+    (dense torch tensors on the CPU or the predictor's device, or numpy arrays); anything
+    else raises ``InputError`` listing what is accepted. Documented results, not errors:
+    non-contiguous inputs are copied; ``requires_grad`` inputs are read without autograd
+    (outputs never require grad); NaN/inf values are computed as given (checking them would
+    cost a device sync per call); numpy inputs give numpy outputs.
+    """
+
+    def __init__(self, loaded: Loaded, options: LoadOptions) -> None:
+        manifest = loaded.artifact.manifest
+        self.manifest: Manifest = manifest
+        self.digest = loaded.artifact.digest
+        self.path = loaded.artifact.path
+        self.device = loaded.device
+        self.report = loaded.report
+        self.options = options
+        self.pad_batch = options.pad_batch
+        self.copy_outputs = options.copy_outputs
+        self._model = loaded.model
+        self._runner: EagerRunner | GraphRunner | None = loaded.runner
+        self._lock = threading.Lock()
+        self._inputs = InputMatcher(manifest, self.device, options.pad_batch)
+        self._fast = self._inputs.fast
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", *,
+             options: LoadOptions | None = None, **keywords: Any) -> Predictor:
+        """Verify, rebuild, load weights, capture every shape (CUDA), self-test, return.
+
+        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``. Options are a
+        ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
+        ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
+        ``kernels``, ``progress``); see ``LoadOptions`` for what each does.
+        """
+        if options is None:
+            options = LoadOptions.from_keywords(keywords)
+        elif keywords:
+            raise TypeError("pass either options=LoadOptions(...) or keywords, not both")
+        return cls(load(path, device, options), options)
+
+    # -- calls -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if fast is not None and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            index = fast.get((x.shape, x.dtype, x.device))
+            runner = self._runner
+            if index is not None and runner is not None and x.layout == torch.strided:
+                if x.requires_grad:
+                    x = x.detach()
+                with self._lock:
+                    out = runner.run_one(index, x, self.copy_outputs)
+                if out is not None:
+                    return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The general path: keywords, numpy, several inputs, structured outputs, padding."""
+        runner = self._runner
+        if runner is None:
+            raise InputError("this predictor is closed; load the artifact again")
+        tensors, as_numpy, index, rows, padded = self._inputs.match(args, kwargs)
+        out_device = tensors[0].device if tensors[0].device != self.device else None
+        if as_numpy:
+            out_device = torch.device("cpu")
+        with self._lock:
+            leaves = runner.run(index, tensors, rows, padded, copy=self.copy_outputs,
+                                out_device=out_device if self.copy_outputs else None)
+        if as_numpy:
+            leaves = [leaf.numpy() for leaf in leaves]
+        return unflatten(self.manifest.shapes[index].outputs, leaves)
+
+    def accepted(self) -> str:
+        """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
+        holds the same as data)."""
+        return self._inputs.accepted()
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free captured graphs and their memory pool; later calls raise InputError."""
+        with self._lock:
+            if self._runner is not None:
+                self._runner.close()
+            self._runner = None
+            self._model = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Predictor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._runner is None else "ready"
+        return f"Predictor({str(self.path)!r}, device={self.device}, {state}, {self.accepted()})"
+
+

@@ -1,0 +1,87 @@
+"""What a load did: per-shape records and the ``LoadReport`` behind ``predictor.report``."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@contextmanager
+def timed_stage(stages: dict[str, float] | None, name: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``stages[name]`` (nothing when ``stages`` is None)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if stages is not None:
+            stages[name] = stages.get(name, 0.0) + time.perf_counter() - started
+
+
+@dataclass
+class ShapeRecord:
+    """What happened to one manifest shape at load."""
+
+    label: str
+    policy: str = "eager"
+    capture_seconds: float = 0.0
+    pool_bytes: int = 0
+    fallback_reason: str = ""
+    graphs: int = 0
+    replay_max_abs: float = 0.0
+    reference_max_abs: float = 0.0
+
+
+@dataclass
+class LoadReport:
+    """What ``Predictor.load`` did, how long each stage took, and how well outputs agreed."""
+
+    artifact: str
+    digest: str
+    device: str
+    capture_policy: str
+    factory_device: str | None
+    config: dict[str, Any]
+    config_overrides: dict[str, Any]
+    reference_tolerance: tuple[float, float]
+    solvers: list[str] = field(default_factory=list)
+    shapes: list[ShapeRecord] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+    load_to_ready_seconds: float = 0.0
+    pool_bytes: int = 0
+    kernel_cache: str = "not used"
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def warn(self, message: str) -> None:
+        """Record a warning in the report and emit it as a Python warning."""
+        self.warnings.append(message)
+        warnings.warn(message, stacklevel=3)
+
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        """Time a load stage (repeated stages add up)."""
+        return timed_stage(self.stages, name)
+
+    def __str__(self) -> str:
+        lines = [
+            f"artifact {self.artifact} ({self.digest[:19]}…) on {self.device}",
+            f"policy {self.capture_policy}; solvers {', '.join(self.solvers) or '-'}; "
+            f"factory device {self.factory_device}; overrides {self.config_overrides or '{}'}",
+            f"{'shape':<18}{'policy':<12}{'capture s':>10}{'pool MiB':>10}{'replay err':>12}"
+            f"{'ref err':>12}",
+        ]
+        for r in self.shapes:
+            lines.append(
+                f"{r.label:<18}{r.policy:<12}{r.capture_seconds:>10.3f}"
+                f"{r.pool_bytes / 2**20:>10.2f}{r.replay_max_abs:>12.2e}{r.reference_max_abs:>12.2e}"
+            )
+        stages = ", ".join(f"{k} {v:.3f}s" for k, v in self.stages.items())
+        lines.append(f"ready in {self.load_to_ready_seconds:.3f}s ({stages})")
+        lines.append(f"kernel cache: {self.kernel_cache}")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)

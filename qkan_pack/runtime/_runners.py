@@ -1,0 +1,188 @@
+"""Run a loaded model per manifest shape: CUDA-graph replay, or eager with the same interface.
+
+Runners expose ``run(index, inputs, rows, padded, copy, out_device) -> list[Tensor]`` (flat
+output leaves). The caller (the predictor) serialises calls; a runner is never entered by
+two threads at once. Not owned here: input checking (the predictor), the capture recipe
+(``_capture``), which submodules to graph (``_submodules``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import CaptureError
+from ._capture import GraphPool, ShapeGraph, capture_session, release_graph_memory, stream_id
+from ._progress import progress_bar
+from ._report import ShapeRecord
+from ._submodules import SubmoduleGraphs, capture_submodules
+from ._tree import flatten
+
+Sample = tuple[str, list[torch.Tensor]]  # (shape label, reference inputs on the device)
+
+
+def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.device | None,
+                     copy: bool) -> torch.Tensor:
+    if rows is not None:
+        tensor = tensor[:rows]
+    if not copy:
+        return tensor
+    if out_device is not None and out_device != tensor.device:
+        return tensor.to(out_device)
+    return tensor.clone()
+
+
+class EagerRunner:
+    """Eager forward on the model's device; outputs never alias parameters or inputs."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.records: list[ShapeRecord] = []
+
+    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
+            padded: Sequence[int] | None, copy: bool = True,
+            out_device: torch.device | None = None) -> list[torch.Tensor]:
+        moved = [self._to_device(x, None if padded is None else padded[i])
+                 for i, x in enumerate(inputs)]
+        with torch.no_grad():
+            leaves = flatten(self.model(*moved))
+        # Always copy: a forward may return a parameter, an input or a tensor it caches.
+        return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
+
+    def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor:
+        out_device = x.device if x.device != self.device else None
+        return self.run(index, [x], None, None, copy=copy, out_device=out_device)[0]
+
+    def _to_device(self, x: torch.Tensor, padded: Sequence[int] | None) -> torch.Tensor:
+        """Move to the model's device; zero-pad the batch up to ``padded`` when given."""
+        x = x.to(self.device).contiguous()
+        if padded is not None and tuple(x.shape) != tuple(padded):
+            full = torch.zeros(padded, dtype=x.dtype, device=self.device)
+            full[: x.shape[0]].copy_(x)
+            return full
+        return x
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+
+class GraphRunner:
+    """Replays one captured graph per manifest shape (whole model), or eager glue around
+    captured submodules for shapes where whole-model capture failed.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.pool: GraphPool | None = None
+        self.records: list[ShapeRecord] = []
+        self._full: dict[int, ShapeGraph] = {}
+        self._eager = EagerRunner(model, device)
+        self._submodule_graphs: list[SubmoduleGraphs] = []
+        self._last_stream_id: Any = None
+        self._last_stream: torch.cuda.Stream | None = None
+
+    # -- capture ---------------------------------------------------------------------
+
+    def capture(self, samples: Sequence[Sample], policy: str, submodule_names: Sequence[str],
+                *, progress: bool | None) -> None:
+        """Capture every shape under ``policy``; raise CaptureError leaving nothing captured.
+
+        Largest shape first, so that the shared pool is sized by it and the rest fit in.
+        """
+        order = sorted(range(len(samples)), key=lambda i: -sum(t.numel() for t in samples[i][1]))
+        self.records = [ShapeRecord(label=label) for label, _ in samples]
+        try:
+            with torch.cuda.device(self.device), capture_session():
+                self.pool = GraphPool(self.device)
+                fallback = self._capture_whole(samples, order, policy, progress)
+                if fallback:
+                    self._submodule_graphs = capture_submodules(
+                        self.model, self.pool, samples, fallback, submodule_names, self.records,
+                        progress)
+                torch.cuda.synchronize(self.device)
+        except BaseException:
+            self.close()
+            raise
+
+    def _capture_whole(self, samples: Sequence[Sample], order: list[int], policy: str,
+                       progress: bool | None) -> list[int]:
+        """Whole-model graphs; the shape indices left for submodule capture."""
+        if policy == "submodules":
+            return order
+        assert self.pool is not None
+        fallback = []
+        for index in progress_bar(order, desc="capturing graphs", enabled=progress):
+            label, sample = samples[index]
+            record = self.records[index]
+            started = time.perf_counter()
+            try:
+                graph, grown = self.pool.capture(lambda *a: flatten(self.model(*a)), sample)
+            except CaptureError as exc:
+                if policy == "full":
+                    raise CaptureError(exc.op, shape=label, hint=(
+                        "Rebuild with --capture auto or --capture submodules to graph only the "
+                        "safe blocks")) from exc
+                record.fallback_reason = str(exc)
+                fallback.append(index)
+                continue
+            self._full[index] = graph
+            record.policy, record.graphs = "full", 1
+            record.pool_bytes += grown
+            record.capture_seconds = time.perf_counter() - started
+        return fallback
+
+    # -- replay ----------------------------------------------------------------------
+
+    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
+            padded: Sequence[int] | None, copy: bool = True,
+            out_device: torch.device | None = None) -> list[torch.Tensor]:
+        self._order_after_last_stream()
+        shape_graph = self._full.get(index)
+        if shape_graph is None:
+            with torch.cuda.device(self.device):  # eager glue launches on the current device
+                return self._eager.run(index, inputs, rows, padded, copy=True,
+                                       out_device=out_device)
+        for static, x in zip(shape_graph.static_inputs, inputs):
+            if rows is None:
+                static.copy_(x, non_blocking=True)
+            else:
+                static[:rows].copy_(x, non_blocking=True)
+                static[rows:].zero_()
+        shape_graph.graph.replay()
+        return [_prepare_for_out(t, rows, out_device, copy) for t in shape_graph.static_outputs]
+
+    def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor | None:
+        """Hot path: one input, one output tensor, exact shape; None when not graphed whole."""
+        shape_graph = self._full.get(index)
+        if shape_graph is None:
+            return None
+        self._order_after_last_stream()
+        shape_graph.static_inputs[0].copy_(x, non_blocking=True)
+        shape_graph.graph.replay()
+        out = shape_graph.static_outputs[0]
+        if not copy:
+            return out
+        return out.clone() if x.is_cuda else out.to("cpu")
+
+    def _order_after_last_stream(self) -> None:
+        """Static buffers were last touched on the previous caller's stream: wait for it."""
+        current_id = stream_id(self.device.index)
+        if current_id == self._last_stream_id:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if self._last_stream is not None:
+            current.wait_stream(self._last_stream)
+        self._last_stream_id, self._last_stream = current_id, current
+
+    def close(self) -> None:
+        for recorder in self._submodule_graphs:
+            recorder.uninstall()
+        self._submodule_graphs = []
+        self._full.clear()
+        self.pool = None
+        release_graph_memory(self.device)

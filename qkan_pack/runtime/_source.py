@@ -1,0 +1,183 @@
+"""Import model source from verified bytes under a content-addressed module name.
+
+The bytes executed are exactly the bytes that were hashed (no re-read from disk), the main
+module is named ``qkan_pack_model_<sha256 prefix>`` so two artifacts never collide, and
+``--include``d helper modules are served from memory while the model imports, then moved
+under the content-addressed name so a user's own modules of the same name are untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from ..errors import ModelSourceError
+
+_IMPORT_LOCK = threading.RLock()
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
+
+
+def module_name_for(path: str) -> str:
+    """``pkg/__init__.py`` -> ``pkg``; ``pkg/util.py`` -> ``pkg.util``; ``helpers.py`` -> ``helpers``."""
+    stem = path[: -len(".py")] if path.endswith(".py") else path
+    parts = stem.split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def content_name(sources: Mapping[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(sources):
+        digest.update(path.encode() + b"\0" + sources[path] + b"\0")
+    return f"qkan_pack_model_{digest.hexdigest()[:16]}"
+
+
+class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serve the artifact's include modules from verified bytes."""
+
+    def __init__(self, modules: Mapping[str, tuple[str, bytes]]) -> None:
+        self.modules = modules  # module name -> (artifact path, source bytes)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.modules:
+            return None
+        origin, _ = self.modules[fullname]
+        is_package = origin.endswith("__init__.py")
+        return importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=is_package)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        origin, data = self.modules[module.__name__]
+        if origin.endswith("__init__.py"):
+            module.__path__ = []  # type: ignore[attr-defined]
+        exec(compile(data, origin, "exec"), module.__dict__)
+
+
+def import_model_source(source: str, sources: Mapping[str, bytes], *,
+                        display_path: str | None = None) -> ModuleType:
+    """Execute ``sources[source]`` as a fresh module; include modules resolve from ``sources``.
+
+    ``display_path`` names the file in error messages (the user's path at build time).
+    """
+    name = content_name(sources)
+    shown = display_path or source
+    with _IMPORT_LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        base = source.rpartition("/")[0]  # includes import relative to the model file's folder
+        includes = {module_name_for(p.removeprefix(f"{base}/") if base else p): (p, data)
+                    for p, data in sources.items() if p != source}
+        module = ModuleType(name)
+        module.__file__ = shown
+        with _serving(includes, name):
+            try:
+                exec(compile(sources[source], shown, "exec"), module.__dict__)
+            except SyntaxError as exc:
+                raise ModelSourceError(
+                    f"{shown}: syntax error at line {exc.lineno}: {exc.msg}"
+                ) from exc
+            except BaseException as exc:
+                raise ModelSourceError(f"{shown}: import failed: {describe(exc)}") from exc
+        sys.modules[name] = module
+        return module
+
+
+@contextmanager
+def _serving(includes: Mapping[str, tuple[str, bytes]], owner: str) -> Iterator[None]:
+    """Expose include modules by plain name during import, then re-home them under owner."""
+    if not includes:
+        yield
+        return
+    shadowed = {n: sys.modules.pop(n) for n in list(sys.modules) if _is_include(n, includes)}
+    finder = _MemoryFinder(includes)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for module_name in [n for n in list(sys.modules) if _is_include(n, includes)]:
+            sys.modules[f"{owner}.{module_name}"] = sys.modules.pop(module_name)
+        sys.modules.update(shadowed)
+
+
+def _is_include(name: str, includes: Mapping[str, Any]) -> bool:
+    return name in includes or any(name.startswith(n + ".") for n in includes)
+
+
+def check_entry_named(entry: str, sources: Mapping[str, bytes], shown: str) -> None:
+    """Refuse, before running anything, an entry whose name appears in none of the sources.
+
+    A cheap textual test (no import, no parse): a factory the module can define names itself.
+    """
+    pattern = re.compile(rb"\b" + re.escape(entry.encode()) + rb"\b")
+    if not any(pattern.search(data) for data in sources.values()):
+        raise ModelSourceError(
+            f"{shown} never mentions the entry {entry}(): the manifest names a factory the "
+            "source does not define; rebuild the artifact (or pass the right --entry)"
+        )
+
+
+def entry_function(module: ModuleType, entry: str, shown: str) -> Any:
+    factory = getattr(module, entry, None)
+    if factory is None:
+        raise ModelSourceError(
+            f"{shown} defines no {entry}(); define `def {entry}(**config) -> torch.nn.Module` "
+            "or pass --entry NAME"
+        )
+    if not callable(factory):
+        raise ModelSourceError(f"{shown}: {entry} is not callable")
+    return factory
+
+
+def accepts_device(factory: Any) -> bool:
+    """Whether the factory takes a ``device`` argument (then the target device is passed)."""
+    try:
+        return "device" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str,
+                 device: str | None) -> Any:
+    """Call the entry with the recorded config (+ device when it accepts one)."""
+    import torch
+
+    kwargs = dict(config)
+    if device is not None and accepts_device(factory) and "device" not in kwargs:
+        kwargs["device"] = device
+    try:
+        model = factory(**kwargs)
+    except BaseException as exc:
+        raise ModelSourceError(f"{shown}: {entry}(**config) failed: {describe(exc)}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise ModelSourceError(
+            f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module"
+        )
+    return model
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the exception and where in the user's code it came from."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        filename = os.path.abspath(frame.filename)
+        if not filename.startswith(_PACKAGE_DIR) and "site-packages" not in filename:
+            where = f" (at {frame.filename}:{frame.lineno})"
+            break
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"

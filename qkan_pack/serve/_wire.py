@@ -1,0 +1,196 @@
+"""The wire format of ``qkan-pack serve``: request bodies and handle arguments in, outputs out.
+
+Parsing says what is malformed (``MalformedRequestError``, HTTP 400); fitting converts a parsed
+input to the artifact's dtype or says why it cannot (``InputError``, HTTP 422). Tensors travel
+as nested JSON lists or as ``{"b64", "dtype", "shape"}`` objects in little-endian order
+(bfloat16 as its raw 16 bits). numpy only at import; torch is imported where a tensor is made.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError, MalformedRequestError, QkanPackError, ShapeSpecError
+from ..format import DTYPES, MAX_RANK, Signature, check_dtype, loads_strict
+
+if TYPE_CHECKING:
+    import torch
+
+ENCODINGS = ("list", "base64")
+_B64_KEYS = frozenset({"b64", "dtype", "shape"})
+_REQUEST_KEYS = frozenset({"inputs", "encoding"})
+
+
+
+@dataclass(frozen=True)
+class Given:
+    """One input as sent: an array, and its declared dtype (None: JSON numbers, inferred)."""
+
+    array: Any
+    dtype: str | None
+
+
+def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], str]:
+    """JSON body -> ({input name: Given}, reply encoding); raises MalformedRequestError."""
+    try:
+        request = loads_strict(body)
+    except QkanPackError as exc:
+        raise MalformedRequestError(f"request body is not valid JSON ({exc}); send "
+                                    '{"inputs": [[...]]}') from None
+    if not isinstance(request, dict) or "inputs" not in request:
+        raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
+                                    '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
+    unknown = sorted(set(request) - _REQUEST_KEYS)
+    if unknown:
+        raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(_REQUEST_KEYS)}")
+    encoding = request.get("encoding", "list")
+    if encoding not in ENCODINGS:
+        raise MalformedRequestError(f"encoding {encoding!r} is not one of {list(ENCODINGS)}")
+    inputs = request["inputs"]
+    if isinstance(inputs, dict) and not (set(inputs) <= _B64_KEYS and "b64" in inputs):
+        return {name: parse_tensor(value, f"inputs.{name}") for name, value in inputs.items()}, encoding
+    if len(names) != 1:
+        raise MalformedRequestError(f"this artifact takes {len(names)} inputs; send "
+                                    f'"inputs" as an object keyed by {list(names)}')
+    return {names[0]: parse_tensor(inputs, "inputs")}, encoding
+
+
+def parse_tensor(value: Any, where: str) -> Given:
+    """Nested lists of numbers, or a ``{"b64", "dtype", "shape"}`` object."""
+    if isinstance(value, dict):
+        return _parse_b64(value, where)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise MalformedRequestError(f"{where} is not a rectangular nested list of numbers: "
+                                    f"{' '.join(str(exc).split())[:160]}") from None
+    if array.dtype.kind not in "biuf":
+        raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested lists "
+                                    "of one depth everywhere")
+    return Given(array, None)
+
+
+def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
+    if set(value) != _B64_KEYS:
+        raise MalformedRequestError(f"{where}: a base64 tensor has exactly the keys "
+                                    f'"b64", "dtype", "shape"; got {sorted(value)}')
+    try:
+        dtype = check_dtype(value["dtype"])
+    except ShapeSpecError as exc:
+        raise MalformedRequestError(f"{where}.dtype: {exc}") from None
+    shape = value["shape"]
+    if (not isinstance(shape, list) or len(shape) > MAX_RANK
+            or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
+        raise MalformedRequestError(f"{where}.shape must be a list of at most {MAX_RANK} "
+                                    "non-negative integers")
+    try:
+        raw = base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, TypeError, ValueError) as exc:
+        raise MalformedRequestError(f"{where}.b64 is not base64 text: {exc}") from None
+    wire = np.dtype(DTYPES[dtype].wire)
+    expected = math.prod(shape) * wire.itemsize
+    if len(raw) != expected:
+        raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
+                                    f"the base64 holds {len(raw)}")
+    return Given(np.frombuffer(raw, wire).reshape(shape), dtype)
+
+
+def given_from_python(value: Any, where: str) -> Given:
+    """A handle argument: numpy array, torch tensor (declared dtype), or nested lists."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.name not in DTYPES:
+            raise InputError(f"{where}: numpy dtype {value.dtype} is not supported")
+        return Given(value, value.dtype.name)
+    if is_tensor(value):
+        from ..runtime import dtype_name
+
+        return Given(value, dtype_name(value.dtype))
+    return parse_tensor(value, where)
+
+
+def is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def encode_outputs(tree: Any, encoding: str) -> Any:
+    """Outputs (tensors in tuples/lists/dicts) as JSON-ready nested lists or base64 objects
+    (tuples are JSON arrays)."""
+    from ..runtime import map_leaves
+
+    return map_leaves(lambda t: _encode_tensor(t, encoding), tree)
+
+
+def _encode_tensor(tensor: torch.Tensor, encoding: str) -> Any:
+    from ..runtime import dtype_name
+
+    dtype = dtype_name(tensor.dtype)
+    tensor = tensor.detach().cpu()
+    if encoding == "list":
+        return (tensor.float() if dtype == "bfloat16" else tensor).tolist()
+    data = _wire_array(tensor, dtype)
+    return {"b64": base64.b64encode(data.tobytes()).decode(), "dtype": dtype,
+            "shape": list(tensor.shape)}
+
+
+def _wire_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    """A CPU tensor as a little-endian array; bfloat16 as its raw 16 bits."""
+    if dtype == "bfloat16":
+        return tensor.view(torch_module().int16).numpy().view(np.uint16).astype("<u2", copy=False)
+    return tensor.numpy().astype(DTYPES[dtype].wire, copy=False)
+
+
+def torch_module() -> Any:
+    import torch
+
+    return torch
+
+
+def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> torch.Tensor:
+    """Convert one input to the artifact's dtype; a wrong dtype is an ``InputError``."""
+    torch = torch_module()
+    if is_tensor(given.array):
+        if given.dtype != want:
+            raise InputError(f"input {name!r} has dtype {given.dtype}", accepted=accepted)
+        return given.array.detach().cpu()
+    array = given.array
+    if given.dtype is not None and given.dtype != want:
+        raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
+                         accepted=accepted)
+    if given.dtype is None:
+        array = _fit_numbers(array, name, want, accepted)
+    if want == "bfloat16":
+        bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
+        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array, dtype=np.dtype(DTYPES[want].wire).newbyteorder("=")))
+
+
+def _fit_numbers(array: np.ndarray, name: str, want: str,
+                 accepted: Sequence[Signature]) -> np.ndarray:
+    """JSON numbers -> ``want``: ints and floats for float inputs, ints in range for integer
+    inputs, booleans for bool inputs; bfloat16 comes back as its raw bits."""
+    kind = array.dtype.kind
+    if DTYPES[want].is_float and kind in "iuf":
+        if want != "bfloat16":
+            return array
+        torch = torch_module()
+        values = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
+        return values.view(torch.int16).numpy().view(np.uint16)
+    if want == "bool" and kind == "b":
+        return array
+    if DTYPES[want].kind == "int" and kind in "iu":
+        info = np.iinfo(want)
+        if array.size == 0 or (array.min() >= info.min and array.max() <= info.max):
+            return array
+        raise InputError(f"input {name!r} has values outside the {want} range")
+    sent = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}[kind]
+    raise InputError(f"input {name!r} holds {sent}, which do not convert to {want} exactly",
+                     accepted=accepted)

@@ -1,0 +1,394 @@
+"""Build -> Predictor.load(device="cpu") output parity with eager PyTorch, on fresh inputs.
+
+Every comparison builds the eager model independently (importing the model file itself),
+feeds inputs the build never saw, and requires the same numbers the artifact returns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pickle
+import shutil
+import struct
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import qkan_pack
+from qkan_pack import (
+    ModelSourceError,
+    Predictor,
+    ShapeSpecError,
+    WeightsMismatchError,
+    build,
+    read_artifact,
+)
+from qkan_pack.runtime import content_name
+
+from ..conftest import EXAMPLES, MODELS
+
+TIGHT = {"rtol": 1e-5, "atol": 1e-6}
+_loaded: dict[Path, ModuleType] = {}
+
+
+def model_module(path: Path) -> ModuleType:
+    """Import a model file directly (not through qkan-pack) for an independent eager model."""
+    if path not in _loaded:
+        spec = importlib.util.spec_from_file_location(f"eager_{path.stem}_{len(_loaded)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _loaded[path] = module
+    return _loaded[path]
+
+
+def eager(path: Path, state: dict[str, torch.Tensor] | None = None, **config: Any) -> torch.nn.Module:
+    model = model_module(path).build_model(**config)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+def fresh(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 + seed))
+
+
+def forget_imports(path: Path) -> None:
+    """Drop qkan-pack's cached import of an artifact's sources, so a load imports them again."""
+    artifact = read_artifact(path)
+    info = artifact.manifest.model
+    name = content_name({p: artifact.files[p] for p in (info.source, *info.includes)})
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+def header_keys(data: bytes) -> list[str]:
+    (length,) = struct.unpack("<Q", data[:8])
+    return sorted(k for k in json.loads(data[8:8 + length]) if k != "__metadata__")
+
+
+# ---------------------------------------------------------------------------
+# The two examples
+# ---------------------------------------------------------------------------
+
+
+def test_qkan_mlp_parity_on_fresh_inputs(mlp_artifact: Path) -> None:
+    reference = eager(EXAMPLES / "qkan_mlp.py")
+    with Predictor.load(mlp_artifact, device="cpu") as predictor:
+        assert predictor.report.device == "cpu"
+        for seed, shape in enumerate([(1, 2), (64, 2), (1, 2)]):
+            x = fresh(shape, seed)
+            got = predictor(x)
+            with torch.no_grad():
+                want = reference(x)
+            assert got.shape == want.shape == (shape[0], 2)
+            torch.testing.assert_close(got, want, **TIGHT)
+        assert predictor.report.shapes[0].reference_max_abs <= 1e-5
+
+
+def test_hqkan_gpt_parity_and_tied_head(gpt_artifact: Path) -> None:
+    config = {"block_size": 16, "n_embd": 32, "hidden": 16}
+    reference = eager(EXAMPLES / "hqkan_gpt.py", **config)
+    artifact = read_artifact(gpt_artifact)
+    assert artifact.manifest.model.tied == (("lm_head.weight", "tok_emb.weight"),)
+    assert dict(artifact.manifest.model.config) == config
+    stored = header_keys(artifact.files["weights.safetensors"])
+    assert len([k for k in stored if k in ("lm_head.weight", "tok_emb.weight")]) == 1
+    assert len(stored) == len(reference.state_dict()) - 1  # the tied tensor is stored once
+    with Predictor.load(gpt_artifact) as predictor:
+        model = predictor._model
+        assert model.lm_head.weight is model.tok_emb.weight  # re-tied, not two copies
+        for seed, batch in enumerate([1, 4]):
+            idx = torch.randint(0, 256, (batch, 16), generator=torch.Generator().manual_seed(seed))
+            got = predictor(idx)
+            with torch.no_grad():
+                want = reference(idx)
+            assert got.shape == (batch, 16, 256) and got.dtype == torch.float32
+            torch.testing.assert_close(got, want, **TIGHT)
+        with pytest.raises(qkan_pack.InputError, match="int64"):
+            predictor(torch.zeros(1, 16))
+
+
+# ---------------------------------------------------------------------------
+# qkan's own classes, with trained-looking state from --weights
+# ---------------------------------------------------------------------------
+
+QKAN_CONFIG = {"kind": "qkan", "is_batchnorm": True, "postact_bias_trainable": True}
+
+
+def trained_qkan_state() -> dict[str, torch.Tensor]:
+    """Pruned mask, nonzero postact bias, non-default batch-norm statistics and weights."""
+    g = torch.Generator().manual_seed(7)
+    state = {k: v.clone() for k, v in eager(MODELS / "qkan_classes.py", **QKAN_CONFIG).state_dict().items()}
+    for name, tensor in state.items():
+        if name.endswith(".mask"):
+            tensor.view(-1)[::2] = 0.0  # prune every other edge
+        elif name.endswith("postact_bias"):
+            tensor.copy_(torch.randn(tensor.shape, generator=g) * 0.5)
+        elif name.endswith("running_mean"):
+            tensor.copy_(torch.randn(tensor.shape, generator=g))
+        elif name.endswith("running_var"):
+            tensor.copy_(torch.rand(tensor.shape, generator=g) * 2 + 0.25)
+        elif name.endswith("num_batches_tracked"):
+            tensor.fill_(123)
+        elif tensor.is_floating_point():
+            tensor.add_(torch.randn(tensor.shape, generator=g) * 0.2)
+    return state
+
+
+@pytest.fixture(scope="module")
+def qkan_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    state = trained_qkan_state()
+    root = tmp_path_factory.mktemp("weights")
+    paths = {"safetensors": root / "trained.safetensors", "pt": root / "trained.pt",
+             "pt-wrapped": root / "wrapped.pt"}
+    save_file(state, paths["safetensors"])
+    torch.save(state, paths["pt"])
+    torch.save({"state_dict": state, "epoch": 3}, paths["pt-wrapped"])
+    return paths
+
+
+def test_trained_state_matters() -> None:
+    """Guard for the parity test below: each piece of the trained state changes the output."""
+    x = fresh((16, 2), 3)
+    state = trained_qkan_state()
+    with torch.no_grad():
+        full = eager(MODELS / "qkan_classes.py", state, **QKAN_CONFIG)(x)
+        for piece in ("mask", "postact_bias", "running_mean", "running_var"):
+            undone = dict(state)
+            default = eager(MODELS / "qkan_classes.py", **QKAN_CONFIG).state_dict()
+            for name in state:
+                if name.endswith(piece):
+                    undone[name] = default[name]
+            other = eager(MODELS / "qkan_classes.py", undone, **QKAN_CONFIG)(x)
+            assert (other - full).abs().max() > 1e-3, piece
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "pt", "pt-wrapped"])
+def test_qkan_trained_state_round_trip(tmp_path: Path, qkan_weights: dict[str, Path],
+                                       kind: str) -> None:
+    result = build(MODELS / "qkan_classes.py", "1x2,16x2", output=tmp_path / "qkan",
+                   config=QKAN_CONFIG, weights=qkan_weights[kind])
+    reference = eager(MODELS / "qkan_classes.py", trained_qkan_state(), **QKAN_CONFIG)
+    with Predictor.load(result.path) as predictor:
+        state = predictor._model.state_dict()
+        for name, tensor in trained_qkan_state().items():
+            assert torch.equal(state[name], tensor), name
+        for seed, batch in enumerate([1, 16, 16]):
+            x = fresh((batch, 2), seed)
+            with torch.no_grad():
+                torch.testing.assert_close(predictor(x), reference(x), **TIGHT)
+
+
+@pytest.mark.parametrize("kind", ["kan", "fourier"])
+def test_kan_classes_round_trip(tmp_path: Path, kind: str) -> None:
+    base = eager(MODELS / "qkan_classes.py", kind=kind)
+    g = torch.Generator().manual_seed(11)
+    state = {k: v + 0.1 * torch.randn(v.shape, generator=g) if v.requires_grad else v.clone()
+             for k, v in base.state_dict(keep_vars=True).items()}
+    state = {k: v.detach() for k, v in state.items()}
+    weights = tmp_path / "w.safetensors"
+    save_file(state, weights)
+    result = build(MODELS / "qkan_classes.py", "1x2,8x2", output=tmp_path / kind,
+                   config={"kind": kind}, weights=weights)
+    reference = eager(MODELS / "qkan_classes.py", state, kind=kind)
+    with Predictor.load(result.path) as predictor:
+        for seed, batch in enumerate([1, 8]):
+            x = fresh((batch, 2), seed).clamp(-0.99, 0.99)
+            with torch.no_grad():
+                want = reference(x)
+                assert (want - base(x)).abs().max() > 1e-4  # the weights really changed it
+            torch.testing.assert_close(predictor(x), want, **TIGHT)
+
+
+# ---------------------------------------------------------------------------
+# Several inputs, structured outputs, includes (Python API)
+# ---------------------------------------------------------------------------
+
+
+def test_multi_input_structured_outputs(tmp_path: Path) -> None:
+    shapes = [{"a": (2, 3), "b": (2, 4)}, {"a": (5, 3), "b": (5, 4)}]
+    result = build(MODELS / "multi_io.py", shapes, output=tmp_path / "multi", dtype={"b": "int64"})
+    manifest = result.manifest
+    assert [(d.name, d.dtype) for d in manifest.inputs] == [("a", "float32"), ("b", "int64")]
+    assert manifest.shapes[1].inputs == (("a", (5, 3)), ("b", (5, 4)))
+    assert manifest.shapes[0].outputs.label == (
+        "{y: 2x3 float32, parts: (2 float32, [2x3 float32, 2x4 int64])}")
+    reference = eager(MODELS / "multi_io.py")
+    with Predictor.load(result.path) as predictor:
+        for seed, batch in enumerate([2, 5]):
+            g = torch.Generator().manual_seed(seed)
+            a, b = torch.randn(batch, 3, generator=g), torch.randint(0, 8, (batch, 4), generator=g)
+            with torch.no_grad():
+                want = reference(a, b)
+            for got in (predictor(a, b), predictor(b=b, a=a), predictor(a, b=b)):
+                assert isinstance(got, dict) and list(got) == ["y", "parts"]
+                assert isinstance(got["parts"], tuple) and isinstance(got["parts"][1], list)
+                torch.testing.assert_close(got, want, **TIGHT)
+            assert got["parts"][1][1].dtype == torch.int64
+        with pytest.raises(qkan_pack.InputError, match="a: 2x3 float32, b: 2x4 int64"):
+            predictor(torch.randn(2, 3), torch.randn(2, 4))
+
+
+def test_single_input_shapes_as_python_lists(tmp_path: Path) -> None:
+    result = build(EXAMPLES / "qkan_mlp.py", [(1, 2), [3, 2]], output=tmp_path / "m")
+    assert [e.inputs for e in result.manifest.shapes] == [(("x", (1, 2)),), (("x", (3, 2)),)]
+
+
+@pytest.mark.parametrize(("shapes", "dtype", "says"), [
+    ([{"a": (2, 3), "b": (2, 4)}, {"b": (5, 4), "a": (5, 3)}], "float32", "same order"),
+    ([{"a": (2, 3), "b": (2, 4)}], {"c": "int64"}, "unknown inputs"),
+    ([{"a": (2, 0), "b": (2, 4)}], "float32", "positive"),
+    ([{"a": (2, 3), "b": (2, 4)}, {"a": (2, 3), "b": (2, 4)}], "float32", "twice"),
+    ([], "float32", "at least one"),
+    ([{"a": (2, 3), "b": (2, 4)}], {"b": "int65"}, "unknown dtype"),
+])
+def test_python_api_shape_errors(tmp_path: Path, shapes: Any, dtype: Any, says: str) -> None:
+    with pytest.raises(ShapeSpecError, match=says):
+        build(MODELS / "multi_io.py", shapes, output=tmp_path / "x", dtype=dtype)
+    assert not (tmp_path / "x").exists()
+
+
+def test_include_helper_is_served_from_the_artifact(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("with_include.py", "tiny_helper.py"):
+        shutil.copy(MODELS / name, src / name)
+    with pytest.raises(ModelSourceError, match=r"with_include\.py.*tiny_helper"):
+        build(src / "with_include.py", "1x2,3x2", output=tmp_path / "no_include")
+    result = build(src / "with_include.py", "1x2,3x2", output=tmp_path / "art",
+                   includes=["tiny_helper.py"])
+    assert result.manifest.model.includes == ("source/tiny_helper.py",)
+    shutil.rmtree(src)  # the artifact alone must be enough
+    forget_imports(result.path)
+    mine = ModuleType("tiny_helper")  # a user module of the same name stays untouched
+    sys.modules["tiny_helper"] = mine
+    try:
+        with Predictor.load(result.path) as predictor:
+            x = fresh((3, 2), 0)
+            torch.manual_seed(0)
+            linear = torch.nn.Linear(2, 2)
+            with torch.no_grad():
+                torch.testing.assert_close(predictor(x), torch.tanh(linear(x)) * 3.0, **TIGHT)
+        assert sys.modules["tiny_helper"] is mine
+    finally:
+        sys.modules.pop("tiny_helper", None)
+
+
+def test_include_outside_the_model_directory_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "helper.py").write_text("X = 1\n")
+    with pytest.raises(ModelSourceError, match="outside"):
+        build(MODELS / "with_include.py", "1x2", output=tmp_path / "a",
+              includes=[tmp_path / "elsewhere" / "helper.py"])
+    with pytest.raises(ModelSourceError, match=r"not a \.py file"):
+        build(MODELS / "with_include.py", "1x2", output=tmp_path / "a", includes=["absent.py"])
+
+
+# ---------------------------------------------------------------------------
+# Strict weights
+# ---------------------------------------------------------------------------
+
+STRICT_MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 3)
+            self.register_buffer("scale", torch.ones(3))
+
+        def forward(self, x):
+            return self.linear(x) * self.scale
+
+    def build_model():
+        torch.manual_seed(0)
+        return Net()
+''')
+
+
+@pytest.fixture
+def strict_model(tmp_path: Path) -> Path:
+    path = tmp_path / "strict_model.py"
+    path.write_text(STRICT_MODEL)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_every_weight_mismatch_is_listed(tmp_path: Path, strict_model: Path, fmt: str) -> None:
+    state = {
+        "linear.weight": torch.zeros(3, 3),           # mis-shaped
+        "scale": torch.ones(3, dtype=torch.float64),  # mis-typed (never silently cast)
+        "extra.weight": torch.zeros(1),               # unexpected
+    }                                                 # linear.bias missing
+    weights = tmp_path / f"w.{fmt}"
+    save_file(state, weights) if fmt == "safetensors" else torch.save(state, weights)
+    with pytest.raises(WeightsMismatchError) as info:
+        build(strict_model, "1x2", output=tmp_path / "a", weights=weights)
+    message = str(info.value)
+    assert str(weights) in message
+    assert "missing: linear.bias" in message
+    assert "unexpected: extra.weight" in message
+    assert "shape of linear.weight: model has (3, 2), weights have (3, 3)" in message
+    assert "dtype of scale: model has torch.float32, weights have torch.float64" in message
+    assert not (tmp_path / "a").exists()
+
+
+def test_fitting_weights_are_used(tmp_path: Path, strict_model: Path) -> None:
+    state = {"linear.weight": torch.full((3, 2), 0.5), "linear.bias": torch.tensor([1., 2., 3.]),
+             "scale": torch.tensor([1., -1., 2.])}
+    weights = tmp_path / "w.safetensors"
+    save_file(state, weights)
+    result = build(strict_model, "1x2", output=tmp_path / "a", weights=weights)
+    with Predictor.load(result.path) as predictor:
+        x = torch.tensor([[1.0, 3.0]])
+        torch.testing.assert_close(predictor(x), torch.tensor([[3.0, -4.0, 10.0]]))
+
+
+class _Boom:
+    def __reduce__(self) -> tuple:
+        return (exec, ("import pathlib; pathlib.Path(__import__('os').environ['BOOM']).touch()",))
+
+
+def test_pickle_payload_in_weights_is_never_run(tmp_path: Path, strict_model: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    boom = tmp_path / "boom"
+    monkeypatch.setenv("BOOM", str(boom))
+    weights = tmp_path / "evil.pt"
+    weights.write_bytes(pickle.dumps({"linear.weight": _Boom()}, protocol=2))
+    with pytest.raises(WeightsMismatchError, match="weights_only=True"):
+        build(strict_model, "1x2", output=tmp_path / "a", weights=weights)
+    assert not boom.exists()
+
+
+@pytest.mark.parametrize("payload", [[torch.zeros(1)], {"a": 1}, {1: torch.zeros(1)}, "text"])
+def test_non_state_dict_checkpoints_refused(tmp_path: Path, strict_model: Path, payload: Any) -> None:
+    weights = tmp_path / "odd.pt"
+    torch.save(payload, weights)
+    with pytest.raises(WeightsMismatchError, match="not a state dict"):
+        build(strict_model, "1x2", output=tmp_path / "a", weights=weights)
+
+
+def test_corrupt_weights_files_refused(tmp_path: Path, strict_model: Path) -> None:
+    for name, data in {"bad.safetensors": b"\x00" * 4, "bad.pt": b"not a zip"}.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(qkan_pack.QkanPackError):
+            build(strict_model, "1x2", output=tmp_path / "a", weights=tmp_path / name)
+
+
+def test_tied_weights_that_disagree_refused(tmp_path: Path, gpt_artifact: Path) -> None:
+    config = {"block_size": 16, "n_embd": 32, "hidden": 16}
+    state = {k: v.clone() for k, v in eager(EXAMPLES / "hqkan_gpt.py", **config).state_dict().items()}
+    state["lm_head.weight"] += 1.0
+    weights = tmp_path / "untied.safetensors"
+    save_file(state, weights)
+    with pytest.raises(WeightsMismatchError, match="tied"):
+        build(EXAMPLES / "hqkan_gpt.py", "1x16", dtype="int64", config=config,
+              output=tmp_path / "a", weights=weights)

@@ -1,0 +1,378 @@
+"""The torch-free description layer: shape grammar, dtype names, --config, manifest JSON."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from qkan_pack import FORMAT_VERSION, IncompatibleArtifactError, ManifestError, ShapeSpecError
+from qkan_pack.format import (
+    MAX_DIM,
+    MAX_MANIFEST_BYTES,
+    MAX_RANK,
+    MAX_SHAPES,
+    CapturePolicy,
+    FileEntry,
+    InputDecl,
+    KernelSet,
+    Manifest,
+    ModelInfo,
+    OutputNode,
+    ShapeEntry,
+    TensorSpec,
+    check_dtype,
+    dumps_manifest,
+    loads_strict,
+    manifest_to_dict,
+    parse_config_items,
+    parse_manifest,
+    parse_shape,
+    parse_shapes,
+)
+
+SHA = "ab" * 32
+
+
+def sample_manifest() -> Manifest:
+    """A valid manifest with two inputs, nested outputs, includes, tied weights and kernels."""
+    leaf = OutputNode("tensor", tensor=TensorSpec((2, 3), "float32"))
+    outputs = OutputNode("dict", keys=("y", "parts"), items=(
+        leaf,
+        OutputNode("tuple", items=(OutputNode("tensor", tensor=TensorSpec((2,), "float32")),
+                                   OutputNode("list", items=(leaf,)))),
+    ))
+    files = {name: FileEntry(size=10, sha256=SHA) for name in (
+        "source/model.py", "source/helper.py", "weights.safetensors",
+        "references/shape-000.safetensors", "references/shape-001.safetensors", "kernels/k/a.bin")}
+    return Manifest(
+        producer={"qkan_pack": "0.1.0", "torch": "2.13.0", "qkan": None, "python": "3.11.7"},
+        model=ModelInfo(source="source/model.py", entry="build_model",
+                        config={"width": [2, 3], "solver": "exact", "scale": 0.5},
+                        includes=("source/helper.py",), parameters=42,
+                        tied=(("head.weight", "emb.weight"),), device_argument=True),
+        inputs=(InputDecl("a", "float32"), InputDecl("b", "int64")),
+        shapes=(
+            ShapeEntry((("a", (2, 3)), ("b", (2, 4))), outputs, "references/shape-000.safetensors"),
+            ShapeEntry((("a", (8, 3)), ("b", (8, 4))), outputs, "references/shape-001.safetensors"),
+        ),
+        capture=CapturePolicy("submodules", ("QKANLayer",)),
+        files=files,
+        created="2025-01-01T00:00:00+00:00",
+        kernels=(KernelSet("sm90-triton", "kernels/k", {"triton": "3.4"}),),
+    )
+
+
+def sample_dict() -> dict[str, Any]:
+    return manifest_to_dict(sample_manifest())
+
+
+def encode(raw: dict[str, Any]) -> bytes:
+    return json.dumps(raw).encode()
+
+
+# ---------------------------------------------------------------------------
+# Shape grammar
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1x128,8x128", [(1, 128), (8, 128)]),
+    ("8X128", [(8, 128)]),
+    (" 1 x 2 , 4 x 2 ", [(1, 2), (4, 2)]),
+    ("7", [(7,)]),
+    ("1x2x3x4x5x6x7x8", [(1, 2, 3, 4, 5, 6, 7, 8)]),
+    ("007x2", [(7, 2)]),
+    (f"{MAX_DIM}", [(MAX_DIM,)]),
+])
+def test_parse_shapes_accepts(text: str, expected: list[tuple[int, ...]]) -> None:
+    assert parse_shapes(text) == expected
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("1x0", "positive"),
+    ("0", "positive"),
+    ("-1x2", "bad dimension"),
+    ("1.5x2", "bad dimension"),
+    ("axb", "bad dimension"),
+    ("1x", "bad dimension"),
+    ("x2", "bad dimension"),
+    ("1x2,", "empty shape"),
+    ("1x2,,4x2", "empty shape"),
+    ("1*2", "bad dimension"),
+    ("1x2;4x2", "bad dimension"),
+    ("１x2", "bad dimension"),  # full-width digit: not ASCII
+    ("1x2,4x2x1", "mix ranks"),
+    ("1x2,1x2", "listed twice"),
+    ("1x2x3x4x5x6x7x8x9", f"at most {MAX_RANK}"),
+    (f"{MAX_DIM + 1}", "exceeds"),
+    ("9" * 5000, "exceeds"),  # would hit int()'s 4300-digit limit: still a ShapeSpecError
+])
+def test_parse_shapes_refuses_with_reason(text: str, says: str) -> None:
+    with pytest.raises(ShapeSpecError, match=says):
+        parse_shapes(text)
+
+
+def test_parse_shapes_caps_count() -> None:
+    text = ",".join(f"{i}x2" for i in range(1, MAX_SHAPES + 2))
+    with pytest.raises(ShapeSpecError, match=f"at most {MAX_SHAPES}"):
+        parse_shapes(text)
+    assert len(parse_shapes(",".join(f"{i}x2" for i in range(1, MAX_SHAPES + 1)))) == MAX_SHAPES
+
+
+@pytest.mark.parametrize("value", [None, 12, b"1x2", ["1x2"]])
+def test_parse_shape_refuses_non_text(value: Any) -> None:
+    with pytest.raises(ShapeSpecError):
+        parse_shape(value)
+    with pytest.raises(ShapeSpecError):
+        parse_shapes(value)
+
+
+def test_shape_spec_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse_shapes("nope")
+
+
+# ---------------------------------------------------------------------------
+# dtype names and --config
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "canonical"), [
+    ("float32", "float32"), ("float", "float32"), ("torch.float32", "float32"),
+    (" Float32 ", "float32"), ("half", "float16"), ("double", "float64"), ("long", "int64"),
+    ("int", "int32"), ("bfloat16", "bfloat16"), ("uint8", "uint8"), ("bool", "bool"),
+    ("int64", "int64"),
+])
+def test_check_dtype_canonical(name: str, canonical: str) -> None:
+    assert check_dtype(name) == canonical
+
+
+@pytest.mark.parametrize("name", ["", "float128", "complex64", "f32", "torch.", "int 64", None, 32])
+def test_check_dtype_refuses_and_lists_choices(name: Any) -> None:
+    with pytest.raises(ShapeSpecError) as info:
+        check_dtype(name)
+    if isinstance(name, str):
+        assert "float32" in str(info.value) and "int64" in str(info.value)
+
+
+def test_parse_config_items_json_else_text() -> None:
+    config = parse_config_items([
+        "width=[64,64]", "reps=3", "solver=exact", "scale=0.5", "flag=true", "none=null",
+        "nested={\"a\": [1, 2]}", "text=\"quoted\"", "empty=", "eq=a=b", " spaced = 7",
+    ])
+    assert config == {
+        "width": [64, 64], "reps": 3, "solver": "exact", "scale": 0.5, "flag": True,
+        "none": None, "nested": {"a": [1, 2]}, "text": "quoted", "empty": "", "eq": "a=b",
+        "spaced": 7,
+    }
+
+
+@pytest.mark.parametrize(("items", "says"), [
+    (["novalue"], "KEY=VALUE"),
+    (["=3"], "KEY=VALUE"),
+    (["1x=3"], "identifier"),
+    (["a-b=3"], "identifier"),
+    (["a=1", "a=2"], "twice"),
+])
+def test_parse_config_items_refuses(items: list[str], says: str) -> None:
+    with pytest.raises(ShapeSpecError, match=says):
+        parse_config_items(items)
+
+
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e999", "{\"a\": 1, \"a\": 2}"])
+def test_config_values_that_json_would_mangle_stay_text(raw: str) -> None:
+    """Non-finite numbers and duplicate keys could not round-trip through the manifest."""
+    assert parse_config_items([f"x={raw}"]) == {"x": raw}
+
+
+# ---------------------------------------------------------------------------
+# Manifest JSON
+# ---------------------------------------------------------------------------
+
+
+def test_manifest_round_trip_is_exact() -> None:
+    manifest = sample_manifest()
+    data = dumps_manifest(manifest)
+    parsed = parse_manifest(data)
+    assert parsed == manifest
+    assert dumps_manifest(parsed) == data
+    assert parse_manifest(data.decode()) == manifest  # text as well as bytes
+    assert parsed.input_names == ("a", "b")
+    assert parsed.input_dtype("b") == "int64"
+    assert dict(parsed.shapes[1].inputs)["a"] == (8, 3)
+    assert [leaf.shape for leaf in parsed.shapes[0].outputs.leaves()] == [(2, 3), (2,), (2, 3)]
+    assert parsed.shapes[0].label == "a:2x3,b:2x4"
+    assert parsed.shapes[0].outputs.label == "{y: 2x3 float32, parts: (2 float32, [2x3 float32])}"
+
+
+def test_manifest_optional_fields_default() -> None:
+    raw = sample_dict()
+    for key in ("created", "reference_device", "kernels"):
+        del raw[key]
+    for key in ("includes", "config", "device_argument", "parameters", "tied"):
+        del raw["model"][key]
+    raw["files"].pop("source/helper.py")
+    parsed = parse_manifest(encode(raw))
+    assert parsed.reference_device == "cpu"
+    assert parsed.kernels == () and parsed.model.includes == () and parsed.model.config == {}
+
+
+def test_duplicate_json_keys_refused() -> None:
+    data = dumps_manifest(sample_manifest()).decode()
+    doubled = data.replace('"format_version": 1,', '"format_version": 1, "format_version": 1,', 1)
+    assert doubled != data
+    with pytest.raises(ManifestError, match="duplicate JSON key 'format_version'"):
+        parse_manifest(doubled)
+    nested = data.replace('"entry": "build_model",', '"entry": "build_model", "entry": "evil",', 1)
+    with pytest.raises(ManifestError, match="duplicate JSON key 'entry'"):
+        parse_manifest(nested)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+def test_non_finite_numbers_refused(constant: str) -> None:
+    data = dumps_manifest(sample_manifest()).decode().replace('"scale": 0.5', f'"scale": {constant}')
+    with pytest.raises(ManifestError):
+        parse_manifest(data)
+    with pytest.raises(ManifestError):
+        loads_strict(constant)
+
+
+def test_oversize_manifest_refused() -> None:
+    data = dumps_manifest(sample_manifest())
+    padded = data[:-2] + b" " * (MAX_MANIFEST_BYTES + 1 - len(data)) + data[-2:]
+    assert len(padded) > MAX_MANIFEST_BYTES
+    with pytest.raises(ManifestError, match="limit"):
+        parse_manifest(padded)
+    fits = data[:-2] + b" " * (MAX_MANIFEST_BYTES - len(data)) + data[-2:]
+    assert parse_manifest(fits) == sample_manifest()
+
+
+def test_newer_format_version_says_upgrade() -> None:
+    raw = sample_dict()
+    raw["format_version"] = FORMAT_VERSION + 1
+    with pytest.raises(IncompatibleArtifactError, match="upgrade qkan-pack"):
+        parse_manifest(encode(raw))
+    raw["format_version"] = 10**6
+    with pytest.raises(IncompatibleArtifactError, match="upgrade qkan-pack"):
+        parse_manifest(encode(raw))
+
+
+@pytest.mark.parametrize("version", [0, -1, "1", 1.0, True, None])
+def test_invalid_format_versions_refused(version: Any) -> None:
+    raw = sample_dict()
+    raw["format_version"] = version
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(encode(raw))
+    assert not isinstance(info.value, IncompatibleArtifactError)
+
+
+def test_other_format_name_refused() -> None:
+    raw = sample_dict()
+    raw["format"] = "skops"
+    with pytest.raises(ManifestError, match="not a qkan-pack manifest"):
+        parse_manifest(encode(raw))
+
+
+BAD_PATHS = ["../evil.py", "source/../../evil.py", "/etc/passwd", "source\\model.py",
+             "C:\\model.py", "source//model.py", "./model.py", "source/./model.py", "", "a\x00b",
+             "x" * 300]
+
+
+@pytest.mark.parametrize("path", BAD_PATHS)
+def test_paths_leaving_the_artifact_refused_everywhere(path: str) -> None:
+    places = {
+        "files": lambda raw: raw["files"].__setitem__(path, {"size": 1, "sha256": SHA}),
+        "source": lambda raw: raw["model"].__setitem__("source", path),
+        "includes": lambda raw: raw["model"].__setitem__("includes", [path]),
+        "reference": lambda raw: raw["shapes"][0].__setitem__("reference", path),
+        "kernels": lambda raw: raw["kernels"][0].__setitem__("directory", path),
+    }
+    for where, edit in places.items():
+        raw = sample_dict()
+        edit(raw)
+        with pytest.raises(ManifestError, match=r"stay inside|not listed"):
+            parse_manifest(encode(raw))
+        assert (path in raw["files"]) == (where == "files")
+
+
+def mutate(path: tuple[Any, ...], value: Any) -> bytes:
+    raw = sample_dict()
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    if value is DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return encode(raw)
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize(("path", "value", "says"), [
+    (("inputs",), [], "inputs is empty"),
+    (("inputs", 1, "name"), "a", "repeats a name"),
+    (("inputs", 0, "name"), "not ok", "not an identifier"),
+    (("inputs", 0, "name"), "a\n", "not an identifier"),
+    (("inputs", 0, "dtype"), "float128", "unknown dtype"),
+    (("shapes",), [], "shapes is empty"),
+    (("shapes", 0, "inputs", "a"), [0, 3], "invalid dimension"),
+    (("shapes", 0, "inputs", "a"), [True, 3], "invalid dimension"),
+    (("shapes", 0, "inputs", "a"), [], "1..8"),
+    (("shapes", 0, "inputs", "a"), [1] * 9, "1..8"),
+    (("shapes", 0, "inputs"), {"a": [2, 3]}, "differ from manifest.inputs"),
+    (("shapes", 1, "inputs"), {"a": [2, 3], "b": [2, 4]}, "same input shapes twice"),
+    (("shapes", 0, "outputs"), {}, "exactly one"),
+    (("shapes", 0, "outputs"), {"set": []}, "unknown output kind"),
+    (("shapes", 0, "outputs"), {"tensor": {"shape": [-1], "dtype": "float32"}}, "invalid"),
+    (("shapes", 0, "outputs"), {"tuple": [1]}, "must be an object"),
+    (("shapes", 0, "reference"), "references/absent.safetensors", "not listed"),
+    (("model", "entry"), "build model", "not a Python identifier"),
+    (("model", "entry"), "os.system", "not a Python identifier"),
+    (("model", "source"), "source/absent.py", "not listed"),
+    (("model", "includes"), [7], "list of paths"),
+    (("model", "tied"), [["a", 1]], "tied"),
+    (("model", "config"), [1], "must be dict"),
+    (("capture", "policy"), "always", "not one of"),
+    (("capture", "submodules"), ["not a class"], "class names"),
+    (("files", "weights.safetensors"), DELETE, "weights.safetensors is not listed"),
+    (("files", "weights.safetensors", "sha256"), "AB" * 32, "64 lowercase hex"),
+    (("files", "weights.safetensors", "sha256"), SHA + "\n", "64 lowercase hex"),
+    (("files", "weights.safetensors", "size"), -1, "negative"),
+    (("files", "weights.safetensors", "size"), 1.5, "integer"),
+    (("producer",), "me", "must be dict"),
+    (("producer", "torch"), 2, "must be str"),
+    (("kernels", 0, "details"), {"triton": [3]}, "text"),
+    (("model",), DELETE, "model is missing"),
+])
+def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, says: str) -> None:
+    with pytest.raises(ManifestError, match=says):
+        parse_manifest(mutate(path, value))
+
+
+def test_deep_output_nesting_refused() -> None:
+    node: dict[str, Any] = {"tensor": {"shape": [2, 3], "dtype": "float32"}}
+    for _ in range(20):
+        node = {"tuple": [node]}
+    with pytest.raises(ManifestError, match="deeper"):
+        parse_manifest(mutate(("shapes", 0, "outputs"), node))
+
+
+@pytest.mark.parametrize("data", [b"", b"[]", b"null", b"\xff\xfe\x00", b"{", b"[" * 100_000,
+                                  b'{"a":' * 100_000])
+def test_garbage_is_a_manifest_error(data: bytes) -> None:
+    with pytest.raises(ManifestError):
+        parse_manifest(data)
+
+
+def test_manifest_dataclasses_are_frozen() -> None:
+    manifest = sample_manifest()
+    with pytest.raises(AttributeError):
+        manifest.format_version = 2  # type: ignore[misc]
+    assert copy.deepcopy(manifest) == manifest

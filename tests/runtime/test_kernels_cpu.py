@@ -1,0 +1,116 @@
+"""Shipped kernel sets without a GPU: relocation, verification, scoping of the cache dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from qkan_pack import ArtifactError
+from qkan_pack.builder import write_artifact
+from qkan_pack.format import KernelSet
+from qkan_pack.runtime import TRITON_CACHE_ENV, read_artifact
+from qkan_pack.runtime._kernels import (
+    _CACHE_PLACEHOLDER,
+    _relocate_group,
+    matching_set,
+    shipped_kernels,
+)
+
+from ..conftest import EXAMPLES
+
+KEY = "sm90-tritonX-torchY-cudaZ-py3-x86_64"
+
+
+def _group(root: str) -> bytes:
+    return json.dumps({"child_paths": {"k.cubin": f"{root}/abc/k.cubin",
+                                       "k.json": f"{root}/abc/k.json"}}).encode()
+
+
+def test_group_index_paths_follow_the_cache() -> None:
+    moved = json.loads(_relocate_group(_group("/tmp/warm-1"), "/tmp/warm-1", "/srv/private"))
+    assert moved["child_paths"] == {"k.cubin": "/srv/private/abc/k.cubin",
+                                    "k.json": "/srv/private/abc/k.json"}
+    assert _relocate_group(b"not json", "/a", "/b") == b"not json"
+
+
+@pytest.fixture
+def with_kernels(tmp_path: Path, mlp_artifact: Path) -> Path:
+    """A copy of the MLP artifact carrying a (fake) kernel set for KEY."""
+    artifact = read_artifact(mlp_artifact)
+    directory = f"kernels/{KEY}"
+    files = dict(artifact.files)
+    files[f"{directory}/abc/k.cubin"] = b"\x7fELF fake cubin"
+    files[f"{directory}/abc/__grp__k.json"] = _group(_CACHE_PLACEHOLDER)
+    manifest = dataclasses.replace(artifact.manifest, kernels=(
+        KernelSet(key=KEY, directory=directory, details={"arch": "sm_90"}),))
+    target = tmp_path / "with_kernels"
+    write_artifact(target, manifest, files)
+    return target
+
+
+def test_kernel_files_are_verified_like_any_other(with_kernels: Path) -> None:
+    assert read_artifact(with_kernels).manifest.kernels[0].key == KEY
+    cubin = with_kernels / "kernels" / KEY / "abc" / "k.cubin"
+    cubin.write_bytes(b"\x7fELF evil cubin")
+    with pytest.raises(ArtifactError, match=r"k\.cubin"):
+        read_artifact(with_kernels)
+
+
+def test_matching_and_mismatching_keys(with_kernels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    artifact = read_artifact(with_kernels)
+    monkeypatch.setattr("qkan_pack.runtime._kernels.kernel_key", lambda index: (KEY, {}))
+    found, note = matching_set(artifact, 0)
+    assert found is not None and "using shipped kernels" in note
+    monkeypatch.setattr("qkan_pack.runtime._kernels.kernel_key", lambda index: ("sm80-other", {}))
+    found, note = matching_set(artifact, 0)
+    assert found is None and "no shipped kernels for sm80-other" in note and KEY in note
+
+
+def test_shipped_kernels_are_private_and_scoped(with_kernels: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRITON_CACHE_ENV, "/users/own/cache")
+    artifact = read_artifact(with_kernels)
+    kernel_set = artifact.manifest.kernels[0]
+    with shipped_kernels(artifact, kernel_set) as counts:
+        private = Path(os.environ[TRITON_CACHE_ENV])
+        assert private != Path("/users/own/cache") and private.is_dir()
+        group = json.loads((private / "abc" / "__grp__k.json").read_text())
+        assert group["child_paths"]["k.cubin"] == f"{private}/abc/k.cubin"
+        assert (private / "abc" / "k.cubin").read_bytes() == b"\x7fELF fake cubin"
+    assert os.environ[TRITON_CACHE_ENV] == "/users/own/cache"
+    assert not private.exists()
+    assert counts == {"shipped": 1, "compiled": 0}
+    assert read_artifact(with_kernels).digest == artifact.digest  # nothing written back
+
+
+def test_warm_without_cuda_is_a_clear_error(mlp_artifact: Path) -> None:
+    from qkan_pack import DeviceError
+    from qkan_pack.builder import warm
+
+    with pytest.raises(DeviceError, match="needs a CUDA GPU"):
+        warm(mlp_artifact, "cuda")
+
+
+def test_build_fixture_is_untouched(mlp_artifact: Path) -> None:
+    assert read_artifact(mlp_artifact).manifest.kernels == ()
+    assert (EXAMPLES / "qkan_mlp.py").exists()
+
+
+def test_runtime_older_than_the_build_host_is_refused(mlp_artifact: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from qkan_pack import IncompatibleArtifactError, Predictor
+
+    compat = sys.modules["qkan_pack.runtime._compat"]
+    real = compat.package_versions()
+    monkeypatch.setattr(compat, "package_versions", lambda: {**real, "qkan": "0.1.0"})
+    with pytest.raises(IncompatibleArtifactError, match=r"upgrade qkan to 0\.2"):
+        Predictor.load(mlp_artifact)
+    monkeypatch.setattr(compat, "package_versions", lambda: {**real, "qkan": "0.2.9"})
+    with Predictor.load(mlp_artifact) as predictor:  # same breaking release: loads
+        assert predictor.report.warnings == []

@@ -1,0 +1,372 @@
+"""Inputs a predictor must refuse (with a message listing what it accepts) or answer with a
+documented result, padding, output ownership and lifetime, on the CPU."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from qkan_pack import DeviceError, InputError, Predictor, build
+
+from ..conftest import MODELS
+
+ACCEPTED = "1x2 float32 | 64x2 float32"
+
+
+@pytest.fixture(scope="module")
+def mlp(mlp_artifact: Path) -> Predictor:
+    with Predictor.load(mlp_artifact) as predictor:
+        yield predictor
+
+
+@pytest.fixture(scope="module")
+def padded(mlp_artifact: Path) -> Predictor:
+    with Predictor.load(mlp_artifact, pad_batch=True) as predictor:
+        yield predictor
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("multi") / "multi"
+    build(MODELS / "multi_io.py", [{"a": (2, 3), "b": (2, 4)}, {"a": (8, 3), "b": (8, 4)}],
+          output=out, dtype={"b": "int64"})
+    return out
+
+
+def eager_rows(predictor: Predictor, x: torch.Tensor) -> torch.Tensor:
+    """Row-by-row reference through the 1x2 shape (QKAN rows are independent)."""
+    return torch.cat([predictor(row.reshape(1, 2).contiguous()) for row in x])
+
+
+# ---------------------------------------------------------------------------
+# Refused inputs: each an InputError that lists the accepted shapes
+# ---------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "rank too low": lambda: torch.randn(2),
+    "rank too high": lambda: torch.randn(1, 1, 2),
+    "0-d tensor": lambda: torch.tensor(1.0),
+    "wrong width": lambda: torch.randn(1, 3),
+    "undeclared batch": lambda: torch.randn(3, 2),
+    "zero-size": lambda: torch.randn(0, 2),
+    "float64": lambda: torch.randn(1, 2, dtype=torch.float64),
+    "float16": lambda: torch.randn(1, 2).half(),
+    "int64": lambda: torch.ones(1, 2, dtype=torch.int64),
+    "complex": lambda: torch.randn(1, 2, dtype=torch.complex64),
+    "bool": lambda: torch.ones(1, 2, dtype=torch.bool),
+    "numpy float64": lambda: np.zeros((1, 2)),
+    "numpy wrong shape": lambda: np.zeros((2, 2), dtype=np.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_lists_what_is_accepted(mlp: Predictor, case: str) -> None:
+    with pytest.raises(InputError) as info:
+        mlp(BAD_INPUTS[case]())
+    assert ACCEPTED in str(info.value)
+
+
+def test_dtype_error_says_how_to_convert(mlp: Predictor) -> None:
+    with pytest.raises(InputError, match=r"has dtype float64.*\.to\(torch\.float32\)"):
+        mlp(torch.randn(1, 2, dtype=torch.float64))
+
+
+def test_zero_d_tensor_is_named(mlp: Predictor) -> None:
+    with pytest.raises(InputError, match="0-d tensor"):
+        mlp(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("value", [[[1.0, 2.0]], None, 1.0, "1x2", np.float32(1.0), (1.0, 2.0)])
+def test_non_tensor_refused(mlp: Predictor, value: Any) -> None:
+    with pytest.raises(InputError, match=r"pass a torch\.Tensor or numpy\.ndarray") as info:
+        mlp(value)
+    assert ACCEPTED in str(info.value)
+
+
+def test_other_device_refused(mlp: Predictor) -> None:
+    """A 'meta' tensor stands in for a tensor on a device the predictor is not on."""
+    with pytest.raises(InputError, match="is on meta, the predictor on cpu"):
+        mlp(torch.empty(1, 2, device="meta"))
+
+
+def test_sparse_refused(mlp: Predictor) -> None:
+    with pytest.raises(InputError, match="dense"):
+        mlp(torch.randn(1, 2).to_sparse())
+
+
+@pytest.mark.parametrize(("args", "kwargs", "says"), [
+    ((), {}, "expected 1 input"),
+    ((torch.randn(1, 2), torch.randn(1, 2)), {}, "expected 1 input"),
+    ((), {"y": torch.randn(1, 2)}, r"unknown input\(s\) \['y'\]"),
+    ((torch.randn(1, 2),), {"x": torch.randn(1, 2)}, "both by position and by name"),
+])
+def test_wrong_number_or_names_of_inputs(mlp: Predictor, args: tuple, kwargs: dict,
+                                         says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        mlp(*args, **kwargs)
+
+
+def test_multi_input_errors(multi: Path) -> None:
+    with Predictor.load(multi) as predictor:
+        a, b = torch.randn(2, 3), torch.randint(0, 8, (2, 4))
+        with pytest.raises(InputError, match=r"missing input\(s\) \['b'\]"):
+            predictor(a=a)
+        with pytest.raises(InputError, match="expected 2 input"):
+            predictor(a)
+        with pytest.raises(InputError, match="input 'b' has dtype float32"):
+            predictor(a, b.float())
+        with pytest.raises(InputError, match=r"2x3, 8x4 is not in the manifest"):
+            predictor(a, torch.randint(0, 8, (8, 4)))
+        torch.testing.assert_close(predictor(a, b), predictor(b=b, a=a))
+
+
+def test_input_error_is_a_value_error(mlp: Predictor) -> None:
+    with pytest.raises(ValueError):
+        mlp(torch.randn(5, 5))
+
+
+# ---------------------------------------------------------------------------
+# Documented results
+# ---------------------------------------------------------------------------
+
+
+def test_keyword_input_equals_positional(mlp: Predictor) -> None:
+    x = torch.randn(1, 2)
+    torch.testing.assert_close(mlp(x=x), mlp(x), rtol=0, atol=0)
+
+
+def test_requires_grad_input_is_read_without_autograd(mlp: Predictor) -> None:
+    x = torch.randn(64, 2, requires_grad=True)
+    out = mlp(x)
+    assert not out.requires_grad and out.grad_fn is None
+    torch.testing.assert_close(out, mlp(x.detach()), rtol=0, atol=0)
+    assert x.grad is None
+
+
+def test_non_contiguous_input_gives_the_contiguous_result(mlp: Predictor) -> None:
+    x = torch.randn(2, 64).t()
+    assert not x.is_contiguous()
+    torch.testing.assert_close(mlp(x), mlp(x.contiguous()), rtol=0, atol=0)
+    strided = torch.randn(64, 4)[:, ::2]
+    torch.testing.assert_close(mlp(strided), mlp(strided.contiguous()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_are_computed_as_given(mlp: Predictor, bad: float) -> None:
+    """No check (it would cost a sync per call): non-finite rows give non-finite outputs,
+    and other rows are unaffected."""
+    x = torch.randn(64, 2)
+    clean = mlp(x)
+    x[5, 0] = bad
+    out = mlp(x)
+    assert not torch.isfinite(out[5]).all()
+    keep = torch.ones(64, dtype=torch.bool)
+    keep[5] = False
+    torch.testing.assert_close(out[keep], clean[keep], rtol=0, atol=0)
+
+
+def test_numpy_in_numpy_out(mlp: Predictor) -> None:
+    x = np.random.default_rng(0).standard_normal((64, 2)).astype(np.float32)
+    out = mlp(x)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (64, 2)
+    np.testing.assert_array_equal(out, mlp(torch.from_numpy(x)).numpy())
+    transposed = np.ascontiguousarray(x.T).T  # non-contiguous view
+    np.testing.assert_array_equal(mlp(transposed), out)
+    swapped = x.astype(">f4")  # big-endian
+    np.testing.assert_array_equal(mlp(swapped), out)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(mlp(frozen), out)
+
+
+def test_numpy_structured_outputs(multi: Path) -> None:
+    with Predictor.load(multi) as predictor:
+        a = np.ones((2, 3), dtype=np.float32)
+        b = np.zeros((2, 4), dtype=np.int64)
+        out = predictor(a, b)
+        assert isinstance(out["y"], np.ndarray) and isinstance(out["parts"][1][1], np.ndarray)
+        assert out["parts"][1][1].dtype == np.int64
+        np.testing.assert_array_equal(out["parts"][1][0], a * 2)
+
+
+# ---------------------------------------------------------------------------
+# Padding (pad_batch=True)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [2, 3, 17, 63])
+def test_smaller_batch_is_padded_and_sliced(padded: Predictor, mlp: Predictor, batch: int) -> None:
+    x = torch.randn(batch, 2)
+    out = padded(x)
+    assert out.shape == (batch, 2)
+    torch.testing.assert_close(out, eager_rows(mlp, x), rtol=1e-5, atol=1e-6)
+
+
+def test_padding_limits(padded: Predictor) -> None:
+    assert "(smaller batches padded)" in padded.accepted()
+    torch.testing.assert_close(padded(torch.ones(64, 2)), padded(torch.ones(64, 2)))
+    with pytest.raises(InputError, match="batches up to 64 are padded"):
+        padded(torch.randn(65, 2))
+    with pytest.raises(InputError, match="cannot be padded"):
+        padded(torch.randn(0, 2))
+    with pytest.raises(InputError, match="cannot be padded"):
+        padded(torch.randn(3, 3))
+    with pytest.raises(InputError, match="cannot be padded"):
+        padded(torch.randn(3))
+
+
+def test_without_pad_batch_smaller_batches_are_refused(mlp: Predictor) -> None:
+    with pytest.raises(InputError, match="not in the manifest"):
+        mlp(torch.randn(3, 2))
+
+
+def test_padding_multi_input_same_batch(multi: Path) -> None:
+    with Predictor.load(multi, pad_batch=True) as predictor, Predictor.load(multi) as exact:
+        a, b = torch.randn(8, 3), torch.randint(0, 8, (8, 4))
+        with pytest.raises(InputError, match="cannot be padded"):
+            predictor(a[:3], b[:4])  # batches disagree
+        with pytest.raises(InputError, match="batches up to 8"):
+            predictor(torch.randn(9, 3), torch.randint(0, 8, (9, 4)))
+        full = exact(a, b)
+        assert full["y"].shape == (8, 3)
+
+
+def test_padding_multi_input_different_widths(multi: Path) -> None:
+    with Predictor.load(multi, pad_batch=True) as predictor, Predictor.load(multi) as exact:
+        a, b = torch.randn(2, 3), torch.randint(0, 8, (2, 4))
+        out = predictor(torch.cat([a, a[:1]]), torch.cat([b, b[:1]]))
+        torch.testing.assert_close(out["y"][:2], exact(a, b)["y"])
+
+
+# ---------------------------------------------------------------------------
+# Output ownership
+# ---------------------------------------------------------------------------
+
+
+def test_outputs_are_never_aliased(tmp_path: Path) -> None:
+    result = build(MODELS / "aliasing.py", "2x2", output=tmp_path / "alias")
+    with Predictor.load(result.path) as predictor:
+        x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        first = predictor(x)
+        same_x = first[0]
+        for out in first:
+            assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        model = predictor._model
+        internal = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        assert not {t.untyped_storage().data_ptr() for t in first} & internal
+        for out in first:
+            out.fill_(99.0)  # a caller scribbling on its results changes nothing inside
+        x.fill_(-1.0)        # nor does reusing its input buffer change held results
+        assert same_x.eq(99.0).all()
+        again = predictor(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        torch.testing.assert_close(again[1], torch.tensor([1.0, 2.0]))
+        torch.testing.assert_close(again[2], torch.tensor([0.5, -0.5]))
+        torch.testing.assert_close(again[4], torch.tensor([[1.5, 3.5], [3.5, 7.5]]))
+
+
+def test_repeated_calls_return_distinct_tensors(mlp: Predictor) -> None:
+    x = torch.randn(1, 2)
+    first, second = mlp(x), mlp(x)
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+    first.zero_()
+    assert second.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------
+# Lifetime and devices
+# ---------------------------------------------------------------------------
+
+
+def test_close_and_context_manager(mlp_artifact: Path) -> None:
+    predictor = Predictor.load(mlp_artifact)
+    assert "ready" in repr(predictor)
+    predictor(torch.randn(1, 2))
+    predictor.close()
+    predictor.close()  # idempotent
+    assert "closed" in repr(predictor)
+    with pytest.raises(InputError, match="closed"):
+        predictor(torch.randn(1, 2))
+    with Predictor.load(mlp_artifact) as managed:
+        managed(torch.randn(1, 2))
+    with pytest.raises(InputError, match="closed"):
+        managed(torch.randn(1, 2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only host behaviour")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7", torch.device("cuda")])
+def test_cuda_on_a_cpu_host_is_a_device_error(mlp_artifact: Path, device: Any) -> None:
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        Predictor.load(mlp_artifact, device=device)
+
+
+@pytest.mark.parametrize("device", ["meta", "tpu", "cuda:x", "", "cpu:zero"])
+def test_unusable_devices_are_device_errors(mlp_artifact: Path, device: str) -> None:
+    with pytest.raises(DeviceError, match="'cpu', 'cuda' or 'cuda:N'"):
+        Predictor.load(mlp_artifact, device=device)
+
+
+def test_load_report_on_cpu(mlp: Predictor) -> None:
+    report = mlp.report
+    assert report.device == "cpu" and report.capture_policy == "eager (no CUDA)"
+    assert [r.label for r in report.shapes] == ["1x2", "64x2"]
+    assert {"verify", "import", "build", "weights"} <= set(report.stages)
+    assert mlp.digest.startswith("sha256:") and len(mlp.digest) == 7 + 64
+    assert "artifact" in str(report)
+
+
+def test_captures_clear_cublas_workspaces_on_entry_and_exit(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The capture session clears torch's cuBLAS workspace cache before (so the capture
+    allocates its own, in the graph pool) and after (so nothing eager shares it), even when
+    the capture fails; without the private hook it does nothing."""
+    from qkan_pack.runtime import _capture as capture
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"),
+                        raising=False)
+    with capture.capture_session():
+        calls.append("capture")
+    assert calls == ["clear", "capture", "clear"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="capture failed"), capture.capture_session():
+        raise RuntimeError("capture failed")
+    assert calls == ["clear", "clear"]
+    monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")
+    capture.clear_cublas_workspaces()  # absent in a future torch: a no-op, not an error
+
+
+def test_capture_sessions_run_one_at_a_time() -> None:
+    """A second thread's session (and its cache clear) waits until the first has finished
+    capturing, so it cannot free a workspace that graph has baked in."""
+    import threading
+
+    from qkan_pack.runtime import _capture as capture
+
+    first_inside, release, second_inside = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with capture.capture_session():
+            first_inside.set()
+            release.wait(10)
+
+    def second() -> None:
+        first_inside.wait(10)
+        with capture.capture_session():
+            second_inside.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    assert first_inside.wait(10)
+    assert not second_inside.wait(0.3), "a second capture session ran during the first"
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert second_inside.is_set()

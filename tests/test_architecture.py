@@ -1,0 +1,169 @@
+"""The architecture as tests: pinned public names per layer, the errors' shape, a serving
+path that imports nothing of the tools, and private modules left private.
+
+The import direction itself (layers, no cycles) is checked by import-linter in CI
+(``lint-imports``, contracts in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import qkan_pack
+from qkan_pack import errors
+
+from .conftest import ROOT
+
+PUBLIC = {
+    "qkan_pack": [
+        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "BenchError", "BuildResult",
+        "CaptureError", "DeviceError", "DigestMismatchError", "IncompatibleArtifactError",
+        "InputError", "KernelCacheError", "LoadOptions", "LoadReport", "MalformedRequestError",
+        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "QkanPackError",
+        "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeightsMismatchError",
+        "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
+    ],
+    "qkan_pack.builder": ["BuildResult", "WarmResult", "build", "forward_input_names",
+                          "random_input", "warm", "write_artifact"],
+    "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app",
+                        "describe_artifact", "encode_outputs", "fit", "parse_request",
+                        "parse_tensor", "row_plan", "serve_forever", "signature_text"],
+    "qkan_pack.bench": ["CPU_NOTE", "LABELS", "SCHEMA", "SKIPPABLE", "VARIANTS", "BenchReport",
+                        "BenchSettings", "ShapeResult", "VariantResult", "render_cold_start",
+                        "render_table", "run_bench", "run_cold_start", "write_json",
+                        "write_plot"],
+}
+#: Layers (top to bottom) and where private modules may be imported from in tests.
+SUBPACKAGES = ("builder", "bench", "serve", "runtime", "format")
+
+
+@pytest.mark.parametrize("package", sorted(PUBLIC))
+def test_public_names_are_pinned(package: str) -> None:
+    module = __import__(package, fromlist=["__all__"])
+    assert sorted(module.__all__) == sorted(PUBLIC[package])
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError):
+        module.not_a_name  # noqa: B018
+
+
+def test_runtime_and_format_export_what_they_list() -> None:
+    import qkan_pack.format as fmt
+    import qkan_pack.runtime as runtime
+
+    for module in (fmt, runtime):
+        assert len(set(module.__all__)) == len(module.__all__)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+        assert not [n for n in module.__all__ if n.startswith("_")]
+    assert dir(qkan_pack) == sorted(PUBLIC["qkan_pack"])
+
+
+def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
+    builtin = {"ShapeSpecError": ValueError, "ManifestError": ValueError, "ArtifactError": OSError,
+               "ModelSourceError": ImportError, "WeightsMismatchError": ValueError,
+               "SelfTestError": RuntimeError, "CaptureError": RuntimeError,
+               "DeviceError": RuntimeError, "KernelCacheError": RuntimeError,
+               "BenchError": RuntimeError, "InputError": ValueError,
+               "MalformedRequestError": errors.InputError,
+               "IncompatibleArtifactError": errors.ManifestError,
+               "DigestMismatchError": errors.ArtifactError}
+    for name, base in builtin.items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name
+    assert sorted(errors.__all__) == sorted([*builtin, "QkanPackError"])
+
+
+ERRORS_WITH_FIELDS = [
+    (errors.InputError("input shape 3x2 is not in the manifest",
+                       accepted=[{"x": ((1, 2), "float32")}, {"x": ((64, 2), "float32")}]),
+     {"accepted": ({"x": ((1, 2), "float32")}, {"x": ((64, 2), "float32")})},
+     "accepted: 1x2 float32 | 64x2 float32"),
+    (errors.CaptureError("RuntimeError: .item() during capture", shape="1x2", module="blocks.0"),
+     {"shape": "1x2", "module": "blocks.0", "op": "RuntimeError: .item() during capture"},
+     "submodule blocks.0 shape 1x2"),
+    (errors.SelfTestError(shape="8x2", compared="a and b", max_abs=0.5, tolerance=(1e-4, 1e-5),
+                          hint="fix it"),
+     {"shape": "8x2", "max_abs": 0.5, "tolerance": (1e-4, 1e-5)}, "differ by up to 0.5"),
+    (errors.WeightsMismatchError(source="w.pt", problems=["missing: a", "unexpected: b"]),
+     {"source": "w.pt", "problems": ("missing: a", "unexpected: b")}, "missing: a"),
+    (errors.DigestMismatchError(path="/a", actual="sha256:aa", expected="sha256:bb"),
+     {"path": "/a", "actual": "sha256:aa", "expected": "sha256:bb"}, "sha256:bb was pinned"),
+]
+
+
+@pytest.mark.parametrize(("error", "fields", "says"), ERRORS_WITH_FIELDS,
+                         ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "")
+def test_errors_carry_their_data_and_survive_pickling(error: Exception, fields: dict,
+                                                      says: str) -> None:
+    """Callers branch on fields; messages are built from them; Ray pickles errors."""
+    for copy in (error, pickle.loads(pickle.dumps(error))):
+        assert type(copy) is type(error)
+        assert str(copy) == str(error) and says in str(copy)
+        for name, value in fields.items():
+            assert getattr(copy, name) == value, name
+
+
+SERVING_PATH = """
+import json, sys
+from qkan_pack import Predictor
+predictor = Predictor.load(sys.argv[1])
+import torch
+predictor(torch.zeros(1, 2))
+ours = sorted(m for m in sys.modules if m.startswith("qkan_pack"))
+others = sorted(m for m in ("click", "matplotlib", "ray") if m in sys.modules)
+print(json.dumps({"ours": ours, "others": others}))
+"""
+
+
+def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path) -> None:
+    """A production process's load imports nothing of builder, bench, serve or cli, and
+    qkan-pack pulls in no click, matplotlib or Ray (qkan itself is the cold-start issue's:
+    it is imported here by the model source, so matplotlib is checked on a plain model)."""
+    from qkan_pack import build
+
+    from .conftest import MODELS
+
+    artifact = build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "plain").path
+    done = subprocess.run([sys.executable, "-c", SERVING_PATH, str(artifact)],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
+    assert layers <= {"errors", "format", "runtime", "_version", "_lazy"}, seen["ours"]
+    assert seen["others"] == []
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_private_modules_are_imported_only_by_their_own_tests() -> None:
+    """Examples, benchmarks and tests use public names; a private module
+    ``qkan_pack.<layer>._x`` is imported only by the tests under ``tests/<layer>/``."""
+    offenders = []
+    for folder in ("tests", "examples", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            relative = path.relative_to(ROOT)
+            for name in _imports(path):
+                parts = name.split(".")
+                if parts[0] != "qkan_pack" or not any(p.startswith("_") and p != "__version__"
+                                                      for p in parts[1:]):
+                    continue
+                own_tests = relative.parts[:2] == ("tests", parts[1])
+                if not own_tests:
+                    offenders.append(f"{relative}: {name}")
+    assert offenders == []
