@@ -201,7 +201,9 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
     lines = [
         f"artifact   {path}",
         f"digest     {digest}   (integrity verified)",
-        f"format     {manifest.format_name} v{manifest.format_version}, created {manifest.created}",
+        f"format     {manifest.format_name} v{manifest.format_version}"
+        + (f", created {manifest.created}" if manifest.created else "")
+        + f"; inputs passed {'by keyword' if manifest.call == 'keyword' else 'positionally'}",
         f"model      {model.source} :: {model.entry}(**{config})",
         f"parameters {model.parameters:,}" + (f"   tied: {list(map(list, model.tied))}"
                                               if model.tied else ""),

@@ -4,9 +4,8 @@ Uses the runtime (source import, weights, output walker) and writes with the ato
 writer; nothing in the serving path imports this package.
 """
 
-from ._build import BuildResult, build, forward_input_names, random_input
+from ._build import BuildResult, build
 from ._warm import WarmResult, warm
 from ._writer import write_artifact
 
-__all__ = ["BuildResult", "WarmResult", "build", "forward_input_names", "random_input", "warm",
-           "write_artifact"]
+__all__ = ["BuildResult", "WarmResult", "build", "warm", "write_artifact"]

@@ -1,11 +1,15 @@
-"""``build()``: import a user's model file, load its weights, record references, write an artifact."""
+"""``build()``: import a user's model file, load its weights, record references, write an artifact.
+
+Builds are reproducible: the same model file content, weights, shapes and options give the
+same artifact digest whatever the directory, time or machine name (nothing time- or
+path-dependent enters the manifest)."""
 
 from __future__ import annotations
 
-import datetime as _dt
-import inspect
+import platform
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,6 @@ import torch
 from ..errors import ModelSourceError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
-    INTEGER_DTYPES,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
@@ -22,38 +25,43 @@ from ..format import (
     InputDecl,
     Manifest,
     ModelInfo,
-    Shape,
     ShapeEntry,
-    check_dtype,
-    format_shape,
-    parse_shapes,
 )
 from ..runtime import (
     accepts_device,
+    bind_forward,
     call_factory,
     check_entry_named,
-    describe,
     describe_output,
     entry_function,
-    flatten,
     import_model_source,
     load_strict,
     package_versions,
     progress_bar,
-    torch_dtype,
 )
+from ._inputs import (
+    EXAMPLE_INPUT_HOOK,
+    DeclaredInputs,
+    ShapesArg,
+    declare_inputs,
+    integer_ranges,
+    reference_inputs,
+)
+from ._packages import model_packages
+from ._references import reference_bytes, run_reference
 from ._weights import read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
-
-ShapesArg = str | Sequence[Sequence[int]] | Sequence[Mapping[str, Sequence[int]]]
-EXAMPLE_INPUT_HOOK = "example_input"
 
 
 @dataclass(frozen=True)
 class BuildResult:
+    """Where the artifact went, its manifest and digest, and notes the user should read
+    (e.g. an integer input whose range could not be inferred)."""
+
     path: Path
     manifest: Manifest
     digest: str
+    notes: tuple[str, ...] = field(default=())
 
 
 def build(
@@ -75,27 +83,61 @@ def build(
 ) -> BuildResult:
     """Package ``model_path`` into an artifact directory and return where it went.
 
-    ``shapes`` is ``"1x128,8x128"``, a list of shapes (one input), or a list of
-    ``{input_name: shape}`` dicts (several inputs, passed to forward in that order).
+    ``shapes`` is ``"1x128,8x128"`` or a list of shapes (one input, passed positionally), or
+    a list of ``{input_name: shape}`` dicts (named inputs, passed to forward by keyword).
     ``dtype`` is one dtype for every input or a ``{input_name: dtype}`` mapping.
     """
     model_path = Path(model_path)
     policy = _capture_policy(capture, submodules)
     user = _load_user_model(model_path, includes, entry, dict(config or {}), weights)
-    names, per_shape = _normalise_shapes(shapes, user.model)
-    dtypes = _normalise_dtypes(dtype, names)
+    declared = declare_inputs(shapes, dtype, user.model)
+    forward = bind_forward(user.model, declared.names, declared.call)
+    hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
+    decls = integer_ranges(declared, forward, user.model, input_range, hook)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    entries = _record_references(user, model_path, per_shape, dtypes, seed, input_range, files,
-                                 progress)
+    entries = _record_references(forward, declared, decls, hook, model_path, seed, files, progress)
     manifest = Manifest(
-        created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        producer=package_versions(), model=user.info(), shapes=tuple(entries),
-        inputs=tuple(InputDecl(name, dtypes[name]) for name in names),
-        capture=policy, files={}, reference_device="cpu",
+        producer=_producer(), model=user.info(), call=declared.call, inputs=tuple(decls),
+        shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
+        reference_precision=torch.get_float32_matmul_precision(),
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
     final, digest = write_artifact(target, manifest, files, force=force)
-    return BuildResult(path=target, manifest=final, digest=digest)
+    notes = tuple(_range_note(d) for d in decls if d.range_source == "default")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
+
+
+def _producer() -> dict[str, Any]:
+    """Versions that shape the references; no host name or kernel release, which would
+    make the same build differ from machine to machine."""
+    versions = package_versions()
+    versions.pop("platform", None)
+    return {**versions, "system": platform.system(), "machine": platform.machine()}
+
+
+def _range_note(decl: InputDecl) -> str:
+    return (f"integer input {decl.name!r}: no embedding reads it directly, so reference values "
+            f"were drawn from [{decl.low:g}, {decl.high:g}); if it takes other values (token "
+            "ids, positions), rebuild with --input-range LOW,HIGH or define example_input() "
+            "in the model file")
+
+
+def _record_references(forward: Any, declared: DeclaredInputs, decls: list[InputDecl],
+                       hook: Any, model_path: Path, seed: int, files: dict[str, bytes],
+                       progress: bool | None) -> list[ShapeEntry]:
+    """Run the model once per declared shape; add each reference file to ``files``."""
+    entries = []
+    for index, shape_map in enumerate(
+        progress_bar(declared.per_shape, desc="reference outputs", enabled=progress)
+    ):
+        reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
+        inputs = reference_inputs(shape_map, decls, seed + index, hook, model_path)
+        outputs = run_reference(forward, inputs, shape_map, model_path)
+        files[reference] = reference_bytes(inputs, outputs)
+        entries.append(ShapeEntry(tuple(shape_map.items()), describe_output(outputs), reference))
+    return entries
 
 
 @dataclass
@@ -118,25 +160,8 @@ class _UserModel:
             entry=self.entry, config=self.config, device_argument=self.device_argument,
             parameters=sum(p.numel() for p in self.model.parameters()),
             tied=tuple(tuple(g) for g in self.tied),
+            packages=model_packages(self.module, self.model),
         )
-
-
-def _record_references(user: _UserModel, model_path: Path, per_shape: list[dict[str, Shape]],
-                       dtypes: Mapping[str, str], seed: int,
-                       input_range: tuple[float, float] | None, files: dict[str, bytes],
-                       progress: bool | None) -> list[ShapeEntry]:
-    """Run the model once per declared shape; add each reference file to ``files``."""
-    entries = []
-    hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
-    for index, shape_map in enumerate(
-        progress_bar(per_shape, desc="reference outputs", enabled=progress)
-    ):
-        reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
-        inputs = _reference_inputs(shape_map, dtypes, seed + index, input_range, hook, model_path)
-        outputs = _run_reference(user.model, inputs, shape_map, model_path)
-        files[reference] = _reference_bytes(inputs, outputs)
-        entries.append(ShapeEntry(tuple(shape_map.items()), describe_output(outputs), reference))
-    return entries
 
 
 def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: str,
@@ -195,137 +220,3 @@ def _expand_include(include: Path, model_path: Path) -> list[Path]:
     if candidate.is_file() and candidate.suffix == ".py":
         return [candidate]
     raise ModelSourceError(f"--include {include} is not a .py file or a directory of them")
-
-
-def _normalise_shapes(shapes: ShapesArg, model: torch.nn.Module
-                      ) -> tuple[list[str], list[dict[str, Shape]]]:
-    if isinstance(shapes, str):
-        shapes = parse_shapes(shapes)
-    shapes = list(shapes)
-    if not shapes:
-        raise ShapeSpecError("no shapes given: declare at least one input shape")
-    if all(isinstance(s, Mapping) for s in shapes):
-        names = list(shapes[0])
-        per_shape = [{n: _checked_shape(s[n], n) for n in names} for s in shapes
-                     if _same_names(s, names)]
-    else:
-        names = forward_input_names(model, 1)
-        per_shape = [{names[0]: _checked_shape(s, names[0])} for s in shapes]
-    if len({tuple(map(tuple, p.items())) for p in per_shape}) != len(per_shape):
-        raise ShapeSpecError("a shape is declared twice")
-    return names, per_shape
-
-
-def _same_names(shape_map: Mapping[str, Any], names: list[str]) -> bool:
-    if list(shape_map) != names:
-        raise ShapeSpecError(f"every shape must name the inputs {names} in the same order")
-    return True
-
-
-def _checked_shape(shape: Any, name: str) -> Shape:
-    if isinstance(shape, str):
-        return parse_shapes(shape)[0]
-    if not isinstance(shape, (list, tuple)) or not shape:
-        raise ShapeSpecError(f"shape for {name!r} must be a non-empty list of positive ints")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ShapeSpecError(f"shape {shape!r} for {name!r} must hold positive integers")
-    return tuple(shape)
-
-
-def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
-    """Names of forward's first ``count`` positional parameters (``input0``... if unnamed)."""
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        parameters = []
-    positional = [p.name for p in parameters
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = [n for n in positional if n.isidentifier()][:count]
-    return names + [f"input{i}" for i in range(len(names), count)]
-
-
-def _normalise_dtypes(dtype: str | Mapping[str, str], names: list[str]) -> dict[str, str]:
-    if isinstance(dtype, str):
-        return {name: check_dtype(dtype) for name in names}
-    unknown = set(dtype) - set(names)
-    if unknown:
-        raise ShapeSpecError(f"dtype given for unknown inputs {sorted(unknown)}; inputs: {names}")
-    return {name: check_dtype(dtype.get(name, "float32")) for name in names}
-
-
-def _reference_inputs(shape_map: Mapping[str, Shape], dtypes: Mapping[str, str], seed: int,
-                      input_range: tuple[float, float] | None, hook: Any,
-                      model_path: Path) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    inputs = {}
-    for name, shape in shape_map.items():
-        dtype = torch_dtype(dtypes[name])
-        if hook is not None:
-            tensor = _from_hook(hook, name, shape, dtype, generator, model_path)
-        else:
-            tensor = random_input(shape, dtype, generator, input_range)
-        inputs[name] = tensor
-    return inputs
-
-
-def random_input(shape: Shape, dtype: torch.dtype, generator: torch.Generator,
-                 input_range: tuple[float, float] | None = None) -> torch.Tensor:
-    """Reference input: normal floats, or uniform over ``input_range`` ([0, 2) for ints)."""
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    if str(dtype).removeprefix("torch.") in INTEGER_DTYPES:
-        low, high = input_range or (0, 2)
-        return torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype)
-    if input_range is None:
-        return torch.randn(shape, generator=generator).to(dtype)
-    low, high = input_range
-    return (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
-
-
-def _from_hook(hook: Any, name: str, shape: Shape, dtype: torch.dtype,
-               generator: torch.Generator, model_path: Path) -> torch.Tensor:
-    try:
-        tensor = hook(name, shape, dtype, generator)
-    except Exception as exc:
-        raise ModelSourceError(f"{model_path}: {EXAMPLE_INPUT_HOOK}() failed: {describe(exc)}") from exc
-    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(shape) or (
-        tensor.dtype != dtype
-    ):
-        raise ModelSourceError(
-            f"{model_path}: {EXAMPLE_INPUT_HOOK}({name!r}, {format_shape(shape)}, {dtype}) must "
-            f"return a tensor of that shape and dtype"
-        )
-    return tensor.contiguous()
-
-
-def _run_reference(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor],
-                   shape_map: Mapping[str, Shape], model_path: Path) -> Any:
-    label = ",".join(format_shape(s) for s in shape_map.values())
-    try:
-        with torch.inference_mode():
-            first = model(*inputs.values())
-            second = model(*inputs.values())
-    except Exception as exc:
-        raise ModelSourceError(f"{model_path}: forward failed on shape {label}: {describe(exc)}") from exc
-    first_leaves, second_leaves = flatten(first), flatten(second)
-    for index, (a, b) in enumerate(zip(first_leaves, second_leaves)):
-        if a.is_floating_point() and not torch.isfinite(a).all():
-            raise ModelSourceError(
-                f"{model_path}: forward on shape {label} returned NaN/inf in output {index}; "
-                "a reference must be finite (check the weights or --input-range)"
-            )
-        if not torch.equal(a, b):
-            raise ModelSourceError(
-                f"{model_path}: forward on shape {label} is not deterministic in eval mode "
-                f"(output {index} differs between two runs): remove dropout/sampling from eval"
-            )
-    return first
-
-
-def _reference_bytes(inputs: Mapping[str, torch.Tensor], outputs: Any) -> bytes:
-    from safetensors.torch import save
-
-    tensors = {f"input.{name}": t.contiguous() for name, t in inputs.items()}
-    for index, leaf in enumerate(flatten(outputs)):
-        tensors[f"output.{index}"] = leaf.detach().contiguous().clone()
-    return save(tensors, metadata={"format": "pt"})

@@ -26,10 +26,18 @@ from ._constants import (
 )
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
+from .old.v1 import upgrade_v1
 
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 #: Producer fields the runtime compares with its own versions: text or null.
-_PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform")
+_PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",
+                  "machine")
+CALL_CONVENTIONS = ("positional", "keyword")
+OUTPUT_KINDS = ("tensor", "tuple", "list", "dict", "none")
+#: How a recorded output class is rebuilt from its items: ``mapping`` (a dict subclass such as
+#: transformers' ModelOutput, ``cls(**items)``), ``dataclass`` (``cls(**fields)``),
+#: ``namedtuple`` (``cls(*items)``).
+OUTPUT_CLASS_FORMS = ("mapping", "dataclass", "namedtuple")
 
 #: One accepted input signature: input name -> (shape, dtype), in declared order.
 Signature = Mapping[str, tuple[Shape, str]]
@@ -51,13 +59,32 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class OutputNode:
-    """One node of a model's output structure: a tensor, a tuple/list, or a dict."""
+class OutputClass:
+    """The Python class an output container had at build (e.g. a transformers ModelOutput).
 
-    kind: str  # "tensor" | "tuple" | "list" | "dict"
+    Resolved at load only from modules the verified model source already imported; never
+    imported by name from the manifest.
+    """
+
+    module: str
+    qualname: str
+    form: str  # one of OUTPUT_CLASS_FORMS
+
+    @property
+    def label(self) -> str:
+        return self.qualname
+
+
+@dataclass(frozen=True)
+class OutputNode:
+    """One node of a model's output structure: a tensor, None, a tuple/list or a dict,
+    the containers optionally of a recorded class (``cls``)."""
+
+    kind: str  # one of OUTPUT_KINDS
     tensor: TensorSpec | None = None
     items: tuple[OutputNode, ...] = ()
     keys: tuple[str, ...] = ()
+    cls: OutputClass | None = None
 
     def leaves(self) -> Iterator[TensorSpec]:
         if self.kind == "tensor" and self.tensor is not None:
@@ -69,17 +96,26 @@ class OutputNode:
     def label(self) -> str:
         if self.kind == "tensor" and self.tensor is not None:
             return self.tensor.label
+        if self.kind == "none":
+            return "None"
         inner = ", ".join(
             f"{k}: {v.label}" if self.kind == "dict" else v.label
             for k, v in zip(self.keys or [""] * len(self.items), self.items)
         )
-        return {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
+        text = {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
+        return f"{self.cls.label}{text}" if self.cls is not None else text
 
 
 @dataclass(frozen=True)
 class InputDecl:
+    """One model input: its name, dtype, and for integer inputs the range reference values
+    were drawn from (``low`` inclusive, ``high`` exclusive) and where that range came from."""
+
     name: str
     dtype: str
+    low: float | None = None
+    high: float | None = None
+    range_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,18 +163,25 @@ class ModelInfo:
     parameters: int = 0
     tied: tuple[tuple[str, ...], ...] = ()
     device_argument: bool = False
+    packages: Mapping[str, str] = field(default_factory=dict)  # third-party imports' versions
 
 
 @dataclass(frozen=True)
 class Manifest:
+    """An artifact's description. ``call`` says how inputs reach ``forward``: ``keyword``
+    (by their declared names) or ``positional`` (in declared order: one unnamed input, and
+    every format-1 artifact)."""
+
     producer: Mapping[str, Any]
     model: ModelInfo
     inputs: tuple[InputDecl, ...]
     shapes: tuple[ShapeEntry, ...]
     capture: CapturePolicy
     files: Mapping[str, FileEntry]
+    call: str = "positional"
     reference_device: str = "cpu"
-    created: str = ""
+    reference_precision: str = "highest"  # torch float32 matmul precision at build
+    created: str = ""  # format 1 only: builds are reproducible, nothing time-dependent
     kernels: tuple[KernelSet, ...] = ()
     format_name: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
@@ -167,10 +210,10 @@ class Manifest:
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as JSON-ready data, in the current format (what the writer emits)."""
     return {
         "format": manifest.format_name,
         "format_version": manifest.format_version,
-        "created": manifest.created,
         "producer": dict(manifest.producer),
         "model": {
             "source": manifest.model.source,
@@ -180,8 +223,10 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             "device_argument": manifest.model.device_argument,
             "parameters": manifest.model.parameters,
             "tied": [list(group) for group in manifest.model.tied],
+            "packages": dict(manifest.model.packages),
         },
-        "inputs": [{"name": d.name, "dtype": d.dtype} for d in manifest.inputs],
+        "call": manifest.call,
+        "inputs": [_input_to_dict(d) for d in manifest.inputs],
         "shapes": [
             {
                 "inputs": {name: list(shape) for name, shape in entry.inputs},
@@ -191,6 +236,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             for entry in manifest.shapes
         ],
         "reference_device": manifest.reference_device,
+        "reference_precision": manifest.reference_precision,
         "capture": {
             "policy": manifest.capture.policy,
             "submodules": list(manifest.capture.submodules),
@@ -210,12 +256,27 @@ def dumps_manifest(manifest: Manifest) -> bytes:
     return (json.dumps(manifest_to_dict(manifest), indent=2, sort_keys=False) + "\n").encode()
 
 
+def _input_to_dict(decl: InputDecl) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": decl.name, "dtype": decl.dtype}
+    if decl.low is not None and decl.high is not None:
+        data["range"] = [decl.low, decl.high]
+        data["range_source"] = decl.range_source
+    return data
+
+
 def _output_to_dict(node: OutputNode) -> dict[str, Any]:
     if node.kind == "tensor" and node.tensor is not None:
         return {"tensor": {"shape": list(node.tensor.shape), "dtype": node.tensor.dtype}}
+    if node.kind == "none":
+        return {"none": None}
     if node.kind == "dict":
-        return {"dict": {k: _output_to_dict(v) for k, v in zip(node.keys, node.items)}}
-    return {node.kind: [_output_to_dict(item) for item in node.items]}
+        data: dict[str, Any] = {"dict": {k: _output_to_dict(v) for k, v in zip(node.keys, node.items)}}
+    else:
+        data = {node.kind: [_output_to_dict(item) for item in node.items]}
+    if node.cls is not None:
+        data["class"] = {"module": node.cls.module, "qualname": node.cls.qualname,
+                         "form": node.cls.form}
+    return data
 
 
 def parse_manifest(data: str | bytes) -> Manifest:
@@ -227,11 +288,13 @@ def parse_manifest(data: str | bytes) -> Manifest:
         )
     raw = loads_strict(data)
     reader = _Reader(raw, "manifest")
-    _check_format(reader)
+    version = _check_format(reader)
+    if version == 1:
+        reader = _Reader(upgrade_v1(reader.raw), "manifest")
     return reader.build(_manifest_from)
 
 
-def _check_format(reader: _Reader) -> None:
+def _check_format(reader: _Reader) -> int:
     name = reader.get("format", str)
     if name != FORMAT_NAME:
         raise ManifestError(f"not a qkan-pack manifest (format {name!r}, expected {FORMAT_NAME!r})")
@@ -243,6 +306,7 @@ def _check_format(reader: _Reader) -> None:
         )
     if version < 1:
         raise ManifestError(f"format_version {version} is invalid: versions start at 1")
+    return version
 
 
 def _manifest_from(reader: _Reader) -> Manifest:
@@ -274,9 +338,12 @@ def _manifest_from(reader: _Reader) -> Manifest:
         created=reader.get("created", str, default=""),
         producer=reader.child("producer").build(_producer_from),
         model=model,
+        call=reader.choice("call", CALL_CONVENTIONS),
         inputs=inputs,
         shapes=shapes,
         reference_device=reader.get("reference_device", str, default="cpu"),
+        reference_precision=reader.choice("reference_precision", ("highest", "high", "medium"),
+                                          default="highest"),
         capture=reader.child("capture").build(_capture_from),
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
         files=files,
@@ -298,7 +365,14 @@ def _input_from(reader: _Reader) -> InputDecl:
         dtype = check_dtype(reader.get("dtype", str))
     except ShapeSpecError as exc:
         raise ManifestError(f"{reader.where}.dtype: {exc}") from None
-    return InputDecl(name=name, dtype=dtype)
+    bounds = reader.get("range", list, default=None)
+    if bounds is None:
+        return InputDecl(name=name, dtype=dtype)
+    if len(bounds) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   for v in bounds) or not bounds[0] < bounds[1]:
+        raise ManifestError(f"{reader.where}.range must be [low, high] with low < high")
+    return InputDecl(name=name, dtype=dtype, low=bounds[0], high=bounds[1],
+                     range_source=reader.get("range_source", str, default=""))
 
 
 def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
@@ -328,9 +402,31 @@ def _shape_value(value: Any, where: str) -> Shape:
 def _output_from(value: dict[str, Any], where: str, depth: int) -> OutputNode:
     if depth > 16:
         raise ManifestError(f"{where} nests deeper than 16 levels")
+    value = dict(value)
+    cls = _output_class(value.pop("class"), f"{where}.class") if "class" in value else None
     if len(value) != 1:
-        raise ManifestError(f"{where} must have exactly one of tensor/tuple/list/dict")
+        raise ManifestError(f"{where} must have exactly one of {'/'.join(OUTPUT_KINDS)}")
     ((kind, body),) = value.items()
+    node = _output_body(kind, body, where, depth)
+    if cls is not None:
+        if node.kind not in ("tuple", "dict") or (cls.form == "namedtuple") != (node.kind == "tuple"):
+            raise ManifestError(f"{where}.class {cls.form} does not fit a {node.kind} output")
+        return OutputNode(node.kind, items=node.items, keys=node.keys, cls=cls)
+    return node
+
+
+def _output_class(value: Any, where: str) -> OutputClass:
+    reader = _Reader(value, where)
+    module, qualname = reader.get("module", str), reader.get("qualname", str)
+    if not all(IDENTIFIER.match(part) for part in (*module.split("."), *qualname.split("."))):
+        raise ManifestError(f"{where}: {module!r}.{qualname!r} is not a dotted Python name")
+    return OutputClass(module=module, qualname=qualname,
+                       form=reader.choice("form", OUTPUT_CLASS_FORMS))
+
+
+def _output_body(kind: str, body: Any, where: str, depth: int) -> OutputNode:
+    if kind == "none" and body is None:
+        return OutputNode("none")
     if kind == "tensor":
         sub = _Reader(body, where + ".tensor")
         try:
@@ -374,7 +470,14 @@ def _model_from(reader: _Reader) -> ModelInfo:
         device_argument=reader.get("device_argument", bool, default=False),
         parameters=reader.get("parameters", int, default=0),
         tied=tuple(tuple(g) for g in tied),
+        packages=_text_mapping(reader.get("packages", dict, default={}), "manifest.model.packages"),
     )
+
+
+def _text_mapping(value: dict[str, Any], where: str) -> dict[str, str]:
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ManifestError(f"{where} must map names to text")
+    return dict(value)
 
 
 def _capture_from(reader: _Reader) -> CapturePolicy:
@@ -388,13 +491,10 @@ def _capture_from(reader: _Reader) -> CapturePolicy:
 
 
 def _kernel_from(reader: _Reader) -> KernelSet:
-    details = reader.get("details", dict, default={})
-    if not all(isinstance(v, str) for v in details.values()):
-        raise ManifestError(f"{reader.where}.details must map names to text")
     return KernelSet(
         key=reader.get("key", str),
         directory=_relative_path(reader.get("directory", str), f"{reader.where}.directory"),
-        details=dict(details),
+        details=_text_mapping(reader.get("details", dict, default={}), f"{reader.where}.details"),
     )
 
 
@@ -449,6 +549,12 @@ class _Reader:
             raise ManifestError(
                 f"{self.where}.{key} must be {kind.__name__}, got {type(value).__name__}"
             )
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
+        value = self.get(key, str, default=default)
+        if value not in allowed:
+            raise ManifestError(f"{self.where}.{key} {value!r:.40} is not one of {list(allowed)}")
         return value
 
     def child(self, key: str) -> _Reader:

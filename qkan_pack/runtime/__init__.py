@@ -34,6 +34,7 @@ from ._source import (
 )
 
 if TYPE_CHECKING:
+    from ._calling import bind_forward, full_float32
     from ._capture import (
         WARMUP_CALLS,
         CaptureStreams,
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     )
     from ._compat import installed_version, package_versions
     from ._device import resolve_device
+    from ._diagnose import explain_capture_failure
+    from ._inputs import InputMatcher
     from ._load import eager_forward, rebuild_model, reference_samples
     from ._predictor import Predictor
     from ._progress import progress_bar
@@ -56,10 +59,24 @@ if TYPE_CHECKING:
     from ._runners import EagerRunner, GraphRunner
     from ._selftest import check_outputs, compare
     from ._submodules import SubmoduleGraphs, select_submodules
-    from ._tree import describe_output, dtype_name, flatten, map_leaves, torch_dtype, unflatten
+    from ._tree import (
+        ClassTable,
+        describe_output,
+        dtype_name,
+        flatten,
+        iter_leaves,
+        map_leaves,
+        resolve_output_classes,
+        torch_dtype,
+        unflatten,
+    )
     from ._weights import load_strict, parse_weights
 
 _LAZY = {
+    "bind_forward": "_calling", "full_float32": "_calling",
+    "explain_capture_failure": "_diagnose",
+    "InputMatcher": "_inputs",
+    "ClassTable": "_tree", "resolve_output_classes": "_tree", "iter_leaves": "_tree",
     "WARMUP_CALLS": "_capture", "CaptureStreams": "_capture", "GraphPool": "_capture",
     "ShapeGraph": "_capture",
     "capture_graph": "_capture", "capture_session": "_capture", "capture_streams": "_capture",
@@ -86,9 +103,11 @@ __all__ = [
     "TRITON_CACHE_ENV",
     "WARMUP_CALLS",
     "CaptureStreams",
+    "ClassTable",
     "EagerRunner",
     "GraphPool",
     "GraphRunner",
+    "InputMatcher",
     "LoadOptions",
     "LoadReport",
     "Predictor",
@@ -99,6 +118,7 @@ __all__ = [
     "VerifiedArtifact",
     "accepts_device",
     "artifact_digest",
+    "bind_forward",
     "call_factory",
     "capture_graph",
     "capture_session",
@@ -115,9 +135,12 @@ __all__ = [
     "dtype_name",
     "eager_forward",
     "entry_function",
+    "explain_capture_failure",
     "flatten",
+    "full_float32",
     "import_model_source",
     "installed_version",
+    "iter_leaves",
     "kernel_key",
     "load_strict",
     "map_leaves",
@@ -129,6 +152,7 @@ __all__ = [
     "reference_samples",
     "release_graph_memory",
     "resolve_device",
+    "resolve_output_classes",
     "safetensors_header",
     "select_submodules",
     "sha256_hex",

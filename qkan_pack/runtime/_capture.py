@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError
+from ._diagnose import explain_capture_failure
 from ._source import describe
 
 #: Forwards on the warm-up stream before a capture (torch's recipe uses 3 as well): the
@@ -155,7 +156,8 @@ class GraphPool:
         except Exception as exc:
             recover_after_failed_capture(self.device, caller, self.streams, self.handle)
             self.handle = torch.cuda.graph_pool_handle()  # the failed capture's pool is unusable
-            raise CaptureError(describe(exc)) from exc
+            op = explain_capture_failure(fn, static_inputs, self.device) or describe(exc)
+            raise CaptureError(op) from exc
         return shape_graph, grown
 
 

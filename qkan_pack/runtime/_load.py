@@ -21,6 +21,8 @@ import torch
 
 from ..format import WEIGHTS_NAME, Manifest
 from ._artifact import VerifiedArtifact, read_artifact
+from ._calling import bind_forward, full_float32
+from ._capture import capture_session
 from ._compat import check_compatibility
 from ._device import resolve_device
 from ._kernels import matching_set, shipped_kernels
@@ -29,7 +31,7 @@ from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
 from ._source import call_factory, entry_function, import_model_source
-from ._tree import flatten
+from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
 
 _REFERENCE_HINT = ("The model, weights or runtime differ from the build host; if the difference "
@@ -47,6 +49,7 @@ class Loaded:
     runner: EagerRunner | GraphRunner
     device: torch.device
     report: LoadReport
+    classes: ClassTable  # output classes resolved among the model source's imports
 
 
 def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
@@ -63,9 +66,10 @@ def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> 
             torch.cuda.init()
             torch.empty(0, device=target)
     with _kernel_cache(artifact, target, options.kernels, report), _on_device(target):
-        model, runner = _prepare(artifact, target, report, options)
+        model, runner, classes = _prepare(artifact, target, report, options)
     report.load_to_ready_seconds = time.perf_counter() - started
-    return Loaded(artifact=artifact, model=model, runner=runner, device=target, report=report)
+    return Loaded(artifact=artifact, model=model, runner=runner, device=target, report=report,
+                  classes=classes)
 
 
 def _new_report(artifact: VerifiedArtifact, target: torch.device,
@@ -108,25 +112,48 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
 
 
 def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,
-             options: LoadOptions) -> tuple[torch.nn.Module, EagerRunner | GraphRunner]:
+             options: LoadOptions) -> tuple[torch.nn.Module, EagerRunner | GraphRunner, ClassTable]:
     """Build, self-test against references, capture, self-test replay."""
+    manifest = artifact.manifest
     model = rebuild_model(artifact, target, report.config, report.stages)
+    forward = bind_forward(model, manifest.input_names, manifest.call)
+    classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes])
+    for problem in problems:
+        report.warn(problem)
     report.solvers = sorted({s for m in model.modules()
                              if isinstance(s := getattr(m, "solver", None), str)})
     with report.stage("references"):
         samples, expected = reference_samples(artifact, target)
-    with report.stage("first forward"):
-        eager = [flatten(eager_forward(model, inputs)) for _, inputs in samples]
-    reference_errors = [
-        check_outputs(label, "outputs on this host and the build-time references", got, want,
-                      report.reference_tolerance, _REFERENCE_HINT)
-        for (label, _), got, want in zip(samples, eager, expected)]
-    runner = _make_runner(model, target, artifact.manifest, samples, eager, report, options)
+    with report.stage("first forward"):  # compiles kernels; outside the session lock
+        eager = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+    with capture_session():  # no other load flips math modes or captures meanwhile
+        with report.stage("reference self-test"):
+            reference_errors = _check_references(forward, samples, eager, expected, target,
+                                                 report)
+        if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
+            eager = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+        runner = _make_runner(model, forward, target, manifest, samples, eager, report, options)
     for record, error in zip(runner.records, reference_errors):
         record.reference_max_abs = error
     report.shapes = runner.records
     report.pool_bytes = sum(r.pool_bytes for r in runner.records)
-    return model, runner
+    return model, runner, classes
+
+
+def _check_references(forward: Any, samples: list[Sample], eager: list[list[torch.Tensor]],
+                      expected: list[list[torch.Tensor]], target: torch.device,
+                      report: LoadReport) -> list[float]:
+    """Eager outputs in full float32 (the build host's math) against the build references:
+    TF32 and other reduced-precision modes of this device cannot cause a false refusal, and
+    the tolerance stays tight enough to refuse a wrong model. (CPUs compute float32 in full
+    already: their first-forward outputs are used as they are.)"""
+    outputs = eager
+    if target.type == "cuda":
+        with full_float32(target):
+            outputs = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+    return [check_outputs(label, "outputs on this host and the build-time references", got, want,
+                          report.reference_tolerance, _REFERENCE_HINT)
+            for (label, _), got, want in zip(samples, outputs, expected)]
 
 
 def default_tolerance(manifest: Manifest, target: torch.device,
@@ -171,20 +198,21 @@ def reference_samples(artifact: VerifiedArtifact, target: torch.device
     return samples, expected
 
 
-def eager_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
+def eager_forward(forward: Any, inputs: list[torch.Tensor]) -> Any:
+    """One eager call without autograd (``forward``: a model or ``bind_forward``'s callable)."""
     with torch.no_grad():
-        return model(*inputs)
+        return forward(*inputs)
 
 
-def _make_runner(model: torch.nn.Module, target: torch.device, manifest: Manifest,
+def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, manifest: Manifest,
                  samples: list[Sample], eager: list[list[torch.Tensor]], report: LoadReport,
                  options: LoadOptions) -> EagerRunner | GraphRunner:
     """Eager on the CPU; on CUDA capture every shape, then check replay against eager."""
     if target.type != "cuda":
-        runner = EagerRunner(model, target)
+        runner = EagerRunner(forward, target)
         runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
         return runner
-    runner = GraphRunner(model, target)
+    runner = GraphRunner(model, forward, target)
     with report.stage("capture"):
         runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,
                        progress=options.progress)

@@ -39,6 +39,7 @@ class Predictor:
         self.pad_batch = options.pad_batch
         self.copy_outputs = options.copy_outputs
         self._model = loaded.model
+        self._classes = loaded.classes
         self._runner: EagerRunner | GraphRunner | None = loaded.runner
         self._lock = threading.Lock()
         self._inputs = InputMatcher(manifest, self.device, options.pad_batch)
@@ -93,7 +94,7 @@ class Predictor:
                                 out_device=out_device if self.copy_outputs else None)
         if as_numpy:
             leaves = [leaf.numpy() for leaf in leaves]
-        return unflatten(self.manifest.shapes[index].outputs, leaves)
+        return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
 
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``

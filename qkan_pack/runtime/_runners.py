@@ -9,7 +9,7 @@ two threads at once. Not owned here: input checking (the predictor), the capture
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,10 +36,12 @@ def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.d
 
 
 class EagerRunner:
-    """Eager forward on the model's device; outputs never alias parameters or inputs."""
+    """Eager forward on the model's device; outputs never alias parameters or inputs.
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.model = model
+    ``forward`` takes the inputs' tensors in declared order (``bind_forward``)."""
+
+    def __init__(self, forward: Callable[..., Any], device: torch.device) -> None:
+        self.forward: Callable[..., Any] | None = forward
         self.device = device
         self.records: list[ShapeRecord] = []
 
@@ -48,8 +50,9 @@ class EagerRunner:
             out_device: torch.device | None = None) -> list[torch.Tensor]:
         moved = [self._to_device(x, None if padded is None else padded[i])
                  for i, x in enumerate(inputs)]
+        assert self.forward is not None, "run after close"
         with torch.no_grad():
-            leaves = flatten(self.model(*moved))
+            leaves = flatten(self.forward(*moved))
         # Always copy: a forward may return a parameter, an input or a tensor it caches.
         return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
 
@@ -67,7 +70,7 @@ class EagerRunner:
         return x
 
     def close(self) -> None:
-        self.model = None  # type: ignore[assignment]
+        self.forward = None
 
 
 class GraphRunner:
@@ -75,13 +78,15 @@ class GraphRunner:
     captured submodules for shapes where whole-model capture failed.
     """
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, forward: Callable[..., Any],
+                 device: torch.device) -> None:
         self.model = model
+        self.forward = forward
         self.device = device
         self.pool: GraphPool | None = None
         self.records: list[ShapeRecord] = []
         self._full: dict[int, ShapeGraph] = {}
-        self._eager = EagerRunner(model, device)
+        self._eager = EagerRunner(forward, device)
         self._submodule_graphs: list[SubmoduleGraphs] = []
         self._last_stream_id: Any = None
         self._last_stream: torch.cuda.Stream | None = None
@@ -102,8 +107,8 @@ class GraphRunner:
                 fallback = self._capture_whole(samples, order, policy, progress)
                 if fallback:
                     self._submodule_graphs = capture_submodules(
-                        self.model, self.pool, samples, fallback, submodule_names, self.records,
-                        progress)
+                        self.model, self.forward, self.pool, samples, fallback, submodule_names,
+                        self.records, progress)
                 torch.cuda.synchronize(self.device)
         except BaseException:
             self.close()
@@ -121,7 +126,7 @@ class GraphRunner:
             record = self.records[index]
             started = time.perf_counter()
             try:
-                graph, grown = self.pool.capture(lambda *a: flatten(self.model(*a)), sample)
+                graph, grown = self.pool.capture(lambda *a: flatten(self.forward(*a)), sample)
             except CaptureError as exc:
                 if policy == "full":
                     raise CaptureError(exc.op, shape=label, hint=(

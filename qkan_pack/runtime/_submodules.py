@@ -1,38 +1,44 @@
 """Submodule capture: graph the safe blocks of a model whose whole forward cannot be graphed.
 
-Eager forwards with pre-hooks learn each chosen submodule's input signatures per manifest
-shape; each signature is captured into the predictor's shared pool; the submodule's
-``forward`` is then replaced by replay + copy, while the glue around it runs eagerly.
+Eager forwards with hooks record each candidate submodule's calls per manifest shape (its
+tensor arguments, its constant arguments, its eager outputs). Each distinct call signature
+is captured into the predictor's shared pool and checked: its replay must equal its eager
+output. The submodule's ``forward`` is then replaced by replay + copy, while the glue
+around it runs eagerly.
+
+Which submodules: the classes named by ``--submodules`` (top-most instances; a failure is an
+error); otherwise, for any model, the largest graph-safe blocks: starting from the model's
+children, a module is taken when every call it makes captures and replays correctly, else
+its own children are tried in its place.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..errors import CaptureError
 from ._capture import GraphPool, ShapeGraph
+from ._options import REPLAY_TOLERANCE
 from ._progress import progress_bar
 from ._report import ShapeRecord
+from ._selftest import compare
 from ._tree import describe_output, flatten, unflatten
+
+Samples = Sequence[tuple[str, list[torch.Tensor]]]
+_CONSTANTS = (type(None), bool, int, float, str)
 
 
 def select_submodules(model: torch.nn.Module, names: Sequence[str]
                       ) -> list[tuple[str, torch.nn.Module]]:
-    """Top-most submodules whose class is in ``names`` (default: classes from ``qkan``)."""
-
-    def wanted(module: torch.nn.Module) -> bool:
-        cls = type(module)
-        if names:
-            return cls.__name__ in names
-        return cls.__module__.split(".")[0] == "qkan"
-
+    """Top-most submodules whose class name is in ``names``."""
     chosen: list[tuple[str, torch.nn.Module]] = []
     for path, module in model.named_modules():
-        if not path or not wanted(module):
+        if not path or type(module).__name__ not in names:
             continue
         if any(path.startswith(prefix + ".") for prefix, _ in chosen):
             continue
@@ -40,88 +46,163 @@ def select_submodules(model: torch.nn.Module, names: Sequence[str]
     return chosen
 
 
-def capture_submodules(model: torch.nn.Module, pool: GraphPool,
-                       samples: Sequence[tuple[str, list[torch.Tensor]]], indices: list[int],
-                       names: Sequence[str], records: list[ShapeRecord],
-                       progress: bool | None) -> list[SubmoduleGraphs]:
-    """Capture the chosen submodules for the shapes in ``indices`` and install replay."""
-    targets = select_submodules(model, names)
-    if not targets:
-        wanted = ", ".join(names) if names else "modules from the qkan package"
-        raise CaptureError(f"no submodules to capture: the model has no {wanted}", hint=(
-            "pass --submodules ClassName,... naming graph-safe blocks"))
-    recorders = [SubmoduleGraphs(path, module) for path, module in targets]
-    _record_calls(model, recorders, {i: samples[i][1] for i in indices}, pool.device)
+def capture_submodules(model: torch.nn.Module, forward: Callable[..., Any], pool: GraphPool,
+                       samples: Samples, indices: list[int], names: Sequence[str],
+                       records: list[ShapeRecord], progress: bool | None) -> list[SubmoduleGraphs]:
+    """Capture submodules for the shapes in ``indices``, install replay, return them."""
     for index in indices:
         records[index].policy = "submodules"
+    if names:
+        targets = select_submodules(model, names)
+        if not targets:
+            raise CaptureError(f"no submodules to capture: the model has no {', '.join(names)}",
+                               hint="pass --submodules ClassName,... naming graph-safe blocks")
+        chosen = _capture_named(targets, forward, pool, samples, indices, records, progress)
+    else:
+        chosen = _capture_largest_safe(model, forward, pool, samples, indices, records)
+    for recorder in chosen:
+        recorder.install()
+    return chosen
+
+
+def _capture_named(targets: list[tuple[str, torch.nn.Module]], forward: Callable[..., Any],
+                   pool: GraphPool, samples: Samples, indices: list[int],
+                   records: list[ShapeRecord], progress: bool | None) -> list[SubmoduleGraphs]:
+    recorders = [SubmoduleGraphs(path, module) for path, module in targets]
+    _record_calls(forward, recorders, samples, indices, pool.device)
+    for recorder in recorders:
+        if recorder.refusal:
+            raise CaptureError(recorder.refusal, module=recorder.label)
     for index in progress_bar(indices, desc="capturing submodules", enabled=progress):
         started = time.perf_counter()
-        record = records[index]
-        record.graphs = sum(r.capture_for(index, pool, record) for r in recorders)
-        record.capture_seconds = time.perf_counter() - started
-    for recorder in recorders:
-        recorder.install()
+        for recorder in recorders:
+            recorder.capture_for(index, pool, records[index])
+        records[index].capture_seconds += time.perf_counter() - started
     return recorders
 
 
+def _capture_largest_safe(model: torch.nn.Module, forward: Callable[..., Any], pool: GraphPool,
+                          samples: Samples, indices: list[int],
+                          records: list[ShapeRecord]) -> list[SubmoduleGraphs]:
+    """Breadth-first from the model's children: keep a module whose every call captures and
+    replays correctly; try the children of one that does not."""
+    chosen: list[SubmoduleGraphs] = []
+    frontier = list(model.named_children())
+    while frontier:
+        recorders = [SubmoduleGraphs(path, module) for path, module in frontier]
+        _record_calls(forward, recorders, samples, indices, pool.device)
+        frontier = []
+        for recorder in recorders:
+            if not recorder.calls or _stateless_leaf(recorder.module):
+                continue  # never called, or a parameter-free op: eager costs it no more
+            if recorder.try_capture(indices, pool, records):
+                chosen.append(recorder)
+            else:
+                frontier += [(f"{recorder.path}.{name}", child)
+                             for name, child in recorder.module.named_children()]
+    if not chosen:
+        raise CaptureError("no part of the model could be captured: every block syncs with the "
+                           "host or depends on data", hint="serve it on the CPU, or name "
+                           "graph-safe blocks with --submodules ClassName,...")
+    return chosen
+
+
+def _stateless_leaf(module: torch.nn.Module) -> bool:
+    """An activation-like leaf (no children, parameters or buffers): one kernel, nothing a
+    graph of its own would save."""
+    return (next(module.children(), None) is None and next(module.parameters(), None) is None
+            and next(module.buffers(), None) is None)
+
+
+@dataclass
+class _Call:
+    """One recorded call: its tensors (static input order), how to rebuild the arguments,
+    and the eager outputs it produced."""
+
+    tensors: list[torch.Tensor]
+    rebuild: Callable[[Sequence[torch.Tensor]], tuple[tuple, dict]]
+    outputs: list[torch.Tensor]
+
+
+@dataclass
 class SubmoduleGraphs:
     """Per-signature graphs for one submodule; replaces its forward with replay + copy."""
 
-    def __init__(self, path: str, module: torch.nn.Module) -> None:
-        self.path = path
-        self.module = module
-        self.samples: dict[int, list[tuple[Any, list[torch.Tensor]]]] = {}
-        self.graphs: dict[Any, tuple[ShapeGraph, Any]] = {}
-        self.recording: int | None = None
+    path: str
+    module: torch.nn.Module
+    calls: dict[int, dict[Any, _Call]] = field(default_factory=dict)  # shape -> signature -> call
+    graphs: dict[Any, tuple[ShapeGraph, Any]] = field(default_factory=dict)
+    refusal: str = ""
+    recording: int | None = None
 
-    def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if self.recording is None:
+    @property
+    def label(self) -> str:
+        return f"{self.path} ({type(self.module).__name__})"
+
+    def hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self.recording is None or self.refusal:
             return
-        if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
-            raise CaptureError(
-                "called with non-tensor or keyword arguments; only submodules taking tensors "
-                "positionally can be captured", module=f"{self.path} ({type(module).__name__})")
-        key = _signature(args)
-        samples = self.samples.setdefault(self.recording, [])
-        if all(existing != key for existing, _ in samples):
-            samples.append((key, [a.detach().clone() for a in args]))
+        key, tensors, rebuild = _split_arguments(args, kwargs)
+        if key is None:
+            self.refusal = ("called with arguments that are neither tensors nor constants; only "
+                            "tensors and None/bool/int/float/str arguments can be captured")
+            return
+        shape_calls = self.calls.setdefault(self.recording, {})
+        if key not in shape_calls:
+            outputs = [t.detach().clone() for t in flatten(output)]
+            shape_calls[key] = _Call([t.detach().clone() for t in tensors], rebuild, outputs)
 
-    def capture_for(self, index: int, pool: GraphPool, record: ShapeRecord) -> int:
-        """Capture this submodule's signatures seen at shape ``index``; how many were new."""
-        captured = 0
-        for key, sample in self.samples.get(index, []):
+    def try_capture(self, indices: list[int], pool: GraphPool, records: list[ShapeRecord]) -> bool:
+        """Capture every recorded call; False (and nothing kept) when one fails or replays
+        differently from eager."""
+        if self.refusal:
+            return False
+        try:
+            for index in indices:
+                self.capture_for(index, pool, records[index])
+        except CaptureError:
+            self.graphs.clear()
+            return False
+        return True
+
+    def capture_for(self, index: int, pool: GraphPool, record: ShapeRecord) -> None:
+        """Capture and check this submodule's calls seen at shape ``index``."""
+        for key, call in self.calls.get(index, {}).items():
             if key in self.graphs:
                 continue
             structure: list[Any] = []
 
-            def call(*args: torch.Tensor, _structure: list[Any] = structure) -> list[torch.Tensor]:
-                out = self.module(*args)
+            def run(*tensors: torch.Tensor, _call: _Call = call,
+                    _structure: list[Any] = structure) -> list[torch.Tensor]:
+                args, kwargs = _call.rebuild(tensors)
+                out = self.module(*args, **kwargs)
                 _structure[:] = [describe_output(out)]
                 return flatten(out)
 
             try:
-                shape_graph, grown = pool.capture(call, sample)
+                graph, grown = pool.capture(run, call.tensors)
             except CaptureError as exc:
-                raise CaptureError(exc.op, shape=record.label,
-                                   module=f"{self.path} ({type(self.module).__name__})") from exc
+                raise CaptureError(exc.op, shape=record.label, module=self.label) from exc
+            error, ok = compare(graph.replay_copy(call.tensors), call.outputs, REPLAY_TOLERANCE)
+            if not ok:
+                raise CaptureError(f"replay differs from eager by {error:.3g}", shape=record.label,
+                                   module=self.label)
             record.pool_bytes += grown
-            self.graphs[key] = (shape_graph, structure[0])
-            captured += 1
-        return captured
+            record.graphs += 1
+            self.graphs[key] = (graph, structure[0])
 
     def install(self) -> None:
-        graphs = self.graphs
-        path = self.path
+        graphs, label = self.graphs, self.label
 
-        def replay(*args: torch.Tensor, **kwargs: Any) -> Any:
-            key = _signature(args)
-            found = graphs.get(key) if not kwargs else None
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            key, tensors, _ = _split_arguments(args, kwargs)
+            found = graphs.get(key)
             if found is None:
-                raise CaptureError(
-                    f"called with {key}, which no captured graph covers (its input shapes "
-                    "depend on data, not only on the declared shapes)", module=path)
-            shape_graph, structure = found
-            return unflatten(structure, shape_graph.replay_copy(args))
+                raise CaptureError("called with arguments no captured graph covers (its input "
+                                   "shapes or constants depend on data, not only on the declared "
+                                   "shapes)", module=label)
+            graph, structure = found
+            return unflatten(structure, graph.replay_copy(tensors))
 
         self.module.forward = replay  # type: ignore[method-assign]
 
@@ -130,20 +211,41 @@ class SubmoduleGraphs:
         self.graphs.clear()
 
 
-def _signature(args: Sequence[torch.Tensor]) -> tuple:
-    return tuple((tuple(a.shape), a.dtype, tuple(a.stride())) for a in args)
+def _split_arguments(args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tensor], Any]:
+    """(signature key, tensors in a fixed order, rebuild(tensors) -> (args, kwargs)); the key is
+    None when an argument is neither a tensor nor a hashable constant."""
+    slots = [("arg", i, v) for i, v in enumerate(args)]
+    slots += [("kw", k, kwargs[k]) for k in sorted(kwargs)]
+    key, tensors = [], []
+    for where, name, value in slots:
+        if isinstance(value, torch.Tensor):
+            key.append((where, name, tuple(value.shape), value.dtype, tuple(value.stride()),
+                        value.device))
+            tensors.append(value)
+        elif isinstance(value, _CONSTANTS):
+            key.append((where, name, "const", value))
+        else:
+            return None, [], None
+
+    def rebuild(new: Sequence[torch.Tensor]) -> tuple[tuple, dict]:
+        fresh = iter(new)
+        values = [next(fresh) if isinstance(v, torch.Tensor) else v for _, _, v in slots]
+        positional = tuple(values[: len(args)])
+        return positional, {k: v for (_, k, _), v in zip(slots[len(args):], values[len(args):])}
+
+    return tuple(key), tensors, rebuild
 
 
-def _record_calls(model: torch.nn.Module, recorders: list[SubmoduleGraphs],
-                  samples: dict[int, list[torch.Tensor]], device: torch.device) -> None:
-    """Run eager forwards with hooks to learn each submodule's input signatures per shape."""
-    handles = [r.module.register_forward_pre_hook(r.pre_hook, with_kwargs=True) for r in recorders]
+def _record_calls(forward: Callable[..., Any], recorders: list[SubmoduleGraphs],
+                  samples: Samples, indices: list[int], device: torch.device) -> None:
+    """Run eager forwards with hooks to learn each submodule's calls per shape."""
+    handles = [r.module.register_forward_hook(r.hook, with_kwargs=True) for r in recorders]
     try:
-        for index, sample in samples.items():
+        for index in indices:
             for recorder in recorders:
                 recorder.recording = index
             with torch.no_grad():
-                model(*[t.to(device) for t in sample])
+                forward(*[t.to(device) for t in samples[index][1]])
     finally:
         for handle in handles:
             handle.remove()

@@ -1,21 +1,28 @@
 """Model outputs as a structure (``OutputNode``) plus a flat list of tensor leaves, and the
 torch side of the dtype table.
 
-A forward may return a tensor, a tuple/list, or a dict of them (nested); the manifest
-records the structure once, captured graphs and reference files deal in flat leaves.
-``map_leaves`` is the one walker over such structures: flatten, unflatten and every
-per-leaf transformation elsewhere (serve's encoding, numpy conversion) go through it.
+A forward may return a tensor, None, or tuples, lists, dicts -- including their subclasses
+that models return (transformers' ``ModelOutput``, namedtuples, dataclasses) -- nested. The
+manifest records the structure once (with each container's class); captured graphs and
+reference files deal in flat tensor leaves. ``map_leaves`` / ``iter_leaves`` are the one
+walker over such structures: flatten, unflatten and every per-leaf transformation elsewhere
+(serve's encoding, numpy conversion) go through them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import ModelSourceError
-from ..format import DTYPES, OutputNode, TensorSpec, check_dtype
+from ..format import DTYPES, OutputClass, OutputNode, TensorSpec, check_dtype
+
+#: Resolved output classes, keyed by (module, qualname); None where unresolvable here.
+ClassTable = Mapping[tuple[str, str], type | None]
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -33,44 +40,88 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """Apply ``fn`` to every leaf of nested dicts/tuples/lists, keeping the containers."""
+def _children(tree: Any) -> list[tuple[Any, Any]] | None:
+    """(key, value) pairs of a container, or None for a leaf."""
     if isinstance(tree, dict):
-        return {key: map_leaves(fn, value) for key, value in tree.items()}
+        return list(tree.items())
+    if isinstance(tree, (tuple, list)):
+        return list(enumerate(tree))
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return [(f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree)]
+    return None
+
+
+def iter_leaves(tree: Any) -> Iterator[Any]:
+    """Leaves depth-first, in the order of ``OutputNode.leaves``; None is no leaf."""
+    children = _children(tree)
+    if children is None:
+        if tree is not None:
+            yield tree
+        return
+    for _, value in children:
+        yield from iter_leaves(value)
+
+
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """Apply ``fn`` to every leaf of nested containers; dicts (of any class) come back as
+    plain dicts, namedtuples as namedtuples, tuples and lists as themselves; None stays."""
+    if tree is None:
+        return None
+    if isinstance(tree, dict) or (dataclasses.is_dataclass(tree) and not isinstance(tree, type)):
+        return {key: map_leaves(fn, value) for key, value in _children(tree) or []}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(map_leaves(fn, value) for value in tree))
     if isinstance(tree, (tuple, list)):
         return type(tree)(map_leaves(fn, value) for value in tree)
     return fn(tree)
 
 
-def iter_leaves(tree: Any) -> Iterator[Any]:
-    """Leaves depth-first, in the order of ``OutputNode.leaves``."""
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from iter_leaves(value)
-    elif isinstance(tree, (tuple, list)):
-        for value in tree:
-            yield from iter_leaves(value)
-    else:
-        yield tree
-
-
 def describe_output(value: Any, where: str = "output") -> OutputNode:
-    """The structure of a forward's return value; refuse anything but tensors in containers."""
+    """The structure of a forward's return value; refuse leaves that are not tensors."""
     if isinstance(value, torch.Tensor):
         return OutputNode("tensor", tensor=TensorSpec(tuple(value.shape), dtype_name(value.dtype)))
-    if isinstance(value, (tuple, list)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        items = tuple(describe_output(v, f"{where}[{i}]") for i, v in enumerate(value))
-        return OutputNode(kind, items=items)
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise ModelSourceError(f"{where} is a dict with non-string keys; use string keys")
-        items = tuple(describe_output(v, f"{where}.{k}") for k, v in value.items())
-        return OutputNode("dict", items=items, keys=tuple(value))
-    raise ModelSourceError(
-        f"{where} is a {type(value).__name__}; forward must return tensors, or tuples, "
-        "lists or dicts of tensors"
-    )
+    if value is None:
+        return OutputNode("none")
+    children = _children(value)
+    if children is None:
+        raise ModelSourceError(_not_a_tensor(value, where))
+    if isinstance(value, dict) and not all(isinstance(k, str) for k in value):
+        raise ModelSourceError(f"{where} is a dict with non-string keys; use string keys")
+    items = tuple(describe_output(v, f"{where}.{k}" if isinstance(k, str) else f"{where}[{k}]")
+                  for k, v in children)
+    cls = _output_class(value)
+    if isinstance(value, (tuple, list)) and (cls is None or cls.form == "namedtuple"):
+        return OutputNode("list" if isinstance(value, list) else "tuple", items=items, cls=cls)
+    return OutputNode("dict", items=items, keys=tuple(str(k) for k, _ in children), cls=cls)
+
+
+def _output_class(value: Any) -> OutputClass | None:
+    """The class to record for a container: None for plain tuple/list/dict."""
+    cls = type(value)
+    if cls in (tuple, list, dict):
+        return None
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        form = "namedtuple"
+    elif isinstance(value, dict):
+        form = "mapping"
+    elif dataclasses.is_dataclass(value):
+        form = "dataclass"
+    else:  # a tuple or list subclass that is not a namedtuple: kept as its base
+        return None
+    return OutputClass(module=cls.__module__, qualname=cls.__qualname__, form=form)
+
+
+def _not_a_tensor(value: Any, where: str) -> str:
+    name = type(value).__name__
+    if "cache" in name.lower():
+        return (f"{where} is a {name}: forward returns its key/value cache, state carried between "
+                "calls that a captured graph cannot keep. Turn it off, e.g. --config "
+                "use_cache=false when the factory passes it to the model's config (transformers: "
+                "build the config with use_cache=False), or wrap the model in a module whose "
+                "forward returns only tensors")
+    return (f"{where} is a {name}; forward must return tensors (or None), in tuples, lists, dicts, "
+            "namedtuples or dataclasses (e.g. transformers' ModelOutput); wrap the model in a "
+            "module whose forward returns only those")
 
 
 def flatten(value: Any) -> list[torch.Tensor]:
@@ -78,19 +129,65 @@ def flatten(value: Any) -> list[torch.Tensor]:
     leaves = list(iter_leaves(value))
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
-            raise ModelSourceError(f"forward returned a {type(leaf).__name__} inside its outputs")
+            raise ModelSourceError(_not_a_tensor(leaf, "an output"))
     return leaves
 
 
-def unflatten(node: OutputNode, leaves: Sequence[Any]) -> Any:
-    """Rebuild the structure from leaves (tensors or numpy arrays)."""
-    return _rebuild(node, iter(leaves))
+def resolve_output_classes(nodes: Sequence[OutputNode]) -> tuple[dict[tuple[str, str], type | None],
+                                                                 list[str]]:
+    """Find every recorded output class among the modules already imported (the model
+    source imported them); import nothing. Returns the table and one sentence per class that
+    could not be found (those outputs come back as plain containers)."""
+    table: dict[tuple[str, str], type | None] = {}
+    problems = []
+    for node in nodes:
+        for cls in _classes(node):
+            key = (cls.module, cls.qualname)
+            if key in table:
+                continue
+            table[key] = _lookup(cls)
+            if table[key] is None:
+                problems.append(f"output class {cls.module}.{cls.qualname} is not defined by any "
+                                "module the model source imported: outputs of that class come "
+                                "back as plain containers")
+    return table, problems
 
 
-def _rebuild(node: OutputNode, leaves: Iterator[Any]) -> Any:
+def _classes(node: OutputNode) -> Iterator[OutputClass]:
+    if node.cls is not None:
+        yield node.cls
+    for item in node.items:
+        yield from _classes(item)
+
+
+def _lookup(cls: OutputClass) -> type | None:
+    found: Any = sys.modules.get(cls.module)
+    for part in cls.qualname.split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, type):
+        return None
+    fits = {"mapping": issubclass(found, dict),
+            "namedtuple": issubclass(found, tuple) and hasattr(found, "_fields"),
+            "dataclass": dataclasses.is_dataclass(found)}[cls.form]
+    return found if fits else None
+
+
+def unflatten(node: OutputNode, leaves: Sequence[Any], classes: ClassTable | None = None) -> Any:
+    """Rebuild the structure from leaves (tensors or numpy arrays), with recorded classes
+    where ``classes`` resolves them."""
+    return _rebuild(node, iter(leaves), classes or {})
+
+
+def _rebuild(node: OutputNode, leaves: Iterator[Any], classes: ClassTable) -> Any:
     if node.kind == "tensor":
         return next(leaves)
+    if node.kind == "none":
+        return None
+    cls = classes.get((node.cls.module, node.cls.qualname)) if node.cls is not None else None
     if node.kind == "dict":
-        return {key: _rebuild(item, leaves) for key, item in zip(node.keys, node.items)}
-    items = [_rebuild(item, leaves) for item in node.items]
-    return items if node.kind == "list" else tuple(items)
+        items = {key: _rebuild(item, leaves, classes) for key, item in zip(node.keys, node.items)}
+        return cls(**items) if cls is not None else items
+    values = [_rebuild(item, leaves, classes) for item in node.items]
+    if cls is not None:
+        return cls(*values)
+    return values if node.kind == "list" else tuple(values)

@@ -20,6 +20,7 @@ from qkan_pack.format import (
     KernelSet,
     Manifest,
     ModelInfo,
+    OutputClass,
     OutputNode,
     ShapeEntry,
     TensorSpec,
@@ -39,11 +40,12 @@ SHA = "ab" * 32
 def sample_manifest() -> Manifest:
     """A valid manifest with two inputs, nested outputs, includes, tied weights and kernels."""
     leaf = OutputNode("tensor", tensor=TensorSpec((2, 3), "float32"))
-    outputs = OutputNode("dict", keys=("y", "parts"), items=(
+    outputs = OutputNode("dict", keys=("y", "parts", "extra"), items=(
         leaf,
         OutputNode("tuple", items=(OutputNode("tensor", tensor=TensorSpec((2,), "float32")),
                                    OutputNode("list", items=(leaf,)))),
-    ))
+        OutputNode("none"),
+    ), cls=OutputClass("transformers.modeling_outputs", "BaseModelOutput", "mapping"))
     files = {name: FileEntry(size=10, sha256=SHA) for name in (
         "source/model.py", "source/helper.py", "weights.safetensors",
         "references/shape-000.safetensors", "references/shape-001.safetensors", "kernels/k/a.bin")}
@@ -52,15 +54,16 @@ def sample_manifest() -> Manifest:
         model=ModelInfo(source="source/model.py", entry="build_model",
                         config={"width": [2, 3], "solver": "exact", "scale": 0.5},
                         includes=("source/helper.py",), parameters=42,
-                        tied=(("head.weight", "emb.weight"),), device_argument=True),
-        inputs=(InputDecl("a", "float32"), InputDecl("b", "int64")),
+                        tied=(("head.weight", "emb.weight"),), device_argument=True,
+                        packages={"transformers": "5.0.0"}),
+        call="keyword",
+        inputs=(InputDecl("a", "float32"), InputDecl("b", "int64", 0, 8, "embedding table (8 rows)")),
         shapes=(
             ShapeEntry((("a", (2, 3)), ("b", (2, 4))), outputs, "references/shape-000.safetensors"),
             ShapeEntry((("a", (8, 3)), ("b", (8, 4))), outputs, "references/shape-001.safetensors"),
         ),
         capture=CapturePolicy("submodules", ("QKANLayer",)),
         files=files,
-        created="2025-01-01T00:00:00+00:00",
         kernels=(KernelSet("sm90-triton", "kernels/k", {"triton": "3.4"}),),
     )
 
@@ -207,12 +210,15 @@ def test_manifest_round_trip_is_exact() -> None:
     assert dict(parsed.shapes[1].inputs)["a"] == (8, 3)
     assert [leaf.shape for leaf in parsed.shapes[0].outputs.leaves()] == [(2, 3), (2,), (2, 3)]
     assert parsed.shapes[0].label == "a:2x3,b:2x4"
-    assert parsed.shapes[0].outputs.label == "{y: 2x3 float32, parts: (2 float32, [2x3 float32])}"
+    assert parsed.shapes[0].outputs.label == (
+        "BaseModelOutput{y: 2x3 float32, parts: (2 float32, [2x3 float32]), extra: None}")
+    assert parsed.call == "keyword" and parsed.inputs[1].high == 8
+    assert b'"created"' not in data  # reproducible builds: nothing time-dependent
 
 
 def test_manifest_optional_fields_default() -> None:
     raw = sample_dict()
-    for key in ("created", "reference_device", "kernels"):
+    for key in ("reference_device", "reference_precision", "kernels"):
         del raw[key]
     for key in ("includes", "config", "device_argument", "parameters", "tied"):
         del raw["model"][key]
@@ -224,7 +230,8 @@ def test_manifest_optional_fields_default() -> None:
 
 def test_duplicate_json_keys_refused() -> None:
     data = dumps_manifest(sample_manifest()).decode()
-    doubled = data.replace('"format_version": 1,', '"format_version": 1, "format_version": 1,', 1)
+    version = f'"format_version": {FORMAT_VERSION},'
+    doubled = data.replace(version, version + " " + version, 1)
     assert doubled != data
     with pytest.raises(ManifestError, match="duplicate JSON key 'format_version'"):
         parse_manifest(doubled)

@@ -41,7 +41,7 @@ from qkan_pack import (
     build,
     read_artifact,
 )
-from qkan_pack.format import MAX_MANIFEST_BYTES
+from qkan_pack.format import FORMAT_VERSION, MAX_MANIFEST_BYTES
 
 from ..conftest import MODELS
 
@@ -333,7 +333,7 @@ CASES: dict[str, Case] = {
                           ArtifactError, "sha256"),
     "size edited": Case(edit_manifest(set_path("files", SOURCE, "size", value=1)),
                         ArtifactError, "bytes but"),
-    "format version newer": Case(edit_manifest(set_path("format_version", value=2)),
+    "format version newer": Case(edit_manifest(set_path("format_version", value=FORMAT_VERSION + 1)),
                                  IncompatibleArtifactError, "upgrade qkan-pack"),
     "format name edited": Case(edit_manifest(set_path("format", value="other")),
                                ManifestError, "not a qkan-pack manifest"),

@@ -1,0 +1,216 @@
+"""The inputs a build declares: names, shapes, dtypes, how they reach ``forward``, and the
+reference values drawn for them.
+
+One unnamed input (``--shapes``) is passed positionally, as ``forward``'s first parameter.
+Named inputs (``--input NAME:...`` or ``{name: shape}`` dicts) are passed by keyword, and each
+name must be a parameter of ``forward``. Integer inputs draw reference values from the range
+the model makes visible (the ``num_embeddings`` of the embedding they feed), else from
+``--input-range``, else [0, 2) with a note saying so.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ModelSourceError, ShapeSpecError
+from ..format import DTYPES, InputDecl, Shape, check_dtype, format_shape, parse_shapes
+from ..runtime import describe, torch_dtype
+
+ShapesArg = str | Sequence[Sequence[int]] | Sequence[Mapping[str, Sequence[int]]]
+EXAMPLE_INPUT_HOOK = "example_input"
+DEFAULT_INT_RANGE = (0, 2)
+
+
+@dataclass(frozen=True)
+class DeclaredInputs:
+    """What a build was asked to record: names in order, the call convention, one
+    ``{name: shape}`` per declared shape, and a dtype per name."""
+
+    names: list[str]
+    call: str
+    per_shape: list[dict[str, Shape]]
+    dtypes: dict[str, str]
+
+
+def declare_inputs(shapes: ShapesArg, dtype: str | Mapping[str, str],
+                   model: torch.nn.Module) -> DeclaredInputs:
+    """Normalise ``shapes``/``dtype``; check named inputs against ``forward``'s parameters."""
+    if isinstance(shapes, str):
+        shapes = parse_shapes(shapes)
+    shapes = list(shapes)
+    if not shapes:
+        raise ShapeSpecError("no shapes given: declare at least one input shape")
+    if all(isinstance(s, Mapping) for s in shapes):
+        names, call = list(shapes[0]), "keyword"
+        per_shape = [{n: _checked_shape(s[n], n) for n in names} for s in shapes
+                     if _same_names(s, names)]
+        check_forward_accepts(model, names)
+    else:
+        names, call = forward_input_names(model, 1), "positional"
+        per_shape = [{names[0]: _checked_shape(s, names[0])} for s in shapes]
+    if len({tuple(map(tuple, p.items())) for p in per_shape}) != len(per_shape):
+        raise ShapeSpecError("a shape is declared twice")
+    return DeclaredInputs(names, call, per_shape, _dtypes_for(dtype, names))
+
+
+def _same_names(shape_map: Mapping[str, Any], names: list[str]) -> bool:
+    if list(shape_map) != names:
+        raise ShapeSpecError(f"every shape must name the inputs {names} in the same order")
+    return True
+
+
+def _checked_shape(shape: Any, name: str) -> Shape:
+    if isinstance(shape, str):
+        return parse_shapes(shape)[0]
+    if not isinstance(shape, (list, tuple)) or not shape:
+        raise ShapeSpecError(f"shape for {name!r} must be a non-empty list of positive ints")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ShapeSpecError(f"shape {shape!r} for {name!r} must hold positive integers")
+    return tuple(shape)
+
+
+def _forward_parameters(model: torch.nn.Module) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
+def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
+    """Names of forward's first ``count`` positional parameters (``input0``... if unnamed)."""
+    positional = [p.name for p in _forward_parameters(model)
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [n for n in positional if n.isidentifier()][:count]
+    return names + [f"input{i}" for i in range(len(names), count)]
+
+
+def check_forward_accepts(model: torch.nn.Module, names: Sequence[str]) -> None:
+    """Every named input must be a keyword parameter of ``forward`` (or **kwargs)."""
+    parameters = _forward_parameters(model)
+    if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [p.name for p in parameters
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [n for n in names if n not in accepted]
+    if unknown:
+        raise ShapeSpecError(
+            f"input(s) {unknown} are not parameters of {type(model).__name__}.forward, which "
+            f"takes: {', '.join(accepted)}. Named inputs are passed by keyword: name them after "
+            "forward's parameters")
+
+
+def _dtypes_for(dtype: str | Mapping[str, str], names: list[str]) -> dict[str, str]:
+    if isinstance(dtype, str):
+        return {name: check_dtype(dtype) for name in names}
+    unknown = set(dtype) - set(names)
+    if unknown:
+        raise ShapeSpecError(f"dtype given for unknown inputs {sorted(unknown)}; inputs: {names}")
+    return {name: check_dtype(dtype.get(name, "float32")) for name in names}
+
+
+def integer_ranges(declared: DeclaredInputs, forward: Callable[..., Any],
+                   model: torch.nn.Module, input_range: tuple[float, float] | None,
+                   hook: Any) -> list[InputDecl]:
+    """Each input's declaration, integer inputs with the range their values come from."""
+    integers = [n for n in declared.names if DTYPES[declared.dtypes[n]].kind == "int"]
+    found = {} if input_range or hook or not integers else _embedding_ranges(
+        declared, integers, forward, model)
+    decls = []
+    for name in declared.names:
+        if name not in integers:
+            decls.append(InputDecl(name, declared.dtypes[name]))
+        elif hook is not None:
+            decls.append(InputDecl(name, declared.dtypes[name], range_source=EXAMPLE_INPUT_HOOK))
+        elif input_range is not None:
+            decls.append(InputDecl(name, declared.dtypes[name], input_range[0], input_range[1],
+                                   "--input-range"))
+        else:
+            low, high, source = found.get(name, (*DEFAULT_INT_RANGE, "default"))
+            decls.append(InputDecl(name, declared.dtypes[name], low, high, source))
+    return decls
+
+
+def _embedding_ranges(declared: DeclaredInputs, integers: list[str],
+                      forward: Callable[..., Any], model: torch.nn.Module
+                      ) -> dict[str, tuple[int, int, str]]:
+    """Run one probe forward (values in the always-safe [0, 2)) with hooks on every
+    embedding; an input whose storage reaches an embedding takes its row count."""
+    generator = torch.Generator().manual_seed(0)
+    probe = {n: random_input(s, torch_dtype(declared.dtypes[n]), generator, DEFAULT_INT_RANGE)
+             for n, s in declared.per_shape[0].items()}
+    owners = {probe[n].untyped_storage().data_ptr(): n for n in integers}
+    found: dict[str, tuple[int, int, str]] = {}
+
+    def seen(path: str, rows: int) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            if args and isinstance(args[0], torch.Tensor) and args[0].numel():
+                name = owners.get(args[0].untyped_storage().data_ptr())
+                if name is not None and rows < found.get(name, (0, 2**62, ""))[1]:
+                    found[name] = (0, rows, f"embedding {path} ({rows} rows)")
+        return hook
+
+    embeddings = [(p, m) for p, m in model.named_modules()
+                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
+    handles = [m.register_forward_pre_hook(seen(p, m.num_embeddings)) for p, m in embeddings]
+    try:
+        with torch.no_grad():
+            forward(*probe.values())
+    except Exception:  # the probe only informs; the reference run reports real failures
+        return {}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def reference_inputs(shape_map: Mapping[str, Shape], decls: Sequence[InputDecl], seed: int,
+                     hook: Any, model_path: Path) -> dict[str, torch.Tensor]:
+    """Reference values for one declared shape, seeded by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    by_name = {d.name: d for d in decls}
+    inputs = {}
+    for name, shape in shape_map.items():
+        decl = by_name[name]
+        dtype = torch_dtype(decl.dtype)
+        if hook is not None:
+            inputs[name] = _from_hook(hook, name, shape, dtype, generator, model_path)
+        else:
+            bounds = (decl.low, decl.high) if decl.low is not None else None
+            inputs[name] = random_input(shape, dtype, generator, bounds)
+    return inputs
+
+
+def random_input(shape: Shape, dtype: torch.dtype, generator: torch.Generator,
+                 input_range: tuple[float, float] | None = None) -> torch.Tensor:
+    """Reference input: normal floats, or uniform over ``input_range`` ([0, 2) for ints)."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if not dtype.is_floating_point:
+        low, high = input_range or DEFAULT_INT_RANGE
+        return torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype)
+    if input_range is None:
+        return torch.randn(shape, generator=generator).to(dtype)
+    low, high = input_range
+    return (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
+
+
+def _from_hook(hook: Any, name: str, shape: Shape, dtype: torch.dtype,
+               generator: torch.Generator, model_path: Path) -> torch.Tensor:
+    try:
+        tensor = hook(name, shape, dtype, generator)
+    except Exception as exc:
+        raise ModelSourceError(f"{model_path}: {EXAMPLE_INPUT_HOOK}() failed: {describe(exc)}") from exc
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(shape) or (
+        tensor.dtype != dtype
+    ):
+        raise ModelSourceError(
+            f"{model_path}: {EXAMPLE_INPUT_HOOK}({name!r}, {format_shape(shape)}, {dtype}) must "
+            f"return a tensor of that shape and dtype"
+        )
+    return tensor.contiguous()
