@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,15 @@ import click
 
 from ._version import __version__
 from .bench import SKIPPABLE
-from .errors import QkanPackError, ShapeSpecError
+from .errors import DeviceError, QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
     check_dtype,
     format_shape,
     manifest_to_dict,
+    pair_inputs,
     parse_config_items,
+    parse_input_option,
     parse_shapes,
 )
 
@@ -42,16 +45,25 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except DeviceError as exc:  # name the option the user typed
+            option = f"--device {exc.requested}"
+            hint = f"; use --device {exc.suggestion}" if exc.suggestion else ""
+            if exc.usage:
+                raise click.BadParameter(f"{exc.requested!r}: {exc.problem}",
+                                         param_hint="--device") from None
+            _fail(DeviceError(requested=exc.requested, problem=exc.problem), known=True,
+                  text=f"{option}: {exc.problem}{hint}")
         except QkanPackError as exc:
             _fail(exc, known=True)
         except Exception as exc:
             _fail(exc, known=False)
 
 
-def _fail(exc: BaseException, *, known: bool) -> None:
+def _fail(exc: BaseException, *, known: bool, text: str | None = None) -> None:
     if os.environ.get(DEBUG_ENV) == "1":
         raise exc
-    message = " ".join(str(exc).split()) if known else f"unexpected {type(exc).__name__}: {exc}"
+    message = text or (" ".join(str(exc).split()) if known
+                       else f"unexpected {type(exc).__name__}: {exc}")
     click.echo(f"Error: {message}", err=True)
     if not known:
         click.echo(f"(set {DEBUG_ENV}=1 to see the traceback)", err=True)
@@ -62,14 +74,18 @@ def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
     return click.BadParameter(str(exc), param_hint=param)
 
 
-def _shapes_option(ctx: click.Context, param: click.Parameter, value: str) -> list:
+def _shapes_option(ctx: click.Context, param: click.Parameter, value: str | None) -> list | None:
+    if value is None:
+        return None
     try:
         return parse_shapes(value)
     except ShapeSpecError as exc:
         raise _usage("--shapes", exc) from None
 
 
-def _dtype_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+def _dtype_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
     try:
         return check_dtype(value)
     except ShapeSpecError as exc:
@@ -111,14 +127,42 @@ def cli() -> None:
     """
 
 
+def _input_option(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -> list:
+    try:
+        return [parse_input_option(item) for item in value]
+    except ShapeSpecError as exc:
+        raise _usage("--input", exc) from None
+
+
+def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
+                     ) -> tuple[list, str | dict[str, str]]:
+    """``--shapes`` (one unnamed input) or ``--input`` options (named inputs, by keyword)."""
+    if (shapes is None) == (not inputs):
+        raise click.UsageError("give either --shapes (one input) or one --input per named input")
+    if shapes is not None:
+        return shapes, dtype or "float32"
+    try:
+        per_shape, dtypes = pair_inputs(inputs)
+    except ShapeSpecError as exc:
+        raise _usage("--input", exc) from None
+    names = [name for name, _, _ in inputs]
+    return per_shape, {name: dtypes.get(name, dtype or "float32") for name in names}
+
+
 @cli.command()
 @click.argument("model_py", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--shapes", required=True, callback=_shapes_option,
-              help="Comma-separated input shapes, dims joined by x: 1x128,8x128.")
+@click.option("--shapes", callback=_shapes_option,
+              help="Shapes of the one input (passed to forward positionally), dims joined by x, "
+              "shapes by commas: 1x128,8x128.")
+@click.option("--input", "inputs", multiple=True, callback=_input_option,
+              metavar="NAME:SHAPES[:DTYPE]",
+              help="A named input, passed to forward by keyword: input_ids:1x16,8x16:int64. "
+              "Repeat per input; shapes pair up by position across inputs.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
               help="Artifact directory [default: artifacts/<model file stem>].")
-@click.option("--dtype", default="float32", show_default=True, callback=_dtype_option,
-              help="Input dtype (int64 for token ids).")
+@click.option("--dtype", callback=_dtype_option,
+              help="Input dtype (int64 for token ids) [default: float32; --input may give "
+              "its own].")
 @click.option("--entry", default="build_model", show_default=True,
               help="Factory in the model file: build_model(**config) -> nn.Module.")
 @click.option("--config", "config", multiple=True, callback=_config_option, metavar="KEY=VALUE",
@@ -130,7 +174,8 @@ def cli() -> None:
 @click.option("--capture", type=click.Choice(CAPTURE_POLICIES), default="auto", show_default=True,
               help="Graph capture policy recorded for the GPU runtime.")
 @click.option("--submodules", callback=_list_option, metavar="CLASS,...",
-              help="Classes to capture under the submodules policy [default: qkan modules].")
+              help="Classes to capture under the submodules policy [default: the largest "
+              "blocks that capture and replay correctly].")
 @click.option("--input-range", callback=_range_option, metavar="LOW,HIGH",
               help="Range of reference inputs (uniform; ints in [LOW, HIGH)).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the reference inputs.")
@@ -138,16 +183,22 @@ def cli() -> None:
 @click.option("--warm", "warm_device", is_flag=False, flag_value="cuda", default=None,
               metavar="[DEVICE]", help="Then ship compiled GPU kernels (needs a GPU here; "
               "DEVICE defaults to cuda). See `qkan-pack warm`.")
-def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: str,
-          config: dict, weights: Path | None, include: tuple, capture: str, submodules: tuple,
-          input_range: Any, seed: int, force: bool, warm_device: str | None) -> None:
+def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None,
+          dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
+          capture: str, submodules: tuple, input_range: Any, seed: int, force: bool,
+          warm_device: str | None) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
 
-    result = build_artifact(model_py, shapes, output=output, dtype=dtype, entry=entry,
-                            config=config, weights=weights, includes=include, capture=capture,
-                            submodules=submodules, input_range=input_range, seed=seed,
-                            force=force)
+    declared, dtypes = _declared_shapes(shapes, inputs, dtype)
+    with warnings.catch_warnings():  # notes are printed below, once
+        warnings.simplefilter("ignore")
+        result = build_artifact(model_py, declared, output=output, dtype=dtypes, entry=entry,
+                                config=config, weights=weights, includes=include,
+                                capture=capture, submodules=submodules,
+                                input_range=input_range, seed=seed, force=force)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
     click.echo(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
     if warm_device is not None:
@@ -210,13 +261,15 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
         f"capture    {manifest.capture.policy}"
         + (f" ({', '.join(manifest.capture.submodules)})" if manifest.capture.submodules else ""),
         "producer   " + ", ".join(f"{k} {v}" for k, v in producer.items() if v),
-        "inputs     " + ", ".join(f"{d.name}: {d.dtype}" for d in manifest.inputs),
-        "",
-        f"  {'#':>2}  {'inputs':<24}{'outputs':<40}",
+        "inputs     " + ", ".join(_input_text(d) for d in manifest.inputs),
     ]
-    for index, entry in enumerate(manifest.shapes):
-        inputs = ", ".join(f"{n} {format_shape(s)}" for n, s in entry.inputs)
-        lines.append(f"  {index:>2}  {inputs:<24}{entry.outputs.label:<40}")
+    if model.packages:
+        lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in model.packages.items()))
+    shown = [", ".join(f"{n} {format_shape(s)}" for n, s in e.inputs) for e in manifest.shapes]
+    width = max(len("inputs"), *map(len, shown)) + 2
+    lines += ["", f"  {'#':>2}  {'inputs':<{width}}outputs"]
+    for index, (inputs, entry) in enumerate(zip(shown, manifest.shapes)):
+        lines.append(f"  {index:>2}  {inputs:<{width}}{entry.outputs.label}")
     lines += ["", f"  {'file':<44}{'bytes':>12}  sha256"]
     for name, entry in sorted(manifest.files.items()):
         lines.append(f"  {name:<44}{entry.size:>12,}  {entry.sha256[:16]}…")
@@ -224,6 +277,13 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
         lines += ["", "  shipped kernels:"]
         lines += [f"    {k.key}  ({k.directory})" for k in manifest.kernels]
     return "\n".join(lines)
+
+
+def _input_text(decl: Any) -> str:
+    text = f"{decl.name}: {decl.dtype}"
+    if decl.low is not None:
+        text += f" in [{decl.low:g}, {decl.high:g}) ({decl.range_source})"
+    return text
 
 
 @cli.command()

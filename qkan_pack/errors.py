@@ -156,7 +156,17 @@ class CaptureError(QkanPackError, RuntimeError):
 
 
 class DeviceError(QkanPackError, RuntimeError):
-    """A device that does not exist or cannot be used here."""
+    """A device that does not exist or cannot be used here: ``requested`` (as given),
+    ``problem``, and ``suggestion`` (a device that would work, or None)."""
+
+    def __init__(self, *, requested: str, problem: str, suggestion: str | None = None,
+                 usage: bool = False) -> None:
+        self.requested = requested
+        self.problem = problem
+        self.suggestion = suggestion
+        self.usage = usage  # the text itself is malformed (a usage error on the CLI)
+        hint = f"; use device {suggestion!r}" if suggestion else ""
+        super().__init__(f"device {requested!r}: {problem}{hint}")
 
 
 class KernelCacheError(QkanPackError, RuntimeError):

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from qkan_pack import FORMAT_VERSION, ModelSourceError, read_artifact
 from qkan_pack.cli import cli
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, MODELS, ROOT
 
 MLP = str(EXAMPLES / "qkan_mlp.py")
 
@@ -117,7 +117,7 @@ def test_existing_artifact_needs_force(tmp_path: Path) -> None:
     (["build", MLP, "--shapes", "axb"], ["--shapes", "bad dimension 'a'"]),
     (["build", MLP, "--shapes", "1x2,1x2x3"], ["--shapes", "mix ranks"]),
     (["build", MLP, "--shapes", ""], ["--shapes", "empty"]),
-    (["build", MLP], ["Missing option '--shapes'"]),
+    (["build", MLP], ["give either --shapes"]),
     (["build", MLP, "--shapes", "1x2", "--dtype", "float128"], ["--dtype", "unknown dtype"]),
     (["build", MLP, "--shapes", "1x2", "--config", "novalue"], ["--config", "KEY=VALUE"]),
     (["build", MLP, "--shapes", "1x2", "--config", "a=1", "--config", "a=2"], ["--config", "twice"]),
@@ -271,3 +271,61 @@ def test_help_and_inspect_do_not_import_torch(cli_artifact: tuple[Path, str]) ->
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"codes": [0, 0, 0, 0, 0], "heavy": []}
+
+
+def test_named_inputs_from_the_command_line(tmp_path: Path) -> None:
+    """--input NAME:SHAPES:DTYPE per input; shapes pair up by position; passed by keyword."""
+    out = tmp_path / "multi"
+    result = CliRunner().invoke(cli, [
+        "build", str(MODELS / "multi_io.py"), "--input", "a:2x3,8x3",
+        "--input", "b:2x4,8x4:int64", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = read_artifact(out).manifest
+    assert manifest.call == "keyword"
+    assert [(d.name, d.dtype) for d in manifest.inputs] == [("a", "float32"), ("b", "int64")]
+    assert [dict(e.inputs) for e in manifest.shapes] == [{"a": (2, 3), "b": (2, 4)},
+                                                         {"a": (8, 3), "b": (8, 4)}]
+    assert (manifest.inputs[1].low, manifest.inputs[1].high) == (0, 8)  # the embedding's rows
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--shapes", "1,2"], "for one shape write '1x2'"),
+    ([], "give either --shapes"),
+    (["--shapes", "1x2", "--input", "x:1x2"], "give either --shapes"),
+    (["--input", "a:2x3,8x3", "--input", "b:2x4"], "same number of shapes"),
+    (["--input", "a=2x3"], "NAME:SHAPES"),
+    (["--input", "a:2x3:float99"], "unknown dtype"),
+])
+def test_input_declarations_that_are_usage_errors(args: list[str], says: str,
+                                                  tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["build", str(MODELS / "multi_io.py"), *args,
+                                      "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_build_prints_a_note_for_an_integer_range_it_could_not_infer(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [
+        "build", str(MODELS / "multi_io.py"), "--input", "a:2x3", "--input", "b:2x4:int64",
+        "--input-range", "0,8", "-o", str(tmp_path / "ranged")])
+    assert result.exit_code == 0 and "note:" not in result.output
+    gpt = CliRunner().invoke(cli, [
+        "build", str(EXAMPLES / "hqkan_gpt.py"), "--shapes", "1x16", "--dtype", "int64",
+        "--config", "block_size=16", "--config", "n_embd=32", "--config", "hidden=16",
+        "-o", str(tmp_path / "gpt")])
+    assert gpt.exit_code == 0, gpt.output
+    assert "note:" not in gpt.output  # example_input() gives valid token ids itself
+
+
+def test_device_errors_name_the_option_typed(mlp_artifact: Path) -> None:
+    """A device this host lacks is an error (exit 1) naming --device, with the fix; text that
+    is no device at all is a usage error (exit 2)."""
+    missing = run("verify", mlp_artifact, "--device", "cuda")
+    assert missing.exit_code == 1
+    assert one_line_error(missing) == ("Error: --device cuda: CUDA is not available on this host "
+                                       "(no GPU or a CPU-only torch build); use --device cpu")
+    for bad in ("tpu", "cuda:x"):
+        result = run("verify", mlp_artifact, "--device", bad)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --device" in result.stderr

@@ -91,12 +91,16 @@ def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
 
 
 def check_forward_accepts(model: torch.nn.Module, names: Sequence[str]) -> None:
-    """Every named input must be a keyword parameter of ``forward`` (or **kwargs)."""
+    """Every named input must be a named keyword parameter of ``forward``.
+
+    A ``**kwargs`` catch-all does not excuse a name that matches no parameter (transformers
+    models all have one, and a misspelt ``input_idz`` would vanish into it); only a forward
+    whose every keyword goes through ``**kwargs`` accepts any name."""
     parameters = _forward_parameters(model)
-    if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
-        return
     accepted = [p.name for p in parameters
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not parameters or not accepted:
+        return
     unknown = [n for n in names if n not in accepted]
     if unknown:
         raise ShapeSpecError(

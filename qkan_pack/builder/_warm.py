@@ -49,10 +49,9 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
     root = Path(path)
     artifact = read_artifact(root)
     if not torch.cuda.is_available() or torch.device(device).type != "cuda":
-        raise DeviceError(
-            f"qkan-pack warm needs a CUDA GPU (asked for {device!r}): kernels are compiled for "
-            "the GPU they run on; run it on a GPU host of the kind you deploy to"
-        )
+        raise DeviceError(requested=str(device), problem="qkan-pack warm needs a CUDA GPU: "
+                          "kernels are compiled for the GPU they run on; run it on a GPU host "
+                          "of the kind you deploy to")
     target = resolve_device(device)
     key, details = kernel_key(target.index or 0)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as cache:

@@ -63,7 +63,41 @@ def parse_shapes(text: str) -> list[Shape]:
         seen.add(shape)
     if len(shapes) > MAX_SHAPES:
         raise ShapeSpecError(f"{len(shapes)} shapes given; at most {MAX_SHAPES} allowed")
+    if len(shapes) > 1 and all(len(s) == 1 for s in shapes):
+        joined = "x".join(str(s[0]) for s in shapes)
+        raise ShapeSpecError(
+            f"{text!r} is ambiguous: it lists {len(shapes)} one-dimensional shapes. Dims are "
+            f"joined by 'x' and shapes by ',': for one shape write {joined!r}. (Several 1-D "
+            "shapes can be declared from Python: build(..., shapes=[(8,), (16,)]))")
     return shapes
+
+
+def parse_input_option(text: str) -> tuple[str, list[Shape], str | None]:
+    """Parse ``--input NAME:SHAPES[:DTYPE]`` (``input_ids:1x16,8x16:int64``)."""
+    parts = text.split(":") if isinstance(text, str) else []
+    if len(parts) not in (2, 3) or not IDENTIFIER.match(parts[0].strip()):
+        raise ShapeSpecError(
+            f"bad --input {text!r}: write NAME:SHAPES or NAME:SHAPES:DTYPE, e.g. "
+            "input_ids:1x16,8x16:int64 (NAME is forward's parameter)")
+    dtype = check_dtype(parts[2]) if len(parts) == 3 else None
+    return parts[0].strip(), parse_shapes(parts[1]), dtype
+
+
+def pair_inputs(declared: Sequence[tuple[str, list[Shape], str | None]]
+                ) -> tuple[list[dict[str, Shape]], dict[str, str]]:
+    """Several ``--input`` options as one ``{name: shape}`` per declared shape (paired by
+    position) and ``{name: dtype}`` for those that gave one."""
+    names = [name for name, _, _ in declared]
+    if len(set(names)) != len(names):
+        raise ShapeSpecError(f"--input names repeat: {names}")
+    counts = {name: len(shapes) for name, shapes, _ in declared}
+    if len(set(counts.values())) > 1:
+        raise ShapeSpecError(
+            "every --input must list the same number of shapes (they pair up by position): "
+            + ", ".join(f"{n} has {c}" for n, c in counts.items()))
+    per_shape = [{name: shapes[i] for name, shapes, _ in declared}
+                 for i in range(next(iter(counts.values())))]
+    return per_shape, {name: dtype for name, _, dtype in declared if dtype is not None}
 
 
 def format_shape(shape: Sequence[int]) -> str:

@@ -64,6 +64,23 @@ def check_compatibility(manifest: Manifest, warn: Callable[[str], None]) -> None
         elif _release(built)[:2] != _release(local)[:2]:
             warn(f"artifact built with {package} {built}, loading with {local}: "
                  "outputs are checked by the self-test")
+    _check_model_packages(manifest, warn)
+
+
+def _check_model_packages(manifest: Manifest, warn: Callable[[str], None]) -> None:
+    """The packages the model source uses (transformers, torchvision, timm...) run at load:
+    another release may build another model. The self-test catches numeric differences;
+    a warning names the difference."""
+    for name, built in manifest.model.packages.items():
+        if name in CHECKED_PACKAGES:
+            continue
+        local = installed_version(name)
+        if local is None:
+            warn(f"the model source imports {name} ({built} at build), which is not installed "
+                 f"here: pip install '{name}=={built}'")
+        elif _release(built)[:2] != _release(local)[:2]:
+            warn(f"artifact built with {name} {built}, loading with {local}: outputs are "
+                 "checked by the self-test")
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -18,18 +18,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise DeviceError(f"bad device {device!r}: {exc}; use 'cpu', 'cuda' or 'cuda:N'") from None
+        raise DeviceError(requested=str(device), problem=f"not a device ({exc}); write cpu, "
+                          "cuda, cuda:N or auto", usage=True) from None
     if resolved.type == "cpu":
         return resolved
     if resolved.type != "cuda":
-        raise DeviceError(f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+        raise DeviceError(requested=str(device), problem=f"{resolved.type} devices are not "
+                          "supported; write cpu, cuda, cuda:N or auto", usage=True)
     if not torch.cuda.is_available():
-        raise DeviceError(
-            f"device {device!r} was asked for but CUDA is not available on this host "
-            "(no GPU or a CPU-only torch build); load with device='cpu'"
-        )
+        raise DeviceError(requested=str(device), problem="CUDA is not available on this host "
+                          "(no GPU or a CPU-only torch build)", suggestion="cpu")
     index = resolved.index if resolved.index is not None else torch.cuda.current_device()
     count = torch.cuda.device_count()
     if not 0 <= index < count:
-        raise DeviceError(f"device {device!r} does not exist: this host has {count} CUDA device(s)")
+        raise DeviceError(requested=str(device), problem=f"this host has {count} CUDA device(s)",
+                          suggestion="cuda:0")
     return torch.device("cuda", index)

@@ -32,7 +32,7 @@ from qkan_pack import (
 )
 from qkan_pack.runtime import content_name
 
-from ..conftest import EXAMPLES, MODELS
+from ..conftest import EXAMPLES, MODELS, ROOT
 
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
 _loaded: dict[Path, ModuleType] = {}
@@ -392,3 +392,26 @@ def test_tied_weights_that_disagree_refused(tmp_path: Path, gpt_artifact: Path) 
     with pytest.raises(WeightsMismatchError, match="tied"):
         build(EXAMPLES / "hqkan_gpt.py", "1x16", dtype="int64", config=config,
               output=tmp_path / "a", weights=weights)
+
+
+WITHOUT_QKAN = """
+import sys
+sys.modules["qkan"] = None  # `import qkan` now fails: as on a host without the [qkan] extra
+import torch
+from qkan_pack import Predictor, build
+path = build(sys.argv[1], "1x2,4x2", output=sys.argv[2]).path
+with Predictor.load(path) as predictor:
+    x = torch.randn(4, 2)
+    print(float((predictor(x) - predictor._model(x)).abs().max()))
+"""
+
+
+def test_plain_torch_models_need_no_qkan(tmp_path: Path) -> None:
+    """qkan is an optional extra: a plain torch model builds and loads without it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WITHOUT_QKAN, str(MODELS / "plain_mlp.py"),
+                           str(tmp_path / "plain")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1]) == 0.0

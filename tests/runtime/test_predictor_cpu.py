@@ -308,7 +308,7 @@ def test_cuda_on_a_cpu_host_is_a_device_error(mlp_artifact: Path, device: Any) -
 
 @pytest.mark.parametrize("device", ["meta", "tpu", "cuda:x", "", "cpu:zero"])
 def test_unusable_devices_are_device_errors(mlp_artifact: Path, device: str) -> None:
-    with pytest.raises(DeviceError, match="'cpu', 'cuda' or 'cuda:N'"):
+    with pytest.raises(DeviceError, match="write cpu, cuda, cuda:N or auto"):
         Predictor.load(mlp_artifact, device=device)
 
 
