@@ -4,7 +4,6 @@ version (tests/golden/), read by the runtime of today and compared with eager Py
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
