@@ -121,15 +121,17 @@ class SelfTestError(QkanPackError, RuntimeError):
     """Outputs that disagree with eager execution or the build-time references."""
 
     def __init__(self, *, shape: str, compared: str, max_abs: float,
-                 tolerance: tuple[float, float], hint: str) -> None:
+                 tolerance: tuple[float, float], hint: str, max_rel: float | None = None) -> None:
         self.shape = shape
         self.compared = compared
         self.max_abs = max_abs
+        self.max_rel = max_rel
         self.tolerance = tuple(tolerance)
         rtol, atol = self.tolerance
+        relative = f", {max_rel:.3g} of the output's scale" if max_rel is not None else ""
         super().__init__(
-            f"self-test failed for shape {shape}: {compared} differ by up to {max_abs:.3g} "
-            f"(rtol={rtol:g}, atol={atol:g}). {hint}"
+            f"self-test failed for shape {shape}: {compared} differ by up to {max_abs:.3g}"
+            f"{relative} (rtol={rtol:g}, atol={atol:g} x scale). {hint}"
         )
 
 

@@ -36,6 +36,7 @@ from ..runtime import (
     entry_function,
     import_model_source,
     load_strict,
+    model_solvers,
     package_versions,
     progress_bar,
 )
@@ -161,6 +162,7 @@ class _UserModel:
             parameters=sum(p.numel() for p in self.model.parameters()),
             tied=tuple(tuple(g) for g in self.tied),
             packages=model_packages(self.module, self.model),
+            solvers=tuple(model_solvers(self.model)),
         )
 
 

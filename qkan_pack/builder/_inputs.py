@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..errors import ModelSourceError, ShapeSpecError
 from ..format import DTYPES, InputDecl, Shape, check_dtype, format_shape, parse_shapes
@@ -140,37 +141,52 @@ def integer_ranges(declared: DeclaredInputs, forward: Callable[..., Any],
     return decls
 
 
+class _EmbeddingLookups(TorchFunctionMode):
+    """Sees every ``F.embedding`` call: which tensor indexes which table, of how many rows.
+
+    Watching ``torch.nn.functional.embedding`` rather than ``nn.Embedding`` modules: a learned
+    positional embedding is an ``nn.Embedding`` subclass that receives the token ids only to
+    read their shape (BART), which a module hook would take for an index."""
+
+    def __init__(self, owners: Mapping[int, str], names: Mapping[int, str]) -> None:
+        super().__init__()
+        self.owners, self.names = owners, names
+        self.found: dict[str, tuple[int, int, str]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.embedding and len(args) >= 2:
+            self._note(args[0], args[1])
+        return func(*args, **kwargs)
+
+    def _note(self, index: Any, weight: Any) -> None:
+        if not isinstance(index, torch.Tensor) or not isinstance(weight, torch.Tensor):
+            return
+        name = self.owners.get(index.untyped_storage().data_ptr())
+        rows = int(weight.shape[0])
+        if name is not None and rows < self.found.get(name, (0, 2**62, ""))[1]:
+            table = self.names.get(id(weight), "an embedding")
+            self.found[name] = (0, rows, f"embedding {table} ({rows} rows)")
+
+
 def _embedding_ranges(declared: DeclaredInputs, integers: list[str],
                       forward: Callable[..., Any], model: torch.nn.Module
                       ) -> dict[str, tuple[int, int, str]]:
-    """Run one probe forward (values in the always-safe [0, 2)) with hooks on every
-    embedding; an input whose storage reaches an embedding takes its row count."""
+    """Run one probe forward (values in the always-safe [0, 2)) watching embedding lookups;
+    an input whose storage indexes a table takes that table's row count."""
     generator = torch.Generator().manual_seed(0)
     probe = {n: random_input(s, torch_dtype(declared.dtypes[n]), generator, DEFAULT_INT_RANGE)
              for n, s in declared.per_shape[0].items()}
     owners = {probe[n].untyped_storage().data_ptr(): n for n in integers}
-    found: dict[str, tuple[int, int, str]] = {}
-
-    def seen(path: str, rows: int) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, args: tuple) -> None:
-            if args and isinstance(args[0], torch.Tensor) and args[0].numel():
-                name = owners.get(args[0].untyped_storage().data_ptr())
-                if name is not None and rows < found.get(name, (0, 2**62, ""))[1]:
-                    found[name] = (0, rows, f"embedding {path} ({rows} rows)")
-        return hook
-
-    embeddings = [(p, m) for p, m in model.named_modules()
-                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
-    handles = [m.register_forward_pre_hook(seen(p, m.num_embeddings)) for p, m in embeddings]
+    tables = {id(p): name.removesuffix(".weight") for name, p in model.named_parameters()}
+    watch = _EmbeddingLookups(owners, tables)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), watch:
             forward(*probe.values())
     except Exception:  # the probe only informs; the reference run reports real failures
         return {}
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
+    return watch.found
 
 
 def reference_inputs(shape_map: Mapping[str, Shape], decls: Sequence[InputDecl], seed: int,

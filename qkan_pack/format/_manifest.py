@@ -164,6 +164,7 @@ class ModelInfo:
     tied: tuple[tuple[str, ...], ...] = ()
     device_argument: bool = False
     packages: Mapping[str, str] = field(default_factory=dict)  # third-party imports' versions
+    solvers: tuple[str, ...] = ()  # solvers the modules ran at build (QKAN: exact, flash...)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             "parameters": manifest.model.parameters,
             "tied": [list(group) for group in manifest.model.tied],
             "packages": dict(manifest.model.packages),
+            "solvers": list(manifest.model.solvers),
         },
         "call": manifest.call,
         "inputs": [_input_to_dict(d) for d in manifest.inputs],
@@ -471,7 +473,14 @@ def _model_from(reader: _Reader) -> ModelInfo:
         parameters=reader.get("parameters", int, default=0),
         tied=tuple(tuple(g) for g in tied),
         packages=_text_mapping(reader.get("packages", dict, default={}), "manifest.model.packages"),
+        solvers=tuple(_text_list(reader.get("solvers", list, default=[]), "manifest.model.solvers")),
     )
+
+
+def _text_list(value: list[Any], where: str) -> list[str]:
+    if not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"{where} must list names")
+    return value
 
 
 def _text_mapping(value: dict[str, Any], where: str) -> dict[str, str]:

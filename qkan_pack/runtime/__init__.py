@@ -17,7 +17,8 @@ from .._lazy import lazy_getattr
 from ._artifact import VerifiedArtifact, artifact_digest, read_artifact, safetensors_header, sha256_hex
 from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, kernel_key
 from ._options import (
-    CROSS_HOST_TOLERANCE,
+    CROSS_DEVICE_TOLERANCE,
+    CROSS_SOLVER_TOLERANCE,
     REPLAY_TOLERANCE,
     SAME_HOST_TOLERANCE,
     LoadOptions,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from ._device import resolve_device
     from ._diagnose import explain_capture_failure
     from ._inputs import InputMatcher
-    from ._load import eager_forward, rebuild_model, reference_samples
+    from ._load import eager_forward, model_solvers, rebuild_model, reference_samples
     from ._predictor import Predictor
     from ._progress import progress_bar
     from ._report import LoadReport, ShapeRecord
@@ -84,7 +85,8 @@ _LAZY = {
     "release_graph_memory": "_capture", "warm_up": "_capture",
     "installed_version": "_compat", "package_versions": "_compat",
     "resolve_device": "_device",
-    "eager_forward": "_load", "rebuild_model": "_load", "reference_samples": "_load",
+    "eager_forward": "_load", "model_solvers": "_load", "rebuild_model": "_load",
+    "reference_samples": "_load",
     "Predictor": "_predictor",
     "progress_bar": "_progress",
     "LoadReport": "_report", "ShapeRecord": "_report",
@@ -97,7 +99,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "CROSS_HOST_TOLERANCE",
+    "CROSS_DEVICE_TOLERANCE",
+    "CROSS_SOLVER_TOLERANCE",
     "REPLAY_TOLERANCE",
     "SAME_HOST_TOLERANCE",
     "TRITON_CACHE_ENV",
@@ -144,6 +147,7 @@ __all__ = [
     "kernel_key",
     "load_strict",
     "map_leaves",
+    "model_solvers",
     "package_versions",
     "parse_weights",
     "progress_bar",

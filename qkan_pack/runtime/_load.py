@@ -26,7 +26,13 @@ from ._capture import capture_session
 from ._compat import check_compatibility
 from ._device import resolve_device
 from ._kernels import matching_set, shipped_kernels
-from ._options import CROSS_HOST_TOLERANCE, SAME_HOST_TOLERANCE, LoadOptions, Tolerance
+from ._options import (
+    CROSS_DEVICE_TOLERANCE,
+    CROSS_SOLVER_TOLERANCE,
+    SAME_HOST_TOLERANCE,
+    LoadOptions,
+    Tolerance,
+)
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
@@ -81,8 +87,7 @@ def _new_report(artifact: VerifiedArtifact, target: torch.device,
         capture_policy=manifest.capture.policy if target.type == "cuda" else "eager (no CUDA)",
         factory_device=str(target) if manifest.model.device_argument else None,
         config={**manifest.model.config, **overrides}, config_overrides=overrides,
-        reference_tolerance=options.reference_tolerance or default_tolerance(
-            manifest, target, overrides),
+        reference_tolerance=options.reference_tolerance or SAME_HOST_TOLERANCE,
     )
 
 
@@ -120,8 +125,10 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes])
     for problem in problems:
         report.warn(problem)
-    report.solvers = sorted({s for m in model.modules()
-                             if isinstance(s := getattr(m, "solver", None), str)})
+    report.solvers = model_solvers(model)
+    if options.reference_tolerance is None:
+        report.reference_tolerance = default_tolerance(manifest, target, report.config_overrides,
+                                                       report.solvers)
     with report.stage("references"):
         samples, expected = reference_samples(artifact, target)
     with report.stage("first forward"):  # compiles kernels; outside the session lock
@@ -156,10 +163,22 @@ def _check_references(forward: Any, samples: list[Sample], eager: list[list[torc
             for (label, _), got, want in zip(samples, outputs, expected)]
 
 
-def default_tolerance(manifest: Manifest, target: torch.device,
-                      overrides: Mapping[str, Any]) -> Tolerance:
-    same_host = manifest.reference_device == target.type and not overrides
-    return SAME_HOST_TOLERANCE if same_host else CROSS_HOST_TOLERANCE
+def default_tolerance(manifest: Manifest, target: torch.device, overrides: Mapping[str, Any],
+                      solvers: list[str]) -> Tolerance:
+    """How far this load may be from the build references: the same arithmetic on the same
+    device type, on another device type, or other arithmetic altogether."""
+    same_device = manifest.reference_device == target.type
+    recorded = manifest.model.solvers or None  # format 1 did not record them
+    if overrides or (recorded is not None and list(recorded) != solvers):
+        return CROSS_SOLVER_TOLERANCE
+    if same_device:
+        return SAME_HOST_TOLERANCE
+    return CROSS_DEVICE_TOLERANCE if recorded is not None or not solvers else CROSS_SOLVER_TOLERANCE
+
+
+def model_solvers(model: torch.nn.Module) -> list[str]:
+    """The solvers a model's modules run (QKAN layers name theirs: exact, flash, ...)."""
+    return sorted({s for m in model.modules() if isinstance(s := getattr(m, "solver", None), str)})
 
 
 def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapping[str, Any],

@@ -130,3 +130,21 @@ def test_unknown_input_names_list_forward_parameters(tmp_path: Path) -> None:
 def test_packages_the_model_imports_are_recorded(bert: Path) -> None:
     with Predictor.load(bert) as predictor:
         assert predictor.manifest.model.packages["transformers"] == transformers.__version__
+
+
+def test_bart_positions_are_not_mistaken_for_token_ranges(tmp_path: Path) -> None:
+    """BART's learned positional embedding receives decoder_input_ids only for its shape:
+    the range comes from the table the ids index (the vocabulary), not from it."""
+    from transformers import BartConfig, BartForConditionalGeneration  # noqa: F401
+
+    model = tmp_path / "bart_model.py"
+    model.write_text(
+        "import torch\nfrom transformers import BartConfig, BartForConditionalGeneration\n\n"
+        "def build_model():\n    torch.manual_seed(0)\n"
+        "    return BartForConditionalGeneration(BartConfig(vocab_size=100, d_model=32, "
+        "encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,"
+        " encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, use_cache=False))\n")
+    shapes = [{"input_ids": (1, 8), "decoder_input_ids": (1, 5)}]
+    manifest = build(model, shapes, output=tmp_path / "bart", dtype="int64").manifest
+    ranges = {d.name: (d.low, d.high) for d in manifest.inputs}
+    assert ranges == {"input_ids": (0, VOCAB), "decoder_input_ids": (0, VOCAB)}

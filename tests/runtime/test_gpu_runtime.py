@@ -143,9 +143,27 @@ def test_auto_falls_back_to_submodules_when_forward_syncs(built: dict[str, Path]
             torch.testing.assert_close(predictor(x), want, **TIGHT)
 
 
+def test_any_model_falls_back_to_its_graph_safe_blocks(tmp_path: Path) -> None:
+    """No qkan modules: the fallback finds the largest blocks that capture and replay
+    correctly (the encoder and the head), leaving only the .item() glue eager."""
+    path = build(MODELS / "plain_item_model.py", "1x8,4x8", output=tmp_path / "plain").path
+    with Predictor.load(path, device="cuda") as predictor:
+        assert [r.policy for r in predictor.report.shapes] == ["submodules", "submodules"]
+        assert all(r.graphs == 2 for r in predictor.report.shapes), predictor.report
+        assert "aten::_local_scalar_dense" in predictor.report.shapes[0].fallback_reason
+        eager = eager_model(path)
+        for shape in [(1, 8), (4, 8), (1, 8)]:
+            x = torch.randn(shape, device="cuda")
+            with torch.no_grad():
+                want = eager(x)
+            torch.testing.assert_close(predictor(x), want, **TIGHT)
+
+
 def test_full_policy_names_the_shape_and_leaves_cuda_usable(built: dict[str, Path]) -> None:
-    with pytest.raises(CaptureError, match="shape 1x4"):
+    with pytest.raises(CaptureError, match="shape 1x4") as info:
         Predictor.load(built["item_full"], device="cuda")
+    assert info.value.shape == "1x4" and info.value.module is None
+    assert "aten::_local_scalar_dense" in info.value.op and "gpu_item_model.py:18" in info.value.op
     assert torch.ones(3, device="cuda").sum().item() == 3.0
     assert torch.rand(2, device="cuda").max().item() < 1.0  # RNG left out of capture mode
     with Predictor.load(built["mlp"], device="cuda") as predictor:
