@@ -11,7 +11,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   │                                   symlink, path leaving the directory  [.path]
     │   └── DigestMismatchError             the artifact digest differs from the pinned one
     │                                       [.actual, .expected]
-    ├── ModelSourceError (ImportError)      model file import / entry point / forward failures
+    ├── ModelSourceError (ImportError)      model file, entry point, or model code failing
+    │                                       [.stage: import/factory/build forward/load
+    │                                        forward/call, .path; original as __cause__]
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
     ├── SelfTestError (RuntimeError)        outputs disagree with eager or the build references
@@ -101,7 +103,18 @@ class DigestMismatchError(ArtifactError):
 
 
 class ModelSourceError(QkanPackError, ImportError):
-    """The model source cannot be imported, built or run."""
+    """The model source cannot be imported, built or run.
+
+    When the model's own code raised, ``stage`` says where (``import``, ``factory``,
+    ``build forward``, ``load forward``, ``call``) and the original exception is the
+    ``__cause__``; ``path`` is the model file as the user knows it.
+    """
+
+    def __init__(self, message: str, *, stage: str | None = None,
+                 path: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.path = path
 
 
 class WeightsMismatchError(QkanPackError, ValueError):

@@ -153,7 +153,7 @@ FAILING = {
         import torch
         def build_model():
             return torch.nn.Linear(2, 2)
-    """), "forward failed on shape 1x3"),
+    """), "forward on shape 1x3 failed (build forward)"),
     "nan_output": (textwrap.dedent("""
         import torch
         class M(torch.nn.Module):
@@ -329,3 +329,11 @@ def test_device_errors_name_the_option_typed(mlp_artifact: Path) -> None:
         result = run("verify", mlp_artifact, "--device", bad)
         assert result.exit_code == 2, result.output
         assert "Invalid value for --device" in result.stderr
+
+
+def test_model_code_failing_at_load_is_a_known_error_naming_the_stage(mlp_artifact: Path) -> None:
+    """qkan's flash solver on a CPU: Triton's ImportError comes from model code at load."""
+    result = run("verify", mlp_artifact, "--override", 'solver="flash"')
+    assert result.exit_code == 1
+    line = one_line_error(result)
+    assert "unexpected" not in line and "failed (" in line and "Triton" in line, line

@@ -15,7 +15,7 @@ from safetensors.torch import save
 
 from ..errors import ModelSourceError
 from ..format import Shape, format_shape
-from ..runtime import describe, describe_output, flatten
+from ..runtime import describe_output, flatten, model_code_failed
 
 
 def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor],
@@ -27,7 +27,8 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
             first = forward(*inputs.values())
             second = forward(*inputs.values())
     except Exception as exc:
-        raise ModelSourceError(f"{model_path}: forward failed on shape {label}: {describe(exc)}") from exc
+        raise model_code_failed("build forward", str(model_path), f"forward on shape {label}",
+                                exc) from exc
     describe_output(first)  # refuses caches and other non-tensor state with a fix to try
     for index, (a, b) in enumerate(zip(flatten(first), flatten(second))):
         if a.is_floating_point() and not torch.isfinite(a).all():

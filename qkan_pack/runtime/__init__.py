@@ -32,6 +32,7 @@ from ._source import (
     describe,
     entry_function,
     import_model_source,
+    model_code_failed,
 )
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ __all__ = [
     "kernel_key",
     "load_strict",
     "map_leaves",
+    "model_code_failed",
     "model_solvers",
     "package_versions",
     "parse_weights",

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import QkanPackError
 from ..format import WEIGHTS_NAME, Manifest
 from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
@@ -36,7 +37,7 @@ from ._options import (
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
-from ._source import call_factory, entry_function, import_model_source
+from ._source import call_factory, entry_function, import_model_source, model_code_failed
 from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
 
@@ -131,14 +132,17 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
                                                        report.solvers)
     with report.stage("references"):
         samples, expected = reference_samples(artifact, target)
+    shown = manifest.model.source
     with report.stage("first forward"):  # compiles kernels; outside the session lock
-        eager = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+        eager = [flatten(eager_forward(forward, inputs, shown=shown, label=label))
+                 for label, inputs in samples]
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
             reference_errors = _check_references(forward, samples, eager, expected, target,
                                                  report)
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
-            eager = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+            eager = [flatten(eager_forward(forward, inputs, shown=shown, label=label))
+                     for label, inputs in samples]
         runner = _make_runner(model, forward, target, manifest, samples, eager, report, options)
     for record, error in zip(runner.records, reference_errors):
         record.reference_max_abs = error
@@ -157,7 +161,8 @@ def _check_references(forward: Any, samples: list[Sample], eager: list[list[torc
     outputs = eager
     if target.type == "cuda":
         with full_float32(target):
-            outputs = [flatten(eager_forward(forward, inputs)) for _, inputs in samples]
+            outputs = [flatten(eager_forward(forward, inputs, label=label))
+                       for label, inputs in samples]
     return [check_outputs(label, "outputs on this host and the build-time references", got, want,
                           report.reference_tolerance, _REFERENCE_HINT)
             for (label, _), got, want in zip(samples, outputs, expected)]
@@ -217,10 +222,18 @@ def reference_samples(artifact: VerifiedArtifact, target: torch.device
     return samples, expected
 
 
-def eager_forward(forward: Any, inputs: list[torch.Tensor]) -> Any:
-    """One eager call without autograd (``forward``: a model or ``bind_forward``'s callable)."""
-    with torch.no_grad():
-        return forward(*inputs)
+def eager_forward(forward: Any, inputs: list[torch.Tensor], *, shown: str = "model source",
+                  label: str = "") -> Any:
+    """One eager call without autograd (``forward``: a model or ``bind_forward``'s callable);
+    model code that raises is a ``ModelSourceError`` naming the load stage."""
+    try:
+        with torch.no_grad():
+            return forward(*inputs)
+    except QkanPackError:
+        raise
+    except Exception as exc:
+        where = f"forward on shape {label}" if label else "forward"
+        raise model_code_failed("load forward", shown, where, exc) from exc
 
 
 def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, manifest: Manifest,

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ..errors import CaptureError, QkanPackError
 from ._capture import GraphPool, ShapeGraph, capture_session, release_graph_memory, stream_id
 from ._progress import progress_bar
 from ._report import ShapeRecord
+from ._source import model_code_failed
 from ._submodules import SubmoduleGraphs, capture_submodules
 from ._tree import flatten
 
@@ -51,8 +52,13 @@ class EagerRunner:
         moved = [self._to_device(x, None if padded is None else padded[i])
                  for i, x in enumerate(inputs)]
         assert self.forward is not None, "run after close"
-        with torch.no_grad():
-            leaves = flatten(self.forward(*moved))
+        try:
+            with torch.no_grad():
+                leaves = flatten(self.forward(*moved))
+        except QkanPackError:
+            raise
+        except Exception as exc:  # e.g. a token id beyond the embedding: the model's own check
+            raise model_code_failed("call", "model", "forward", exc) from exc
         # Always copy: a forward may return a parameter, an input or a tensor it caches.
         return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
 

@@ -92,7 +92,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
                     f"{shown}: syntax error at line {exc.lineno}: {exc.msg}"
                 ) from exc
             except BaseException as exc:
-                raise ModelSourceError(f"{shown}: import failed: {describe(exc)}") from exc
+                raise model_code_failed("import", shown, "import", exc) from exc
         sys.modules[name] = module
         return module
 
@@ -163,12 +163,18 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
     try:
         model = factory(**kwargs)
     except BaseException as exc:
-        raise ModelSourceError(f"{shown}: {entry}(**config) failed: {describe(exc)}") from exc
+        raise model_code_failed("factory", shown, f"{entry}(**config)", exc) from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelSourceError(
             f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module"
         )
     return model
+
+
+def model_code_failed(stage: str, shown: str, what: str, exc: BaseException) -> ModelSourceError:
+    """The one error for model code that raised: the stage, the file, what ran, the cause."""
+    return ModelSourceError(f"{shown}: {what} failed ({stage}): {describe(exc)}", stage=stage,
+                            path=shown)
 
 
 def describe(exc: BaseException) -> str:

@@ -370,3 +370,14 @@ def test_capture_sessions_run_one_at_a_time() -> None:
     for thread in threads:
         thread.join(10)
     assert second_inside.is_set()
+
+
+def test_model_code_failing_in_a_call_names_the_stage(gpt_artifact: Path) -> None:
+    """A token id beyond the embedding: the model's own IndexError, wrapped once."""
+    from qkan_pack import ModelSourceError
+
+    with Predictor.load(gpt_artifact) as predictor:
+        with pytest.raises(ModelSourceError) as info:
+            predictor(torch.full((1, 16), 10_000, dtype=torch.int64))
+    assert info.value.stage == "call" and isinstance(info.value.__cause__, IndexError)
+    assert "(call)" in str(info.value)
