@@ -17,10 +17,11 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
     ├── SelfTestError (RuntimeError)        outputs disagree with eager or the build references
-    │                                       [.shape, .max_abs, .tolerance]
+    │                                       [.shape, .max_abs, .max_rel, .tolerance]
     ├── CaptureError (RuntimeError)         a graph that could not be captured
     │                                       [.shape, .module, .op]
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
+    │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     └── InputError (ValueError)             shape/dtype/device outside the manifest
