@@ -376,8 +376,7 @@ def test_model_code_failing_in_a_call_names_the_stage(gpt_artifact: Path) -> Non
     """A token id beyond the embedding: the model's own IndexError, wrapped once."""
     from qkan_pack import ModelSourceError
 
-    with Predictor.load(gpt_artifact) as predictor:
-        with pytest.raises(ModelSourceError) as info:
-            predictor(torch.full((1, 16), 10_000, dtype=torch.int64))
+    with Predictor.load(gpt_artifact) as predictor, pytest.raises(ModelSourceError) as info:
+        predictor(torch.full((1, 16), 10_000, dtype=torch.int64))
     assert info.value.stage == "call" and isinstance(info.value.__cause__, IndexError)
     assert "(call)" in str(info.value)
