@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_getattr
 from ._artifact import VerifiedArtifact, artifact_digest, read_artifact, safetensors_header, sha256_hex
-from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, kernel_key
+from ._deferred_imports import DEFERRED_IMPORTS_ENV, module_state
+from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, inductor_file, kernel_key
 from ._options import (
+    COMPILED_MODES,
     CROSS_HOST_TOLERANCE,
+    INDUCTOR_MODE,
     REPLAY_TOLERANCE,
     SAME_HOST_TOLERANCE,
     LoadOptions,
@@ -80,7 +83,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "COMPILED_MODES",
     "CROSS_HOST_TOLERANCE",
+    "DEFERRED_IMPORTS_ENV",
+    "INDUCTOR_MODE",
     "REPLAY_TOLERANCE",
     "SAME_HOST_TOLERANCE",
     "TRITON_CACHE_ENV",
@@ -117,10 +123,12 @@ __all__ = [
     "entry_function",
     "flatten",
     "import_model_source",
+    "inductor_file",
     "installed_version",
     "kernel_key",
     "load_strict",
     "map_leaves",
+    "module_state",
     "package_versions",
     "parse_weights",
     "progress_bar",

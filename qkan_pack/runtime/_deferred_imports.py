@@ -82,6 +82,14 @@ def deferred_imports(modules: Iterable[str] = DEFERRED_MODULES,
             sys.meta_path.remove(finder)
 
 
+def module_state(name: str) -> str:
+    """``"absent"``, ``"deferred"`` (in ``sys.modules``, body not run yet) or ``"imported"``."""
+    module = sys.modules.get(name)
+    if module is None:
+        return "absent"
+    return "deferred" if is_pending(module) else "imported"
+
+
 def is_pending(module: ModuleType) -> bool:
     """Whether ``module``'s body (a re-export package's ``__init__``) has not run yet because
     it was deferred; never triggers it."""

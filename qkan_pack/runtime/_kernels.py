@@ -25,6 +25,13 @@ TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 _GROUP_PREFIX = "__grp__"
 _CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
+#: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
+INDUCTOR_SUFFIX = "-inductor.bin"
+
+
+def inductor_file(directory: str) -> str:
+    """Where the kernel set stored under ``directory`` keeps its inductor cache, if any."""
+    return directory + INDUCTOR_SUFFIX
 
 
 def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:

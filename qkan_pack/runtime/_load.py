@@ -22,6 +22,7 @@ import torch
 from ..format import WEIGHTS_NAME, Manifest
 from ._artifact import VerifiedArtifact, read_artifact
 from ._compat import check_compatibility
+from ._compiled import serve_compiled
 from ._device import resolve_device
 from ._kernels import matching_set, shipped_kernels
 from ._options import CROSS_HOST_TOLERANCE, SAME_HOST_TOLERANCE, LoadOptions, Tolerance
@@ -121,7 +122,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         check_outputs(label, "outputs on this host and the build-time references", got, want,
                       report.reference_tolerance, _REFERENCE_HINT)
         for (label, _), got, want in zip(samples, eager, expected)]
-    runner = _make_runner(model, target, artifact.manifest, samples, eager, report, options)
+    runner = serve_compiled(model, target, artifact, samples, eager, expected, report, options,
+                            _make_runner)  # today's runner unless compiled mode is asked for
     for record, error in zip(runner.records, reference_errors):
         record.reference_max_abs = error
     report.shapes = runner.records
