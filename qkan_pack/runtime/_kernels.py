@@ -22,6 +22,9 @@ from ..format import KernelSet
 from ._artifact import VerifiedArtifact
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+#: Triton (3.x, ``backends/nvidia/driver.py: libcuda_dirs``) runs ``/sbin/ldconfig -p`` once
+#: per process to find libcuda unless this names its directory.
+LIBCUDA_ENV = "TRITON_LIBCUDA_PATH"
 _GROUP_PREFIX = "__grp__"
 _CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
@@ -125,7 +128,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 destination.write_bytes(data)
         before = _group_stamps(root)
         counts["shipped"] = len(before)
-        with _triton_cache_dir(private):
+        with _triton_cache_dir(private), _libcuda_hint():
             try:
                 yield counts
             finally:
@@ -157,6 +160,42 @@ def _triton_cache_dir(directory: str) -> Iterator[None]:
             os.environ[TRITON_CACHE_ENV] = previous
         if knobs is not None and knob_previous is not None:
             knobs.__dict__["dir"] = knob_previous
+
+
+@contextlib.contextmanager
+def _libcuda_hint() -> Iterator[None]:
+    """Name libcuda's directory for Triton while loading, when the user has not: the
+    driver library this process already mapped at CUDA init, so Triton skips its ldconfig
+    subprocess. Triton memoises the answer; the variable itself is restored afterwards."""
+    if os.environ.get(LIBCUDA_ENV) is not None:
+        yield
+        return
+    directory = mapped_libcuda_dir()
+    if directory is None:
+        yield
+        return
+    os.environ[LIBCUDA_ENV] = directory
+    try:
+        yield
+    finally:
+        if os.environ.get(LIBCUDA_ENV) == directory:
+            del os.environ[LIBCUDA_ENV]
+
+
+def mapped_libcuda_dir(maps: str = "/proc/self/maps") -> str | None:
+    """The directory of the ``libcuda.so*`` mapped into this process, if it holds the
+    ``libcuda.so.1`` Triton links against (None elsewhere: no CUDA yet, not Linux)."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith("libcuda.so"):
+            directory = os.path.dirname(fields[5])
+            if os.path.exists(os.path.join(directory, "libcuda.so.1")):
+                return directory
+    return None
 
 
 def _triton_cache_knobs() -> object | None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkan_pack import KernelCacheError, LoadOptions, Predictor, build
-from qkan_pack.runtime import rebuild_model, read_artifact
+from qkan_pack.runtime import read_artifact, rebuild_model
 
 from ..conftest import MODELS
 
