@@ -207,8 +207,20 @@ def summarise(runs: Sequence[dict[str, Any]], timed: int) -> dict[str, Any]:
         "steady_us": statistics.median(r["steady_us"] for r in good),
         "calls_to_fast": max(r["calls_to_fast"] for r in good),
         "load": good[0].get("load"), "modules": good[0].get("modules"),
+        "steady": _median_steady([r["steady"] for r in good if r.get("steady")]),
     })
     return summary
+
+
+def _median_steady(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Per steady-state figure (numbers), the median over runs; texts from the first run."""
+    if not records:
+        return None
+    merged: dict[str, Any] = dict(records[0])
+    for key, value in records[0].items():
+        if isinstance(value, (int, float)):
+            merged[key] = statistics.median(r[key] for r in records if key in r)
+    return merged
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:

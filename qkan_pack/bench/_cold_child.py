@@ -142,6 +142,8 @@ def _predictor(args: dict[str, Any], record: dict[str, Any]) -> None:
         return predictor
 
     predictor = _profiled(args, record, load_and_first_call)
+    if torch.device(args["device"]).type == "cuda" and not args.get("profile"):
+        record["steady"] = _steady_state(torch, predictor, args["calls"])
     report = predictor.report
     record["load"] = {"kernel_cache": report.kernel_cache, "compiled": report.compiled,
                       "capture_policy": report.capture_policy, "solvers": list(report.solvers),
@@ -150,6 +152,45 @@ def _predictor(args: dict[str, Any], record: dict[str, Any]) -> None:
                       "load_to_ready_s": report.load_to_ready_seconds}
     record["modules"] = _module_states()
     predictor.close()
+
+
+def _steady_state(torch: Any, predictor: Any, calls: int) -> dict[str, Any]:
+    """After the first result, at the first shape, inputs on the device: the predictor's call
+    latency, the bare replay of its own graph (``copy_`` in, replay, ``clone`` out) and the
+    graph's GPU time per call (CUDA events behind a sleep kernel, as ``bench``'s floor)."""
+    from qkan_pack.bench._timing import kernel_time_per_call
+
+    device = predictor.device
+    inputs = [x.to(device) for x in _inputs(torch, predictor.manifest)]
+    graph = _own_graph(predictor)
+    steady: dict[str, Any] = {"shape": predictor.manifest.shapes[0].label,
+                              "predictor_us": _median_us(torch, device, calls * 10,
+                                                         lambda: predictor(*inputs))}
+    if graph is None:
+        steady["note"] = "the first shape is not captured whole: no bare replay or GPU time"
+        return steady
+    steady["bare_replay_us"] = _median_us(torch, device, calls * 10,
+                                          lambda: graph.replay_copy(inputs))
+    steady["gpu_us"], steady["gpu_method"] = kernel_time_per_call(graph.graph, device, 200)
+    steady["predictor_over_bare"] = steady["predictor_us"] / steady["bare_replay_us"]
+    return steady
+
+
+def _own_graph(predictor: Any) -> Any:
+    """The whole-model graph the predictor replays for its first shape (a private field:
+    the benchmark reads it, nothing else does)."""
+    full = getattr(getattr(predictor, "_runner", None), "_full", None)
+    return full.get(0) if isinstance(full, dict) else None
+
+
+def _median_us(torch: Any, device: Any, count: int, call: Any) -> float:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
 
 
 def _module_states() -> dict[str, str]:

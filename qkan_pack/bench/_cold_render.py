@@ -48,6 +48,7 @@ def render_cold(report: Mapping[str, Any]) -> str:
         if any(c for c in cells):
             lines.append(f"  {STAGE_LABELS[stage]:<34}" + "".join(_cell(c) for c in cells))
     lines += _headline(variants)
+    lines += _steady(variants)
     lines += _imports(variants)
     for name, summary in variants.items():
         lines += _variant_notes(name, summary)
@@ -74,6 +75,27 @@ def _headline(variants: Mapping[str, Any]) -> list[str]:
                                ("steady call, median (us)", "steady_us", 1),
                                ("calls until fast", "calls_to_fast", 0)):
         lines.append(f"  {title:<34}" + "".join(_cell(s.get(key), digits) for s in variants.values()))
+    return lines
+
+
+def _steady(variants: Mapping[str, Any]) -> list[str]:
+    """After the first result, inputs on the device: the goal-2 figures."""
+    rows = [("device call, median (us)", "predictor_us"),
+            ("bare replay of its graph (us)", "bare_replay_us"),
+            ("  predictor / bare replay", "predictor_over_bare"),
+            ("GPU time per call (us)", "gpu_us")]
+    if not any(s.get("steady") for s in variants.values()):
+        return []
+    lines = ["", f"steady state at {next(s['steady']['shape'] for s in variants.values() if s.get('steady'))}"
+                 ", inputs on the device (median over runs):"]
+    for title, key in rows:
+        lines.append(f"  {title:<34}" + "".join(
+            _cell((s.get("steady") or {}).get(key), 3 if key == "predictor_over_bare" else 1)
+            for s in variants.values()))
+    today = (variants.get("predictor", {}).get("steady") or {}).get("gpu_us")
+    compiled = (variants.get("compiled", {}).get("steady") or {}).get("gpu_us")
+    if today and compiled:
+        lines.append(f"  compiled / today's graph, GPU time per call: {compiled / today:.3f}x")
     return lines
 
 

@@ -116,3 +116,26 @@ def test_cli_cold_options_need_cold(mlp_artifact: Path) -> None:
         assert result.exit_code == 2 and "only apply with --cold" in result.output, args
     result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--cold", "--variants", "eager"])
     assert result.exit_code == 1 and "choose from" in result.output
+
+
+def _gpu_like(gpu_us: float, steady_us: float) -> dict[str, Any]:
+    run = {"stages": [["import torch", 2.6], ["cuda init", 0.1], ["capture", 0.02],
+                      ["first call", 0.001]], "total_s": 3.0, "first_call_us": 300.0,
+           "steady_us": steady_us, "calls_to_fast": 1, "imports_s": {"torch": 2.4},
+           "steady": {"shape": "1x128", "predictor_us": steady_us, "bare_replay_us": 200.0,
+                      "predictor_over_bare": steady_us / 200.0, "gpu_us": gpu_us,
+                      "gpu_method": "events"}}
+    return summarise([run, {**run, "total_s": 3.2}], timed=2)
+
+
+def test_gpu_figures_render_with_the_compiled_over_today_ratio(tmp_path: Path) -> None:
+    report = {"artifact": {"path": "gpt", "model": "m.py::build_model"}, "device": "cuda:0",
+              "machine": {"gpu": "NVIDIA H200"}, "settings": {"runs": 2, "fresh_caches": True},
+              "caches": "emptied", "created": "2026-12-04T00:00:00+00:00", "notes": [],
+              "variants": {"predictor": _gpu_like(206.8, 227.0), "compiled": _gpu_like(150.0, 170.0)}}
+    assert report["variants"]["compiled"]["steady"]["gpu_us"] == 150.0
+    table = render_cold(report)
+    for text in ("CUDA init", "graph capture", "GPU time per call (us)", "predictor / bare replay",
+                 "compiled / today's graph, GPU time per call: 0.725x", "compiled mode"):
+        assert text in table, text
+    assert write_cold_plot(report, tmp_path / "g.png").read_bytes()[:8] == PNG_MAGIC
