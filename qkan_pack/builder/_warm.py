@@ -4,8 +4,9 @@
 empty, so every kernel the model needs for every manifest shape (and Triton's compiled
 launcher stubs) lands there; those files are stored under ``kernels/<key>/`` with their
 digests in the manifest, and a fresh GPU host of the same kind then loads pre-warmed.
-With ``compiled=True`` the child loads in compiled mode (empty inductor cache too) and also
-ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
+The child also records Triton's installation key (``runtime/_triton_key``) so that loads
+can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
+inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
 ``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.
 """
 
@@ -32,6 +33,7 @@ from ..runtime import (
     kernel_key,
     read_artifact,
     resolve_device,
+    triton_key_file,
 )
 from ._writer import write_artifact
 
@@ -75,6 +77,10 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
             details = {**details, "inductor": inductor_file(f"{KERNELS_DIR}/{key}"),
                        "inductor_mode": INDUCTOR_MODE}
             shipped[details["inductor"]] = _inductor_bytes(inductor, root)
+        record = Path(scratch) / "triton-key.json"
+        if record.exists():  # Triton's installation key, so loads can skip hashing it
+            details = {**details, "triton_key": triton_key_file(f"{KERNELS_DIR}/{key}")}
+            shipped[details["triton_key"]] = record.read_bytes()
     return _store(root, artifact, key, details, shipped)
 
 
@@ -94,8 +100,9 @@ def _store(root: Path, artifact: VerifiedArtifact, key: str, details: Mapping[st
            shipped: Mapping[str, bytes]) -> WarmResult:
     """Replace this key's kernel set (files and manifest entry) by the new one."""
     directory = f"{KERNELS_DIR}/{key}"
+    own = {inductor_file(directory), triton_key_file(directory)}
     files = {name: data for name, data in artifact.files.items()
-             if not name.startswith(directory + "/") and name != inductor_file(directory)}
+             if not name.startswith(directory + "/") and name not in own}
     files.update(shipped)
     kernel_sets = [k for k in artifact.manifest.kernels if k.key != key]
     kernel_sets.append(KernelSet(key=key, directory=directory, details=dict(details)))
@@ -108,9 +115,14 @@ def _store(root: Path, artifact: VerifiedArtifact, key: str, details: Mapping[st
 _CHILD = """
 import json, sys
 from qkan_pack import Predictor
-root, device, overrides, compiled, inductor = sys.argv[1:6]
+from qkan_pack.runtime import record_installation
+root, device, overrides, compiled, inductor, key_record = sys.argv[1:7]
 Predictor.load(root, device=device, kernels="off", config_overrides=json.loads(overrides),
                compiled="on" if compiled == "1" else "off").close()
+record = record_installation()
+if record is not None:
+    with open(key_record, "w") as handle:
+        json.dump(record, handle)
 if compiled == "1":
     import torch
     saved = torch.compiler.save_cache_artifacts()
@@ -128,7 +140,8 @@ def _compile_in_child(root: Path, device: str, scratch: Path,
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(root), device, json.dumps(dict(overrides)),
-         "1" if compiled else "0", str(scratch / "inductor.bin")],
+         "1" if compiled else "0", str(scratch / "inductor.bin"),
+         str(scratch / "triton-key.json")],
         env=env, capture_output=True, text=True, check=False,
     )
     if result.returncode != 0:

@@ -35,6 +35,7 @@ from ._source import (
     entry_function,
     import_model_source,
 )
+from ._triton_key import record_installation, triton_key_file
 
 if TYPE_CHECKING:
     from ._capture import (
@@ -134,6 +135,7 @@ __all__ = [
     "progress_bar",
     "read_artifact",
     "rebuild_model",
+    "record_installation",
     "reference_samples",
     "release_graph_memory",
     "resolve_device",
@@ -141,6 +143,7 @@ __all__ = [
     "select_submodules",
     "sha256_hex",
     "torch_dtype",
+    "triton_key_file",
     "unflatten",
     "warm_up",
 ]

@@ -18,8 +18,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..format import KernelSet
+from ..errors import ManifestError
+from ..format import KernelSet, loads_strict
 from ._artifact import VerifiedArtifact
+from ._triton_key import vouched_triton_key
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 #: Triton (3.x, ``backends/nvidia/driver.py: libcuda_dirs``) runs ``/sbin/ldconfig -p`` once
@@ -113,7 +115,8 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
 
     Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
     Triton wrote while loading (kernels it did not find in the shipped set), counted from
-    new or rewritten group indexes.
+    new or rewritten group indexes; ``vouched_key`` is 1 when the set's record of Triton's
+    installation key matched this host (Triton skipped hashing itself, ``_triton_key``).
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
@@ -128,12 +131,26 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 destination.write_bytes(data)
         before = _group_stamps(root)
         counts["shipped"] = len(before)
-        with _triton_cache_dir(private), _libcuda_hint():
+        with _triton_cache_dir(private), _libcuda_hint(), \
+                vouched_triton_key(_key_record(artifact, kernel_set)) as vouched:
+            counts["vouched_key"] = int(vouched)
             try:
                 yield counts
             finally:
                 after = _group_stamps(root)
                 counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+
+
+def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict | None:
+    """The set's record of Triton's installation key (``warm`` writes it), if any."""
+    data = artifact.files.get(kernel_set.details.get("triton_key", ""))
+    if data is None:
+        return None
+    try:
+        record = loads_strict(data)
+    except ManifestError:
+        return None  # unreadable: Triton hashes itself as usual
+    return record if isinstance(record, dict) else None
 
 
 def _group_stamps(root: Path) -> dict[str, int]:
