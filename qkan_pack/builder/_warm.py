@@ -117,8 +117,11 @@ import json, sys
 from qkan_pack import Predictor
 from qkan_pack.runtime import record_installation
 root, device, overrides, compiled, inductor, key_record = sys.argv[1:7]
-Predictor.load(root, device=device, kernels="off", config_overrides=json.loads(overrides),
-               compiled="on" if compiled == "1" else "off").close()
+predictor = Predictor.load(root, device=device, kernels="off", compiled="on" if compiled == "1"
+                           else "off", config_overrides=json.loads(overrides))
+if compiled == "1" and not predictor.report.compiled.startswith("inductor"):
+    sys.exit(f"compiled mode did not compile: {predictor.report.compiled}")
+predictor.close()
 record = record_installation()
 if record is not None:
     with open(key_record, "w") as handle:

@@ -11,8 +11,10 @@ Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) 
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
 populated into a private inductor cache directory that lives as long as the load (the
 user's own cache is never written). No matching set: ``"shipped"`` warns and serves today's
-eager graphs; ``"on"`` compiles here (tens of seconds on a GPU). The cache holds pickles that
-torch unpickles: shipped compiled code, under the same trust as the model source.
+eager graphs; ``"on"`` compiles here (tens of seconds on a GPU). A model that dynamo or
+inductor cannot compile, or whose compiled graph cannot be captured, is served as without
+compiled mode, with a warning. The cache holds pickles that torch unpickles: shipped
+compiled code, under the same trust as the model source.
 
 Not owned here: the capture recipe (``_capture``), runners (``_runners``), choosing the set
 (``_kernels.matching_set``).
@@ -36,6 +38,7 @@ from ._kernels import matching_set
 from ._options import INDUCTOR_MODE, LoadOptions
 from ._report import LoadReport
 from ._selftest import check_outputs
+from ._source import describe
 from ._tree import flatten
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -72,10 +75,14 @@ def serve_compiled(model: torch.nn.Module, target: torch.device, artifact: Verif
         return _today(model, target, manifest, samples, eager, report, options, make_runner,
                       f"compiled='shipped' but {source}")
     before = _dynamo_counts()
-    with _inductor_cache(cache, report, target) as source_note, _recompile_room(len(samples)):
-        with report.stage("compile"):
-            compiled = torch.compile(model, mode=INDUCTOR_MODE, dynamic=False)
-            outputs = [flatten(_forward(compiled, inputs)) for _, inputs in samples]
+    with _inductor_cache(cache, report, target) as note, _recompile_room(len(samples)):
+        try:
+            with report.stage("compile"):
+                compiled = torch.compile(model, mode=INDUCTOR_MODE, dynamic=False)
+                outputs = [flatten(_forward(compiled, inputs)) for _, inputs in samples]
+        except Exception as exc:  # dynamo or inductor cannot compile this model here
+            return _today(model, target, manifest, samples, eager, report, options, make_runner,
+                          f"torch.compile failed: {describe(exc)}")
         for (label, _), got, want in zip(samples, outputs, expected):
             check_outputs(label, "compiled outputs on this host and the build-time references",
                           got, want, report.reference_tolerance, _HINT)
@@ -87,7 +94,7 @@ def serve_compiled(model: torch.nn.Module, target: torch.device, artifact: Verif
                           f"the compiled model could not be captured ({exc})")
     graphs, breaks = (now - then for now, then in zip(_dynamo_counts(), before))
     report.compiled = (f"inductor (mode {INDUCTOR_MODE}): {graphs} graph(s), {breaks} graph "
-                       f"break(s); {source_note or source}")
+                       f"break(s); {note or source}")
     return runner
 
 

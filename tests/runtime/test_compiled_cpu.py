@@ -53,3 +53,17 @@ def test_compiled_mode_equals_eager_on_the_cpu(plain_artifact: Path) -> None:
         x = torch.randn(batch, 2)
         with torch.no_grad():
             torch.testing.assert_close(predictor(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_torch_compile_cannot_compile_is_served_as_today(
+        plain_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("dynamo cannot trace this")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    with pytest.warns(UserWarning, match="torch.compile failed: RuntimeError: dynamo cannot"):
+        predictor = Predictor.load(plain_artifact, compiled="on")
+    assert predictor.report.compiled.startswith("off (torch.compile failed")
+    x = torch.randn(1, 2)
+    with torch.no_grad():
+        assert torch.equal(predictor(x), _eager_twin(plain_artifact)(x))
