@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from ._version import __version__
-from .bench import SKIPPABLE
+from .bench import COLD_VARIANTS, SKIPPABLE
 from .errors import DeviceError, QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
@@ -210,21 +210,24 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--device", default="cuda", show_default=True, help="cuda or cuda:N.")
-def warm(directory: Path, device: str) -> None:
+@click.option("--compiled", is_flag=True,
+              help="Also compile the model with torch.compile (inductor) and ship inductor's "
+              "cache, for Predictor.load(..., compiled='shipped').")
+def warm(directory: Path, device: str, compiled: bool) -> None:
     """Compile the GPU kernels DIRECTORY needs on this host's GPU and ship them inside it.
 
     A fresh GPU host then loads without compiling anything; one artifact can carry a
     kernel set per GPU architecture + toolchain (warm it once on each kind of host).
     """
-    _warm(directory, device)
+    _warm(directory, device, compiled=compiled)
 
 
-def _warm(directory: Path, device: str) -> None:
+def _warm(directory: Path, device: str, *, compiled: bool = False) -> None:
     from .builder import warm as warm_artifact
 
     click.echo(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
                err=True)
-    result = warm_artifact(directory, device)
+    result = warm_artifact(directory, device, compiled=compiled)
     click.echo(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
                f"{result.key} in {result.path}")
     click.echo(f"digest {result.digest}")
@@ -320,25 +323,67 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
               help="Write the full results as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of latency per shape per variant here (needs matplotlib).")
-@click.option("--cold-start", is_flag=True,
-              help="Also time fresh processes from launch to their first served call.")
-@click.option("--fresh-kernel-cache", is_flag=True,
-              help="Give the cold-start processes empty Triton/Inductor caches (a new host).")
+@click.option("--cold", is_flag=True,
+              help="Instead: process start -> first result in fresh processes (imports, CUDA "
+              "init, load stages, first call), caches emptied, repeated --runs times.")
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(min=1),
+              help="--cold: fresh processes per variant (median and spread are reported).")
+@click.option("--variants", "cold_variants", default="predictor", show_default=True,
+              callback=_list_option, metavar="NAME,...",
+              help=f"--cold: which loads to time ({', '.join(COLD_VARIANTS)}).")
+@click.option("--keep-caches", is_flag=True,
+              help="--cold: keep this environment's Triton/inductor/CUDA caches (default: "
+              "each process starts with empty ones, as a new host).")
+@click.option("--profile", is_flag=True,
+              help="--cold: profile one extra run per variant (cProfile of load + first call; "
+              "top entries in the table and JSON).")
 def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, skip: tuple,
-          overrides: dict, json_path: Path | None, plot_path: Path | None, cold_start: bool,
-          fresh_kernel_cache: bool) -> None:
-    """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side."""
+          overrides: dict, json_path: Path | None, plot_path: Path | None, cold: bool,
+          runs: int, cold_variants: tuple, keep_caches: bool, profile: bool) -> None:
+    """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side
+    (or, with --cold, fresh processes from launch to their first result)."""
+    _refuse_cold_options_without_cold(cold)
+    if cold:
+        _bench_cold(directory, device, overrides, json_path, plot_path,
+                    runs=runs, variants=cold_variants, keep_caches=keep_caches, profile=profile)
+        return
     from .bench import BenchSettings, render_table, run_bench, write_json, write_plot
 
     settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
                              config_overrides=overrides)
-    report = run_bench(directory, device, settings=settings, cold_start=cold_start,
-                       fresh_kernel_cache=fresh_kernel_cache)
+    report = run_bench(directory, device, settings=settings)
     click.echo(render_table(report))
     if json_path is not None:
         click.echo(f"wrote {write_json(report, json_path)}")
     if plot_path is not None:
         click.echo(f"wrote {write_plot(report, plot_path)}")
+
+
+_COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
+                 "profile": "--profile"}
+
+
+def _refuse_cold_options_without_cold(cold: bool) -> None:
+    ctx = click.get_current_context()
+    given = [flag for name, flag in _COLD_OPTIONS.items()
+             if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+    if given and not cold:
+        raise click.UsageError(f"{', '.join(given)} only apply with --cold")
+
+
+def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path | None,
+                plot_path: Path | None, *, runs: int, variants: tuple, keep_caches: bool,
+                profile: bool) -> None:
+    from .bench import ColdSettings, render_cold, run_cold, write_cold_json, write_cold_plot
+
+    settings = ColdSettings(runs=runs, variants=variants, fresh_caches=not keep_caches,
+                            profile=profile, config_overrides=overrides)
+    report = run_cold(directory, device, settings=settings)
+    click.echo(render_cold(report))
+    if json_path is not None:
+        click.echo(f"wrote {write_cold_json(report, json_path)}")
+    if plot_path is not None:
+        click.echo(f"wrote {write_cold_plot(report, plot_path)}")
 
 
 @cli.command()

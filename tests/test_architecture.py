@@ -34,10 +34,11 @@ PUBLIC = {
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app",
                         "describe_artifact", "encode_outputs", "fit", "parse_request",
                         "parse_tensor", "row_plan", "serve_forever", "signature_text"],
-    "qkan_pack.bench": ["CPU_NOTE", "LABELS", "SCHEMA", "SKIPPABLE", "VARIANTS", "BenchReport",
-                        "BenchSettings", "ShapeResult", "VariantResult", "render_cold_start",
-                        "render_table", "run_bench", "run_cold_start", "write_json",
-                        "write_plot"],
+    "qkan_pack.bench": ["COLD_SCHEMA", "COLD_VARIANTS", "CPU_NOTE", "LABELS", "SCHEMA",
+                        "SKIPPABLE", "VARIANTS", "BenchReport", "BenchSettings", "ColdSettings",
+                        "ShapeResult", "VariantResult", "render_cold", "render_table",
+                        "run_bench", "run_cold", "write_cold_json", "write_cold_plot",
+                        "write_json", "write_plot"],
 }
 #: Layers (top to bottom) and where private modules may be imported from in tests.
 SUBPACKAGES = ("builder", "bench", "serve", "runtime", "format")

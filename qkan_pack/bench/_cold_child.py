@@ -1,10 +1,19 @@
-"""The cold-start process of ``qkan-pack bench --cold-start`` (see ``_cold``).
+"""One fresh process of ``qkan-pack bench --cold`` (driven by ``_cold``).
 
-``_cold`` runs this file's text as ``python -c <text> ARGS_JSON`` in a fresh interpreter.
-Only the standard library is imported up front, so the first timed stages are the imports
-themselves. Mode ``predictor``: ``Predictor.load`` then serve calls. Mode ``torch_compile``:
-rebuild the eager model, ``torch.compile(mode="reduce-overhead")``, serve calls until the
-latency settles. Both write ``{"stages": [[name, seconds], ...], ...}`` to ``ARGS.out``.
+``_cold`` runs this file's text as ``python -X importtime -c <text> ARGS_JSON`` in a new
+interpreter with empty kernel caches. Only the standard library is imported before the
+first timed stage, so the stages are: interpreter start, ``import torch``, ``import
+qkan_pack.runtime``, then the load's own stages (``predictor.report.stages``: verification,
+CUDA init, model source import -- qkan and its dependencies are imported there, by the
+model source, as in production --, build, weights, first forward, compile, capture,
+self-test), then the first call: process start -> first result is the headline. Calls
+continue until their latency settles (is the first call as fast as steady state?).
+
+Modes: ``predictor`` (``Predictor.load``, ``compiled`` from the arguments) and
+``torch_compile`` (the eager model under ``torch.compile(mode="reduce-overhead")``, for
+comparison). With ``profile`` the load and first call run under cProfile and the top
+entries are reported (cProfile slows Python code: a profiled run is never timed).
+Results go to ``ARGS.out`` as JSON; the import breakdown is parsed by ``_cold`` from stderr.
 """
 
 from __future__ import annotations
@@ -16,18 +25,8 @@ import sys
 import time
 from typing import Any
 
-STAGE_NAMES = {
-    "verify": "artifact verification",
-    "cuda init": "CUDA init",
-    "import": "model source import",
-    "build": "model build",
-    "weights": "weights",
-    "references": "reference inputs",
-    "first forward": "first forward (kernel compile)",
-    "capture": "graph capture",
-    "self-test": "self-test",
-}
 FAST = 1.5  # a call is "fast" within this factor of the steady-state median
+PROFILE_LINES = 30
 
 
 def main() -> None:
@@ -36,10 +35,10 @@ def main() -> None:
     record: dict[str, Any] = {"stages": [["python start", started_wall - args["launched"]]],
                               "notes": []}
     try:
-        if args["mode"] == "predictor":
-            _predictor(args, record)
-        else:
+        if args["mode"] == "torch_compile":
             _torch_compile(args, record)
+        else:
+            _predictor(args, record)
     except BaseException as exc:
         text = str(exc).strip()
         record["error"] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
@@ -62,10 +61,6 @@ def _timed(record: dict[str, Any], name: str, fn: Any) -> Any:
 
 def _imports(record: dict[str, Any]) -> Any:
     torch = _timed(record, "import torch", lambda: importlib.import_module("torch"))
-    try:
-        _timed(record, "import qkan", lambda: importlib.import_module("qkan"))
-    except ImportError as exc:
-        record["notes"].append(f"qkan is not importable here ({exc})")
     _timed(record, "import qkan_pack", lambda: importlib.import_module("qkan_pack.runtime"))
     return torch
 
@@ -75,9 +70,8 @@ def _inputs(torch: Any, manifest: Any) -> list[Any]:
     from qkan_pack.runtime import torch_dtype
 
     generator = torch.Generator().manual_seed(0)
-    entry = manifest.shapes[0]
     tensors = []
-    for name, shape in entry.inputs:
+    for name, shape in manifest.shapes[0].inputs:
         dtype = torch_dtype(manifest.input_dtype(name))
         if dtype.is_floating_point:
             tensors.append(torch.randn(shape, generator=generator).to(dtype))
@@ -86,9 +80,8 @@ def _inputs(torch: Any, manifest: Any) -> list[Any]:
     return tensors
 
 
-def _serve(record: dict[str, Any], args: dict[str, Any], torch: Any, call: Any,
-           first_stage: str) -> None:
-    """Timed calls (host in, host out, synchronized); first call, settling, steady median."""
+def _serve(record: dict[str, Any], args: dict[str, Any], torch: Any, call: Any) -> None:
+    """Timed calls (host in, host out, synchronized): first result, settling, steady median."""
     device = torch.device(args["device"])
     latencies, walls = [], []
     for _ in range(max(2, args["calls"])):
@@ -100,34 +93,112 @@ def _serve(record: dict[str, Any], args: dict[str, Any], torch: Any, call: Any,
         walls.append(time.time() - args["launched"])
     steady = statistics.median(latencies[-max(1, len(latencies) // 3):])
     fast = next(i for i, t in enumerate(latencies) if t <= FAST * steady or i == len(latencies) - 1)
-    record["stages"].append([first_stage, latencies[0]])
-    if fast > 0:
-        record["stages"].append([f"calls 2..{fast + 1} until fast", sum(latencies[1:fast + 1])])
+    record["stages"].append(["first call", latencies[0]])
     record["total_s"] = walls[0]
     record["fast_total_s"] = walls[fast]
     record["calls_to_fast"] = fast + 1
+    record["first_call_us"] = latencies[0] * 1e6
     record["steady_us"] = steady * 1e6
-    record["latencies_us"] = [t * 1e6 for t in latencies]
+
+
+def _profiled(args: dict[str, Any], record: dict[str, Any], fn: Any) -> Any:
+    """``fn()``, under cProfile when asked (top entries by cumulative and own time)."""
+    if not args.get("profile"):
+        return fn()
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    value = profiler.runcall(fn)
+    stats = pstats.Stats(profiler)
+    record["profile"] = {order: _top(stats, order) for order in ("cumulative", "tottime")}
+    return value
+
+
+def _top(stats: Any, order: str) -> list[dict[str, Any]]:
+    key = {"cumulative": 3, "tottime": 2}[order]
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][key], reverse=True)
+    return [{"calls": calls, "tottime_s": own, "cumtime_s": cumulative,
+             "function": f"{file}:{line}({name})"}
+            for (file, line, name), (_, calls, own, cumulative, _) in rows[:PROFILE_LINES]]
 
 
 def _predictor(args: dict[str, Any], record: dict[str, Any]) -> None:
     torch = _imports(record)
     from qkan_pack.runtime import Predictor
 
-    started = time.perf_counter()
-    predictor = Predictor.load(args["path"], device=args["device"],
-                               config_overrides=args["overrides"], progress=False)
-    load_s = time.perf_counter() - started
+    def load_and_first_call() -> Any:
+        started = time.perf_counter()
+        predictor = Predictor.load(args["path"], device=args["device"], progress=False,
+                                   config_overrides=args["overrides"],
+                                   compiled=args.get("compiled", "off"))
+        load_s = time.perf_counter() - started
+        for name, seconds in predictor.report.stages.items():
+            record["stages"].append([name, seconds])
+        record["stages"].append(["load, other", max(0.0, load_s - sum(
+            predictor.report.stages.values()))])
+        inputs = _inputs(torch, predictor.manifest)
+        _serve(record, args, torch, lambda: predictor(*inputs))
+        return predictor
+
+    predictor = _profiled(args, record, load_and_first_call)
+    if torch.device(args["device"]).type == "cuda" and not args.get("profile"):
+        record["steady"] = _steady_state(torch, predictor, args["calls"])
     report = predictor.report
-    for name, seconds in report.stages.items():
-        record["stages"].append([STAGE_NAMES.get(name, name), seconds])
-    record["stages"].append(["load, other", max(0.0, load_s - sum(report.stages.values()))])
-    inputs = _inputs(torch, predictor.manifest)
-    _serve(record, args, torch, lambda: predictor(*inputs), "first call")
-    record["load"] = {"capture_policy": report.capture_policy, "kernel_cache": report.kernel_cache,
-                      "solvers": list(report.solvers), "load_to_ready_s": report.load_to_ready_seconds,
-                      "policies": [r.policy for r in report.shapes]}
+    record["load"] = {"kernel_cache": report.kernel_cache, "compiled": report.compiled,
+                      "capture_policy": report.capture_policy, "solvers": list(report.solvers),
+                      "policies": [r.policy for r in report.shapes],
+                      "warnings": list(report.warnings),
+                      "load_to_ready_s": report.load_to_ready_seconds}
+    record["modules"] = _module_states()
     predictor.close()
+
+
+def _steady_state(torch: Any, predictor: Any, calls: int) -> dict[str, Any]:
+    """After the first result, at the first shape, inputs on the device: the predictor's call
+    latency, the bare replay of its own graph (``copy_`` in, replay, ``clone`` out) and the
+    graph's GPU time per call (CUDA events behind a sleep kernel, as ``bench``'s floor)."""
+    from qkan_pack.bench._timing import kernel_time_per_call
+
+    device = predictor.device
+    inputs = [x.to(device) for x in _inputs(torch, predictor.manifest)]
+    graph = _own_graph(predictor)
+    steady: dict[str, Any] = {"shape": predictor.manifest.shapes[0].label,
+                              "predictor_us": _median_us(torch, device, calls * 10,
+                                                         lambda: predictor(*inputs))}
+    if graph is None:
+        steady["note"] = "the first shape is not captured whole: no bare replay or GPU time"
+        return steady
+    steady["bare_replay_us"] = _median_us(torch, device, calls * 10,
+                                          lambda: graph.replay_copy(inputs))
+    steady["gpu_us"], steady["gpu_method"] = kernel_time_per_call(graph.graph, device, 200)
+    steady["predictor_over_bare"] = steady["predictor_us"] / steady["bare_replay_us"]
+    return steady
+
+
+def _own_graph(predictor: Any) -> Any:
+    """The whole-model graph the predictor replays for its first shape (a private field:
+    the benchmark reads it, nothing else does)."""
+    full = getattr(getattr(predictor, "_runner", None), "_full", None)
+    return full.get(0) if isinstance(full, dict) else None
+
+
+def _median_us(torch: Any, device: Any, count: int, call: Any) -> float:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def _module_states() -> dict[str, str]:
+    """Whether the heavy modules a served model does not need ran in this process."""
+    from qkan_pack.runtime import module_state
+
+    return {name: module_state(name)
+            for name in ("qkan", "sympy", "matplotlib", "matplotlib.pyplot", "triton")}
 
 
 def _torch_compile(args: dict[str, Any], record: dict[str, Any]) -> None:
@@ -135,17 +206,15 @@ def _torch_compile(args: dict[str, Any], record: dict[str, Any]) -> None:
     from qkan_pack.runtime import flatten, read_artifact, rebuild_model
 
     device = torch.device(args["device"])
-    artifact = _timed(record, STAGE_NAMES["verify"], lambda: read_artifact(args["path"]))
+    artifact = _timed(record, "verify", lambda: read_artifact(args["path"]))
     if device.type == "cuda":
-        _timed(record, STAGE_NAMES["cuda init"],
-               lambda: (torch.cuda.init(), torch.empty(0, device=device)))
+        _timed(record, "cuda init", lambda: (torch.cuda.init(), torch.empty(0, device=device)))
         torch.cuda.set_device(device)  # Triton launches on the current device
     stages: dict[str, float] = {}
     config = {**artifact.manifest.model.config, **args["overrides"]}
     model = rebuild_model(artifact, device, config, stages)
-    for name, seconds in stages.items():
-        record["stages"].append([STAGE_NAMES.get(name, name), seconds])
-    compiled = _timed(record, "torch.compile()", lambda: torch.compile(
+    record["stages"] += [[name, seconds] for name, seconds in stages.items()]
+    compiled = _timed(record, "compile", lambda: torch.compile(
         model, mode="reduce-overhead", dynamic=False))
     inputs = _inputs(torch, artifact.manifest)
 
@@ -154,7 +223,7 @@ def _torch_compile(args: dict[str, Any], record: dict[str, Any]) -> None:
             out = compiled(*[x.to(device) for x in inputs])
         return [leaf.to("cpu") for leaf in flatten(out)]
 
-    _serve(record, args, torch, call, "first call (compile + warm-up run)")
+    _profiled(args, record, lambda: _serve(record, args, torch, call))
 
 
 if __name__ == "__main__":

@@ -9,3 +9,5 @@ LABELS = {
     "torch_compile": "torch.compile r-o",
 }
 SKIPPABLE = VARIANTS[2:]
+#: What ``qkan-pack bench --cold`` can time in fresh processes.
+COLD_VARIANTS = ("predictor", "compiled", "torch_compile")

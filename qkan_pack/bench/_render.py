@@ -15,7 +15,7 @@ _COLUMNS = (f"  {'variant':<24}{'median':>9}{'p90':>9}{'p99':>9}{'spread':>8}{'c
 
 
 def render_table(report: BenchReport) -> str:
-    """The report for a terminal: one block per shape, then memory, cold start and notes."""
+    """The report for a terminal: one block per shape, then memory and notes."""
     versions = report.versions
     machine = report.machine
     where = report.device + (f" ({machine['gpu']})" if machine.get("gpu") else
@@ -34,8 +34,6 @@ def render_table(report: BenchReport) -> str:
     lines += ["", *_legend(report)]
     if report.memory:
         lines += ["", *_memory_block(report.memory)]
-    if report.cold_start:
-        lines += ["", *render_cold_start(report.cold_start)]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
 
@@ -90,39 +88,6 @@ def _memory_block(memory: dict[str, Any]) -> list[str]:
     lines.append(f"  predictor (recorded at load)  {memory['predictor_pool_bytes'] / MiB:>9.2f} MiB "
                  f"(per shape: {per_shape})")
     return lines
-
-
-def render_cold_start(cold: dict[str, Any]) -> list[str]:
-    """Stage-by-stage seconds of each cold-start process, side by side."""
-    runs = [(name, cold[name]) for name in ("predictor", "torch_compile") if cold.get(name)]
-    head = (f"cold start: fresh process, shape {cold.get('shape')}, "
-            f"kernel caches {cold.get('kernel_cache')}; host tensor in, host tensor out; seconds")
-    lines = [head, f"  {'stage':<34}" + "".join(f"{_COLD_TITLES[n]:>16}" for n, _ in runs)]
-    names: list[str] = []
-    for _, run in runs:
-        names += [s for s, _ in run.get("stages", []) if s not in names]
-    for stage in names:
-        cells = []
-        for _, run in runs:
-            value = dict(run.get("stages", [])).get(stage)
-            cells.append(f"{value:>16.3f}" if value is not None else f"{'':>16}")
-        lines.append(f"  {stage:<34}" + "".join(cells))
-    for key, title in (("total_s", "total to first result"), ("fast_total_s",
-                       "total to first fast call"), ("steady_us", "steady call, median (us)")):
-        if any(run.get(key) is not None for _, run in runs):
-            digits = 1 if key == "steady_us" else 3
-            cells = "".join(f"{run[key]:>16.{digits}f}" if run.get(key) is not None
-                            else f"{'-':>16}" for _, run in runs)
-            lines.append(f"  {title:<34}{cells}")
-    for name, run in runs:
-        if run.get("error"):
-            lines.append(f"  {_COLD_TITLES[name]} failed: {run['error']}")
-        lines += [f"  {_COLD_TITLES[name]}: {n}" for n in run.get("notes", [])]
-    lines += [f"  note: {n}" for n in cold.get("notes", [])]
-    return lines
-
-
-_COLD_TITLES = {"predictor": "predictor", "torch_compile": "torch.compile"}
 
 
 def _pct(value: float | None) -> str:

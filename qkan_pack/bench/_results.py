@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from ._names import LABELS, SKIPPABLE
 
-SCHEMA = "qkan-pack-bench/1"
+SCHEMA = "qkan-pack-bench/2"  # 2: cold starts left for their own report (bench --cold)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,6 @@ class BenchReport:
     load: dict[str, Any]
     shapes: list[ShapeResult] = field(default_factory=list)
     memory: dict[str, Any] | None = None
-    cold_start: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     created: str = ""
     schema: str = SCHEMA

@@ -10,7 +10,7 @@ back-to-back bare replays is the physical floor every variant is compared with, 
 graph memory of one shared pool is compared with one pool per shape. Without CUDA only
 eager and the predictor (eager there too) are compared.
 
-Not owned here: the fresh-process cold start (``_cold``), tables/JSON/plots (``_render``).
+Not owned here: fresh-process cold starts (``_cold``), tables/JSON/plots (``_render``).
 """
 
 from __future__ import annotations
@@ -47,25 +47,15 @@ CPU_NOTE = ("CUDA graphs need CUDA: this host has none, so only eager PyTorch an
 
 
 def run_bench(path: str | Path, device: str = "auto", *, settings: BenchSettings | None = None,
-              cold_start: bool = False, fresh_kernel_cache: bool = False,
-              cold_start_timeout: float = 600.0, progress: bool | None = None) -> BenchReport:
+              progress: bool | None = None) -> BenchReport:
     """Benchmark every manifest shape of the artifact at ``path`` on ``device``.
 
     ``device`` is ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-    With ``cold_start`` a fresh subprocess first measures process start to first call (see
-    ``_cold``); ``fresh_kernel_cache`` gives it empty Triton/Inductor caches.
+    Cold starts (fresh processes) are ``_cold.run_cold``'s.
     """
     settings = settings or BenchSettings()
     settings.check()
     target = resolve_device(device)
-    cold = None
-    if cold_start:  # first, before this process holds GPU memory or warms any cache
-        from ._cold import run_cold_start
-
-        cold = run_cold_start(path, target, fresh_kernel_cache=fresh_kernel_cache,
-                              timeout=cold_start_timeout,
-                              config_overrides=settings.config_overrides,
-                              skip_torch_compile="torch_compile" in settings.skip)
     on_device = torch.cuda.device(target) if target.type == "cuda" else contextlib.nullcontext()
     with torch.no_grad(), on_device:  # Triton launches on the current device
         session = _Session(Path(path), target, settings)
@@ -73,7 +63,6 @@ def run_bench(path: str | Path, device: str = "auto", *, settings: BenchSettings
             report = session.run(progress)
         finally:
             session.close()
-    report.cold_start = cold
     return report
 
 

@@ -4,6 +4,10 @@
 empty, so every kernel the model needs for every manifest shape (and Triton's compiled
 launcher stubs) lands there; those files are stored under ``kernels/<key>/`` with their
 digests in the manifest, and a fresh GPU host of the same kind then loads pre-warmed.
+The child also records Triton's installation key (``runtime/_triton_key``) so that loads
+can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
+inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
+``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from pathlib import Path
 from ..errors import DeviceError, KernelCacheError
 from ..format import KERNELS_DIR, KernelSet
 from ..runtime import (
+    INDUCTOR_MODE,
     TRITON_CACHE_ENV,
+    VerifiedArtifact,
     collect_kernel_cache,
+    inductor_file,
     kernel_key,
     read_artifact,
     resolve_device,
+    triton_key_file,
 )
 from ._writer import write_artifact
 
@@ -40,11 +48,11 @@ class WarmResult:
 
 
 def warm(path: str | os.PathLike[str], device: str = "cuda", *,
-         config_overrides: Mapping[str, object] | None = None) -> WarmResult:
-    """Compile every kernel the artifact needs on ``device`` and store them inside it."""
+         config_overrides: Mapping[str, object] | None = None,
+         compiled: bool = False) -> WarmResult:
+    """Compile every kernel the artifact needs on ``device`` and store them inside it
+    (with ``compiled``, inductor's cache for compiled mode as well)."""
     import torch
-
-
 
     root = Path(path)
     artifact = read_artifact(root)
@@ -54,38 +62,88 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
                           "of the kind you deploy to")
     target = resolve_device(device)
     key, details = kernel_key(target.index or 0)
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as cache:
-        _compile_in_child(root, str(target), cache, config_overrides or {})
-        compiled = collect_kernel_cache(Path(cache))
-    if not compiled:
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
+        cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
+        _compile_in_child(root, str(target), Path(scratch), config_overrides or {}, compiled)
+        shipped = {f"{KERNELS_DIR}/{key}/{name}": data
+                   for name, data in collect_kernel_cache(cache).items()}
+        if not shipped:
+            raise KernelCacheError(
+                f"loading {root} on {target} compiled no Triton kernels: nothing to ship "
+                "(the model uses only precompiled torch kernels, so cold starts are already warm)"
+            )
+        if compiled:
+            details = {**details, "inductor": inductor_file(f"{KERNELS_DIR}/{key}"),
+                       "inductor_mode": INDUCTOR_MODE}
+            shipped[details["inductor"]] = _inductor_bytes(inductor, root)
+        record = Path(scratch) / "triton-key.json"
+        if record.exists():  # Triton's installation key, so loads can skip hashing it
+            details = {**details, "triton_key": triton_key_file(f"{KERNELS_DIR}/{key}")}
+            shipped[details["triton_key"]] = record.read_bytes()
+    return _store(root, artifact, key, details, shipped)
+
+
+def _inductor_bytes(path: Path, root: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        data = b""
+    if not data:
         raise KernelCacheError(
-            f"loading {root} on {target} compiled no Triton kernels: nothing to ship "
-            "(the model uses only precompiled torch kernels, so cold starts are already warm)"
-        )
+            f"loading {root} in compiled mode left no inductor cache artifacts to ship "
+            "(torch.compiler.save_cache_artifacts() returned nothing)")
+    return data
+
+
+def _store(root: Path, artifact: VerifiedArtifact, key: str, details: Mapping[str, str],
+           shipped: Mapping[str, bytes]) -> WarmResult:
+    """Replace this key's kernel set (files and manifest entry) by the new one."""
     directory = f"{KERNELS_DIR}/{key}"
+    own = {inductor_file(directory), triton_key_file(directory)}
     files = {name: data for name, data in artifact.files.items()
-             if not name.startswith(directory + "/")}
-    files.update({f"{directory}/{name}": data for name, data in compiled.items()})
+             if not name.startswith(directory + "/") and name not in own}
+    files.update(shipped)
     kernel_sets = [k for k in artifact.manifest.kernels if k.key != key]
-    kernel_sets.append(KernelSet(key=key, directory=directory, details=details))
+    kernel_sets.append(KernelSet(key=key, directory=directory, details=dict(details)))
     manifest = dataclasses.replace(artifact.manifest, kernels=tuple(kernel_sets))
     _, digest = write_artifact(root, manifest, files, force=True)
-    return WarmResult(path=root, key=key, files=len(compiled),
-                      bytes=sum(map(len, compiled.values())), digest=digest)
+    return WarmResult(path=root, key=key, files=len(shipped),
+                      bytes=sum(map(len, shipped.values())), digest=digest)
 
 
-def _compile_in_child(root: Path, device: str, cache: str,
-                      overrides: Mapping[str, object]) -> None:
-    """Load the artifact in a fresh process whose Triton cache starts empty."""
-    code = (
-        "import json, sys\n"
-        "from qkan_pack import Predictor\n"
-        "Predictor.load(sys.argv[1], device=sys.argv[2], kernels='off',\n"
-        "               config_overrides=json.loads(sys.argv[3])).close()\n"
-    )
-    env = {**os.environ, TRITON_CACHE_ENV: cache}
+_CHILD = """
+import json, sys
+from qkan_pack import Predictor
+from qkan_pack.runtime import record_installation
+root, device, overrides, compiled, inductor, key_record = sys.argv[1:7]
+predictor = Predictor.load(root, device=device, kernels="off", compiled="on" if compiled == "1"
+                           else "off", config_overrides=json.loads(overrides))
+if compiled == "1" and not predictor.report.compiled.startswith("inductor"):
+    sys.exit(f"compiled mode did not compile: {predictor.report.compiled}")
+predictor.close()
+record = record_installation()
+if record is not None:
+    with open(key_record, "w") as handle:
+        json.dump(record, handle)
+if compiled == "1":
+    import torch
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is not None:
+        with open(inductor, "wb") as handle:
+            handle.write(saved[0])
+"""
+
+
+def _compile_in_child(root: Path, device: str, scratch: Path,
+                      overrides: Mapping[str, object], compiled: bool) -> None:
+    """Load the artifact in a fresh process whose Triton (and inductor) caches start empty."""
+    (scratch / "triton").mkdir()
+    env = {**os.environ, TRITON_CACHE_ENV: str(scratch / "triton"),
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
     result = subprocess.run(
-        [sys.executable, "-c", code, str(root), device, json.dumps(dict(overrides))],
+        [sys.executable, "-c", _CHILD, str(root), device, json.dumps(dict(overrides)),
+         "1" if compiled else "0", str(scratch / "inductor.bin"),
+         str(scratch / "triton-key.json")],
         env=env, capture_output=True, text=True, check=False,
     )
     if result.returncode != 0:

@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_getattr
 from ._artifact import VerifiedArtifact, artifact_digest, read_artifact, safetensors_header, sha256_hex
-from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, kernel_key
+from ._deferred_imports import DEFERRED_IMPORTS_ENV, module_state
+from ._kernels import TRITON_CACHE_ENV, collect_kernel_cache, inductor_file, kernel_key
 from ._options import (
+    COMPILED_MODES,
     CROSS_DEVICE_TOLERANCE,
     CROSS_SOLVER_TOLERANCE,
+    INDUCTOR_MODE,
     REPLAY_TOLERANCE,
     SAME_HOST_TOLERANCE,
     LoadOptions,
@@ -34,6 +37,7 @@ from ._source import (
     import_model_source,
     model_code_failed,
 )
+from ._triton_key import record_installation, triton_key_file
 
 if TYPE_CHECKING:
     from ._calling import bind_forward, full_float32
@@ -100,8 +104,11 @@ _LAZY = {
 }
 
 __all__ = [
+    "COMPILED_MODES",
     "CROSS_DEVICE_TOLERANCE",
     "CROSS_SOLVER_TOLERANCE",
+    "DEFERRED_IMPORTS_ENV",
+    "INDUCTOR_MODE",
     "REPLAY_TOLERANCE",
     "SAME_HOST_TOLERANCE",
     "TRITON_CACHE_ENV",
@@ -143,6 +150,7 @@ __all__ = [
     "flatten",
     "full_float32",
     "import_model_source",
+    "inductor_file",
     "installed_version",
     "iter_leaves",
     "kernel_key",
@@ -150,11 +158,13 @@ __all__ = [
     "map_leaves",
     "model_code_failed",
     "model_solvers",
+    "module_state",
     "package_versions",
     "parse_weights",
     "progress_bar",
     "read_artifact",
     "rebuild_model",
+    "record_installation",
     "reference_samples",
     "release_graph_memory",
     "resolve_device",
@@ -163,6 +173,7 @@ __all__ = [
     "select_submodules",
     "sha256_hex",
     "torch_dtype",
+    "triton_key_file",
     "unflatten",
     "warm_up",
 ]

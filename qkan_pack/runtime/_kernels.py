@@ -18,13 +18,25 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..format import KernelSet
+from ..errors import ManifestError
+from ..format import KernelSet, loads_strict
 from ._artifact import VerifiedArtifact
+from ._triton_key import vouched_triton_key
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+#: Triton (3.x, ``backends/nvidia/driver.py: libcuda_dirs``) runs ``/sbin/ldconfig -p`` once
+#: per process to find libcuda unless this names its directory.
+LIBCUDA_ENV = "TRITON_LIBCUDA_PATH"
 _GROUP_PREFIX = "__grp__"
 _CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
+#: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
+INDUCTOR_SUFFIX = "-inductor.bin"
+
+
+def inductor_file(directory: str) -> str:
+    """Where the kernel set stored under ``directory`` keeps its inductor cache, if any."""
+    return directory + INDUCTOR_SUFFIX
 
 
 def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:
@@ -103,7 +115,8 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
 
     Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
     Triton wrote while loading (kernels it did not find in the shipped set), counted from
-    new or rewritten group indexes.
+    new or rewritten group indexes; ``vouched_key`` is 1 when the set's record of Triton's
+    installation key matched this host (Triton skipped hashing itself, ``_triton_key``).
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
@@ -118,12 +131,26 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 destination.write_bytes(data)
         before = _group_stamps(root)
         counts["shipped"] = len(before)
-        with _triton_cache_dir(private):
+        with _triton_cache_dir(private), _libcuda_hint(), \
+                vouched_triton_key(_key_record(artifact, kernel_set)) as vouched:
+            counts["vouched_key"] = int(vouched)
             try:
                 yield counts
             finally:
                 after = _group_stamps(root)
                 counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+
+
+def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict | None:
+    """The set's record of Triton's installation key (``warm`` writes it), if any."""
+    data = artifact.files.get(kernel_set.details.get("triton_key", ""))
+    if data is None:
+        return None
+    try:
+        record = loads_strict(data)
+    except ManifestError:
+        return None  # unreadable: Triton hashes itself as usual
+    return record if isinstance(record, dict) else None
 
 
 def _group_stamps(root: Path) -> dict[str, int]:
@@ -150,6 +177,42 @@ def _triton_cache_dir(directory: str) -> Iterator[None]:
             os.environ[TRITON_CACHE_ENV] = previous
         if knobs is not None and knob_previous is not None:
             knobs.__dict__["dir"] = knob_previous
+
+
+@contextlib.contextmanager
+def _libcuda_hint() -> Iterator[None]:
+    """Name libcuda's directory for Triton while loading, when the user has not: the
+    driver library this process already mapped at CUDA init, so Triton skips its ldconfig
+    subprocess. Triton memoises the answer; the variable itself is restored afterwards."""
+    if os.environ.get(LIBCUDA_ENV) is not None:
+        yield
+        return
+    directory = mapped_libcuda_dir()
+    if directory is None:
+        yield
+        return
+    os.environ[LIBCUDA_ENV] = directory
+    try:
+        yield
+    finally:
+        if os.environ.get(LIBCUDA_ENV) == directory:
+            del os.environ[LIBCUDA_ENV]
+
+
+def mapped_libcuda_dir(maps: str = "/proc/self/maps") -> str | None:
+    """The directory of the ``libcuda.so*`` mapped into this process, if it holds the
+    ``libcuda.so.1`` Triton links against (None elsewhere: no CUDA yet, not Linux)."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith("libcuda.so"):
+            directory = os.path.dirname(fields[5])
+            if os.path.exists(os.path.join(directory, "libcuda.so.1")):
+                return directory
+    return None
 
 
 def _triton_cache_knobs() -> object | None:

@@ -25,6 +25,7 @@ from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
 from ._capture import capture_session
 from ._compat import check_compatibility
+from ._compiled import serve_compiled
 from ._device import resolve_device
 from ._kernels import matching_set, shipped_kernels
 from ._options import (
@@ -143,7 +144,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
             eager = [flatten(eager_forward(forward, inputs, shown=shown, label=label))
                      for label, inputs in samples]
-        runner = _make_runner(model, forward, target, manifest, samples, eager, report, options)
+        runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
+                                report, options, _make_runner)  # today's runner unless asked
     for record, error in zip(runner.records, reference_errors):
         record.reference_max_abs = error
     report.shapes = runner.records

@@ -10,6 +10,11 @@ from typing import Any
 from ..errors import KernelCacheError
 
 KERNEL_MODES = ("auto", "off")
+#: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
+COMPILED_MODES = ("off", "shipped", "on")
+#: torch.compile mode of compiled mode: inductor's fusion without its own CUDA graphs (the
+#: runtime captures the compiled callable itself).
+INDUCTOR_MODE = "default"
 Tolerance = tuple[float, float]
 #: Replay vs eager on the same device: the same kernels on the same data.
 REPLAY_TOLERANCE: Tolerance = (1e-5, 1e-6)
@@ -37,7 +42,11 @@ class LoadOptions:
     - ``replay_tolerance``: ``(rtol, atol)`` of replay against eager on this device;
     - ``kernels``: ``"auto"`` uses the artifact's shipped GPU kernels when they match this
       host (``qkan-pack warm``), ``"off"`` compiles as usual;
-    - ``progress``: progress bars on stderr (None: when stderr is a terminal).
+    - ``progress``: progress bars on stderr (None: when stderr is a terminal);
+    - ``compiled``: ``"off"`` captures the eager model; ``"shipped"`` captures the
+      ``torch.compile``d model when the artifact ships an inductor cache for this host
+      (``qkan-pack warm --compiled``), else warns and captures the eager model; ``"on"``
+      captures the compiled model, compiling here when nothing is shipped.
     """
 
     expected_digest: str | None = None
@@ -48,12 +57,17 @@ class LoadOptions:
     replay_tolerance: Tolerance = REPLAY_TOLERANCE
     kernels: str = "auto"
     progress: bool | None = None
+    compiled: str = "off"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_overrides", dict(self.config_overrides or {}))
         if self.kernels not in KERNEL_MODES:
             raise KernelCacheError(
                 f"kernels={self.kernels!r}: use 'auto' (shipped kernels) or 'off'")
+        if self.compiled not in COMPILED_MODES:
+            raise KernelCacheError(
+                f"compiled={self.compiled!r}: use 'off', 'shipped' (shipped inductor caches "
+                "only) or 'on' (compile here when none is shipped)")
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> LoadOptions:

@@ -53,6 +53,7 @@ class LoadReport:
     load_to_ready_seconds: float = 0.0
     pool_bytes: int = 0
     kernel_cache: str = "not used"
+    compiled: str = "off"
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,5 +84,7 @@ class LoadReport:
         stages = ", ".join(f"{k} {v:.3f}s" for k, v in self.stages.items())
         lines.append(f"ready in {self.load_to_ready_seconds:.3f}s ({stages})")
         lines.append(f"kernel cache: {self.kernel_cache}")
+        if self.compiled != "off":
+            lines.append(f"compiled mode: {self.compiled}")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)

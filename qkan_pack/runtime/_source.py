@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ModelSourceError
+from ._deferred_imports import deferred_imports
 
 _IMPORT_LOCK = threading.RLock()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
@@ -84,7 +85,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
                     for p, data in sources.items() if p != source}
         module = ModuleType(name)
         module.__file__ = shown
-        with _serving(includes, name):
+        with _serving(includes, name), deferred_imports():  # heavy unused imports wait
             try:
                 exec(compile(sources[source], shown, "exec"), module.__dict__)
             except SyntaxError as exc:

@@ -25,7 +25,6 @@ from qkan_pack.bench import (
     ShapeResult,
     render_table,
     run_bench,
-    run_cold_start,
     write_json,
     write_plot,
 )
@@ -67,7 +66,8 @@ def test_json_schema(cpu_report: BenchReport, tmp_path: Path) -> None:
     data = json.loads(write_json(cpu_report, tmp_path / "deep" / "bench.json").read_text())
     assert data["schema"] == SCHEMA
     assert {"artifact", "device", "machine", "versions", "settings", "load", "shapes", "memory",
-            "cold_start", "notes", "created"} <= set(data)
+            "notes", "created"} <= set(data)
+    assert "cold_start" not in data  # cold starts have their own report (bench --cold)
     assert {"torch", "triton", "qkan", "qkan_pack"} <= set(data["versions"])
     assert {"hostname", "platform", "python", "cpu", "gpu"} <= set(data["machine"])
     assert data["artifact"]["digest"].startswith("sha256:")
@@ -119,7 +119,7 @@ def test_cli_bench_rejects_bad_options(mlp_artifact: Path) -> None:
 def test_bench_help_does_not_import_torch() -> None:
     code = ("import sys; from click.testing import CliRunner; from qkan_pack.cli import cli; "
             "r = CliRunner().invoke(cli, ['bench', '--help']); "
-            "assert r.exit_code == 0 and '--cold-start' in r.output, r.output; "
+            "assert r.exit_code == 0 and '--cold' in r.output, r.output; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -163,15 +163,10 @@ def _gpu_like_report() -> BenchReport:
               "shared_pool_growth_by_shape": {"64x2": 2 << 20, "1x2": 0},
               "private_pools_bytes": 4 << 20, "private_pool_by_shape": {"64x2": 2 << 20, "1x2": 2 << 20},
               "largest_shape": "64x2", "largest_alone_bytes": 2 << 20, "shared_over_largest_alone": 1.0}
-    cold = {"shape": "1x2", "kernel_cache": "fresh", "notes": [],
-            "predictor": {"stages": [["import torch", 1.0], ["graph capture", 0.1]], "total_s": 3.0,
-                          "fast_total_s": 3.0, "steady_us": 20.0, "notes": []},
-            "torch_compile": {"stages": [["import torch", 1.0], ["first call (compile)", 30.0]],
-                              "error": "", "total_s": 32.0, "fast_total_s": 32.1, "steady_us": 25.0}}
     return BenchReport(artifact={"path": "a", "model": "m.py::build_model"}, device="cuda:0",
                        machine={"gpu": "NVIDIA H200"}, versions={"torch": "2.11.0"},
                        settings={"iters": 5, "repeats": 2, "interleaving": "rr", "latency": "l"},
-                       load={}, shapes=shapes, memory=memory, cold_start=cold,
+                       load={}, shapes=shapes, memory=memory,
                        created="2026-12-02T00:00:00+00:00")
 
 
@@ -190,24 +185,11 @@ def test_gpu_like_report_renders_and_serialises(tmp_path: Path) -> None:
     report = _gpu_like_report()
     table = render_table(report)
     for text in ("GPU kernel time per call 5.0 us", "bare replay", "one shared pool",
-                 "one private pool per shape", "torch.compile r-o", "failed: why", "cold start",
-                 "total to first fast call", "1.10x"):
+                 "one private pool per shape", "torch.compile r-o", "failed: why", "1.10x"):
         assert text in table, text
     data = json.loads(write_json(report, tmp_path / "g.json").read_text())
     assert data["shapes"][0]["variants"]["predictor"]["max_abs_diff_vs_eager"] is None
     assert write_plot(report, tmp_path / "g.png").read_bytes()[:8] == PNG_MAGIC
-
-
-def test_cold_start_on_cpu(mlp_artifact: Path) -> None:
-    cold = run_cold_start(mlp_artifact, torch.device("cpu"), calls=3)
-    run = cold["predictor"]
-    assert not run.get("error"), run
-    stages = dict(run["stages"])
-    for name in ("python start", "import torch", "import qkan_pack", "artifact verification",
-                 "model build", "weights", "first call"):
-        assert stages[name] >= 0, name
-    assert run["total_s"] >= stages["import torch"]
-    assert cold["torch_compile"] is None and "CUDA" in cold["notes"][0]
 
 
 @pytest.mark.gpu

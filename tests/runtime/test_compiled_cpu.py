@@ -1,0 +1,69 @@
+"""Compiled mode without a GPU: options, the fallback when nothing is shipped, and (slow:
+inductor's CPU backend compiles C++ with gcc) compiled outputs against eager ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkan_pack import KernelCacheError, LoadOptions, Predictor, build
+from qkan_pack.runtime import read_artifact, rebuild_model
+
+from ..conftest import MODELS
+
+
+@pytest.fixture(scope="module")
+def plain_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compiled") / "plain"
+    return build(MODELS / "plain_mlp.py", "1x2,8x2", output=out).path
+
+
+def _eager_twin(path: Path) -> torch.nn.Module:
+    return rebuild_model(read_artifact(path), torch.device("cpu"), {})
+
+
+def test_compiled_mode_is_checked_before_loading() -> None:
+    with pytest.raises(KernelCacheError, match="'off', 'shipped'"):
+        LoadOptions(compiled="fast")
+    assert LoadOptions().compiled == "off"
+
+
+def test_shipped_without_a_shipped_cache_warns_and_serves_as_today(plain_artifact: Path) -> None:
+    with pytest.warns(UserWarning, match="inductor caches ship for GPU hosts only"):
+        predictor = Predictor.load(plain_artifact, compiled="shipped")
+    assert predictor.report.compiled.startswith("off (compiled='shipped' but")
+    assert "compile" not in predictor.report.stages
+    model = _eager_twin(plain_artifact)
+    x = torch.randn(8, 2)
+    with torch.no_grad():
+        assert torch.equal(predictor(x), model(x))
+
+
+@pytest.mark.slow
+def test_compiled_mode_equals_eager_on_the_cpu(plain_artifact: Path) -> None:
+    predictor = Predictor.load(plain_artifact, compiled="on")
+    report = predictor.report
+    assert report.compiled.startswith("inductor (mode default): ") and "compiled here" in report.compiled
+    assert report.stages["compile"] > 0
+    assert "compiled mode: inductor" in str(report)
+    model = _eager_twin(plain_artifact)
+    for batch in (1, 8, 1):
+        x = torch.randn(batch, 2)
+        with torch.no_grad():
+            torch.testing.assert_close(predictor(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_torch_compile_cannot_compile_is_served_as_today(
+        plain_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("dynamo cannot trace this")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    with pytest.warns(UserWarning, match="torch.compile failed: RuntimeError: dynamo cannot"):
+        predictor = Predictor.load(plain_artifact, compiled="on")
+    assert predictor.report.compiled.startswith("off (torch.compile failed")
+    x = torch.randn(1, 2)
+    with torch.no_grad():
+        assert torch.equal(predictor(x), _eager_twin(plain_artifact)(x))
