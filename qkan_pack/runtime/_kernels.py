@@ -115,8 +115,9 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
 
     Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
     Triton wrote while loading (kernels it did not find in the shipped set), counted from
-    new or rewritten group indexes; ``vouched_key`` is 1 when the set's record of Triton's
-    installation key matched this host (Triton skipped hashing itself, ``_triton_key``).
+    new or rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig``
+    and, when the set's record vouches for this host's Triton, skips hashing itself
+    (``_triton_key``).
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
@@ -132,8 +133,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
         before = _group_stamps(root)
         counts["shipped"] = len(before)
         with _triton_cache_dir(private), _libcuda_hint(), \
-                vouched_triton_key(_key_record(artifact, kernel_set)) as vouched:
-            counts["vouched_key"] = int(vouched)
+                vouched_triton_key(_key_record(artifact, kernel_set)):
             try:
                 yield counts
             finally:
