@@ -146,43 +146,65 @@ def _walk(root: Path) -> Iterator[str]:
                     raise ArtifactError(f"artifact {root} contains a special file at {relative}")
 
 
-def _read_regular(root: Path, name: str, *, limit: int) -> bytes:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+def _read_regular(root: Path, name: str, *, limit: int, exact: int | None = None) -> bytes:
+    """Read ``root/name`` through one descriptor: never a symlink, never waiting on a FIFO or
+    device (opened non-blocking, then checked to be a regular file), never more than ``limit``
+    bytes (``exact``: the size the manifest declares, checked on the same descriptor)."""
+    path = root / name
+    fd = _open_regular(path)
     try:
-        fd = os.open(root / name, flags)
+        size = os.fstat(fd).st_size
+        if exact is not None and size != exact:
+            raise ArtifactError(
+                f"{name} in {root} is {size} bytes but the manifest says {exact}: "
+                "the file was truncated, extended or replaced; rebuild the artifact", path=str(path))
+        if size > limit:
+            raise ManifestError(
+                f"{path} is {size} bytes; the limit is {limit}: corrupt or hostile")
+        return _read_bounded(fd, limit + 1, path)
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path) -> int:
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ArtifactError(f"{root / name} is a symlink; refused") from None
-        raise ArtifactError(f"cannot open {root / name}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ArtifactError(f"{root / name} is not a regular file")
-        if info.st_size > limit:
-            raise ManifestError(
-                f"{root / name} is {info.st_size} bytes; the limit is {limit}: corrupt or hostile"
-            )
-        return handle.read(limit + 1)
+            raise ArtifactError(f"{path} is a symlink; refused", path=str(path)) from None
+        raise ArtifactError(f"cannot open {path}: {exc.strerror}", path=str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ArtifactError(f"{path} is not a regular file (a FIFO, device or directory); "
+                            "refused without reading it", path=str(path))
+    return fd
+
+
+def _read_bounded(fd: int, most: int, path: Path) -> bytes:
+    """At most ``most`` bytes from ``fd`` (one read for a regular file, more if it is short)."""
+    chunks, left = [], most
+    try:
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror}", path=str(path)) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _read_checked(root: Path, name: str, entry: FileEntry) -> bytes:
-    try:
-        size = (root / name).lstat().st_size
-    except OSError as exc:
-        raise ArtifactError(f"cannot stat {root / name}: {exc.strerror}") from None
-    if size != entry.size:
-        raise ArtifactError(
-            f"{name} in {root} is {size} bytes but the manifest says {entry.size}: "
-            "the file was truncated, extended or replaced; rebuild the artifact"
-        )
-    data = _read_regular(root, name, limit=entry.size)
+    data = _read_regular(root, name, limit=entry.size, exact=entry.size)
     if len(data) != entry.size:
-        raise ArtifactError(f"{name} in {root} changed size while being read")
+        raise ArtifactError(f"{name} in {root} changed size while being read", path=str(root / name))
     actual = sha256_hex(data)
     if actual != entry.sha256:
         raise ArtifactError(
             f"{name} in {root} has sha256 {actual[:16]}…, the manifest says "
-            f"{entry.sha256[:16]}…: the file was modified; rebuild the artifact"
+            f"{entry.sha256[:16]}…: the file was modified; rebuild the artifact", path=str(root / name)
         )
     return data
 

@@ -482,3 +482,102 @@ def test_load_never_unpickles(golden: qkan_pack.BuildResult, tmp_path: Path,
     monkeypatch.setattr(torch, "load", refuse)
     with Predictor.load(copy_of(golden, tmp_path)) as predictor:
         assert predictor(torch.zeros(1, 2)).shape == (1, 2)
+
+
+# ---------------------------------------------------------------------------
+# Non-regular files at listed paths: refused through the opened descriptor, never waited on
+# ---------------------------------------------------------------------------
+
+
+def _call_with_deadline(fn: Callable[[], Any], fifo: Path, seconds: float = 20.0) -> BaseException:
+    """Run ``fn`` in a thread; if it is still blocked after ``seconds`` (a reader waiting on
+    the FIFO), open the FIFO for writing to release it and fail: a refusal must not hang."""
+    import threading
+
+    outcome: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed back to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        thread.join(5)
+        pytest.fail(f"reading an artifact with a FIFO at {fifo.name} blocked for {seconds} s")
+    assert outcome, "a FIFO in place of a listed file was accepted"
+    return outcome[0]
+
+
+def _fifo_at(root: Path, name: str) -> Path:
+    (root / name).unlink()
+    os.mkfifo(root / name)
+    return root / name
+
+
+@pytest.mark.parametrize("reader", ["read_artifact", "Predictor.load", "cli inspect", "cli verify"])
+def test_fifo_manifest_is_refused_without_waiting(golden: qkan_pack.BuildResult, tmp_path: Path,
+                                                  reader: str) -> None:
+    """Finding 1 (round 2): a FIFO at manifest.json made inspect, verify and load hang."""
+    from click.testing import CliRunner
+
+    from qkan_pack.cli import cli
+
+    root = copy_of(golden, tmp_path)
+    fifo = _fifo_at(root, "manifest.json")
+    calls = {
+        "read_artifact": lambda: read_artifact(root),
+        "Predictor.load": lambda: Predictor.load(root),
+        "cli inspect": lambda: _raise_cli(CliRunner().invoke(cli, ["inspect", str(root)])),
+        "cli verify": lambda: _raise_cli(CliRunner().invoke(cli, ["verify", str(root)])),
+    }
+    error = _call_with_deadline(calls[reader], fifo)
+    assert "not a regular file" in str(error), error
+
+
+def _raise_cli(result: Any) -> None:
+    if result.exit_code != 0:
+        raise ArtifactError(result.output)
+
+
+def test_fifo_swapped_in_after_the_layout_walk_is_refused(golden: qkan_pack.BuildResult,
+                                                          tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listed file replaced by a FIFO between the layout check and the read (a race the
+    walk cannot see): the descriptor is checked before any byte is read."""
+    from qkan_pack.runtime import _artifact
+
+    root = copy_of(golden, tmp_path)
+    walk = _artifact._check_layout
+
+    def walk_then_swap(where: Path, manifest: Any) -> None:
+        walk(where, manifest)
+        _fifo_at(root, WEIGHTS)
+
+    monkeypatch.setattr(_artifact, "_check_layout", walk_then_swap)
+    error = _call_with_deadline(lambda: read_artifact(root), root / WEIGHTS)
+    assert isinstance(error, ArtifactError) and "not a regular file" in str(error), error
+
+
+def test_reads_are_bounded_by_the_declared_size(golden: qkan_pack.BuildResult, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that grows after its size was checked is never read past the declared size."""
+    from qkan_pack.runtime import _artifact
+
+    root = copy_of(golden, tmp_path)
+    declared = (root / WEIGHTS).stat().st_size
+    sizes: list[int] = []
+    real_read = os.read
+
+    def recording_read(fd: int, count: int) -> bytes:
+        sizes.append(count)
+        return real_read(fd, count)
+
+    monkeypatch.setattr(_artifact.os, "read", recording_read)
+    read_artifact(root)
+    assert sizes and max(sizes) <= max(declared + 1, MAX_MANIFEST_BYTES + 1)
