@@ -350,7 +350,13 @@ CASES: dict[str, Case] = {
         ArtifactError, "holds input.x as"),
     "weights dtype resized in header (re-signed)": Case(
         edit_file(WEIGHTS, header_edit(set_dtype("F16")), sign=True),
-        ArtifactError, "header was edited"),
+        ArtifactError, "not a valid safetensors file"),
+    "unknown dtype code in weights header (re-signed)": Case(
+        edit_file(WEIGHTS, header_edit(set_dtype("Q9")), sign=True),
+        ArtifactError, "not a valid safetensors file"),
+    "negative dimension in a reference header (re-signed)": Case(
+        edit_file(REF0, header_edit(set_path("input.x", "shape", value=[1, -2])), sign=True),
+        ArtifactError, "not a valid safetensors file"),
     "oversized safetensors header (re-signed)": Case(
         edit_file(WEIGHTS, lambda d: struct.pack("<Q", 2**40) + d[8:], sign=True),
         ArtifactError, "-byte header"),
