@@ -25,6 +25,7 @@ from .format import (
     format_shape,
     manifest_to_dict,
     parse_config_items,
+    parse_range,
     parse_shapes,
 )
 
@@ -42,6 +43,8 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except ShapeSpecError as exc:  # text the user typed: a usage error wherever it is found
+            raise click.UsageError(str(exc), ctx) from None
         except QkanPackError as exc:
             _fail(exc, known=True)
         except Exception as exc:
@@ -87,12 +90,9 @@ def _range_option(ctx: click.Context, param: click.Parameter, value: str | None)
     if value is None:
         return None
     try:
-        low, high = (float(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter("write LOW,HIGH, e.g. 0,256", param_hint="--input-range") from None
-    if not low < high:
-        raise click.BadParameter("LOW must be below HIGH", param_hint="--input-range")
-    return (low, high)
+        return parse_range(value)
+    except ShapeSpecError as exc:
+        raise _usage("--input-range", exc) from None
 
 
 def _list_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple:

@@ -21,9 +21,12 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
+    ├── LoadOptionError (ValueError)        a Predictor.load option out of its domain
+    │                                       [.option, .value, .expected]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
-        └── MalformedRequestError           a serve request body that is not the format
+        ├── MalformedRequestError           a serve request body that is not the format
+        └── PredictorClosedError            a call on (or racing with) a closed predictor
 
 Messages are built from the fields; callers branch on the fields, never on the text.
 Messages say what went wrong, where (file, key, shape) and how to fix it.
@@ -31,6 +34,7 @@ Messages say what went wrong, where (file, key, shape) and how to fix it.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,9 +47,11 @@ __all__ = [
     "IncompatibleArtifactError",
     "InputError",
     "KernelCacheError",
+    "LoadOptionError",
     "MalformedRequestError",
     "ManifestError",
     "ModelSourceError",
+    "PredictorClosedError",
     "QkanPackError",
     "SelfTestError",
     "ShapeSpecError",
@@ -167,6 +173,19 @@ class BenchError(QkanPackError, RuntimeError):
     """A benchmark that cannot run as asked (bad settings, missing plotting library)."""
 
 
+class LoadOptionError(QkanPackError, ValueError):
+    """A ``Predictor.load`` option outside its domain, refused before the artifact is read.
+
+    ``option`` is the field name, ``value`` what was given, ``expected`` what is accepted.
+    """
+
+    def __init__(self, *, option: str, value: Any, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"option {option}={reprlib.repr(value)}: {expected}")
+
+
 class InputError(QkanPackError, ValueError):
     """A predictor input outside what the artifact accepts.
 
@@ -188,6 +207,14 @@ class InputError(QkanPackError, ValueError):
 
 class MalformedRequestError(InputError):
     """A serve request body that is not the request format at all (HTTP 400, unlike 422)."""
+
+
+class PredictorClosedError(InputError):
+    """A call made after ``close()``, or that lost the race with one (``path``: the artifact)."""
+
+    def __init__(self, *, path: str) -> None:
+        self.path = path
+        super().__init__(f"this predictor of {path} is closed; load the artifact again")
 
 
 def format_accepted(accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]], *,

@@ -25,8 +25,10 @@ PUBLIC = {
     "qkan_pack": [
         "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "BenchError", "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "IncompatibleArtifactError",
-        "InputError", "KernelCacheError", "LoadOptions", "LoadReport", "MalformedRequestError",
-        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "QkanPackError",
+        "InputError", "KernelCacheError", "LoadOptionError", "LoadOptions", "LoadReport",
+        "MalformedRequestError",
+        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "PredictorClosedError",
+        "QkanPackError",
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeightsMismatchError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
@@ -73,6 +75,7 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "DeviceError": RuntimeError, "KernelCacheError": RuntimeError,
                "BenchError": RuntimeError, "InputError": ValueError,
                "MalformedRequestError": errors.InputError,
+               "PredictorClosedError": errors.InputError, "LoadOptionError": ValueError,
                "IncompatibleArtifactError": errors.ManifestError,
                "DigestMismatchError": errors.ArtifactError}
     for name, base in builtin.items():
@@ -96,6 +99,10 @@ ERRORS_WITH_FIELDS = [
      {"source": "w.pt", "problems": ("missing: a", "unexpected: b")}, "missing: a"),
     (errors.DigestMismatchError(path="/a", actual="sha256:aa", expected="sha256:bb"),
      {"path": "/a", "actual": "sha256:aa", "expected": "sha256:bb"}, "sha256:bb was pinned"),
+    (errors.LoadOptionError(option="replay_tolerance", value=(float("inf"), 0.0),
+                            expected="two finite numbers"),
+     {"option": "replay_tolerance", "expected": "two finite numbers"}, "replay_tolerance=(inf"),
+    (errors.PredictorClosedError(path="/a"), {"path": "/a"}, "is closed"),
 ]
 
 

@@ -24,7 +24,9 @@ from ..format import (
     ModelInfo,
     Shape,
     ShapeEntry,
+    check_config,
     check_dtype,
+    check_range,
     format_shape,
     parse_shapes,
 )
@@ -81,9 +83,11 @@ def build(
     """
     model_path = Path(model_path)
     policy = _capture_policy(capture, submodules)
-    user = _load_user_model(model_path, includes, entry, dict(config or {}), weights)
+    user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
     names, per_shape = _normalise_shapes(shapes, user.model)
     dtypes = _normalise_dtypes(dtype, names)
+    if input_range is not None:
+        input_range = check_range(input_range, list(dtypes.values()))
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     entries = _record_references(user, model_path, per_shape, dtypes, seed, input_range, files,
                                  progress)

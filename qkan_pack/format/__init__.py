@@ -26,9 +26,12 @@ from ._constants import (
 from ._grammar import (
     IDENTIFIER,
     Shape,
+    check_config,
     check_dtype,
+    check_range,
     format_shape,
     parse_config_items,
+    parse_range,
     parse_shape,
     parse_shapes,
 )
@@ -79,7 +82,9 @@ __all__ = [
     "ShapeEntry",
     "Signature",
     "TensorSpec",
+    "check_config",
     "check_dtype",
+    "check_range",
     "dumps_manifest",
     "format_shape",
     "loads_strict",
@@ -87,6 +92,7 @@ __all__ = [
     "padding_table",
     "parse_config_items",
     "parse_manifest",
+    "parse_range",
     "parse_shape",
     "parse_shapes",
 ]

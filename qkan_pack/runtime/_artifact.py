@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import safetensors
-
 from ..errors import ArtifactError, DigestMismatchError, ManifestError
 from ..format import (
     DIGEST_PREFIX,
@@ -33,6 +31,7 @@ from ..format import (
     loads_strict,
     parse_manifest,
 )
+from ._options import normalise_digest
 from ._source import check_entry_named
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
@@ -73,7 +72,7 @@ def read_artifact(path: str | os.PathLike[str], *,
     root = _artifact_root(path)
     manifest_bytes = _read_regular(root, MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
     digest = artifact_digest(manifest_bytes)
-    if expected_digest is not None and _normalise_digest(expected_digest) != digest:
+    if expected_digest is not None and normalise_digest(expected_digest) != digest:
         raise DigestMismatchError(path=str(root), actual=digest, expected=expected_digest)
     manifest = parse_manifest(manifest_bytes)
     _check_layout(root, manifest)
@@ -81,13 +80,6 @@ def read_artifact(path: str | os.PathLike[str], *,
              for name, entry in sorted(manifest.files.items())}
     _check_contents(manifest, files)
     return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files)
-
-
-def _normalise_digest(text: str) -> str:
-    if not isinstance(text, str):
-        raise ArtifactError(f"expected_digest must be text like 'sha256:…', got {text!r:.40}")
-    text = text.strip().lower()
-    return text if text.startswith(DIGEST_PREFIX) else DIGEST_PREFIX + text
 
 
 def _artifact_root(path: str | os.PathLike[str]) -> Path:
@@ -253,6 +245,8 @@ def safetensors_header(data: bytes, where: str) -> dict[str, dict[str, Any]]:
         loads_strict(data[8:8 + length])
     except ManifestError as exc:
         raise ArtifactError(f"{where} has an invalid safetensors header: {exc}") from None
+    import safetensors  # here: `--help` does not load it; inspect does (Rust, no torch)
+
     try:
         tensors = safetensors.deserialize(data)
     except (safetensors.SafetensorError, ValueError, OverflowError) as exc:

@@ -3,11 +3,14 @@ and the default tolerances of the self-tests (torch-free, so the options import 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..errors import KernelCacheError
+from ..errors import LoadOptionError, ShapeSpecError
+from ..format import DIGEST_PREFIX, check_config
 
 KERNEL_MODES = ("auto", "off")
 Tolerance = tuple[float, float]
@@ -17,6 +20,7 @@ REPLAY_TOLERANCE: Tolerance = (1e-5, 1e-6)
 SAME_HOST_TOLERANCE: Tolerance = (1e-4, 1e-5)
 #: Other device type or config overrides (e.g. exact CPU solver vs flash GPU solver).
 CROSS_HOST_TOLERANCE: Tolerance = (2e-3, 2e-4)
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class LoadOptions:
     - ``kernels``: ``"auto"`` uses the artifact's shipped GPU kernels when they match this
       host (``qkan-pack warm``), ``"off"`` compiles as usual;
     - ``progress``: progress bars on stderr (None: when stderr is a terminal).
+
+    Every field is checked here, so a wrong option fails before the artifact is touched.
     """
 
     expected_digest: str | None = None
@@ -44,10 +50,20 @@ class LoadOptions:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config_overrides", dict(self.config_overrides or {}))
-        if self.kernels not in KERNEL_MODES:
-            raise KernelCacheError(
-                f"kernels={self.kernels!r}: use 'auto' (shipped kernels) or 'off'")
+        checked = {
+            "expected_digest": None if self.expected_digest is None
+            else normalise_digest(self.expected_digest),
+            "config_overrides": _overrides(self.config_overrides),
+            "pad_batch": _flag("pad_batch", self.pad_batch),
+            "copy_outputs": _flag("copy_outputs", self.copy_outputs),
+            "reference_tolerance": None if self.reference_tolerance is None
+            else _tolerance("reference_tolerance", self.reference_tolerance),
+            "replay_tolerance": _tolerance("replay_tolerance", self.replay_tolerance),
+            "kernels": _choice("kernels", self.kernels, KERNEL_MODES),
+            "progress": None if self.progress is None else _flag("progress", self.progress),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> LoadOptions:
@@ -58,3 +74,45 @@ class LoadOptions:
             raise TypeError(f"Predictor.load() got unknown option(s) {unknown}; "
                             f"options: {sorted(known)}")
         return cls(**keywords)
+
+
+def normalise_digest(text: Any) -> str:
+    """``sha256:<64 hex>`` from any accepted spelling (case, missing prefix, whitespace)."""
+    if isinstance(text, str):
+        value = text.strip().lower().removeprefix(DIGEST_PREFIX)
+        if _SHA256_HEX.match(value):
+            return DIGEST_PREFIX + value
+    raise LoadOptionError(option="expected_digest", value=text,
+                          expected="an artifact digest, 'sha256:' and 64 hex digits "
+                                   "(as `qkan-pack build` and `inspect` print it)")
+
+
+def _overrides(value: Any) -> dict[str, Any]:
+    try:
+        return check_config(value if value is not None else {}, "config_overrides")
+    except ShapeSpecError as exc:
+        raise LoadOptionError(option="config_overrides", value=value, expected=str(exc)) from None
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise LoadOptionError(option=name, value=value, expected="True or False")
+    return value
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise LoadOptionError(option=name, value=value, expected=f"one of {', '.join(choices)}")
+    return value
+
+
+def _tolerance(name: str, value: Any) -> Tolerance:
+    """(rtol, atol): two finite, non-negative real numbers (a NaN tolerance passes nothing,
+    an infinite one passes everything: both would make the self-test meaningless)."""
+    expected = "(rtol, atol): two finite, non-negative numbers, e.g. (1e-4, 1e-5)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise LoadOptionError(option=name, value=value, expected=expected)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               and v >= 0 for v in value):
+        raise LoadOptionError(option=name, value=value, expected=expected)
+    return float(value[0]), float(value[1])

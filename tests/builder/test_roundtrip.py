@@ -392,3 +392,31 @@ def test_tied_weights_that_disagree_refused(tmp_path: Path, gpt_artifact: Path) 
     with pytest.raises(WeightsMismatchError, match="tied"):
         build(EXAMPLES / "hqkan_gpt.py", "1x16", dtype="int64", config=config,
               output=tmp_path / "a", weights=weights)
+
+
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ({"width": _deep(100_000)}, "JSON values"),  # was a RecursionError out of json.dumps
+    ({"width": _deep(70)}, "deeper than 64"),  # the manifest could never be read back
+    ({"scale": float("nan")}, "JSON values"),  # the manifest would hold NaN: unreadable
+    ({"fn": print}, "JSON values"),
+    ({"not valid": 1}, "identifier"),
+])
+def test_build_refuses_a_config_the_manifest_cannot_hold(tmp_path: Path, config: dict,
+                                                         says: str) -> None:
+    """Round 2, finding 9: every config is checked before the model file is imported."""
+    with pytest.raises(ShapeSpecError, match=says):
+        build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "x", config=config)
+    assert not (tmp_path / "x").exists()
+
+
+def test_build_refuses_an_input_range_without_integers(tmp_path: Path) -> None:
+    with pytest.raises(ShapeSpecError, match="holds no integer"):
+        build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "x", dtype="int64",
+              input_range=(0.2, 0.8))
