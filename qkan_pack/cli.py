@@ -47,8 +47,15 @@ class _Group(click.Group):
             raise click.UsageError(str(exc), ctx) from None
         except QkanPackError as exc:
             _fail(exc, known=True)
+        except OSError as exc:  # read-only file system, permissions: the path and the reason
+            _fail(_os_error(exc), known=True)
         except Exception as exc:
             _fail(exc, known=False)
+
+
+def _os_error(exc: OSError) -> QkanPackError:
+    where = exc.filename if exc.filename is not None else "a file"
+    return QkanPackError(f"cannot access {where}: {exc.strerror or exc}")
 
 
 def _fail(exc: BaseException, *, known: bool) -> None:

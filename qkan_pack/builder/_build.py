@@ -98,7 +98,8 @@ def build(
         capture=policy, files={}, reference_device="cpu",
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
-    final, digest = write_artifact(target, manifest, files, force=force)
+    final, digest = write_artifact(target, manifest, files, force=force,
+                                   protect=(model_path.parent,))
     return BuildResult(path=target, manifest=final, digest=digest)
 
 

@@ -120,20 +120,27 @@ def _walk(root: Path) -> Iterator[str]:
     stack = [root]
     while stack:
         folder = stack.pop()
+        for entry in _entries(folder):
+            relative = Path(entry.path).relative_to(root).as_posix()
+            if entry.is_symlink():
+                raise ArtifactError(
+                    f"artifact {root} contains a symlink at {relative}; symlinks are refused "
+                    "because they can point outside the artifact"
+                )
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                yield relative
+            else:
+                raise ArtifactError(f"artifact {root} contains a special file at {relative}")
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
         with os.scandir(folder) as entries:
-            for entry in entries:
-                relative = Path(entry.path).relative_to(root).as_posix()
-                if entry.is_symlink():
-                    raise ArtifactError(
-                        f"artifact {root} contains a symlink at {relative}; symlinks are refused "
-                        "because they can point outside the artifact"
-                    )
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    yield relative
-                else:
-                    raise ArtifactError(f"artifact {root} contains a special file at {relative}")
+            return list(entries)
+    except OSError as exc:
+        raise ArtifactError(f"cannot list {folder}: {exc.strerror}", path=str(folder)) from None
 
 
 def _read_regular(root: Path, name: str, *, limit: int, exact: int | None = None) -> bytes:
