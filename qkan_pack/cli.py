@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,23 @@ def _fail(exc: BaseException, *, known: bool) -> None:
     if os.environ.get(DEBUG_ENV) == "1":
         raise exc
     message = " ".join(str(exc).split()) if known else f"unexpected {type(exc).__name__}: {exc}"
-    click.echo(f"Error: {message}", err=True)
+    _say(f"Error: {message}", err=True)
     if not known:
         click.echo(f"(set {DEBUG_ENV}=1 to see the traceback)", err=True)
     sys.exit(1)
+
+
+def _visible(text: str) -> str:
+    """``text`` with every non-printable character (escape sequences, CR, backspace, BEL,
+    bidi overrides, line separators) written as a Python escape (``\\x1b``): a manifest
+    string shown to a person cannot move the cursor, recolour or rewrite the screen."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """Echo text meant for a person, each line made visible (JSON output is echoed as is:
+    ``json.dumps`` escapes control characters itself, so it stays exact and safe)."""
+    click.echo("\n".join(_visible(line) for line in text.split("\n")), err=err)
 
 
 def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
@@ -156,11 +170,11 @@ def build(model_py: Path, shapes: list, output: Path | None, dtype: str, entry: 
                             submodules=submodules, input_range=input_range, seed=seed,
                             force=force)
     shown = ", ".join(e.label for e in result.manifest.shapes)
-    click.echo(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
+    _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
     if warm_device is not None:
         _warm(result.path, warm_device)
     else:
-        click.echo(f"digest {result.digest}")
+        _say(f"digest {result.digest}")
 
 
 @cli.command()
@@ -178,12 +192,12 @@ def warm(directory: Path, device: str) -> None:
 def _warm(directory: Path, device: str) -> None:
     from .builder import warm as warm_artifact
 
-    click.echo(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
+    _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
                err=True)
     result = warm_artifact(directory, device)
-    click.echo(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
+    _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
                f"{result.key} in {result.path}")
-    click.echo(f"digest {result.digest}")
+    _say(f"digest {result.digest}")
 
 
 @cli.command()
@@ -198,11 +212,13 @@ def inspect(directory: Path, as_json: bool) -> None:
         payload = {"digest": artifact.digest, "manifest": manifest_to_dict(artifact.manifest)}
         click.echo(json.dumps(payload, indent=2))
         return
-    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path)))
+    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path)))  # visible
 
 
 def render_manifest(manifest: Any, digest: str, path: str) -> str:
-    """The manifest as a human-readable table."""
+    """The manifest as a human-readable table; every line made ``_visible`` (each manifest
+    string is untrusted: a control sequence in a config value, a file name or an output key
+    could otherwise forge what the table says, "(integrity verified)" included)."""
     model, producer = manifest.model, manifest.producer
     config = json.dumps(dict(model.config), sort_keys=True) if model.config else "{}"
     lines = [
@@ -228,7 +244,7 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
     if manifest.kernels:
         lines += ["", "  shipped kernels:"]
         lines += [f"    {k.key}  ({k.directory})" for k in manifest.kernels]
-    return "\n".join(lines)
+    return "\n".join(_visible(line) for line in lines)
 
 
 @cli.command()
@@ -241,10 +257,14 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
     """Check integrity, load on DEVICE and run the self-test; exit 0 only when sound."""
     from .runtime import Predictor
 
-    with Predictor.load(directory, device=device, expected_digest=expected_digest,
-                        config_overrides=overrides) as predictor:
-        click.echo(str(predictor.report))
-        click.echo(f"OK: {directory} is sound on {predictor.device}")
+    with warnings.catch_warnings():
+        # warnings quote manifest strings (producer versions): shown visible, like all else
+        warnings.showwarning = lambda message, *_: _say(f"warning: {message}", err=True)
+        predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
+                                   config_overrides=overrides)
+    with predictor:
+        _say(str(predictor.report))
+        _say(f"OK: {directory} is sound on {predictor.device}")
 
 
 @cli.command()
@@ -281,9 +301,9 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
                        fresh_kernel_cache=fresh_kernel_cache)
     click.echo(render_table(report))
     if json_path is not None:
-        click.echo(f"wrote {write_json(report, json_path)}")
+        _say(f"wrote {write_json(report, json_path)}")
     if plot_path is not None:
-        click.echo(f"wrote {write_plot(report, plot_path)}")
+        _say(f"wrote {write_plot(report, plot_path)}")
 
 
 @cli.command()
@@ -318,7 +338,7 @@ def serve(directory: Path, replicas: int, gpus_per_replica: float | None, host: 
 
     def ready(url: str, description: dict) -> None:
         replica = description["replica"]
-        click.echo(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
+        _say(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
                    f"replica(s) on {replica['device']}; accepted: {'; '.join(description['accepted'])}")
         click.echo("Ctrl-C to stop")
 

@@ -286,3 +286,81 @@ def test_help_and_inspect_do_not_import_torch(cli_artifact: tuple[Path, str]) ->
     assert report == {"codes": [0, 0, 0, 0, 0],
                       "heavy": {"--help": [], "build": [], "--version": [],
                                 "inspect": ["safetensors"]}}
+
+
+# ---------------------------------------------------------------------------
+# Terminal injection (round 2, finding 3): untrusted strings are shown, never executed
+# ---------------------------------------------------------------------------
+
+FORGE = "\r\x1b[2K\x1b[1A"  # carriage return, erase line, cursor up: rewrite what was shown
+HOSTILE = {
+    "config": FORGE + "digest     sha256:forged   (integrity verified)",
+    "producer": "2.12.0\x1b]0;pwned\x07",  # minor skew: a warning quotes it
+    "created": "2026\x1b[2J\x1b[H",
+    "output key": "y\x1b[31m\u202e",
+    "source": "source/m\x1b[8m.py",
+}
+CONTROL = ("\x1b", "\r", "\x07", "\u202e")
+
+
+@pytest.fixture
+def hostile_artifact(tmp_path: Path) -> Path:
+    """A self-consistent artifact whose manifest strings carry control sequences (editing
+    fields that no file digest covers keeps it verifiable; the source is renamed to match)."""
+    out = tmp_path / "hostile"
+    assert run("build", str(ROOT / "tests" / "models" / "plain_mlp.py"), "--shapes", "1x2",
+               "-o", out).exit_code == 0
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["model"]["config"] = {"note": HOSTILE["config"]}
+    raw["producer"]["torch"] = HOSTILE["producer"]
+    raw["created"] = HOSTILE["created"]
+    raw["shapes"][0]["outputs"] = {"dict": {HOSTILE["output key"]: raw["shapes"][0]["outputs"]}}
+    old = raw["model"]["source"]
+    (out / old).rename(out / HOSTILE["source"])
+    raw["files"][HOSTILE["source"]] = raw["files"].pop(old)
+    raw["model"]["source"] = HOSTILE["source"]
+    (out / "manifest.json").write_text(json.dumps(raw))
+    read_artifact(out)  # still verifies: these fields are not covered by any file digest
+    return out
+
+
+def test_inspect_table_escapes_every_untrusted_string(hostile_artifact: Path) -> None:
+    result = run("inspect", hostile_artifact)
+    assert result.exit_code == 0, result.output
+    for char in CONTROL:
+        assert char not in result.stdout, repr(char)
+    assert "\\u001b[2K" in result.stdout  # the config, shown as JSON (which escapes)
+    assert "\\x07" in result.stdout and "y\\x1b[31m\\u202e" in result.stdout
+    assert "source/m\\x1b[8m.py" in result.stdout
+    assert result.stdout.count("(integrity verified)") == 2  # the forged one is visible text
+
+
+def test_inspect_json_stays_exact(hostile_artifact: Path) -> None:
+    result = run("inspect", "--json", hostile_artifact)
+    assert result.exit_code == 0, result.output
+    for char in CONTROL:
+        assert char not in result.stdout, repr(char)
+    manifest = json.loads(result.stdout)["manifest"]
+    assert manifest["model"]["config"]["note"] == HOSTILE["config"]
+    assert manifest["producer"]["torch"] == HOSTILE["producer"]
+    assert manifest["model"]["source"] == HOSTILE["source"]
+
+
+def test_error_messages_escape_untrusted_strings(hostile_artifact: Path) -> None:
+    (hostile_artifact / "source" / "x\x1b[2J\r.py").write_text("")  # an unlisted file
+    result = run("inspect", hostile_artifact)
+    assert result.exit_code == 1
+    line = one_line_error(result)
+    assert "does not list" in line and "x\\x1b[2J .py" in line  # CR: whitespace, one line
+    for char in CONTROL:
+        assert char not in result.stderr, repr(char)
+
+
+def test_verify_report_and_warnings_escape_untrusted_strings(hostile_artifact: Path) -> None:
+    raw = json.loads((hostile_artifact / "manifest.json").read_text())
+    raw["model"]["config"] = {}  # the factory takes no note
+    (hostile_artifact / "manifest.json").write_text(json.dumps(raw))
+    result = run("verify", hostile_artifact)
+    for char in CONTROL:
+        assert char not in result.output, repr(char)
+    assert "\\x1b]0;pwned\\x07" in result.output  # the producer version, in a warning
