@@ -587,3 +587,66 @@ def test_reads_are_bounded_by_the_declared_size(golden: qkan_pack.BuildResult, t
     monkeypatch.setattr(_artifact.os, "read", recording_read)
     read_artifact(root)
     assert sizes and max(sizes) <= max(declared + 1, MAX_MANIFEST_BYTES + 1)
+
+
+# ---------------------------------------------------------------------------
+# A manifest missing any field, or holding any other type there: a QkanPackError, never
+# KeyError/TypeError/... (round 2, finding 9)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two inputs, a nested dict/tuple/list output, an include and a (fake) kernel set: every
+    optional manifest section is present, so every field can be taken away."""
+    import dataclasses
+
+    from qkan_pack.builder import write_artifact
+    from qkan_pack.format import KernelSet
+
+    out = tmp_path_factory.mktemp("rich")
+    built = build(MODELS / "multi_io.py", [{"a": (2, 3), "b": (2, 4)}, {"a": (8, 3), "b": (8, 4)}],
+                  output=out / "plain", dtype={"b": "int64"})
+    artifact = read_artifact(built.path)
+    files = {**artifact.files, "kernels/k/abc/k.bin": b"kernel"}
+    manifest = dataclasses.replace(artifact.manifest, kernels=(
+        KernelSet(key="k", directory="kernels/k", details={"arch": "sm_90"}),))
+    write_artifact(out / "rich", manifest, files)
+    return out / "rich"
+
+
+def json_paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += json_paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += json_paths(item, (*prefix, index))
+    return found
+
+
+def test_every_missing_or_mistyped_field_is_a_qkan_pack_error(rich: Path, tmp_path: Path) -> None:
+    import copy
+
+    base = manifest_of(rich)
+    work = tmp_path / "work"
+    shutil.copytree(rich, work)
+    tried = 0
+    for path in json_paths(base):
+        for replacement in ("<delete>", None, [], {}, "x", 0, -1, True):
+            raw = copy.deepcopy(base)
+            parent = raw
+            for key in path[:-1]:
+                parent = parent[key]
+            if replacement == "<delete>":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = replacement
+            write_manifest(work, raw)
+            try:
+                read_artifact(work)
+            except QkanPackError:
+                pass
+            tried += 1
+    assert tried > 1000  # every field of every section, eight ways each
