@@ -13,6 +13,7 @@ from ._lazy import lazy_getattr
 from ._version import __version__
 from .errors import (
     ArtifactError,
+    ArtifactSignatureError,
     BenchError,
     CaptureError,
     DeviceError,
@@ -51,6 +52,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ArtifactError",
+    "ArtifactSignatureError",
     "BenchError",
     "BuildResult",
     "CaptureError",

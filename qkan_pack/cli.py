@@ -22,6 +22,7 @@ from .bench import SKIPPABLE
 from .errors import QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
+    SIGNATURE_NAME,
     check_dtype,
     format_shape,
     manifest_to_dict,
@@ -203,19 +204,32 @@ def _warm(directory: Path, device: str) -> None:
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def inspect(directory: Path, as_json: bool) -> None:
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also verify the signature with this public key or root certificate "
+                   "(PEM). Repeatable: any one of them may have signed.")
+def inspect(directory: Path, as_json: bool, keys: tuple[Path, ...]) -> None:
     """Show an artifact's manifest as a table (checks integrity; runs no model code)."""
     from .runtime import read_artifact
 
-    artifact = read_artifact(directory)
+    artifact = read_artifact(directory, trusted_keys=keys)
     if as_json:
-        payload = {"digest": artifact.digest, "manifest": manifest_to_dict(artifact.manifest)}
+        payload = {"digest": artifact.digest, "signed_by": artifact.signed_by,
+                   "manifest": manifest_to_dict(artifact.manifest)}
         click.echo(json.dumps(payload, indent=2))
         return
-    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path)))  # visible
+    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path),
+                               _signature_line(artifact)))  # every line made visible there
 
 
-def render_manifest(manifest: Any, digest: str, path: str) -> str:
+def _signature_line(artifact: Any) -> str:
+    if artifact.signed_by is not None:
+        return f"verified, signed by {artifact.signed_by}"
+    if (artifact.path / SIGNATURE_NAME).exists():
+        return f"{SIGNATURE_NAME} present, not verified (pass --key to verify it)"
+    return "none (qkan-pack sign)"
+
+
+def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") -> str:
     """The manifest as a human-readable table; every line made ``_visible`` (each manifest
     string is untrusted: a control sequence in a config value, a file name or an output key
     could otherwise forge what the table says, "(integrity verified)" included)."""
@@ -224,6 +238,7 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
     lines = [
         f"artifact   {path}",
         f"digest     {digest}   (integrity verified)",
+        *([f"signature  {signature}"] if signature else []),
         f"format     {manifest.format_name} v{manifest.format_version}, created {manifest.created}",
         f"model      {model.source} :: {model.entry}(**{config})",
         f"parameters {model.parameters:,}" + (f"   tied: {list(map(list, model.tied))}"
@@ -253,18 +268,60 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
 @click.option("--expected-digest", help="Refuse unless the artifact digest is this sha256:…")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
-def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict) -> None:
-    """Check integrity, load on DEVICE and run the self-test; exit 0 only when sound."""
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Refuse unless the artifact is signed by this public key or under this root "
+                   "certificate (PEM); checked before any artifact code runs. Repeatable.")
+def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
+           keys: tuple[Path, ...]) -> None:
+    """Check integrity (and the signature, with --key), load on DEVICE and run the
+    self-test; exit 0 only when sound."""
     from .runtime import Predictor
 
     with warnings.catch_warnings():
         # warnings quote manifest strings (producer versions): shown visible, like all else
         warnings.showwarning = lambda message, *_: _say(f"warning: {message}", err=True)
         predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
-                                   config_overrides=overrides)
+                                   config_overrides=overrides, trusted_keys=keys)
     with predictor:
         _say(str(predictor.report))
+        if predictor.signed_by is not None:
+            _say(f"signature verified: signed by {predictor.signed_by}")
         _say(f"OK: {directory} is sound on {predictor.device}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--key", "private_key", required=True,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="EC private key (PEM, P-256/384/521) to sign with.")
+@click.option("--certificate", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Signing certificate of --key (PEM): sign under a certificate chain instead "
+                   "of a bare key.")
+@click.option("--chain", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Intermediate/root certificates carried in the signature (with "
+                   "--certificate). Repeatable.")
+@click.option("--password-env", metavar="VAR",
+              help="Read the private key's password from this environment variable.")
+def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tuple[Path, ...],
+         password_env: str | None) -> None:
+    """Sign every file of DIRECTORY (writes model.sig inside it; the digest is unchanged).
+
+    Loads then check it with `qkan-pack verify --key PUBLIC.pem` or
+    Predictor.load(..., trusted_keys=[...]). Needs pip install 'qkan-pack[sign]'.
+    """
+    from .builder import sign as sign_artifact
+
+    if certificate is None and chain:
+        raise click.UsageError("--chain goes with --certificate")
+    password = None
+    if password_env is not None:
+        if password_env not in os.environ:
+            raise click.UsageError(f"--password-env: {password_env} is not set")
+        password = os.environ[password_env]
+    result = sign_artifact(directory, private_key, certificate=certificate, chain=chain,
+                           password=password)
+    _say(f"signed {result.path} with {result.signer} ({SIGNATURE_NAME})")
+    _say(f"digest {result.digest}")
 
 
 @cli.command()

@@ -9,8 +9,10 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   └── IncompatibleArtifactError       built for a newer format or an unsafe runtime
     ├── ArtifactError (OSError)             missing/extra file, size or sha256 mismatch,
     │   │                                   symlink, path leaving the directory  [.path]
-    │   └── DigestMismatchError             the artifact digest differs from the pinned one
-    │                                       [.actual, .expected]
+    │   ├── DigestMismatchError             the artifact digest differs from the pinned one
+    │   │                                   [.actual, .expected]
+    │   └── ArtifactSignatureError          signature missing, invalid, untrusted or not
+    │                                       covering these files  [.problem, .detail]
     ├── ModelSourceError (ImportError)      model file import / entry point / forward failures
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
@@ -36,10 +38,11 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "ArtifactError",
+    "ArtifactSignatureError",
     "BenchError",
     "CaptureError",
     "DeviceError",
@@ -104,6 +107,35 @@ class DigestMismatchError(ArtifactError):
             "changed since the digest was taken; refusing to load it", path=path)
         self.actual = actual
         self.expected = expected
+
+
+class ArtifactSignatureError(ArtifactError):
+    """Trusted keys were given and the artifact's signature does not prove it.
+
+    ``problem`` is one of ``PROBLEMS``; ``detail`` says what exactly (the library's reason,
+    the files that differ); ``path`` is the artifact.
+    """
+
+    PROBLEMS: ClassVar[Mapping[str, str]] = {
+        "missing": "has no signature ({name}) but trusted keys were given: sign it with "
+                   "`qkan-pack sign`, or load without trusted keys",
+        "invalid": "has a signature that does not verify ({detail}): the artifact or its "
+                   "signature was altered after signing",
+        "untrusted": "is signed by a key or certificate none of the trusted keys accept "
+                     "({detail})",
+        "mismatch": "has a valid signature over other contents ({detail}): files were changed "
+                    "after signing",
+        "unavailable": "cannot be signed or verified here: that needs the signing extra, "
+                       "pip install 'qkan-pack[sign]' ({detail})",
+        "signing key": "cannot be signed: {detail}",
+    }
+
+    def __init__(self, *, path: str, problem: str, detail: str = "",
+                 name: str = "model.sig") -> None:
+        self.problem = problem
+        self.detail = detail
+        reason = self.PROBLEMS[problem].format(name=name, detail=detail)
+        super().__init__(f"artifact {path} {reason}; refusing it", path=path)
 
 
 class ModelSourceError(QkanPackError, ImportError):

@@ -23,7 +23,8 @@ from .conftest import ROOT
 
 PUBLIC = {
     "qkan_pack": [
-        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "BenchError", "BuildResult",
+        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
+        "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "IncompatibleArtifactError",
         "InputError", "KernelCacheError", "LoadOptionError", "LoadOptions", "LoadReport",
         "MalformedRequestError",
@@ -32,8 +33,9 @@ PUBLIC = {
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeightsMismatchError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
-    "qkan_pack.builder": ["BuildResult", "WarmResult", "build", "forward_input_names",
-                          "random_input", "warm", "write_artifact"],
+    "qkan_pack.builder": ["BuildResult", "SignResult", "WarmResult", "build",
+                          "forward_input_names", "random_input", "sign", "warm",
+                          "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app",
                         "describe_artifact", "encode_outputs", "fit", "parse_request",
                         "parse_tensor", "row_plan", "serve_forever", "signature_text"],
@@ -77,7 +79,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "MalformedRequestError": errors.InputError,
                "PredictorClosedError": errors.InputError, "LoadOptionError": ValueError,
                "IncompatibleArtifactError": errors.ManifestError,
-               "DigestMismatchError": errors.ArtifactError}
+               "DigestMismatchError": errors.ArtifactError,
+               "ArtifactSignatureError": errors.ArtifactError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name
@@ -103,6 +106,8 @@ ERRORS_WITH_FIELDS = [
                             expected="two finite numbers"),
      {"option": "replay_tolerance", "expected": "two finite numbers"}, "replay_tolerance=(inf"),
     (errors.PredictorClosedError(path="/a"), {"path": "/a"}, "is closed"),
+    (errors.ArtifactSignatureError(path="/a", problem="untrusted", detail="key sha256:12ab"),
+     {"path": "/a", "problem": "untrusted", "detail": "key sha256:12ab"}, "none of the trusted"),
 ]
 
 

@@ -5,8 +5,9 @@ writer; nothing in the serving path imports this package.
 """
 
 from ._build import BuildResult, build, forward_input_names, random_input
+from ._sign import SignResult, sign
 from ._warm import WarmResult, warm
 from ._writer import write_artifact
 
-__all__ = ["BuildResult", "WarmResult", "build", "forward_input_names", "random_input", "warm",
-           "write_artifact"]
+__all__ = ["BuildResult", "SignResult", "WarmResult", "build", "forward_input_names",
+           "random_input", "sign", "warm", "write_artifact"]

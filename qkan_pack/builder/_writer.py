@@ -51,9 +51,10 @@ def write_artifact(target: str | os.PathLike[str], manifest: Manifest, files: Ma
 
 def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes], *,
                      force: bool = False, protect: Sequence[str | os.PathLike[str]] = (),
-                     before_install: Callable[[Path], None] | None = None) -> Path:
-    """Stage ``files`` (``manifest.json`` among them, written last) beside ``target``, let
-    ``before_install`` add to the staged directory (a signature), then move it into place.
+                     derived: Callable[[Path], Mapping[str, bytes]] | None = None) -> Path:
+    """Stage ``files`` (``manifest.json`` among them, written last) beside ``target``, add the
+    files ``derived`` computes from the staged directory (a signature over it), then move it
+    into place.
 
     Refused before anything on disk changes: an output inside an existing artifact, one the
     working directory is in, one that is or contains a ``protect``ed folder. Any OS failure
@@ -66,7 +67,7 @@ def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes],
         with _target_lock(target):
             _sweep_partials(target)  # first: it may put back an artifact a killed build moved aside
             _refuse_existing(target, force)
-            _stage_and_install(target, files, before_install)
+            _stage_and_install(target, files, derived)
     except OSError as exc:
         if isinstance(exc, ArtifactError):
             raise
@@ -81,7 +82,7 @@ def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes],
 
 
 def _stage_and_install(target: Path, files: Mapping[str, bytes],
-                       before_install: Callable[[Path], None] | None) -> None:
+                       derived: Callable[[Path], Mapping[str, bytes]] | None) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL_MARK}{os.getpid()}-",
                                     dir=target.parent))
     try:
@@ -90,8 +91,8 @@ def _stage_and_install(target: Path, files: Mapping[str, bytes],
             if name != MANIFEST_NAME:
                 _write_file(staging / name, data)
         _write_file(staging / MANIFEST_NAME, files[MANIFEST_NAME])
-        if before_install is not None:
-            before_install(staging)
+        for name, data in (derived(staging) if derived is not None else {}).items():
+            _write_file(staging / name, data)
         _fsync_tree(staging)
         _install(staging, target)
     except BaseException:

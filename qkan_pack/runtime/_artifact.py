@@ -14,7 +14,7 @@ import hashlib
 import os
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from ..format import (
     DTYPES,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_NAME,
     WEIGHTS_NAME,
     FileEntry,
     Manifest,
@@ -39,12 +41,19 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and refe
 
 @dataclass(frozen=True)
 class VerifiedArtifact:
-    """An artifact whose every byte matched its manifest when read."""
+    """An artifact whose every byte matched its manifest when read.
+
+    ``signed_by``: who signed it, when trusted keys were given and the signature verified
+    (None otherwise: a signature file that was not verified is never trusted, nor read).
+    ``manifest_bytes``: the manifest as read (its sha256 is ``digest``).
+    """
 
     path: Path
     manifest: Manifest
     digest: str
     files: Mapping[str, bytes]
+    signed_by: str | None = None
+    manifest_bytes: bytes = b""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -61,25 +70,64 @@ def artifact_digest(manifest_bytes: bytes) -> str:
 # ---------------------------------------------------------------------------
 
 
-def read_artifact(path: str | os.PathLike[str], *,
-                  expected_digest: str | None = None) -> VerifiedArtifact:
+def read_artifact(path: str | os.PathLike[str], *, expected_digest: str | None = None,
+                  trusted_keys: Sequence[str | os.PathLike[str]] = ()) -> VerifiedArtifact:
     """Audit an artifact directory and return its verified bytes.
 
-    Order: manifest size -> pinned digest -> format/version -> layout (symlinks, missing,
-    extra files) -> each file's size -> each file's sha256 -> safetensors headers and
-    references against the manifest -> the entry named in the source. Runs no user code.
+    Order: trusted keys parsed -> manifest size -> pinned digest -> signature (when keys are
+    given: it must verify with one of them and cover exactly this manifest) -> format/version
+    -> signed digests = the manifest's -> layout (symlinks, missing, extra files) -> each
+    file's size -> each file's sha256 -> safetensors headers and references against the
+    manifest -> the entry named in the source. Runs no user code.
     """
+    trust = _trust(trusted_keys)
     root = _artifact_root(path)
     manifest_bytes = _read_regular(root, MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
     digest = artifact_digest(manifest_bytes)
     if expected_digest is not None and normalise_digest(expected_digest) != digest:
         raise DigestMismatchError(path=str(root), actual=digest, expected=expected_digest)
+    signed, signer = _signature(root, manifest_bytes, trust)
     manifest = parse_manifest(manifest_bytes)
+    if signed is not None:
+        _check_signed(root, signed, manifest, manifest_bytes)
     _check_layout(root, manifest)
     files = {name: _read_checked(root, name, entry)
              for name, entry in sorted(manifest.files.items())}
     _check_contents(manifest, files)
-    return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files)
+    return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files,
+                            signed_by=signer, manifest_bytes=manifest_bytes)
+
+
+def _trust(trusted_keys: Sequence[str | os.PathLike[str]]) -> Any:
+    if not trusted_keys:
+        return None
+    from ._signature import load_trust  # only with keys: model_signing costs ~0.5 s to import
+
+    return load_trust([Path(key) for key in trusted_keys])
+
+
+def _signature(root: Path, manifest_bytes: bytes, trust: Any
+               ) -> tuple[Mapping[str, str] | None, str | None]:
+    """With trusted keys: verify the signature file against them (before the manifest is
+    even parsed); without: leave it unread."""
+    if trust is None:
+        return None, None
+    from ._signature import verify_signature
+
+    present = (root / SIGNATURE_NAME).exists() or (root / SIGNATURE_NAME).is_symlink()
+    data = _read_regular(root, SIGNATURE_NAME, limit=MAX_SIGNATURE_BYTES) if present else None
+    return verify_signature(root, data, manifest_bytes, trust)
+
+
+def _check_signed(root: Path, signed: Mapping[str, str], manifest: Manifest,
+                  manifest_bytes: bytes) -> None:
+    """What was signed is exactly what the (authentic) manifest lists; each file's bytes are
+    then checked against the manifest as they are read."""
+    from ._signature import check_signed_files
+
+    listed = {name: entry.sha256 for name, entry in manifest.files.items()}
+    listed[MANIFEST_NAME] = sha256_hex(manifest_bytes)
+    check_signed_files(root, signed, listed)
 
 
 def _artifact_root(path: str | os.PathLike[str]) -> Path:
@@ -103,7 +151,7 @@ def _artifact_root(path: str | os.PathLike[str]) -> Path:
 
 def _check_layout(root: Path, manifest: Manifest) -> None:
     listed = set(manifest.files) | {MANIFEST_NAME}
-    found = set(_walk(root))
+    found = set(_walk(root)) - {SIGNATURE_NAME}  # optional, verified only with trusted keys
     extra = sorted(found - listed)
     missing = sorted(listed - found)
     if missing:

@@ -4,9 +4,11 @@ and the default tolerances of the self-tests (torch-free, so the options import 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ..errors import LoadOptionError, ShapeSpecError
@@ -35,7 +37,11 @@ class LoadOptions:
     - ``replay_tolerance``: ``(rtol, atol)`` of replay against eager on this device;
     - ``kernels``: ``"auto"`` uses the artifact's shipped GPU kernels when they match this
       host (``qkan-pack warm``), ``"off"`` compiles as usual;
-    - ``progress``: progress bars on stderr (None: when stderr is a terminal).
+    - ``progress``: progress bars on stderr (None: when stderr is a terminal);
+    - ``trusted_keys``: PEM files (EC public keys, or root certificates for certificate-signed
+      artifacts). When given, the artifact's signature (``qkan-pack sign``) must verify with
+      one of them and cover exactly its files, before anything of it is parsed or run
+      (needs ``pip install 'qkan-pack[sign]'``). Empty: the signature is not looked at.
 
     Every field is checked here, so a wrong option fails before the artifact is touched.
     """
@@ -48,6 +54,7 @@ class LoadOptions:
     replay_tolerance: Tolerance = REPLAY_TOLERANCE
     kernels: str = "auto"
     progress: bool | None = None
+    trusted_keys: Sequence[str | os.PathLike[str]] = ()
 
     def __post_init__(self) -> None:
         checked = {
@@ -61,6 +68,7 @@ class LoadOptions:
             "replay_tolerance": _tolerance("replay_tolerance", self.replay_tolerance),
             "kernels": _choice("kernels", self.kernels, KERNEL_MODES),
             "progress": None if self.progress is None else _flag("progress", self.progress),
+            "trusted_keys": _key_paths(self.trusted_keys),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -116,3 +124,16 @@ def _tolerance(name: str, value: Any) -> Tolerance:
                and v >= 0 for v in value):
         raise LoadOptionError(option=name, value=value, expected=expected)
     return float(value[0]), float(value[1])
+
+
+def _key_paths(value: Any) -> tuple[Path, ...]:
+    """Trusted key files: a list of existing files (their contents are parsed first thing
+    when the load starts, still before the artifact is touched)."""
+    expected = "a list of PEM files (EC public keys or root certificates)"
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Sequence):
+        raise LoadOptionError(option="trusted_keys", value=value, expected=expected)
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)) or not Path(item).is_file():
+            raise LoadOptionError(option="trusted_keys", value=item,
+                                  expected=f"{expected}; this one is not a file")
+    return tuple(Path(item) for item in value)

@@ -32,6 +32,8 @@ class Predictor:
         manifest = loaded.artifact.manifest
         self.manifest: Manifest = manifest
         self.digest = loaded.artifact.digest
+        #: Who signed the artifact, when it was loaded with trusted keys (else None).
+        self.signed_by = loaded.artifact.signed_by
         self.path = loaded.artifact.path
         self.device = loaded.device
         self.report = loaded.report
@@ -54,7 +56,7 @@ class Predictor:
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
-        ``kernels``, ``progress``); see ``LoadOptions`` for what each does.
+        ``kernels``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for what each does.
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)

@@ -45,6 +45,8 @@ BAD = {
     "override value NaN": {"config_overrides": {"scale": math.nan}},
     "override value not JSON": {"config_overrides": {"fn": print}},
     "override nested too deep": {"config_overrides": {"deep": nested(80)}},
+    "trusted_keys a single path": {"trusted_keys": "key.pub"},
+    "trusted_keys missing file": {"trusted_keys": ["/no/such/key.pub"]},
 }
 
 
