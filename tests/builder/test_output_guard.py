@@ -161,24 +161,6 @@ def test_read_only_output_is_one_line_naming_the_path(tmp_path: Path, step: str,
     assert "Read-only file system" in message and "unexpected" not in message
 
 
-def test_unlistable_artifact_folder_is_an_artifact_error(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reading: a folder that cannot be listed (permissions) raised a bare PermissionError."""
-    from qkan_pack.runtime import _artifact
-
-    art = build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "art").path
-    real = os.scandir
-
-    def denied(path: object) -> object:
-        if str(path).endswith("source"):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real(path)
-
-    monkeypatch.setattr(_artifact.os, "scandir", denied)
-    with pytest.raises(ArtifactError, match=r"cannot list .*source: Permission denied"):
-        read_artifact(art)
-
-
 def test_other_os_errors_are_one_line_on_the_cli(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A permission error anywhere else (here: reading the model file) names the path."""

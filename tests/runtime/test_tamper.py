@@ -649,3 +649,23 @@ def test_every_missing_or_mistyped_field_is_a_qkan_pack_error(rich: Path, tmp_pa
                 read_artifact(work)
             tried += 1
     assert tried > 1000  # every field of every section, eight ways each
+
+
+def test_unlistable_artifact_folder_is_an_artifact_error(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading: a folder that cannot be listed (permissions) raised a bare PermissionError."""
+    import errno
+
+    from qkan_pack.runtime import _artifact
+
+    art = build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "art").path
+    real = os.scandir
+
+    def denied(path: object) -> object:
+        if str(path).endswith("source"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
+
+    monkeypatch.setattr(_artifact.os, "scandir", denied)
+    with pytest.raises(ArtifactError, match=r"cannot list .*source: Permission denied"):
+        read_artifact(art)
