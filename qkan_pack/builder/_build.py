@@ -86,8 +86,6 @@ def build(
     user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
     names, per_shape = _normalise_shapes(shapes, user.model)
     dtypes = _normalise_dtypes(dtype, names)
-    if input_range is not None:
-        input_range = check_range(input_range, list(dtypes.values()))
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     entries = _record_references(user, model_path, per_shape, dtypes, seed, input_range, files,
                                  progress)
@@ -98,8 +96,7 @@ def build(
         capture=policy, files={}, reference_device="cpu",
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
-    final, digest = write_artifact(target, manifest, files, force=force,
-                                   protect=(model_path.parent,))
+    final, digest = write_artifact(target, manifest, files, force=force, protect=(model_path.parent,))
     return BuildResult(path=target, manifest=final, digest=digest)
 
 
@@ -131,6 +128,7 @@ def _record_references(user: _UserModel, model_path: Path, per_shape: list[dict[
                        input_range: tuple[float, float] | None, files: dict[str, bytes],
                        progress: bool | None) -> list[ShapeEntry]:
     """Run the model once per declared shape; add each reference file to ``files``."""
+    input_range = check_range(input_range, list(dtypes.values()))
     entries = []
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
     for index, shape_map in enumerate(

@@ -144,9 +144,12 @@ def parse_range(text: str) -> tuple[float, float]:
     return check_range((low, high))
 
 
-def check_range(value: Any, dtypes: Sequence[str] = ()) -> tuple[float, float]:
+def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
     """A reference-input range: finite LOW below HIGH, holding an integer when any of
-    ``dtypes`` is an integer type (integer inputs are drawn from [int(LOW), int(HIGH)))."""
+    ``dtypes`` is an integer type (integer inputs are drawn from [int(LOW), int(HIGH)));
+    None (no range given) stays None."""
+    if value is None:
+        return None
     try:
         low, high = (float(v) for v in value)
     except (TypeError, ValueError):
