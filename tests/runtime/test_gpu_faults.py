@@ -165,18 +165,23 @@ def test_out_of_memory_while_capturing_frees_everything(built: dict[str, Path]) 
     total = torch.cuda.get_device_properties(device).total_memory
     Predictor.load(built["wide"], device="cuda").close()  # warm everything once
     base = settled()[1]
+    torch.cuda.reset_peak_memory_stats(device)
     probe = Predictor.load(built["wide"], device="cuda")
-    need = torch.cuda.max_memory_reserved() - base
+    need = torch.cuda.max_memory_reserved(device) - base
     probe.close()
     outcomes: list[str] = []
+    loaded = 0
     try:
-        for step in range(1, 25):
-            cap = base + need * step // 12
+        for step in range(8, 80):  # caps from a quarter of the need up, in 1/32 steps
+            cap = base + need * step // 32
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
             before = settled()
             try:
                 Predictor.load(built["wide"], device="cuda").close()
                 outcomes.append(f"{cap >> 20} MiB: loaded")
+                loaded += 1
+                if loaded == 3:
+                    break
                 continue
             except (QkanPackError, torch.OutOfMemoryError) as exc:
                 where = (f"capture of {exc.shape}" if isinstance(exc, CaptureError)
