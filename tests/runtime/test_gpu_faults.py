@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkan_pack import CaptureError, Predictor, PredictorClosedError, QkanPackError, SelfTestError, build
+from qkan_pack import CaptureError, Predictor, PredictorClosedError, SelfTestError, build
 from qkan_pack.runtime import SAME_HOST_TOLERANCE, clear_cublas_workspaces, read_artifact, rebuild_model
 
 from ..conftest import EXAMPLES, MODELS
@@ -183,7 +183,7 @@ def test_out_of_memory_while_capturing_frees_everything(built: dict[str, Path]) 
                 if loaded == 3:
                     break
                 continue
-            except (QkanPackError, torch.OutOfMemoryError) as exc:
+            except Exception as exc:  # any failure (OOM may surface raw from torch or cuBLAS)
                 where = (f"capture of {exc.shape}" if isinstance(exc, CaptureError)
                          else type(exc).__name__)
                 oom = "out of memory" in str(exc).lower()
