@@ -22,12 +22,14 @@ from .bench import COLD_VARIANTS, SKIPPABLE
 from .errors import DeviceError, QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
+    SIGNATURE_NAME,
     check_dtype,
     format_shape,
     manifest_to_dict,
     pair_inputs,
     parse_config_items,
     parse_input_option,
+    parse_range,
     parse_shapes,
 )
 
@@ -53,10 +55,19 @@ class _Group(click.Group):
                                          param_hint="--device") from None
             _fail(DeviceError(requested=exc.requested, problem=exc.problem), known=True,
                   text=f"{option}: {exc.problem}{hint}")
+        except ShapeSpecError as exc:  # text the user typed: a usage error wherever it is found
+            raise click.UsageError(str(exc), ctx) from None
         except QkanPackError as exc:
             _fail(exc, known=True)
+        except OSError as exc:  # read-only file system, permissions: the path and the reason
+            _fail(_os_error(exc), known=True)
         except Exception as exc:
             _fail(exc, known=False)
+
+
+def _os_error(exc: OSError) -> QkanPackError:
+    where = exc.filename if exc.filename is not None else "a file"
+    return QkanPackError(f"cannot access {where}: {exc.strerror or exc}")
 
 
 def _fail(exc: BaseException, *, known: bool, text: str | None = None) -> None:
@@ -64,10 +75,23 @@ def _fail(exc: BaseException, *, known: bool, text: str | None = None) -> None:
         raise exc
     message = text or (" ".join(str(exc).split()) if known
                        else f"unexpected {type(exc).__name__}: {exc}")
-    click.echo(f"Error: {message}", err=True)
+    _say(f"Error: {message}", err=True)
     if not known:
         click.echo(f"(set {DEBUG_ENV}=1 to see the traceback)", err=True)
     sys.exit(1)
+
+
+def _visible(text: str) -> str:
+    """``text`` with every non-printable character (escape sequences, CR, backspace, BEL,
+    bidi overrides, line separators) written as a Python escape (``\\x1b``): a manifest
+    string shown to a person cannot move the cursor, recolour or rewrite the screen."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """Echo text meant for a person, each line made visible (JSON output is echoed as is:
+    ``json.dumps`` escapes control characters itself, so it stays exact and safe)."""
+    click.echo("\n".join(_visible(line) for line in text.split("\n")), err=err)
 
 
 def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
@@ -103,12 +127,9 @@ def _range_option(ctx: click.Context, param: click.Parameter, value: str | None)
     if value is None:
         return None
     try:
-        low, high = (float(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter("write LOW,HIGH, e.g. 0,256", param_hint="--input-range") from None
-    if not low < high:
-        raise click.BadParameter("LOW must be below HIGH", param_hint="--input-range")
-    return (low, high)
+        return parse_range(value)
+    except ShapeSpecError as exc:
+        raise _usage("--input-range", exc) from None
 
 
 def _list_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple:
@@ -200,11 +221,11 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
-    click.echo(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
+    _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
     if warm_device is not None:
         _warm(result.path, warm_device)
     else:
-        click.echo(f"digest {result.digest}")
+        _say(f"digest {result.digest}")
 
 
 @cli.command()
@@ -225,36 +246,52 @@ def warm(directory: Path, device: str, compiled: bool) -> None:
 def _warm(directory: Path, device: str, *, compiled: bool = False) -> None:
     from .builder import warm as warm_artifact
 
-    click.echo(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
+    _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
                err=True)
     result = warm_artifact(directory, device, compiled=compiled)
-    click.echo(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
+    _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
                f"{result.key} in {result.path}")
-    click.echo(f"digest {result.digest}")
+    _say(f"digest {result.digest}")
 
 
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def inspect(directory: Path, as_json: bool) -> None:
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also verify the signature with this public key or root certificate "
+                   "(PEM). Repeatable: any one of them may have signed.")
+def inspect(directory: Path, as_json: bool, keys: tuple[Path, ...]) -> None:
     """Show an artifact's manifest as a table (checks integrity; runs no model code)."""
     from .runtime import read_artifact
 
-    artifact = read_artifact(directory)
+    artifact = read_artifact(directory, trusted_keys=keys)
     if as_json:
-        payload = {"digest": artifact.digest, "manifest": manifest_to_dict(artifact.manifest)}
+        payload = {"digest": artifact.digest, "signed_by": artifact.signed_by,
+                   "manifest": manifest_to_dict(artifact.manifest)}
         click.echo(json.dumps(payload, indent=2))
         return
-    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path)))
+    click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path),
+                               _signature_line(artifact)))  # every line made visible there
 
 
-def render_manifest(manifest: Any, digest: str, path: str) -> str:
-    """The manifest as a human-readable table."""
+def _signature_line(artifact: Any) -> str:
+    if artifact.signed_by is not None:
+        return f"verified, signed by {artifact.signed_by}"
+    if (artifact.path / SIGNATURE_NAME).exists():
+        return f"{SIGNATURE_NAME} present, not verified (pass --key to verify it)"
+    return "none (qkan-pack sign)"
+
+
+def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") -> str:
+    """The manifest as a human-readable table; every line made ``_visible`` (each manifest
+    string is untrusted: a control sequence in a config value, a file name or an output key
+    could otherwise forge what the table says, "(integrity verified)" included)."""
     model, producer = manifest.model, manifest.producer
     config = json.dumps(dict(model.config), sort_keys=True) if model.config else "{}"
     lines = [
         f"artifact   {path}",
         f"digest     {digest}   (integrity verified)",
+        *([f"signature  {signature}"] if signature else []),
         f"format     {manifest.format_name} v{manifest.format_version}"
         + (f", created {manifest.created}" if manifest.created else "")
         + f"; inputs passed {'by keyword' if manifest.call == 'keyword' else 'positionally'}",
@@ -279,7 +316,7 @@ def render_manifest(manifest: Any, digest: str, path: str) -> str:
     if manifest.kernels:
         lines += ["", "  shipped kernels:"]
         lines += [f"    {k.key}  ({k.directory})" for k in manifest.kernels]
-    return "\n".join(lines)
+    return "\n".join(_visible(line) for line in lines)
 
 
 def _input_text(decl: Any) -> str:
@@ -295,14 +332,60 @@ def _input_text(decl: Any) -> str:
 @click.option("--expected-digest", help="Refuse unless the artifact digest is this sha256:…")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
-def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict) -> None:
-    """Check integrity, load on DEVICE and run the self-test; exit 0 only when sound."""
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Refuse unless the artifact is signed by this public key or under this root "
+                   "certificate (PEM); checked before any artifact code runs. Repeatable.")
+def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
+           keys: tuple[Path, ...]) -> None:
+    """Check integrity (and the signature, with --key), load on DEVICE and run the
+    self-test; exit 0 only when sound."""
     from .runtime import Predictor
 
-    with Predictor.load(directory, device=device, expected_digest=expected_digest,
-                        config_overrides=overrides) as predictor:
-        click.echo(str(predictor.report))
-        click.echo(f"OK: {directory} is sound on {predictor.device}")
+    with warnings.catch_warnings():
+        # warnings quote manifest strings (producer versions): shown visible, like all else
+        warnings.showwarning = lambda message, *_: _say(f"warning: {message}", err=True)
+        predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
+                                   config_overrides=overrides, trusted_keys=keys)
+    with predictor:
+        _say(str(predictor.report))
+        if predictor.signed_by is not None:
+            _say(f"signature verified: signed by {predictor.signed_by}")
+        _say(f"OK: {directory} is sound on {predictor.device}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--key", "private_key", required=True,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="EC private key (PEM, P-256/384/521) to sign with.")
+@click.option("--certificate", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Signing certificate of --key (PEM): sign under a certificate chain instead "
+                   "of a bare key.")
+@click.option("--chain", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Intermediate/root certificates carried in the signature (with "
+                   "--certificate). Repeatable.")
+@click.option("--password-env", metavar="VAR",
+              help="Read the private key's password from this environment variable.")
+def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tuple[Path, ...],
+         password_env: str | None) -> None:
+    """Sign every file of DIRECTORY (writes model.sig inside it; the digest is unchanged).
+
+    Loads then check it with `qkan-pack verify --key PUBLIC.pem` or
+    Predictor.load(..., trusted_keys=[...]). Needs pip install 'qkan-pack[sign]'.
+    """
+    from .builder import sign as sign_artifact
+
+    if certificate is None and chain:
+        raise click.UsageError("--chain goes with --certificate")
+    password = None
+    if password_env is not None:
+        if password_env not in os.environ:
+            raise click.UsageError(f"--password-env: {password_env} is not set")
+        password = os.environ[password_env]
+    result = sign_artifact(directory, private_key, certificate=certificate, chain=chain,
+                           password=password)
+    _say(f"signed {result.path} with {result.signer} ({SIGNATURE_NAME})")
+    _say(f"digest {result.digest}")
 
 
 @cli.command()
@@ -354,9 +437,9 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
     report = run_bench(directory, device, settings=settings)
     click.echo(render_table(report))
     if json_path is not None:
-        click.echo(f"wrote {write_json(report, json_path)}")
+        _say(f"wrote {write_json(report, json_path)}")
     if plot_path is not None:
-        click.echo(f"wrote {write_plot(report, plot_path)}")
+        _say(f"wrote {write_plot(report, plot_path)}")
 
 
 _COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
@@ -418,7 +501,7 @@ def serve(directory: Path, replicas: int, gpus_per_replica: float | None, host: 
 
     def ready(url: str, description: dict) -> None:
         replica = description["replica"]
-        click.echo(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
+        _say(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
                    f"replica(s) on {replica['device']}; accepted: {'; '.join(description['accepted'])}")
         click.echo("Ctrl-C to stop")
 

@@ -9,8 +9,10 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   └── IncompatibleArtifactError       built for a newer format or an unsafe runtime
     ├── ArtifactError (OSError)             missing/extra file, size or sha256 mismatch,
     │   │                                   symlink, path leaving the directory  [.path]
-    │   └── DigestMismatchError             the artifact digest differs from the pinned one
-    │                                       [.actual, .expected]
+    │   ├── DigestMismatchError             the artifact digest differs from the pinned one
+    │   │                                   [.actual, .expected]
+    │   └── ArtifactSignatureError          signature missing, invalid, untrusted or not
+    │                                       covering these files  [.problem, .detail]
     ├── ModelSourceError (ImportError)      model file, entry point, or model code failing
     │                                       [.stage: import/factory/build forward/load
     │                                        forward/call, .path; original as __cause__]
@@ -24,9 +26,12 @@ that matches its nature, so ``except ValueError`` keeps working::
     │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
+    ├── LoadOptionError (ValueError)        a Predictor.load option out of its domain
+    │                                       [.option, .value, .expected]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
-        └── MalformedRequestError           a serve request body that is not the format
+        ├── MalformedRequestError           a serve request body that is not the format
+        └── PredictorClosedError            a call on (or racing with) a closed predictor
 
 Messages are built from the fields; callers branch on the fields, never on the text.
 Messages say what went wrong, where (file, key, shape) and how to fix it.
@@ -34,11 +39,13 @@ Messages say what went wrong, where (file, key, shape) and how to fix it.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "ArtifactError",
+    "ArtifactSignatureError",
     "BenchError",
     "CaptureError",
     "DeviceError",
@@ -46,9 +53,11 @@ __all__ = [
     "IncompatibleArtifactError",
     "InputError",
     "KernelCacheError",
+    "LoadOptionError",
     "MalformedRequestError",
     "ManifestError",
     "ModelSourceError",
+    "PredictorClosedError",
     "QkanPackError",
     "SelfTestError",
     "ShapeSpecError",
@@ -101,6 +110,35 @@ class DigestMismatchError(ArtifactError):
             "changed since the digest was taken; refusing to load it", path=path)
         self.actual = actual
         self.expected = expected
+
+
+class ArtifactSignatureError(ArtifactError):
+    """Trusted keys were given and the artifact's signature does not prove it.
+
+    ``problem`` is one of ``PROBLEMS``; ``detail`` says what exactly (the library's reason,
+    the files that differ); ``path`` is the artifact.
+    """
+
+    PROBLEMS: ClassVar[Mapping[str, str]] = {
+        "missing": "has no signature ({name}) but trusted keys were given: sign it with "
+                   "`qkan-pack sign`, or load without trusted keys",
+        "invalid": "has a signature that does not verify ({detail}): the artifact or its "
+                   "signature was altered after signing",
+        "untrusted": "is signed by a key or certificate none of the trusted keys accept "
+                     "({detail})",
+        "mismatch": "has a valid signature over other contents ({detail}): files were changed "
+                    "after signing",
+        "unavailable": "cannot be signed or verified here: that needs the signing extra, "
+                       "pip install 'qkan-pack[sign]' ({detail})",
+        "signing key": "cannot be signed: {detail}",
+    }
+
+    def __init__(self, *, path: str, problem: str, detail: str = "",
+                 name: str = "model.sig") -> None:
+        self.problem = problem
+        self.detail = detail
+        reason = self.PROBLEMS[problem].format(name=name, detail=detail)
+        super().__init__(f"artifact {path} {reason}; refusing it", path=path)
 
 
 class ModelSourceError(QkanPackError, ImportError):
@@ -193,6 +231,19 @@ class BenchError(QkanPackError, RuntimeError):
     """A benchmark that cannot run as asked (bad settings, missing plotting library)."""
 
 
+class LoadOptionError(QkanPackError, ValueError):
+    """A ``Predictor.load`` option outside its domain, refused before the artifact is read.
+
+    ``option`` is the field name, ``value`` what was given, ``expected`` what is accepted.
+    """
+
+    def __init__(self, *, option: str, value: Any, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"option {option}={reprlib.repr(value)}: {expected}")
+
+
 class InputError(QkanPackError, ValueError):
     """A predictor input outside what the artifact accepts.
 
@@ -214,6 +265,14 @@ class InputError(QkanPackError, ValueError):
 
 class MalformedRequestError(InputError):
     """A serve request body that is not the request format at all (HTTP 400, unlike 422)."""
+
+
+class PredictorClosedError(InputError):
+    """A call made after ``close()``, or that lost the race with one (``path``: the artifact)."""
+
+    def __init__(self, *, path: str) -> None:
+        self.path = path
+        super().__init__(f"this predictor of {path} is closed; load the artifact again")
 
 
 def format_accepted(accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]], *,

@@ -23,14 +23,18 @@ from .conftest import ROOT
 
 PUBLIC = {
     "qkan_pack": [
-        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "BenchError", "BuildResult",
+        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
+        "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "IncompatibleArtifactError",
-        "InputError", "KernelCacheError", "LoadOptions", "LoadReport", "MalformedRequestError",
-        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "QkanPackError",
+        "InputError", "KernelCacheError", "LoadOptionError", "LoadOptions", "LoadReport",
+        "MalformedRequestError",
+        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "PredictorClosedError",
+        "QkanPackError",
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeightsMismatchError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
-    "qkan_pack.builder": ["BuildResult", "WarmResult", "build", "warm", "write_artifact"],
+    "qkan_pack.builder": ["BuildResult", "SignResult", "WarmResult", "build", "sign", "warm",
+                          "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app",
                         "describe_artifact", "encode_outputs", "fit", "parse_request",
                         "parse_tensor", "row_plan", "serve_forever", "signature_text"],
@@ -73,8 +77,10 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "DeviceError": RuntimeError, "KernelCacheError": RuntimeError,
                "BenchError": RuntimeError, "InputError": ValueError,
                "MalformedRequestError": errors.InputError,
+               "PredictorClosedError": errors.InputError, "LoadOptionError": ValueError,
                "IncompatibleArtifactError": errors.ManifestError,
-               "DigestMismatchError": errors.ArtifactError}
+               "DigestMismatchError": errors.ArtifactError,
+               "ArtifactSignatureError": errors.ArtifactError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name
@@ -96,6 +102,12 @@ ERRORS_WITH_FIELDS = [
      {"source": "w.pt", "problems": ("missing: a", "unexpected: b")}, "missing: a"),
     (errors.DigestMismatchError(path="/a", actual="sha256:aa", expected="sha256:bb"),
      {"path": "/a", "actual": "sha256:aa", "expected": "sha256:bb"}, "sha256:bb was pinned"),
+    (errors.LoadOptionError(option="replay_tolerance", value=(float("inf"), 0.0),
+                            expected="two finite numbers"),
+     {"option": "replay_tolerance", "expected": "two finite numbers"}, "replay_tolerance=(inf"),
+    (errors.PredictorClosedError(path="/a"), {"path": "/a"}, "is closed"),
+    (errors.ArtifactSignatureError(path="/a", problem="untrusted", detail="key sha256:12ab"),
+     {"path": "/a", "problem": "untrusted", "detail": "key sha256:12ab"}, "none of the trusted"),
 ]
 
 

@@ -124,6 +124,16 @@ def test_existing_artifact_needs_force(tmp_path: Path) -> None:
     (["build", MLP, "--shapes", "1x2", "--capture", "always"], ["--capture", "always"]),
     (["build", MLP, "--shapes", "1x2", "--input-range", "3,1"], ["--input-range", "below"]),
     (["build", MLP, "--shapes", "1x2", "--input-range", "x"], ["--input-range", "LOW,HIGH"]),
+    # round 2, finding 8: these exited 1 (a NaN reference, an unexpected RuntimeError)
+    (["build", MLP, "--shapes", "1x2", "--input-range", "0,inf"], ["--input-range", "finite"]),
+    (["build", MLP, "--shapes", "1x2", "--input-range", "-1e999,0"], ["--input-range", "finite"]),
+    (["build", MLP, "--shapes", "1x2", "--dtype", "int64", "--input-range", "0.2,0.8"],
+     ["holds no integer for int64"]),
+    # round 2, finding 9: a deep --config silently became a string
+    (["build", MLP, "--shapes", "1x2", "--config", "width=" + "[" * 70 + "]" * 70],
+     ["--config", "deeper than 64"]),
+    (["build", MLP, "--shapes", "1x2", "--config", "width=" + "[" * 100_000 + "]" * 100_000],
+     ["--config", "invalid JSON"]),
     (["build", MLP, "--shapes", "1x2", "--weights", "/no/such/file.pt"], ["--weights", "does not exist"]),
     (["build", MLP, "--shapes", "1x2", "--seed", "many"], ["--seed"]),
     (["build", MLP, "--shapes", "1x2", "--bogus"], ["No such option", "--bogus"]),
@@ -252,14 +262,15 @@ def test_python_m_qkan_pack_builds(tmp_path: Path) -> None:
 CHECK_IMPORTS = textwrap.dedent("""
     import json, sys
     from qkan_pack.cli import main
-    codes = []
+    codes, heavy = [], {}
     for argv in (["--help"], ["build", "--help"], ["--version"], ["inspect", sys.argv[1]],
                  ["inspect", "--json", sys.argv[1]]):
         try:
             main(argv)
         except SystemExit as exc:
             codes.append(exc.code)
-    heavy = sorted(m for m in ("torch", "qkan", "safetensors", "numpy") if m in sys.modules)
+        heavy[argv[0]] = sorted(m for m in ("torch", "qkan", "safetensors", "numpy", "model_signing")
+                                if m in sys.modules)
     print(json.dumps({"codes": codes, "heavy": heavy}))
 """)
 
@@ -270,7 +281,89 @@ def test_help_and_inspect_do_not_import_torch(cli_artifact: tuple[Path, str]) ->
                           text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == {"codes": [0, 0, 0, 0, 0], "heavy": []}
+    # inspect audits safetensors headers with safetensors' own parser: a Rust extension that
+    # imports neither torch nor numpy (well under a millisecond)
+    assert report == {"codes": [0, 0, 0, 0, 0],
+                      "heavy": {"--help": [], "build": [], "--version": [],
+                                "inspect": ["safetensors"]}}
+
+
+# ---------------------------------------------------------------------------
+# Terminal injection (round 2, finding 3): untrusted strings are shown, never executed
+# ---------------------------------------------------------------------------
+
+FORGE = "\r\x1b[2K\x1b[1A"  # carriage return, erase line, cursor up: rewrite what was shown
+HOSTILE = {
+    "config": FORGE + "digest     sha256:forged   (integrity verified)",
+    "producer": "2.12.0\x1b]0;pwned\x07",  # minor skew: a warning quotes it
+    "created": "2026\x1b[2J\x1b[H",
+    "output key": "y\x1b[31m\u202e",
+    "source": "source/m\x1b[8m.py",
+}
+CONTROL = ("\x1b", "\r", "\x07", "\u202e")
+
+
+@pytest.fixture
+def hostile_artifact(tmp_path: Path) -> Path:
+    """A self-consistent artifact whose manifest strings carry control sequences (editing
+    fields that no file digest covers keeps it verifiable; the source is renamed to match)."""
+    out = tmp_path / "hostile"
+    assert run("build", str(ROOT / "tests" / "models" / "plain_mlp.py"), "--shapes", "1x2",
+               "-o", out).exit_code == 0
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["model"]["config"] = {"note": HOSTILE["config"]}
+    raw["producer"]["torch"] = HOSTILE["producer"]
+    raw["created"] = HOSTILE["created"]
+    raw["shapes"][0]["outputs"] = {"dict": {HOSTILE["output key"]: raw["shapes"][0]["outputs"]}}
+    old = raw["model"]["source"]
+    (out / old).rename(out / HOSTILE["source"])
+    raw["files"][HOSTILE["source"]] = raw["files"].pop(old)
+    raw["model"]["source"] = HOSTILE["source"]
+    (out / "manifest.json").write_text(json.dumps(raw))
+    read_artifact(out)  # still verifies: these fields are not covered by any file digest
+    return out
+
+
+def test_inspect_table_escapes_every_untrusted_string(hostile_artifact: Path) -> None:
+    result = run("inspect", hostile_artifact)
+    assert result.exit_code == 0, result.output
+    for char in CONTROL:
+        assert char not in result.stdout, repr(char)
+    assert "\\u001b[2K" in result.stdout  # the config, shown as JSON (which escapes)
+    assert "\\x07" in result.stdout and "y\\x1b[31m\\u202e" in result.stdout
+    assert "source/m\\x1b[8m.py" in result.stdout
+    assert result.stdout.count("(integrity verified)") == 2  # the forged one is visible text
+
+
+def test_inspect_json_stays_exact(hostile_artifact: Path) -> None:
+    result = run("inspect", "--json", hostile_artifact)
+    assert result.exit_code == 0, result.output
+    for char in CONTROL:
+        assert char not in result.stdout, repr(char)
+    manifest = json.loads(result.stdout)["manifest"]
+    assert manifest["model"]["config"]["note"] == HOSTILE["config"]
+    assert manifest["producer"]["torch"] == HOSTILE["producer"]
+    assert manifest["model"]["source"] == HOSTILE["source"]
+
+
+def test_error_messages_escape_untrusted_strings(hostile_artifact: Path) -> None:
+    (hostile_artifact / "source" / "x\x1b[2J\r.py").write_text("")  # an unlisted file
+    result = run("inspect", hostile_artifact)
+    assert result.exit_code == 1
+    line = one_line_error(result)
+    assert "does not list" in line and "x\\x1b[2J .py" in line  # CR: whitespace, one line
+    for char in CONTROL:
+        assert char not in result.stderr, repr(char)
+
+
+def test_verify_report_and_warnings_escape_untrusted_strings(hostile_artifact: Path) -> None:
+    raw = json.loads((hostile_artifact / "manifest.json").read_text())
+    raw["model"]["config"] = {}  # the factory takes no note
+    (hostile_artifact / "manifest.json").write_text(json.dumps(raw))
+    result = run("verify", hostile_artifact)
+    for char in CONTROL:
+        assert char not in result.output, repr(char)
+    assert "\\x1b]0;pwned\\x07" in result.output  # the producer version, in a warning
 
 
 def test_named_inputs_from_the_command_line(tmp_path: Path) -> None:

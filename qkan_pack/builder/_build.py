@@ -26,6 +26,8 @@ from ..format import (
     Manifest,
     ModelInfo,
     ShapeEntry,
+    check_config,
+    check_range,
 )
 from ..runtime import (
     accepts_device,
@@ -90,10 +92,11 @@ def build(
     """
     model_path = Path(model_path)
     policy = _capture_policy(capture, submodules)
-    user = _load_user_model(model_path, includes, entry, dict(config or {}), weights)
+    user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
     declared = declare_inputs(shapes, dtype, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
+    input_range = check_range(input_range, list(declared.dtypes.values()))
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     entries = _record_references(forward, declared, decls, hook, model_path, seed, files, progress)
@@ -103,7 +106,8 @@ def build(
         reference_precision=torch.get_float32_matmul_precision(),
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
-    final, digest = write_artifact(target, manifest, files, force=force)
+    final, digest = write_artifact(target, manifest, files, force=force,
+                                  protect=(model_path.parent,))
     notes = tuple(_range_note(d) for d in decls if d.range_source == "default")
     for note in notes:
         warnings.warn(note, stacklevel=2)

@@ -19,7 +19,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ArtifactError
@@ -36,33 +36,102 @@ def file_entries(files: Mapping[str, bytes]) -> dict[str, FileEntry]:
 
 
 def write_artifact(target: str | os.PathLike[str], manifest: Manifest, files: Mapping[str, bytes],
-                   *, force: bool = False) -> tuple[Manifest, str]:
-    """Write ``files`` plus a manifest listing them; return the final manifest and digest."""
-    target = Path(target)
+                   *, force: bool = False, protect: Sequence[str | os.PathLike[str]] = ()
+                   ) -> tuple[Manifest, str]:
+    """Write ``files`` plus a manifest listing them; return the final manifest and digest.
+
+    ``protect``: folders the output must neither be nor contain (the model's own folder).
+    """
     final = dataclasses.replace(manifest, files=file_entries(files))
     manifest_bytes = dumps_manifest(final)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _target_lock(target):
-        _sweep_partials(target)  # first: it may put back an artifact a killed build moved aside
-        _refuse_existing(target, force)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL_MARK}{os.getpid()}-",
-                                        dir=target.parent))
-        try:
-            os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the artifact from other users
-            for name, data in files.items():
-                _write_file(staging / name, data)
-            _write_file(staging / MANIFEST_NAME, manifest_bytes)
-            _fsync_tree(staging)
-            _install(staging, target)
-        except BaseException as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError) and not isinstance(exc, ArtifactError):
-                raise ArtifactError(
-                    f"cannot write artifact {target}: {exc.strerror or exc}; free space or fix "
-                    "permissions and build again"
-                ) from exc
-            raise
+    install_artifact(target, {**files, MANIFEST_NAME: manifest_bytes}, force=force,
+                     protect=protect)
     return final, artifact_digest(manifest_bytes)
+
+
+def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes], *,
+                     force: bool = False, protect: Sequence[str | os.PathLike[str]] = (),
+                     derived: Callable[[Path], Mapping[str, bytes]] | None = None) -> Path:
+    """Stage ``files`` (``manifest.json`` among them, written last) beside ``target``, add the
+    files ``derived`` computes from the staged directory (a signature over it), then move it
+    into place.
+
+    Refused before anything on disk changes: an output inside an existing artifact, one the
+    working directory is in, one that is or contains a ``protect``ed folder. Any OS failure
+    (read-only file system, permissions, full disk) is one ``ArtifactError`` naming the path.
+    """
+    target = output_path(target)
+    refuse_unsafe_output(target, protect)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _target_lock(target):
+            _sweep_partials(target)  # first: it may put back an artifact a killed build moved aside
+            _refuse_existing(target, force)
+            _stage_and_install(target, files, derived)
+    except OSError as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        # name the path that failed, unless it is inside the staging directory (gone now)
+        failed = str(exc.filename) if exc.filename and _PARTIAL_MARK not in str(exc.filename) \
+            else str(target)
+        where = f" ({failed})" if failed != str(target) else ""
+        raise ArtifactError(
+            f"cannot write artifact {target}: {exc.strerror or exc}{where}; free space or fix "
+            "permissions and build again", path=failed) from exc
+    return target
+
+
+def _stage_and_install(target: Path, files: Mapping[str, bytes],
+                       derived: Callable[[Path], Mapping[str, bytes]] | None) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL_MARK}{os.getpid()}-",
+                                    dir=target.parent))
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the artifact from other users
+        for name, data in files.items():
+            if name != MANIFEST_NAME:
+                _write_file(staging / name, data)
+        _write_file(staging / MANIFEST_NAME, files[MANIFEST_NAME])
+        for name, data in (derived(staging) if derived is not None else {}).items():
+            _write_file(staging / name, data)
+        _fsync_tree(staging)
+        _install(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def output_path(target: str | os.PathLike[str]) -> Path:
+    """The absolute output path: ``.`` and ``..`` resolved (their names would make the lock
+    and staging land inside the artifact), the parent's symlinks resolved, the name kept
+    (a symlink at the target itself is refused later, not followed)."""
+    absolute = Path(os.path.abspath(target))
+    if not absolute.name:
+        raise ArtifactError(f"output path {target} is the file-system root; choose a directory")
+    return absolute.parent.resolve() / absolute.name
+
+
+def refuse_unsafe_output(target: Path, protect: Sequence[str | os.PathLike[str]] = ()) -> None:
+    """Refuse, before anything changes on disk, an output that would break something: inside
+    an existing artifact (a nested directory it does not list, a lock or staging file in it),
+    the working directory or one above it, or a protected folder (the model's) or one above."""
+    for folder in target.parents:
+        if (folder / MANIFEST_NAME).is_file():
+            raise ArtifactError(
+                f"output path {target} lies inside the artifact {folder}; writing there would "
+                "break it (an artifact holds only the files its manifest lists): choose a path "
+                "outside it", path=str(target))
+    cwd = Path.cwd().resolve()
+    if cwd == target or target in cwd.parents:
+        raise ArtifactError(
+            f"output path {target} is or contains the working directory {cwd}; replacing it "
+            "would pull the directory from under you: cd out of it and run again",
+            path=str(target))
+    for folder in protect:
+        kept = Path(folder).resolve()
+        if kept == target or target in kept.parents:
+            raise ArtifactError(
+                f"output path {target} is or contains the model's folder {kept}; replacing it "
+                "would delete the model: choose another output", path=str(target))
 
 
 def _refuse_existing(target: Path, force: bool) -> None:
@@ -97,18 +166,26 @@ def _sweep_partials(target: Path) -> None:
     """Remove staging directories left by killed builds whose process is gone, and put back
     an old artifact that a build killed inside the non-atomic fallback swap had moved aside."""
     prefix = f".{target.name}{_PARTIAL_MARK}"
-    for leftover in target.parent.glob(prefix + "*"):
+    for leftover in _named_with(target.parent, prefix):
         pid_text = leftover.name[len(prefix):].split("-", 1)[0]
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
             shutil.rmtree(leftover, ignore_errors=True)
     backup_prefix = f".{target.name}{_BACKUP_MARK}"
-    for backup in target.parent.glob(backup_prefix + "*"):
+    for backup in _named_with(target.parent, backup_prefix):
         pid_text = backup.name[len(backup_prefix):]
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
             if target.exists() or target.is_symlink():
                 shutil.rmtree(backup, ignore_errors=True)
             else:
                 os.rename(backup, target)
+
+
+def _named_with(folder: Path, prefix: str) -> list[Path]:
+    """Entries of ``folder`` whose name starts with ``prefix``, compared as text: a glob
+    would read ``[``, ``*`` or ``?`` in an output name as a pattern, miss its own leftovers
+    and match another output's (and put that one's backup back under this name)."""
+    with os.scandir(folder) as entries:
+        return [Path(entry.path) for entry in entries if entry.name.startswith(prefix)]
 
 
 def _pid_alive(pid: int) -> bool:

@@ -14,6 +14,10 @@ FORMAT_NAME = "qkan-pack"
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "weights.safetensors"
+#: The optional signature (``qkan-pack sign``): a Sigstore bundle over every other file. Not
+#: listed in the manifest (it signs the manifest); reserved, so no listed file may take it.
+SIGNATURE_NAME = "model.sig"
+MAX_SIGNATURE_BYTES = 1024 * 1024
 SOURCE_DIR = "source"
 REFERENCE_DIR = "references"
 KERNELS_DIR = "kernels"

@@ -6,8 +6,10 @@ and how to write it; no other exception escapes (the property tests hold us to i
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ManifestError, ShapeSpecError
@@ -127,12 +129,71 @@ def parse_config_items(items: Sequence[str]) -> dict[str, Any]:
             )
         if key in config:
             raise ShapeSpecError(f"--config key {key!r} is given twice")
-        config[key] = _json_or_text(raw)
-    return config
+        config[key] = _json_or_text(key, raw)
+    return check_config(config, "--config")
 
 
-def _json_or_text(raw: str) -> Any:
+def _json_or_text(key: str, raw: str) -> Any:
+    """JSON when it parses strictly; text that only starts like JSON (``[``, ``{``) and is
+    refused (too deep, duplicate keys, NaN, malformed) is an error, never silently a string."""
     try:
         return loads_strict(raw)
-    except ManifestError:
+    except ManifestError as exc:
+        if raw.strip()[:1] in ("[", "{"):
+            raise ShapeSpecError(
+                f"--config {key}=… looks like JSON but is refused: {exc}; fix the value, or "
+                "write it as a JSON string (\"...\") to pass text") from None
         return raw
+
+
+def check_config(config: Any, where: str = "config") -> dict[str, Any]:
+    """A factory config as the manifest records it: identifier keys and JSON values (finite
+    numbers, text, booleans, null, lists, objects) nested at most as deep as the manifest
+    reader accepts. Returned as a load will see it (tuples become lists), so the factory
+    gets the same values at build and at load."""
+    if not isinstance(config, Mapping):
+        raise ShapeSpecError(f"{where} must map names to values, got {type(config).__name__}")
+    for key in config:
+        if not isinstance(key, str) or not IDENTIFIER.match(key):
+            raise ShapeSpecError(f"{where} key {key!r:.40} is not a Python identifier")
+    try:
+        text = json.dumps(dict(config), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ShapeSpecError(
+            f"{where} must hold JSON values (finite numbers, text, booleans, null, lists, "
+            f"objects): {str(exc)[:120]}") from None
+    try:
+        return loads_strict(text)
+    except ManifestError as exc:
+        raise ShapeSpecError(f"{where}: {exc}") from None
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """``"0,256"`` -> ``(0.0, 256.0)``: two finite numbers, LOW below HIGH."""
+    parts = text.split(",") if isinstance(text, str) else []
+    try:
+        low, high = (float(part) for part in parts)
+    except ValueError:
+        raise ShapeSpecError(f"input range {text!r:.40}: write LOW,HIGH, e.g. 0,256") from None
+    return check_range((low, high))
+
+
+def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
+    """A reference-input range: finite LOW below HIGH, holding an integer when any of
+    ``dtypes`` is an integer type (integer inputs are drawn from [int(LOW), int(HIGH)));
+    None (no range given) stays None."""
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ShapeSpecError(f"input range {value!r:.40} must be two numbers (LOW, HIGH)") from None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ShapeSpecError(f"input range {low:g},{high:g}: LOW and HIGH must be finite")
+    if not low < high:
+        raise ShapeSpecError(f"input range {low:g},{high:g}: LOW must be below HIGH")
+    integer = [d for d in dtypes if DTYPES[check_dtype(d)].kind == "int"]
+    if integer and not int(low) < int(high):
+        raise ShapeSpecError(f"input range {low:g},{high:g} holds no integer for {integer[0]} "
+                             "inputs (they are drawn from [int(LOW), int(HIGH)))")
+    return low, high

@@ -18,10 +18,12 @@ from ._constants import (
     CAPTURE_POLICIES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    MANIFEST_NAME,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
     MAX_RANK,
     MAX_SHAPES,
+    SIGNATURE_NAME,
     WEIGHTS_NAME,
 )
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
@@ -335,6 +337,9 @@ def _manifest_from(reader: _Reader) -> Manifest:
             raise ManifestError(f"model source {path!r} is not listed in manifest.files")
     if WEIGHTS_NAME not in files:
         raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
+    if SIGNATURE_NAME in files or MANIFEST_NAME in files:
+        raise ManifestError(f"manifest.files lists {SIGNATURE_NAME} or {MANIFEST_NAME}: those "
+                            "names are reserved (the signature and the manifest itself)")
     return Manifest(
         format_version=reader.get("format_version", int),
         created=reader.get("created", str, default=""),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import math
 import os
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ArtifactError, DigestMismatchError, ManifestError
 from ..format import (
@@ -25,29 +25,35 @@ from ..format import (
     DTYPES,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_NAME,
     WEIGHTS_NAME,
     FileEntry,
     Manifest,
     loads_strict,
     parse_manifest,
 )
+from ._options import normalise_digest
 from ._source import check_entry_named
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
-#: safetensors dtype code -> bytes per element (codes not listed skip the size check).
-_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
-                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
-                "C64": 8}
 
 
 @dataclass(frozen=True)
 class VerifiedArtifact:
-    """An artifact whose every byte matched its manifest when read."""
+    """An artifact whose every byte matched its manifest when read.
+
+    ``signed_by``: who signed it, when trusted keys were given and the signature verified
+    (None otherwise: a signature file that was not verified is never trusted, nor read).
+    ``manifest_bytes``: the manifest as read (its sha256 is ``digest``).
+    """
 
     path: Path
     manifest: Manifest
     digest: str
     files: Mapping[str, bytes]
+    signed_by: str | None = None
+    manifest_bytes: bytes = b""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -64,32 +70,64 @@ def artifact_digest(manifest_bytes: bytes) -> str:
 # ---------------------------------------------------------------------------
 
 
-def read_artifact(path: str | os.PathLike[str], *,
-                  expected_digest: str | None = None) -> VerifiedArtifact:
+def read_artifact(path: str | os.PathLike[str], *, expected_digest: str | None = None,
+                  trusted_keys: Sequence[str | os.PathLike[str]] = ()) -> VerifiedArtifact:
     """Audit an artifact directory and return its verified bytes.
 
-    Order: manifest size -> pinned digest -> format/version -> layout (symlinks, missing,
-    extra files) -> each file's size -> each file's sha256 -> safetensors headers and
-    references against the manifest -> the entry named in the source. Runs no user code.
+    Order: trusted keys parsed -> manifest size -> pinned digest -> signature (when keys are
+    given: it must verify with one of them and cover exactly this manifest) -> format/version
+    -> signed digests = the manifest's -> layout (symlinks, missing, extra files) -> each
+    file's size -> each file's sha256 -> safetensors headers and references against the
+    manifest -> the entry named in the source. Runs no user code.
     """
+    trust = _trust(trusted_keys)
     root = _artifact_root(path)
     manifest_bytes = _read_regular(root, MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
     digest = artifact_digest(manifest_bytes)
-    if expected_digest is not None and _normalise_digest(expected_digest) != digest:
+    if expected_digest is not None and normalise_digest(expected_digest) != digest:
         raise DigestMismatchError(path=str(root), actual=digest, expected=expected_digest)
+    signed, signer = _signature(root, manifest_bytes, trust)
     manifest = parse_manifest(manifest_bytes)
+    if signed is not None:
+        _check_signed(root, signed, manifest, manifest_bytes)
     _check_layout(root, manifest)
     files = {name: _read_checked(root, name, entry)
              for name, entry in sorted(manifest.files.items())}
     _check_contents(manifest, files)
-    return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files)
+    return VerifiedArtifact(path=root, manifest=manifest, digest=digest, files=files,
+                            signed_by=signer, manifest_bytes=manifest_bytes)
 
 
-def _normalise_digest(text: str) -> str:
-    if not isinstance(text, str):
-        raise ArtifactError(f"expected_digest must be text like 'sha256:…', got {text!r:.40}")
-    text = text.strip().lower()
-    return text if text.startswith(DIGEST_PREFIX) else DIGEST_PREFIX + text
+def _trust(trusted_keys: Sequence[str | os.PathLike[str]]) -> Any:
+    if not trusted_keys:
+        return None
+    from ._signature import load_trust  # only with keys: model_signing costs ~0.5 s to import
+
+    return load_trust([Path(key) for key in trusted_keys])
+
+
+def _signature(root: Path, manifest_bytes: bytes, trust: Any
+               ) -> tuple[Mapping[str, str] | None, str | None]:
+    """With trusted keys: verify the signature file against them (before the manifest is
+    even parsed); without: leave it unread."""
+    if trust is None:
+        return None, None
+    from ._signature import verify_signature
+
+    present = (root / SIGNATURE_NAME).exists() or (root / SIGNATURE_NAME).is_symlink()
+    data = _read_regular(root, SIGNATURE_NAME, limit=MAX_SIGNATURE_BYTES) if present else None
+    return verify_signature(root, data, manifest_bytes, trust)
+
+
+def _check_signed(root: Path, signed: Mapping[str, str], manifest: Manifest,
+                  manifest_bytes: bytes) -> None:
+    """What was signed is exactly what the (authentic) manifest lists; each file's bytes are
+    then checked against the manifest as they are read."""
+    from ._signature import check_signed_files
+
+    listed = {name: entry.sha256 for name, entry in manifest.files.items()}
+    listed[MANIFEST_NAME] = sha256_hex(manifest_bytes)
+    check_signed_files(root, signed, listed)
 
 
 def _artifact_root(path: str | os.PathLike[str]) -> Path:
@@ -113,7 +151,7 @@ def _artifact_root(path: str | os.PathLike[str]) -> Path:
 
 def _check_layout(root: Path, manifest: Manifest) -> None:
     listed = set(manifest.files) | {MANIFEST_NAME}
-    found = set(_walk(root))
+    found = set(_walk(root)) - {SIGNATURE_NAME}  # optional, verified only with trusted keys
     extra = sorted(found - listed)
     missing = sorted(listed - found)
     if missing:
@@ -130,59 +168,88 @@ def _walk(root: Path) -> Iterator[str]:
     stack = [root]
     while stack:
         folder = stack.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                relative = Path(entry.path).relative_to(root).as_posix()
-                if entry.is_symlink():
-                    raise ArtifactError(
-                        f"artifact {root} contains a symlink at {relative}; symlinks are refused "
-                        "because they can point outside the artifact"
-                    )
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    yield relative
-                else:
-                    raise ArtifactError(f"artifact {root} contains a special file at {relative}")
+        for entry in _entries(folder):
+            relative = Path(entry.path).relative_to(root).as_posix()
+            if entry.is_symlink():
+                raise ArtifactError(
+                    f"artifact {root} contains a symlink at {relative}; symlinks are refused "
+                    "because they can point outside the artifact"
+                )
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                yield relative
+            else:
+                raise ArtifactError(f"artifact {root} contains a special file at {relative}")
 
 
-def _read_regular(root: Path, name: str, *, limit: int) -> bytes:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
     try:
-        fd = os.open(root / name, flags)
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError as exc:
+        raise ArtifactError(f"cannot list {folder}: {exc.strerror}", path=str(folder)) from None
+
+
+def _read_regular(root: Path, name: str, *, limit: int, exact: int | None = None) -> bytes:
+    """Read ``root/name`` through one descriptor: never a symlink, never waiting on a FIFO or
+    device (opened non-blocking, then checked to be a regular file), never more than ``limit``
+    bytes (``exact``: the size the manifest declares, checked on the same descriptor)."""
+    path = root / name
+    fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if exact is not None and size != exact:
+            raise ArtifactError(
+                f"{name} in {root} is {size} bytes but the manifest says {exact}: "
+                "the file was truncated, extended or replaced; rebuild the artifact", path=str(path))
+        if size > limit:
+            raise ManifestError(
+                f"{path} is {size} bytes; the limit is {limit}: corrupt or hostile")
+        return _read_bounded(fd, limit + 1, path)
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path) -> int:
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ArtifactError(f"{root / name} is a symlink; refused") from None
-        raise ArtifactError(f"cannot open {root / name}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ArtifactError(f"{root / name} is not a regular file")
-        if info.st_size > limit:
-            raise ManifestError(
-                f"{root / name} is {info.st_size} bytes; the limit is {limit}: corrupt or hostile"
-            )
-        return handle.read(limit + 1)
+            raise ArtifactError(f"{path} is a symlink; refused", path=str(path)) from None
+        raise ArtifactError(f"cannot open {path}: {exc.strerror}", path=str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ArtifactError(f"{path} is not a regular file (a FIFO, device or directory); "
+                            "refused without reading it", path=str(path))
+    return fd
+
+
+def _read_bounded(fd: int, most: int, path: Path) -> bytes:
+    """At most ``most`` bytes from ``fd`` (one read for a regular file, more if it is short)."""
+    chunks, left = [], most
+    try:
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror}", path=str(path)) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _read_checked(root: Path, name: str, entry: FileEntry) -> bytes:
-    try:
-        size = (root / name).lstat().st_size
-    except OSError as exc:
-        raise ArtifactError(f"cannot stat {root / name}: {exc.strerror}") from None
-    if size != entry.size:
-        raise ArtifactError(
-            f"{name} in {root} is {size} bytes but the manifest says {entry.size}: "
-            "the file was truncated, extended or replaced; rebuild the artifact"
-        )
-    data = _read_regular(root, name, limit=entry.size)
+    data = _read_regular(root, name, limit=entry.size, exact=entry.size)
     if len(data) != entry.size:
-        raise ArtifactError(f"{name} in {root} changed size while being read")
+        raise ArtifactError(f"{name} in {root} changed size while being read", path=str(root / name))
     actual = sha256_hex(data)
     if actual != entry.sha256:
         raise ArtifactError(
             f"{name} in {root} has sha256 {actual[:16]}…, the manifest says "
-            f"{entry.sha256[:16]}…: the file was modified; rebuild the artifact"
+            f"{entry.sha256[:16]}…: the file was modified; rebuild the artifact", path=str(root / name)
         )
     return data
 
@@ -213,9 +280,14 @@ def _check_contents(manifest: Manifest, files: Mapping[str, bytes]) -> None:
                       info.source)
 
 
-def safetensors_header(data: bytes, where: str) -> dict[str, dict]:
-    """Parse and audit a safetensors header without torch: size cap, strict JSON, known
-    fields, and data offsets that tile the payload exactly (as the dtypes and shapes say)."""
+def safetensors_header(data: bytes, where: str) -> dict[str, dict[str, Any]]:
+    """Audit safetensors bytes without torch: ``{tensor name: {"dtype", "shape", "nbytes"}}``.
+
+    safetensors' own parser (``safetensors.deserialize``, in Rust) checks the header, the
+    dtypes and that the data offsets tile the payload exactly. Two checks stay here: a size
+    cap on the header before anything parses it, and duplicate JSON keys, which that parser
+    accepts (the last one wins), so that what we audit is what every reader sees.
+    """
     if len(data) < 8:
         raise ArtifactError(f"{where} is {len(data)} bytes: not a safetensors file")
     (length,) = struct.unpack("<Q", data[:8])
@@ -225,42 +297,14 @@ def safetensors_header(data: bytes, where: str) -> dict[str, dict]:
             f"{MAX_HEADER_BYTES}): corrupt or hostile"
         )
     try:
-        header = loads_strict(data[8:8 + length])
+        loads_strict(data[8:8 + length])
     except ManifestError as exc:
         raise ArtifactError(f"{where} has an invalid safetensors header: {exc}") from None
-    if not isinstance(header, dict):
-        raise ArtifactError(f"{where}: the safetensors header is not a JSON object")
-    metadata = header.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ArtifactError(f"{where}: safetensors __metadata__ must map names to text")
-    spans = sorted(_tensor_span(name, info, where) for name, info in header.items())
-    cursor = 0
-    for begin, end in spans:
-        if begin != cursor:
-            raise ArtifactError(f"{where}: tensor data overlaps or leaves a gap at byte {cursor}")
-        cursor = end
-    if cursor != len(data) - 8 - length:
-        raise ArtifactError(f"{where}: tensors cover {cursor} bytes of a "
-                            f"{len(data) - 8 - length}-byte payload")
-    return header
+    import safetensors  # here: `--help` does not load it; inspect does (Rust, no torch)
 
-
-def _tensor_span(name: str, info: object, where: str) -> tuple[int, int]:
-    fields = {"dtype", "shape", "data_offsets"}
-    if not isinstance(info, dict) or set(info) != fields:
-        raise ArtifactError(f"{where}: tensor {name!r} must have exactly {sorted(fields)}")
-    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(dtype, str) or not isinstance(shape, list) or not all(
-        type(d) is int and d >= 0 for d in shape
-    ):
-        raise ArtifactError(f"{where}: tensor {name!r} has an invalid dtype or shape")
-    if not (isinstance(offsets, list) and len(offsets) == 2
-            and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-        raise ArtifactError(f"{where}: tensor {name!r} has invalid data_offsets {offsets!r:.60}")
-    itemsize = _ST_ITEMSIZE.get(dtype)
-    if itemsize is not None and offsets[1] - offsets[0] != math.prod(shape) * itemsize:
-        raise ArtifactError(
-            f"{where}: tensor {name!r} is {dtype} {shape} but spans "
-            f"{offsets[1] - offsets[0]} bytes: the header was edited"
-        )
-    return offsets[0], offsets[1]
+    try:
+        tensors = safetensors.deserialize(data)
+    except (safetensors.SafetensorError, ValueError, OverflowError) as exc:
+        raise ArtifactError(f"{where} is not a valid safetensors file: {exc}") from None
+    return {name: {"dtype": info["dtype"], "shape": list(info["shape"]), "nbytes": len(info["data"])}
+            for name, info in tensors}

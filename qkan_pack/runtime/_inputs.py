@@ -64,6 +64,10 @@ class InputMatcher:
 
     def _coerce(self, value: Any, position: int) -> torch.Tensor:
         name = self._names[position]
+        if isinstance(value, np.ma.MaskedArray):
+            raise self.refuse(
+                f"input {name!r} is a numpy masked array; the mask would be ignored: pass "
+                "array.filled(value) with the value masked entries should take")
         if isinstance(value, np.ndarray):
             array = np.ascontiguousarray(value)
             if not array.dtype.isnative:
@@ -80,6 +84,10 @@ class InputMatcher:
 
     def _lookup(self, tensors: Sequence[torch.Tensor]) -> tuple[int, int | None, Any]:
         for position, (tensor, dtype) in enumerate(zip(tensors, self._dtypes)):
+            if tensor.is_nested:
+                raise self.refuse(
+                    f"input {self._names[position]!r} is a nested tensor; pass one dense tensor "
+                    "of a declared shape (torch.nested.to_padded_tensor or stack the parts)")
             if tensor.layout != torch.strided:
                 raise self.refuse(
                     f"input {self._names[position]!r} has layout {tensor.layout}; pass a dense "

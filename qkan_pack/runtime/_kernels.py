@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import ManifestError
+from ..errors import KernelCacheError, ManifestError
 from ..format import KernelSet, loads_strict
 from ._artifact import VerifiedArtifact
 from ._triton_key import vouched_triton_key
@@ -73,28 +73,43 @@ def collect_kernel_cache(cache: Path) -> dict[str, bytes]:
             continue
         data = file.read_bytes()
         if file.name.startswith(_GROUP_PREFIX):
-            data = _relocate_group(data, str(cache), _CACHE_PLACEHOLDER)
+            data = _relocate_group(data, str(cache), _CACHE_PLACEHOLDER, where=str(file))
         collected[file.relative_to(cache).as_posix()] = data
     return collected
 
 
-def _relocate_group(data: bytes, old_root: str, new_root: str) -> bytes:
+def _relocate_group(data: bytes, old_root: str, new_root: str, where: str = "group index"
+                    ) -> bytes:
     """Rewrite a Triton group index's absolute ``child_paths`` from one cache root to another.
 
     Triton records where each compiled file of a kernel lives as absolute paths; a cache
-    moved to another directory misses on every kernel unless those paths follow it.
+    moved to another directory misses on every kernel unless those paths follow it. Every
+    path must lie inside ``old_root`` (no ``..``, no other absolute path): an artifact's index
+    naming ``/etc/...`` or ``$ROOT/../..`` would make Triton load a file from outside the
+    artifact's private copy, so it is refused (``KernelCacheError``), never passed through.
     """
     try:
         group = json.loads(data)
         children = group["child_paths"]
-    except (ValueError, KeyError, TypeError):
-        return data
-    prefix = old_root.rstrip("/") + "/"
-    group["child_paths"] = {
-        name: new_root.rstrip("/") + "/" + path[len(prefix):] if path.startswith(prefix) else path
-        for name, path in children.items()
-    }
+        if not isinstance(children, dict):
+            raise TypeError("child_paths is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KernelCacheError(f"{where} is not a Triton group index ({exc}); "
+                               "rebuild the kernel set with `qkan-pack warm`") from None
+    group["child_paths"] = {name: _moved(path, old_root, new_root, where)
+                            for name, path in children.items()}
     return json.dumps(group).encode()
+
+
+def _moved(path: object, old_root: str, new_root: str, where: str) -> str:
+    prefix = old_root.rstrip("/") + "/"
+    inside = path[len(prefix):] if isinstance(path, str) and path.startswith(prefix) else None
+    parts = inside.split("/") if inside else []
+    if not parts or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
+        raise KernelCacheError(
+            f"{where} names {str(path)[:120]!r}, outside the kernel cache it belongs to: "
+            "refused (a kernel set may only point inside itself); rebuild it with `qkan-pack warm`")
+    return new_root.rstrip("/") + "/" + inside
 
 
 def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelSet | None, str]:
@@ -128,7 +143,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 destination = root / name[len(prefix):]
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 if destination.name.startswith(_GROUP_PREFIX):
-                    data = _relocate_group(data, _CACHE_PLACEHOLDER, private)
+                    data = _relocate_group(data, _CACHE_PLACEHOLDER, private, where=name)
                 destination.write_bytes(data)
         before = _group_stamps(root)
         counts["shipped"] = len(before)

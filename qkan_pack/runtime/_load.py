@@ -65,7 +65,8 @@ def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> 
     started = time.perf_counter()
     target = resolve_device(device)
     verify_started = time.perf_counter()
-    artifact = read_artifact(path, expected_digest=options.expected_digest)
+    artifact = read_artifact(path, expected_digest=options.expected_digest,
+                             trusted_keys=options.trusted_keys)
     report = _new_report(artifact, target, options)
     report.stages["verify"] = time.perf_counter() - verify_started
     check_compatibility(artifact.manifest, report.warn)

@@ -3,11 +3,16 @@ and the default tolerances of the self-tests (torch-free, so the options import 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-from ..errors import KernelCacheError
+from ..errors import LoadOptionError, ShapeSpecError
+from ..format import DIGEST_PREFIX, check_config
 
 KERNEL_MODES = ("auto", "off")
 #: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
@@ -28,6 +33,7 @@ CROSS_DEVICE_TOLERANCE: Tolerance = (1e-4, 1e-4)
 #: Other arithmetic: config overrides, or a model that picks another solver on this device
 #: (QKAN's exact CPU solver vs its flash GPU solver).
 CROSS_SOLVER_TOLERANCE: Tolerance = (2e-3, 2e-4)
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,12 @@ class LoadOptions:
       ``torch.compile``d model when the artifact ships an inductor cache for this host
       (``qkan-pack warm --compiled``), else warns and captures the eager model; ``"on"``
       captures the compiled model, compiling here when nothing is shipped.
+    - ``trusted_keys``: PEM files (EC public keys, or root certificates for certificate-signed
+      artifacts). When given, the artifact's signature (``qkan-pack sign``) must verify with
+      one of them and cover exactly its files, before anything of it is parsed or run
+      (needs ``pip install 'qkan-pack[sign]'``). Empty: the signature is not looked at.
+
+    Every field is checked here, so a wrong option fails before the artifact is touched.
     """
 
     expected_digest: str | None = None
@@ -58,16 +70,25 @@ class LoadOptions:
     kernels: str = "auto"
     progress: bool | None = None
     compiled: str = "off"
+    trusted_keys: Sequence[str | os.PathLike[str]] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config_overrides", dict(self.config_overrides or {}))
-        if self.kernels not in KERNEL_MODES:
-            raise KernelCacheError(
-                f"kernels={self.kernels!r}: use 'auto' (shipped kernels) or 'off'")
-        if self.compiled not in COMPILED_MODES:
-            raise KernelCacheError(
-                f"compiled={self.compiled!r}: use 'off', 'shipped' (shipped inductor caches "
-                "only) or 'on' (compile here when none is shipped)")
+        checked = {
+            "expected_digest": None if self.expected_digest is None
+            else normalise_digest(self.expected_digest),
+            "config_overrides": _overrides(self.config_overrides),
+            "pad_batch": _flag("pad_batch", self.pad_batch),
+            "copy_outputs": _flag("copy_outputs", self.copy_outputs),
+            "reference_tolerance": None if self.reference_tolerance is None
+            else _tolerance("reference_tolerance", self.reference_tolerance),
+            "replay_tolerance": _tolerance("replay_tolerance", self.replay_tolerance),
+            "kernels": _choice("kernels", self.kernels, KERNEL_MODES),
+            "compiled": _choice("compiled", self.compiled, COMPILED_MODES),
+            "progress": None if self.progress is None else _flag("progress", self.progress),
+            "trusted_keys": _key_paths(self.trusted_keys),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> LoadOptions:
@@ -78,3 +99,58 @@ class LoadOptions:
             raise TypeError(f"Predictor.load() got unknown option(s) {unknown}; "
                             f"options: {sorted(known)}")
         return cls(**keywords)
+
+
+def normalise_digest(text: Any) -> str:
+    """``sha256:<64 hex>`` from any accepted spelling (case, missing prefix, whitespace)."""
+    if isinstance(text, str):
+        value = text.strip().lower().removeprefix(DIGEST_PREFIX)
+        if _SHA256_HEX.match(value):
+            return DIGEST_PREFIX + value
+    raise LoadOptionError(option="expected_digest", value=text,
+                          expected="an artifact digest, 'sha256:' and 64 hex digits "
+                                   "(as `qkan-pack build` and `inspect` print it)")
+
+
+def _overrides(value: Any) -> dict[str, Any]:
+    try:
+        return check_config(value if value is not None else {}, "config_overrides")
+    except ShapeSpecError as exc:
+        raise LoadOptionError(option="config_overrides", value=value, expected=str(exc)) from None
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise LoadOptionError(option=name, value=value, expected="True or False")
+    return value
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise LoadOptionError(option=name, value=value, expected=f"one of {', '.join(choices)}")
+    return value
+
+
+def _tolerance(name: str, value: Any) -> Tolerance:
+    """(rtol, atol): two finite, non-negative real numbers (a NaN tolerance passes nothing,
+    an infinite one passes everything: both would make the self-test meaningless)."""
+    expected = "(rtol, atol): two finite, non-negative numbers, e.g. (1e-4, 1e-5)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise LoadOptionError(option=name, value=value, expected=expected)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               and v >= 0 for v in value):
+        raise LoadOptionError(option=name, value=value, expected=expected)
+    return float(value[0]), float(value[1])
+
+
+def _key_paths(value: Any) -> tuple[Path, ...]:
+    """Trusted key files: a list of existing files (their contents are parsed first thing
+    when the load starts, still before the artifact is touched)."""
+    expected = "a list of PEM files (EC public keys or root certificates)"
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Sequence):
+        raise LoadOptionError(option="trusted_keys", value=value, expected=expected)
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)) or not Path(item).is_file():
+            raise LoadOptionError(option="trusted_keys", value=item,
+                                  expected=f"{expected}; this one is not a file")
+    return tuple(Path(item) for item in value)

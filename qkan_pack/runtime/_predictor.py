@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import PredictorClosedError
 from ..format import Manifest
 from ._inputs import InputMatcher
 from ._load import Loaded, load
@@ -32,6 +32,8 @@ class Predictor:
         manifest = loaded.artifact.manifest
         self.manifest: Manifest = manifest
         self.digest = loaded.artifact.digest
+        #: Who signed the artifact, when it was loaded with trusted keys (else None).
+        self.signed_by = loaded.artifact.signed_by
         self.path = loaded.artifact.path
         self.device = loaded.device
         self.report = loaded.report
@@ -55,7 +57,7 @@ class Predictor:
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
-        ``kernels``, ``progress``); see ``LoadOptions`` for what each does.
+        ``kernels``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for what each does.
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)
@@ -69,29 +71,35 @@ class Predictor:
         fast = self._fast
         if fast is not None and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
             x = args[0]
-            index = fast.get((x.shape, x.dtype, x.device))
-            runner = self._runner
-            if index is not None and runner is not None and x.layout == torch.strided:
+            index = None if x.is_nested else fast.get((x.shape, x.dtype, x.device))
+            if index is not None and x.layout == torch.strided:
                 if x.requires_grad:
                     x = x.detach()
                 with self._lock:
-                    out = runner.run_one(index, x, self.copy_outputs)
+                    out = self._open_runner().run_one(index, x, self.copy_outputs)
                 if out is not None:
                     return out
         return self._call(args, kwargs)
 
-    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """The general path: keywords, numpy, several inputs, structured outputs, padding."""
+    def _open_runner(self) -> EagerRunner | GraphRunner:
+        """The runner, read under the lock: a call racing ``close()`` either finishes before
+        it (close waits for the lock) or finds the predictor closed, never a freed runner."""
         runner = self._runner
         if runner is None:
-            raise InputError("this predictor is closed; load the artifact again")
+            raise PredictorClosedError(path=str(self.path))
+        return runner
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The general path: keywords, numpy, several inputs, structured outputs, padding."""
+        self._open_runner()  # a closed predictor says so before judging the inputs
         tensors, as_numpy, index, rows, padded = self._inputs.match(args, kwargs)
         out_device = tensors[0].device if tensors[0].device != self.device else None
         if as_numpy:
             out_device = torch.device("cpu")
         with self._lock:
-            leaves = runner.run(index, tensors, rows, padded, copy=self.copy_outputs,
-                                out_device=out_device if self.copy_outputs else None)
+            leaves = self._open_runner().run(
+                index, tensors, rows, padded, copy=self.copy_outputs,
+                out_device=out_device if self.copy_outputs else None)
         if as_numpy:
             leaves = [leaf.numpy() for leaf in leaves]
         return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
@@ -104,7 +112,8 @@ class Predictor:
     # -- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free captured graphs and their memory pool; later calls raise InputError."""
+        """Free captured graphs and their memory pool, after any call in flight has finished;
+        later calls (and calls that were waiting) raise ``PredictorClosedError``."""
         with self._lock:
             if self._runner is not None:
                 self._runner.close()

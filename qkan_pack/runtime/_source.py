@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ModelSourceError
 from ._deferred_imports import deferred_imports
+from ._includes import refuse_shadowing
 
 _IMPORT_LOCK = threading.RLock()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
@@ -83,6 +84,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         base = source.rpartition("/")[0]  # includes import relative to the model file's folder
         includes = {module_name_for(p.removeprefix(f"{base}/") if base else p): (p, data)
                     for p, data in sources.items() if p != source}
+        refuse_shadowing(((m, p) for m, (p, _) in includes.items()), shown)
         module = ModuleType(name)
         module.__file__ = shown
         with _serving(includes, name), deferred_imports():  # heavy unused imports wait

@@ -415,3 +415,81 @@ def test_plain_torch_models_need_no_qkan(tmp_path: Path) -> None:
                            str(tmp_path / "plain")], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.strip().splitlines()[-1]) == 0.0
+
+
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ({"width": _deep(100_000)}, "JSON values"),  # was a RecursionError out of json.dumps
+    ({"width": _deep(70)}, "deeper than 64"),  # the manifest could never be read back
+    ({"scale": float("nan")}, "JSON values"),  # the manifest would hold NaN: unreadable
+    ({"fn": print}, "JSON values"),
+    ({"not valid": 1}, "identifier"),
+])
+def test_build_refuses_a_config_the_manifest_cannot_hold(tmp_path: Path, config: dict,
+                                                         says: str) -> None:
+    """Round 2, finding 9: every config is checked before the model file is imported."""
+    with pytest.raises(ShapeSpecError, match=says):
+        build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "x", config=config)
+    assert not (tmp_path / "x").exists()
+
+
+def test_build_refuses_an_input_range_without_integers(tmp_path: Path) -> None:
+    with pytest.raises(ShapeSpecError, match="holds no integer"):
+        build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "x", dtype="int64",
+              input_range=(0.2, 0.8))
+
+
+SHADOWING_MODEL = textwrap.dedent("""
+    import json
+    import torch
+
+    def build_model():
+        assert getattr(json, "FAKE", False) is False, "the include replaced the stdlib json"
+        return torch.nn.Linear(2, 2)
+""")
+
+
+@pytest.mark.parametrize(("include", "owner"), [
+    ("json.py", "standard-library module"),
+    ("os.py", "standard-library module"),
+    ("numpy.py", "installed package"),
+    ("safetensors/__init__.py", "installed package"),
+    ("qkan_pack.py", "qkan-pack's own package"),
+])
+def test_includes_may_not_shadow_host_modules(tmp_path: Path, include: str, owner: str) -> None:
+    """Round 2, finding 9: `--include json.py` answered `import json` for the whole process
+    while the model imported (the model, first-time imports of libraries, other threads)."""
+    src = tmp_path / "src"
+    (src / include).parent.mkdir(parents=True, exist_ok=True)
+    (src / "model.py").write_text(SHADOWING_MODEL)
+    (src / include).write_text("FAKE = True\n")
+    top = include.split("/")[0] if "/" in include else include
+    with pytest.raises(ModelSourceError, match=rf"would be imported as '{top.removesuffix('.py')}'"
+                                               rf".*{owner}"):
+        build(src / "model.py", "1x2", output=tmp_path / "art", includes=[src / top])
+    assert sys.modules["json"].__name__ == "json" and not hasattr(sys.modules["json"], "FAKE")
+
+
+def test_a_shadowing_include_in_an_artifact_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """The same check at load (an artifact edited, or built by an older qkan-pack)."""
+    import hashlib
+
+    art = build(MODELS / "with_include.py", "1x2", output=tmp_path / "art",
+                includes=[MODELS / "tiny_helper.py"]).path
+    raw = json.loads((art / "manifest.json").read_text())
+    (art / "source" / "tiny_helper.py").rename(art / "source" / "json.py")
+    data = (art / "source" / "json.py").read_bytes()
+    raw["files"].pop("source/tiny_helper.py")
+    raw["files"]["source/json.py"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    raw["model"]["includes"] = ["source/json.py"]
+    (art / "manifest.json").write_text(json.dumps(raw))
+    for name in [n for n in sys.modules if n.startswith("qkan_pack_model_")]:
+        del sys.modules[name]
+    with pytest.raises(ModelSourceError, match="would be imported as 'json'"):
+        Predictor.load(art)

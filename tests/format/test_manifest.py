@@ -187,10 +187,29 @@ def test_parse_config_items_refuses(items: list[str], says: str) -> None:
         parse_config_items(items)
 
 
-@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e999", "{\"a\": 1, \"a\": 2}"])
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e999", "a[0]"])
 def test_config_values_that_json_would_mangle_stay_text(raw: str) -> None:
-    """Non-finite numbers and duplicate keys could not round-trip through the manifest."""
+    """Non-finite numbers could not round-trip through the manifest; they stay text."""
     assert parse_config_items([f"x={raw}"]) == {"x": raw}
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (_nested(65), "deeper than 64"),
+    (_nested(100_000), "invalid JSON"),  # RecursionError inside json, turned into a refusal
+    ('{"a": 1, "a": 2}', "duplicate JSON key"),
+    ("[1, NaN]", "NaN"),
+    ("[abc", "looks like JSON"),  # quote it ('"[abc"') to pass the text
+])
+def test_config_values_that_look_like_json_but_are_refused_are_usage_errors(raw: str,
+                                                                           says: str) -> None:
+    """Round 2, finding 9: deep --config values silently became strings (the factory then got
+    text instead of the nested list it was written for)."""
+    with pytest.raises(ShapeSpecError, match=says):
+        parse_config_items([f"x={raw}"])
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkan_pack import KernelCacheError, LoadOptions, Predictor, build
+from qkan_pack import LoadOptions, Predictor, build
+from qkan_pack.errors import LoadOptionError
 from qkan_pack.runtime import read_artifact, rebuild_model
 
 from ..conftest import MODELS
@@ -25,8 +26,9 @@ def _eager_twin(path: Path) -> torch.nn.Module:
 
 
 def test_compiled_mode_is_checked_before_loading() -> None:
-    with pytest.raises(KernelCacheError, match="'off', 'shipped'"):
+    with pytest.raises(LoadOptionError, match="compiled='fast': one of off, shipped, on") as info:
         LoadOptions(compiled="fast")
+    assert info.value.option == "compiled"
     assert LoadOptions().compiled == "off"
 
 

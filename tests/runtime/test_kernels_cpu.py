@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from qkan_pack import ArtifactError
+from qkan_pack import ArtifactError, KernelCacheError
 from qkan_pack.builder import write_artifact
 from qkan_pack.format import KernelSet
-from qkan_pack.runtime import TRITON_CACHE_ENV, read_artifact
+from qkan_pack.runtime import TRITON_CACHE_ENV, collect_kernel_cache, read_artifact
 from qkan_pack.runtime._kernels import (
     _CACHE_PLACEHOLDER,
     _relocate_group,
@@ -34,7 +34,56 @@ def test_group_index_paths_follow_the_cache() -> None:
     moved = json.loads(_relocate_group(_group("/tmp/warm-1"), "/tmp/warm-1", "/srv/private"))
     assert moved["child_paths"] == {"k.cubin": "/srv/private/abc/k.cubin",
                                     "k.json": "/srv/private/abc/k.json"}
-    assert _relocate_group(b"not json", "/a", "/b") == b"not json"
+    with pytest.raises(KernelCacheError, match="not a Triton group index"):
+        _relocate_group(b"not json", "/a", "/b")
+
+
+ESCAPES = {
+    "absolute path elsewhere": "/etc/ld.so.preload",
+    "another cache": "/home/user/.triton/cache/abc/k.cubin",
+    "dot-dot out of the copy": f"{_CACHE_PLACEHOLDER}/../../tmp/evil.so",
+    "dot-dot in the middle": f"{_CACHE_PLACEHOLDER}/abc/../../evil.so",
+    "the root itself": f"{_CACHE_PLACEHOLDER}/",
+    "a prefix lookalike": f"{_CACHE_PLACEHOLDER}x/abc/k.cubin",
+    "not text": 7,
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPES))
+def test_group_index_paths_outside_the_copy_are_refused(case: str) -> None:
+    """Round 2, finding 9: paths not under the placeholder were passed through unchanged, so
+    a shipped index could make Triton load a binary from anywhere on the host."""
+    data = json.dumps({"child_paths": {"k.cubin": ESCAPES[case]}}).encode()
+    with pytest.raises(KernelCacheError, match="outside the kernel cache"):
+        _relocate_group(data, _CACHE_PLACEHOLDER, "/srv/private")
+
+
+def test_a_shipped_set_with_an_escaping_index_is_refused_at_load(
+        with_kernels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    artifact = read_artifact(with_kernels)
+    files = dict(artifact.files)
+    files[f"kernels/{KEY}/abc/__grp__k.json"] = json.dumps(
+        {"child_paths": {"k.cubin": "/etc/ld.so.preload"}}).encode()
+    hostile = tmp_path / "hostile"
+    write_artifact(hostile, artifact.manifest, files)
+    artifact = read_artifact(hostile)  # digests are consistent: only the content is hostile
+    monkeypatch.setenv(TRITON_CACHE_ENV, "/users/own/cache")
+    with (pytest.raises(KernelCacheError, match=r"__grp__k\.json names '/etc/ld\.so\.preload'"),
+          shipped_kernels(artifact, artifact.manifest.kernels[0])):
+        pytest.fail("the hostile kernel set was installed")
+    assert os.environ[TRITON_CACHE_ENV] == "/users/own/cache"
+
+
+def test_collecting_a_cache_refuses_paths_outside_it(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "abc").mkdir(parents=True)
+    (cache / "abc" / "__grp__k.json").write_bytes(_group("/elsewhere"))
+    with pytest.raises(KernelCacheError, match="outside the kernel cache"):
+        collect_kernel_cache(cache)
+    (cache / "abc" / "__grp__k.json").write_bytes(_group(str(cache)))
+    collected = collect_kernel_cache(cache)
+    assert json.loads(collected["abc/__grp__k.json"])["child_paths"]["k.cubin"] == \
+        f"{_CACHE_PLACEHOLDER}/abc/k.cubin"
 
 
 @pytest.fixture

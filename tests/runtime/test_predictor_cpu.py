@@ -3,6 +3,8 @@ documented result, padding, output ownership and lifetime, on the CPU."""
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from qkan_pack import DeviceError, InputError, Predictor, build
+from qkan_pack import DeviceError, InputError, Predictor, PredictorClosedError, build
 
 from ..conftest import MODELS
 
@@ -58,12 +60,19 @@ BAD_INPUTS = {
     "float16": lambda: torch.randn(1, 2).half(),
     "int64": lambda: torch.ones(1, 2, dtype=torch.int64),
     "complex": lambda: torch.randn(1, 2, dtype=torch.complex64),
+    # round 2, finding 9: a strided nested tensor raised a bare RuntimeError, a masked array
+    # was computed with its mask silently dropped
+    "nested (strided)": lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(2)]),
+    "nested (jagged)": lambda: torch.nested.nested_tensor([torch.zeros(1, 2)] * 2,
+                                                          layout=torch.jagged),
+    "masked numpy": lambda: np.ma.masked_array(np.ones((1, 2), np.float32), mask=[[0, 1]]),
     "bool": lambda: torch.ones(1, 2, dtype=torch.bool),
     "numpy float64": lambda: np.zeros((1, 2)),
     "numpy wrong shape": lambda: np.zeros((2, 2), dtype=np.float32),
 }
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_lists_what_is_accepted(mlp: Predictor, case: str) -> None:
     with pytest.raises(InputError) as info:
@@ -282,6 +291,129 @@ def test_repeated_calls_return_distinct_tensors(mlp: Predictor) -> None:
 # ---------------------------------------------------------------------------
 # Lifetime and devices
 # ---------------------------------------------------------------------------
+
+
+class GatedLock:
+    """The predictor's lock, holding back one thread (the caller) until ``gate`` is set: it
+    lets a test park a call just before it takes the lock, then close the predictor."""
+
+    def __init__(self, inner: Any, gated: threading.Thread | None = None) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.arrived = threading.Event()
+        self.gated = gated
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is self.gated:
+            self.arrived.set()
+            self.gate.wait(10)
+        self.inner.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.release()
+
+
+@pytest.mark.parametrize("path", ["fast (one tensor)", "general (numpy)"])
+def test_a_call_racing_close_raises_a_clean_error(mlp_artifact: Path, path: str) -> None:
+    """Round 2, finding 6: the caller read the runner, close() freed it, the call then ran it
+    (TypeError: 'NoneType' object is not callable). Now it finds the predictor closed."""
+    predictor = Predictor.load(mlp_artifact)
+    value = torch.randn(1, 2) if path.startswith("fast") else np.ones((1, 2), np.float32)
+    outcome: list[Any] = []
+    caller = threading.Thread(target=lambda: outcome.append(_call_catching(predictor, value)))
+    lock = GatedLock(predictor._lock, gated=caller)
+    predictor._lock = lock
+    caller.start()
+    assert lock.arrived.wait(10)
+    predictor.close()
+    lock.gate.set()
+    caller.join(10)
+    assert isinstance(outcome[0], PredictorClosedError), outcome
+    assert isinstance(outcome[0], InputError) and "closed" in str(outcome[0])
+
+
+def _call_catching(predictor: Predictor, value: Any) -> Any:
+    try:
+        return predictor(value)
+    except Exception as exc:
+        return exc
+
+
+def test_close_waits_for_the_call_in_flight(mlp_artifact: Path) -> None:
+    """A call inside the model when close() is called completes with the right answer; close
+    returns only after it; the next call is refused."""
+    predictor = Predictor.load(mlp_artifact)
+    x = torch.randn(1, 2)
+    want = predictor(x)
+    inside, release = threading.Event(), threading.Event()
+    model = predictor._model
+    forward = model.forward
+
+    def slow_forward(*args: Any) -> Any:
+        inside.set()
+        release.wait(10)
+        return forward(*args)
+
+    model.forward = slow_forward
+    results: list[Any] = []
+    caller = threading.Thread(target=lambda: results.append(predictor(x)))
+    caller.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=predictor.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() returned while a call was inside the model"
+    release.set()
+    caller.join(10)
+    closer.join(10)
+    assert not closer.is_alive()
+    torch.testing.assert_close(results[0], want, rtol=0, atol=0)
+    with pytest.raises(PredictorClosedError):
+        predictor(x)
+
+
+def test_many_threads_and_a_close_give_right_answers_or_closed(mlp_artifact: Path) -> None:
+    """8 threads x 200 calls (exact and padded shapes, numpy and torch) with close() in the
+    middle: every call returns the eager answer or PredictorClosedError, nothing else."""
+    predictor = Predictor.load(mlp_artifact, pad_batch=True)
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(batch, 2, generator=generator) for batch in (1, 5, 64, 33)]
+    with Predictor.load(mlp_artifact, pad_batch=True) as reference:
+        wants = [reference(x) for x in inputs]
+    counts = {"ok": 0, "closed": 0, "wrong": 0, "other": 0}
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        for call in range(200):
+            pick = (seed + call) % len(inputs)
+            value = inputs[pick] if call % 2 else inputs[pick].numpy()
+            try:
+                got = torch.as_tensor(predictor(value))
+                kind = "ok" if torch.equal(got, wants[pick]) else "wrong"
+            except PredictorClosedError:
+                kind = "closed"
+            except Exception:
+                kind = "other"
+            with lock:
+                counts[kind] += 1
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    while counts["ok"] < 200:
+        time.sleep(0.001)
+    predictor.close()
+    for thread in threads:
+        thread.join(60)
+    assert counts["wrong"] == 0 and counts["other"] == 0, counts
+    assert counts["ok"] >= 200 and counts["ok"] + counts["closed"] == 1600, counts
+
+
+def test_meta_device_is_a_device_error(mlp_artifact: Path) -> None:
+    """Round 2, finding 4 (the device part): a device that holds no data is refused first."""
+    for device in ("meta", torch.device("meta")):
+        with pytest.raises(DeviceError, match="meta"):
+            Predictor.load(mlp_artifact, device=device)
 
 
 def test_close_and_context_manager(mlp_artifact: Path) -> None:

@@ -13,6 +13,7 @@ self-test), and pinning the artifact digest refuses all of them before anything 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -350,7 +351,13 @@ CASES: dict[str, Case] = {
         ArtifactError, "holds input.x as"),
     "weights dtype resized in header (re-signed)": Case(
         edit_file(WEIGHTS, header_edit(set_dtype("F16")), sign=True),
-        ArtifactError, "header was edited"),
+        ArtifactError, "not a valid safetensors file"),
+    "unknown dtype code in weights header (re-signed)": Case(
+        edit_file(WEIGHTS, header_edit(set_dtype("Q9")), sign=True),
+        ArtifactError, "not a valid safetensors file"),
+    "negative dimension in a reference header (re-signed)": Case(
+        edit_file(REF0, header_edit(set_path("input.x", "shape", value=[1, -2])), sign=True),
+        ArtifactError, "not a valid safetensors file"),
     "oversized safetensors header (re-signed)": Case(
         edit_file(WEIGHTS, lambda d: struct.pack("<Q", 2**40) + d[8:], sign=True),
         ArtifactError, "-byte header"),
@@ -482,3 +489,183 @@ def test_load_never_unpickles(golden: qkan_pack.BuildResult, tmp_path: Path,
     monkeypatch.setattr(torch, "load", refuse)
     with Predictor.load(copy_of(golden, tmp_path)) as predictor:
         assert predictor(torch.zeros(1, 2)).shape == (1, 2)
+
+
+# ---------------------------------------------------------------------------
+# Non-regular files at listed paths: refused through the opened descriptor, never waited on
+# ---------------------------------------------------------------------------
+
+
+def _call_with_deadline(fn: Callable[[], Any], fifo: Path, seconds: float = 20.0) -> BaseException:
+    """Run ``fn`` in a thread; if it is still blocked after ``seconds`` (a reader waiting on
+    the FIFO), open the FIFO for writing to release it and fail: a refusal must not hang."""
+    import threading
+
+    outcome: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed back to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        thread.join(5)
+        pytest.fail(f"reading an artifact with a FIFO at {fifo.name} blocked for {seconds} s")
+    assert outcome, "a FIFO in place of a listed file was accepted"
+    return outcome[0]
+
+
+def _fifo_at(root: Path, name: str) -> Path:
+    (root / name).unlink()
+    os.mkfifo(root / name)
+    return root / name
+
+
+@pytest.mark.parametrize("reader", ["read_artifact", "Predictor.load", "cli inspect", "cli verify"])
+def test_fifo_manifest_is_refused_without_waiting(golden: qkan_pack.BuildResult, tmp_path: Path,
+                                                  reader: str) -> None:
+    """Finding 1 (round 2): a FIFO at manifest.json made inspect, verify and load hang."""
+    from click.testing import CliRunner
+
+    from qkan_pack.cli import cli
+
+    root = copy_of(golden, tmp_path)
+    fifo = _fifo_at(root, "manifest.json")
+    calls = {
+        "read_artifact": lambda: read_artifact(root),
+        "Predictor.load": lambda: Predictor.load(root),
+        "cli inspect": lambda: _raise_cli(CliRunner().invoke(cli, ["inspect", str(root)])),
+        "cli verify": lambda: _raise_cli(CliRunner().invoke(cli, ["verify", str(root)])),
+    }
+    error = _call_with_deadline(calls[reader], fifo)
+    assert "not a regular file" in str(error), error
+
+
+def _raise_cli(result: Any) -> None:
+    if result.exit_code != 0:
+        raise ArtifactError(result.output)
+
+
+def test_fifo_swapped_in_after_the_layout_walk_is_refused(golden: qkan_pack.BuildResult,
+                                                          tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listed file replaced by a FIFO between the layout check and the read (a race the
+    walk cannot see): the descriptor is checked before any byte is read."""
+    from qkan_pack.runtime import _artifact
+
+    root = copy_of(golden, tmp_path)
+    walk = _artifact._check_layout
+
+    def walk_then_swap(where: Path, manifest: Any) -> None:
+        walk(where, manifest)
+        _fifo_at(root, WEIGHTS)
+
+    monkeypatch.setattr(_artifact, "_check_layout", walk_then_swap)
+    error = _call_with_deadline(lambda: read_artifact(root), root / WEIGHTS)
+    assert isinstance(error, ArtifactError) and "not a regular file" in str(error), error
+
+
+def test_reads_are_bounded_by_the_declared_size(golden: qkan_pack.BuildResult, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that grows after its size was checked is never read past the declared size."""
+    from qkan_pack.runtime import _artifact
+
+    root = copy_of(golden, tmp_path)
+    declared = (root / WEIGHTS).stat().st_size
+    sizes: list[int] = []
+    real_read = os.read
+
+    def recording_read(fd: int, count: int) -> bytes:
+        sizes.append(count)
+        return real_read(fd, count)
+
+    monkeypatch.setattr(_artifact.os, "read", recording_read)
+    read_artifact(root)
+    assert sizes and max(sizes) <= max(declared + 1, MAX_MANIFEST_BYTES + 1)
+
+
+# ---------------------------------------------------------------------------
+# A manifest missing any field, or holding any other type there: a QkanPackError, never
+# KeyError/TypeError/... (round 2, finding 9)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two inputs, a nested dict/tuple/list output, an include and a (fake) kernel set: every
+    optional manifest section is present, so every field can be taken away."""
+    import dataclasses
+
+    from qkan_pack.builder import write_artifact
+    from qkan_pack.format import KernelSet
+
+    out = tmp_path_factory.mktemp("rich")
+    built = build(MODELS / "multi_io.py", [{"a": (2, 3), "b": (2, 4)}, {"a": (8, 3), "b": (8, 4)}],
+                  output=out / "plain", dtype={"b": "int64"})
+    artifact = read_artifact(built.path)
+    files = {**artifact.files, "kernels/k/abc/k.bin": b"kernel"}
+    manifest = dataclasses.replace(artifact.manifest, kernels=(
+        KernelSet(key="k", directory="kernels/k", details={"arch": "sm_90"}),))
+    write_artifact(out / "rich", manifest, files)
+    return out / "rich"
+
+
+def json_paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += json_paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += json_paths(item, (*prefix, index))
+    return found
+
+
+def test_every_missing_or_mistyped_field_is_a_qkan_pack_error(rich: Path, tmp_path: Path) -> None:
+    import copy
+
+    base = manifest_of(rich)
+    work = tmp_path / "work"
+    shutil.copytree(rich, work)
+    tried = 0
+    for path in json_paths(base):
+        for replacement in ("<delete>", None, [], {}, "x", 0, -1, True):
+            raw = copy.deepcopy(base)
+            parent = raw
+            for key in path[:-1]:
+                parent = parent[key]
+            if replacement == "<delete>":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = replacement
+            write_manifest(work, raw)
+            with contextlib.suppress(QkanPackError):
+                read_artifact(work)
+            tried += 1
+    assert tried > 1000  # every field of every section, eight ways each
+
+
+def test_unlistable_artifact_folder_is_an_artifact_error(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading: a folder that cannot be listed (permissions) raised a bare PermissionError."""
+    import errno
+
+    from qkan_pack.runtime import _artifact
+
+    art = build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "art").path
+    real = os.scandir
+
+    def denied(path: object) -> object:
+        if str(path).endswith("source"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
+
+    monkeypatch.setattr(_artifact.os, "scandir", denied)
+    with pytest.raises(ArtifactError, match=r"cannot list .*source: Permission denied"):
+        read_artifact(art)

@@ -1,0 +1,88 @@
+"""``qkan-pack sign``: sign every file of an artifact with the OpenSSF model-signing library.
+
+The artifact is read back verified first (a damaged artifact is never signed), then
+rewritten through the atomic writer with the same bytes, its manifest and so its digest
+unchanged, plus ``model.sig``. The signature is made by the library's public signing API
+(``model_signing.signing.Config``) over the staged directory, so what is signed is exactly
+what is installed; the writer then fsyncs it with the rest and swaps the directory in. Key
+and certificate are loaded before anything on disk changes. Needs ``qkan-pack[sign]``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArtifactSignatureError
+from ..format import MANIFEST_NAME, SIGNATURE_NAME
+from ..runtime import read_artifact
+from ._writer import install_artifact
+
+
+@dataclass(frozen=True)
+class SignResult:
+    path: Path
+    digest: str  # unchanged by signing: the signature sits beside the manifest, not in it
+    signer: str
+
+
+def sign(path: str | os.PathLike[str], private_key: str | os.PathLike[str], *,
+         certificate: str | os.PathLike[str] | None = None,
+         chain: Sequence[str | os.PathLike[str]] = (), password: str | None = None) -> SignResult:
+    """Sign the artifact at ``path`` with an EC private key (PEM), or with a key and its
+    signing certificate plus the chain up to (not necessarily including) a root.
+
+    Replaces an existing signature. Verify with ``Predictor.load(..., trusted_keys=[...])``
+    or ``qkan-pack verify --key``: the public key, or the root certificate.
+    """
+    config = _signing_config(str(path), private_key, certificate, chain, password)
+    artifact = read_artifact(path)
+    files = {**artifact.files, MANIFEST_NAME: artifact.manifest_bytes}
+    install_artifact(path, files, force=True,
+                     derived=lambda staging: {SIGNATURE_NAME: _signature(config, staging)})
+    signer = f"certificate {certificate}" if certificate is not None else f"key {private_key}"
+    return SignResult(path=Path(path), digest=artifact.digest, signer=signer)
+
+
+def _signing_config(where: str, private_key: str | os.PathLike[str],
+                    certificate: str | os.PathLike[str] | None,
+                    chain: Sequence[str | os.PathLike[str]], password: str | None) -> Any:
+    """The library's signing configuration: one sha256 per file (what the loader checks),
+    no symlinks, nothing ignored but the signature itself (not even .git paths)."""
+    try:
+        import model_signing
+    except ImportError as exc:
+        raise ArtifactSignatureError(path=where, problem="unavailable", detail=str(exc)) from None
+    hashing = (model_signing.hashing.Config()
+               .use_file_serialization(hashing_algorithm="sha256", allow_symlinks=False)
+               .set_ignored_paths(paths=[SIGNATURE_NAME], ignore_git_paths=False))
+    config = model_signing.signing.Config().set_hashing_config(hashing)
+    try:
+        if certificate is None:
+            # the library types the password as str but hands it to cryptography, which
+            # needs bytes (1.1.1: a str fails with "Cannot convert ... to a buffer")
+            config.use_elliptic_key_signer(private_key=private_key,
+                                           password=None if password is None else password.encode())
+        else:
+            if not chain:
+                raise ValueError("--chain: give the intermediate (or root) certificate(s)")
+            config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
+                                          certificate_chain=list(chain))
+    except (ValueError, TypeError, OSError, AttributeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ArtifactSignatureError(path=where, problem="signing key",
+                                     detail=f"{private_key}: {reason}") from None
+    return config
+
+
+def _signature(config: Any, staging: Path) -> bytes:
+    """Sign the staged artifact; the library writes the bundle to a scratch file, whose bytes
+    the writer then puts in place like every other file (O_EXCL, fsync)."""
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-sign-") as scratch:
+        out = Path(scratch) / SIGNATURE_NAME
+        config.sign(staging, out)
+        return out.read_bytes()

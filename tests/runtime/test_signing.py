@@ -1,0 +1,445 @@
+"""Signed artifacts: ``qkan-pack sign`` (builder) and the check with trusted keys (runtime).
+
+Every refusal happens before any of the artifact's code runs (the sentinel model's trace
+stays empty); a re-signed edit by a trusted key is accepted: that is the trust boundary (a
+signature says who vouches for the files, not that the code is safe).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import qkan_pack
+from qkan_pack import ArtifactError, ArtifactSignatureError, Predictor, QkanPackError, read_artifact
+from qkan_pack.cli import cli
+
+from ..conftest import MODELS, ROOT
+from .test_tamper import REF0, SOURCE, WEIGHTS, flip, resign
+
+SIG = "model.sig"
+signing = pytest.importorskip("model_signing", reason="needs the [sign] extra")
+
+from cryptography import x509  # noqa: E402 - after the skip: cryptography comes with [sign]
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+
+# ---------------------------------------------------------------------------
+# Keys and certificates, made here (nothing leaves the machine)
+# ---------------------------------------------------------------------------
+
+
+def write_key(folder: Path, name: str, curve: ec.EllipticCurve | None = None,
+              password: bytes | None = None) -> ec.EllipticCurvePrivateKey:
+    key = ec.generate_private_key(curve or ec.SECP256R1())
+    encryption = (serialization.BestAvailableEncryption(password) if password
+                  else serialization.NoEncryption())
+    (folder / f"{name}.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    (folder / f"{name}.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key
+
+
+def certificate(folder: Path, name: str, key: ec.EllipticCurvePrivateKey,
+                issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+                ca: bool) -> x509.Certificate:
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(issuer[0].subject if issuer else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(days=1))
+               .not_valid_after(now + dt.timedelta(days=30))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=False, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+            encipher_only=False, decipher_only=False), critical=True)
+    else:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    (folder / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """a, b: key pairs; root -> intermediate -> leaf, and an unrelated root2."""
+    folder = tmp_path_factory.mktemp("keys")
+    write_key(folder, "a")
+    write_key(folder, "b", ec.SECP384R1())
+    write_key(folder, "locked", password=b"s3cret")
+    root_key = write_key(folder, "root")
+    root = certificate(folder, "root", root_key, None, ca=True)
+    mid_key = write_key(folder, "mid")
+    mid = certificate(folder, "mid", mid_key, (root, root_key), ca=True)
+    leaf_key = write_key(folder, "leaf")
+    certificate(folder, "leaf", leaf_key, (mid, mid_key), ca=False)
+    other_key = write_key(folder, "root2")
+    certificate(folder, "root2", other_key, None, ca=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> qkan_pack.BuildResult:
+    saved = os.environ.pop("QKAN_PACK_SENTINEL", None)
+    try:
+        return qkan_pack.build(MODELS / "sentinel_model.py", "1x2,4x2",
+                               output=tmp_path_factory.mktemp("golden") / "art")
+    finally:
+        if saved is not None:
+            os.environ["QKAN_PACK_SENTINEL"] = saved
+
+
+@pytest.fixture(scope="module")
+def signed(golden: qkan_pack.BuildResult, keys: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The golden artifact signed with key a."""
+    from qkan_pack.builder import sign
+
+    target = tmp_path_factory.mktemp("signed") / "art"
+    shutil.copytree(golden.path, target)
+    result = sign(target, keys / "a.key")
+    assert result.digest == golden.digest  # signing changes no byte of the artifact
+    return target
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "sentinel.log"
+    monkeypatch.setenv("QKAN_PACK_SENTINEL", str(path))
+    for name in [n for n in sys.modules if n.startswith("qkan_pack_model_")]:
+        monkeypatch.delitem(sys.modules, name)
+    return path
+
+
+def copy(signed: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "art"
+    shutil.copytree(signed, target, symlinks=True)
+    return target
+
+
+def invoke(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+# ---------------------------------------------------------------------------
+# Round trip
+# ---------------------------------------------------------------------------
+
+
+def test_sign_then_load_with_the_trusted_key(signed: Path, keys: Path, golden: qkan_pack.BuildResult,
+                                             sentinel: Path) -> None:
+    import torch
+
+    with Predictor.load(signed, trusted_keys=[keys / "b.pub", keys / "a.pub"]) as predictor:
+        assert predictor.digest == golden.digest
+        assert str(keys / "a.pub") in predictor.signed_by
+        assert predictor(torch.zeros(1, 2)).shape == (1, 2)
+    assert sentinel.read_text().split()[0] == "import"
+    assert sorted(p.name for p in signed.iterdir()) == [
+        "manifest.json", SIG, "references", "source", "weights.safetensors"]
+
+
+def test_without_keys_nothing_changes(signed: Path) -> None:
+    """The signature file is known (not an extra file) and, unverified, never trusted."""
+    artifact = read_artifact(signed)
+    assert artifact.signed_by is None and SIG not in artifact.files
+    code, out = invoke("inspect", signed)
+    assert code == 0 and "model.sig present, not verified" in out
+
+
+def test_the_librarys_own_verifier_accepts_what_we_sign(signed: Path, keys: Path) -> None:
+    """Interoperability: `model_signing verify` (public API, walks the directory) agrees."""
+    signing.verifying.Config().use_elliptic_key_verifier(public_key=keys / "a.pub").verify(
+        signed, signed / SIG)
+
+
+def test_cli_sign_inspect_and_verify(golden: qkan_pack.BuildResult, keys: Path,
+                                     tmp_path: Path) -> None:
+    art = copy(golden.path, tmp_path)
+    code, out = invoke("sign", art, "--key", keys / "b.key")
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"digest {golden.digest}"
+    code, out = invoke("inspect", art, "--key", keys / "b.pub")
+    assert code == 0 and "signature  verified, signed by key" in out, out
+    code, out = invoke("inspect", "--json", art, "--key", keys / "b.pub")
+    assert code == 0 and str(keys / "b.pub") in json.loads(out)["signed_by"]
+    code, out = invoke("verify", art, "--key", keys / "b.pub")
+    assert code == 0 and "signature verified" in out and out.rstrip().endswith("cpu"), out
+    code, out = invoke("verify", art, "--key", keys / "a.pub")
+    assert code == 1 and "none of the trusted keys" in out, out
+
+
+def test_resigning_replaces_the_signature(signed: Path, keys: Path, tmp_path: Path) -> None:
+    from qkan_pack.builder import sign
+
+    art = copy(signed, tmp_path)
+    sign(art, keys / "b.key")
+    assert read_artifact(art, trusted_keys=[keys / "b.pub"]).signed_by
+    with pytest.raises(ArtifactSignatureError) as info:
+        read_artifact(art, trusted_keys=[keys / "a.pub"])
+    assert info.value.problem == "untrusted"
+
+
+def test_loading_without_keys_does_not_import_model_signing(signed: Path) -> None:
+    code = ("import sys; from qkan_pack import Predictor; Predictor.load(sys.argv[1]).close(); "
+            "print(sorted(m for m in ('model_signing', 'sigstore', 'OpenSSL') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(signed)], capture_output=True,
+                          text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ---------------------------------------------------------------------------
+# Refusals, all before any artifact code runs
+# ---------------------------------------------------------------------------
+
+
+def flipped(name: str) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        (root / name).write_bytes(flip(0.6)((root / name).read_bytes()))
+    return apply
+
+
+def flipped_and_rehashed(name: str) -> Callable[[Path], None]:
+    """The attacker also rewrites the manifest's size and sha256: integrity checks pass,
+    only the signature can tell."""
+    def apply(root: Path) -> None:
+        flipped(name)(root)
+        resign(root, name)
+    return apply
+
+
+def flipped_signature(root: Path) -> None:
+    bundle = json.loads((root / SIG).read_text())
+    envelope = bundle["dsseEnvelope"]
+    raw = bytearray(base64.b64decode(envelope["signatures"][0]["sig"]))
+    raw[len(raw) // 2] ^= 0x01
+    envelope["signatures"][0]["sig"] = base64.b64encode(bytes(raw)).decode()
+    (root / SIG).write_text(json.dumps(bundle))
+
+
+def edited_payload(root: Path) -> None:
+    """A signed digest swapped inside the payload (the signature no longer covers it)."""
+    bundle = json.loads((root / SIG).read_text())
+    envelope = bundle["dsseEnvelope"]
+    payload = json.loads(base64.b64decode(envelope["payload"]))
+    payload["predicate"]["resources"][0]["digest"] = "0" * 64
+    envelope["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    (root / SIG).write_text(json.dumps(bundle))
+
+
+def symlinked_signature(root: Path) -> None:
+    outside = root.parent / "outside.sig"
+    outside.write_bytes((root / SIG).read_bytes())
+    (root / SIG).unlink()
+    (root / SIG).symlink_to(outside)
+
+
+REFUSED: dict[str, tuple[Callable[[Path], None], type[QkanPackError], str]] = {
+    # a flipped byte in every file kind
+    "weights byte flipped": (flipped(WEIGHTS), ArtifactError, "sha256"),
+    "source byte flipped": (flipped(SOURCE), ArtifactError, "sha256"),
+    "reference byte flipped": (flipped(REF0), ArtifactError, "sha256"),
+    "manifest byte flipped": (flipped("manifest.json"), ArtifactSignatureError, "mismatch"),
+    "signature byte flipped": (flipped_signature, ArtifactSignatureError, "invalid"),
+    # the same, with the manifest's digests rewritten to match (integrity alone would pass)
+    "weights flipped and re-hashed": (flipped_and_rehashed(WEIGHTS), ArtifactSignatureError,
+                                      "mismatch"),
+    "source flipped and re-hashed": (flipped_and_rehashed(SOURCE), ArtifactSignatureError,
+                                     "mismatch"),
+    "reference flipped and re-hashed": (flipped_and_rehashed(REF0), ArtifactSignatureError,
+                                        "mismatch"),
+    # the signature itself
+    "signed payload edited": (edited_payload, ArtifactSignatureError, "invalid"),
+    "signature deleted": (lambda root: (root / SIG).unlink(), ArtifactSignatureError, "missing"),
+    "signature truncated": (lambda root: (root / SIG).write_bytes((root / SIG).read_bytes()[:99]),
+                            ArtifactSignatureError, "invalid"),
+    "signature empty": (lambda root: (root / SIG).write_bytes(b""), ArtifactSignatureError,
+                        "invalid"),
+    "signature random bytes": (lambda root: (root / SIG).write_bytes(os.urandom(300)),
+                               ArtifactSignatureError, "invalid"),
+    "signature is a symlink": (symlinked_signature, ArtifactError, "symlink"),
+    "signature is a FIFO": (lambda root: ((root / SIG).unlink(), os.mkfifo(root / SIG)),
+                            ArtifactError, "not a regular file"),
+    "signature oversized": (lambda root: (root / SIG).write_bytes(b" " * (2 << 20)),
+                            QkanPackError, "limit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_tampered_signed_artifact_is_refused_before_code_runs(signed: Path, keys: Path,
+                                                              tmp_path: Path, sentinel: Path,
+                                                              case: str) -> None:
+    corrupt, error, says = REFUSED[case]
+    art = copy(signed, tmp_path)
+    corrupt(art)
+    with pytest.raises(error) as info:
+        Predictor.load(art, trusted_keys=[keys / "a.pub"])
+    if isinstance(info.value, ArtifactSignatureError):
+        assert info.value.problem == says, info.value
+    else:
+        assert says in str(info.value), info.value
+    assert not sentinel.exists(), f"{case}: artifact code ran: {sentinel.read_text()!r}"
+
+
+def test_a_signature_by_another_key_is_refused(golden: qkan_pack.BuildResult, keys: Path,
+                                               tmp_path: Path, sentinel: Path) -> None:
+    """The attacker's artifact, signed with the attacker's own key."""
+    from qkan_pack.builder import sign
+
+    art = copy(golden.path, tmp_path)
+    (art / SOURCE).write_bytes((art / SOURCE).read_bytes() + b"\n_trace('payload')\n")
+    resign(art, SOURCE)
+    sign(art, keys / "b.key")
+    with pytest.raises(ArtifactSignatureError) as info:
+        Predictor.load(art, trusted_keys=[keys / "a.pub"])
+    assert info.value.problem == "untrusted" and "not among 1 trusted key" in str(info.value)
+    assert not sentinel.exists()
+
+
+def test_an_unsigned_artifact_is_refused_when_keys_are_given(golden: qkan_pack.BuildResult,
+                                                             keys: Path, sentinel: Path) -> None:
+    with pytest.raises(ArtifactSignatureError, match="has no signature") as info:
+        Predictor.load(golden.path, trusted_keys=[keys / "a.pub"])
+    assert info.value.problem == "missing" and not sentinel.exists()
+
+
+def test_a_resigned_edit_by_a_trusted_key_is_accepted(golden: qkan_pack.BuildResult, keys: Path,
+                                                      tmp_path: Path, sentinel: Path) -> None:
+    """THE TRUST BOUNDARY: whoever holds a trusted private key can sign anything, and it
+    loads and runs. A signature proves who vouched for the files, not that they are safe."""
+    from qkan_pack.builder import sign
+
+    art = copy(golden.path, tmp_path)
+    (art / SOURCE).write_bytes((art / SOURCE).read_bytes() + b"\n_trace('payload')\n")
+    resign(art, SOURCE)
+    sign(art, keys / "a.key")
+    with Predictor.load(art, trusted_keys=[keys / "a.pub"]) as predictor:
+        assert predictor.digest != golden.digest
+    assert "payload" in sentinel.read_text().split()
+
+
+def test_files_added_after_signing_are_refused(signed: Path, keys: Path, tmp_path: Path) -> None:
+    art = copy(signed, tmp_path)
+    (art / "source" / "sitecustomize.py").write_text("print('x')\n")
+    with pytest.raises(ArtifactError, match="does not list"):
+        read_artifact(art, trusted_keys=[keys / "a.pub"])
+
+
+# ---------------------------------------------------------------------------
+# Certificate-based signing (offline: a CA made here)
+# ---------------------------------------------------------------------------
+
+
+def test_certificate_chain_round_trip_and_refusals(golden: qkan_pack.BuildResult, keys: Path,
+                                                   tmp_path: Path) -> None:
+    art = copy(golden.path, tmp_path)
+    code, out = invoke("sign", art, "--key", keys / "leaf.key", "--certificate",
+                       keys / "leaf.pem", "--chain", keys / "mid.pem")
+    assert code == 0, out
+    signed_by = read_artifact(art, trusted_keys=[keys / "root.pem"]).signed_by
+    assert signed_by == "certificate CN=leaf"
+    for trusted, problem in (([keys / "root2.pem"], "untrusted"),  # another CA
+                             ([keys / "mid.pem"], "untrusted"),  # no partial chains
+                             ([keys / "a.pub"], "untrusted")):  # keys only, no anchors
+        with pytest.raises(ArtifactSignatureError) as info:
+            read_artifact(art, trusted_keys=trusted)
+        assert info.value.problem == problem, (trusted, info.value)
+
+
+def test_a_key_signed_artifact_is_not_accepted_by_a_certificate(signed: Path, keys: Path) -> None:
+    with pytest.raises(ArtifactSignatureError) as info:
+        read_artifact(signed, trusted_keys=[keys / "root.pem"])
+    assert info.value.problem == "untrusted"
+
+
+# ---------------------------------------------------------------------------
+# Keys and options
+# ---------------------------------------------------------------------------
+
+
+def test_signing_refuses_bad_keys_and_damaged_artifacts(golden: qkan_pack.BuildResult,
+                                                        keys: Path, tmp_path: Path) -> None:
+    from qkan_pack.builder import sign
+
+    art = copy(golden.path, tmp_path)
+    before = {p: p.read_bytes() for p in art.rglob("*") if p.is_file()}
+    for key, says in ((keys / "a.pub", "a.pub"), (keys / "locked.key", "(?i)password"),
+                      (keys / "root.pem", "root.pem")):
+        with pytest.raises(ArtifactSignatureError, match=says) as info:
+            sign(art, key)
+        assert info.value.problem == "signing key"
+    (art / WEIGHTS).write_bytes(flip(0.5)((art / WEIGHTS).read_bytes()))
+    with pytest.raises(ArtifactError, match="sha256"):
+        sign(art, keys / "a.key")
+    before[art / WEIGHTS] = (art / WEIGHTS).read_bytes()
+    assert {p: p.read_bytes() for p in art.rglob("*") if p.is_file()} == before
+
+
+def test_an_encrypted_key_signs_with_its_password(golden: qkan_pack.BuildResult, keys: Path,
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    art = copy(golden.path, tmp_path)
+    monkeypatch.setenv("QKAN_PACK_KEY_PASSWORD", "s3cret")
+    code, out = invoke("sign", art, "--key", keys / "locked.key", "--password-env",
+                       "QKAN_PACK_KEY_PASSWORD")
+    assert code == 0, out
+    assert read_artifact(art, trusted_keys=[keys / "locked.pub"]).signed_by
+
+
+def test_trusted_keys_that_are_not_keys_are_option_errors(signed: Path, keys: Path,
+                                                          tmp_path: Path) -> None:
+    from qkan_pack import LoadOptionError
+
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key\n")
+    for bad in (junk, keys / "a.key"):
+        with pytest.raises(LoadOptionError, match="trusted_keys"):
+            Predictor.load("/no/such/artifact", trusted_keys=[bad])
+
+
+def test_keys_without_the_extra_are_a_clear_error(signed: Path, keys: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "model_signing" or n.startswith("model_signing.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "model_signing", None)  # import fails as if absent
+    with pytest.raises(ArtifactSignatureError, match=r"pip install 'qkan-pack\[sign\]'") as info:
+        read_artifact(signed, trusted_keys=[keys / "a.pub"])
+    assert info.value.problem == "unavailable"
+
+
+def test_signing_and_verifying_figures(signed: Path, keys: Path, tmp_path: Path,
+                                       golden: qkan_pack.BuildResult) -> None:
+    """Figures for SECURITY.md (printed; speed is proved by benchmarks, not asserted)."""
+    from qkan_pack.builder import sign
+
+    art = copy(golden.path, tmp_path)
+    started = time.perf_counter()
+    sign(art, keys / "a.key")
+    signed_s = time.perf_counter() - started
+    started = time.perf_counter()
+    read_artifact(art, trusted_keys=[keys / "a.pub"])
+    with_keys = time.perf_counter() - started
+    started = time.perf_counter()
+    read_artifact(art)
+    without = time.perf_counter() - started
+    size = sum(p.stat().st_size for p in art.rglob("*") if p.is_file())
+    print(f"signing figures: {size} bytes, sign {signed_s * 1e3:.1f} ms, read+verify "
+          f"{with_keys * 1e3:.1f} ms, read without keys {without * 1e3:.1f} ms")
