@@ -279,49 +279,104 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
         click.echo(f"wrote {write_plot(report, plot_path)}")
 
 
+TOKEN_ENV = "QKAN_PACK_SERVE_TOKEN"
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The bearer token from --auth-token-file (first line), else QKAN_PACK_SERVE_TOKEN."""
+    token = path.read_text().strip() if path is not None else os.environ.get(TOKEN_ENV, "").strip()
+    if path is not None and not token:
+        raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
+    if token and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise click.BadParameter("a token needs at least 16 characters and no whitespace",
+                                 param_hint="--auth-token-file" if path else TOKEN_ENV)
+    return token or None
+
+
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="HTTP bind address; loopback keeps the server private to this host "
+              "(0.0.0.0 exposes it: use a token).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="HTTP port. A taken port is an error: one server per port.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
               help="Replicas, each loading its own predictor.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0),
-              help="GPUs each replica reserves [default: 1 when the Ray cluster has GPUs, else 0].")
-@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP bind address.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+              help="GPUs each replica reserves; fractions share a GPU (0.25: four per GPU) "
+              "[default: up to 1 when the cluster has GPUs, else 0].")
+@click.option("--cpus-per-replica", type=click.FloatRange(min=0),
+              help="CPUs each replica reserves [default: what fits the cluster, at most 1].")
+@click.option("--ingress", type=click.Choice(["auto", "haproxy", "python"]), default="auto",
+              show_default=True, help="HTTP front: Ray Serve's HAProxy ingress (fast; auto "
+              "uses it when its binary is installed) or its Python proxy.")
 @click.option("--max-batch-size", type=click.IntRange(min=1),
               help="Rows gathered per replay [default: the largest captured batch].")
 @click.option("--max-batch-wait-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Longest wait for more rows once one arrived.")
+@click.option("--exact", is_flag=True,
+              help="Replay each row alone: bit-identical answers whatever else is in flight "
+              "(batching changes the last bits, about 1e-7 relative).")
+@click.option("--max-ongoing-requests", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests a replica works on at once.")
+@click.option("--max-queued-requests", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Requests a replica holds waiting; beyond, a JSON 503 with Retry-After at once.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001),
-              help="Larger request bodies get HTTP 413.")
+              help="Larger request bodies get HTTP 413 before they are read whole.")
+@click.option("--body-timeout-s", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="A request body not received within this time gets HTTP 408.")
+@click.option("--auth-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help=f"Require 'Authorization: Bearer <token>' on every route (token: the file's "
+              f"first line) [default: ${TOKEN_ENV}, else no token].")
+@click.option("--grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="On Ctrl-C or SIGTERM, how long in-flight requests may finish.")
+@click.option("--device", default="auto", show_default=True,
+              help="Replica device: auto (cuda where Ray gave the replica a GPU), cpu or cuda.")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: RAY_ADDRESS, else a "
-              "local Ray started here].")
-def serve(directory: Path, replicas: int, gpus_per_replica: float | None, host: str, port: int,
-          max_batch_size: int | None, max_batch_wait_ms: float, max_body_mb: float,
-          address: str | None) -> None:
-    """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C (pip install 'qkan-pack[serve]').
+              "local Ray started and stopped by this command].")
+@click.option("--verbose", is_flag=True, help="Show Ray's own log lines.")
+@click.option("--noop", is_flag=True, hidden=True,
+              help="Serve a fixed reply without the model (the load test's baseline).")
+def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica: float | None,
+          cpus_per_replica: float | None, ingress: str, max_batch_size: int | None,
+          max_batch_wait_ms: float, exact: bool, max_ongoing_requests: int,
+          max_queued_requests: int, max_body_mb: float, body_timeout_s: float,
+          auth_token_file: Path | None, grace_s: float, device: str, address: str | None,
+          verbose: bool, noop: bool) -> None:
+    """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
+    'qkan-pack[serve]').
 
-    Single rows from concurrent requests are batched into the captured shapes. GET / describes
-    the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays.
+    Single rows from concurrent requests are batched into the captured shapes. GET /
+    describes the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays,
+    POST /stats/reset zeroes the counters. Every reply is JSON.
     """
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
-    from .serve import serve_forever
+    from .serve import HttpLimits, Listen, ServeOptions, serve_forever
+
+    token = _read_token(auth_token_file)
+    limits = HttpLimits(max_body_bytes=int(max_body_mb * 2**20), body_timeout_s=body_timeout_s,
+                        max_ongoing=max_ongoing_requests, max_queued=max_queued_requests)
+    options = ServeOptions(replicas=replicas, max_batch_size=max_batch_size,
+                           max_batch_wait_ms=max_batch_wait_ms, exact=exact, device=device,
+                           grace_s=grace_s, limits=limits)
+    listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose)
 
     def ready(url: str, description: dict) -> None:
-        replica = description["replica"]
-        click.echo(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
-                   f"replica(s) on {replica['device']}; accepted: {'; '.join(description['accepted'])}")
-        click.echo("Ctrl-C to stop")
+        what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
+        click.echo(f"serving {what} at {url} with {replicas} replica(s) on "
+                   f"{description['replica']['device']}" + ("; bearer token required" if token else ""))
+        if not noop:
+            click.echo(f"accepted: {'; '.join(description['accepted'])}")
+        click.echo("Ctrl-C or SIGTERM stops (drains for "
+                   f"{grace_s:g} s)", err=True)
 
-    try:
-        serve_forever(directory, host=host, port=port, address=address, replicas=replicas,
-                      gpus_per_replica=gpus_per_replica, max_batch_size=max_batch_size,
-                      max_batch_wait_ms=max_batch_wait_ms,
-                      max_body_bytes=int(max_body_mb * 2**20), on_ready=ready)
-    except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+    serve_forever(directory, options, listen, token=token, cpus_per_replica=cpus_per_replica,
+                  gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
+                  notice=lambda line: click.echo(line, err=True))
+    click.echo("stopped", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,6 +21,8 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
+    ├── ServeError (RuntimeError)           a server that cannot start or place its replicas
+    │                                       [.problem, .hint]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
         └── MalformedRequestError           a serve request body that is not the format
@@ -48,6 +50,7 @@ __all__ = [
     "ModelSourceError",
     "QkanPackError",
     "SelfTestError",
+    "ServeError",
     "ShapeSpecError",
     "WeightsMismatchError",
 ]
@@ -165,6 +168,16 @@ class KernelCacheError(QkanPackError, RuntimeError):
 
 class BenchError(QkanPackError, RuntimeError):
     """A benchmark that cannot run as asked (bad settings, missing plotting library)."""
+
+
+class ServeError(QkanPackError, RuntimeError):
+    """``qkan-pack serve`` cannot start as asked: a taken port, replicas the cluster cannot
+    place, replicas that failed to load."""
+
+    def __init__(self, problem: str, *, hint: str = "") -> None:
+        self.problem = problem
+        self.hint = hint
+        super().__init__(problem + (f"; {hint}" if hint else ""))
 
 
 class InputError(QkanPackError, ValueError):

@@ -71,7 +71,7 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "ModelSourceError": ImportError, "WeightsMismatchError": ValueError,
                "SelfTestError": RuntimeError, "CaptureError": RuntimeError,
                "DeviceError": RuntimeError, "KernelCacheError": RuntimeError,
-               "BenchError": RuntimeError, "InputError": ValueError,
+               "BenchError": RuntimeError, "ServeError": RuntimeError, "InputError": ValueError,
                "MalformedRequestError": errors.InputError,
                "IncompatibleArtifactError": errors.ManifestError,
                "DigestMismatchError": errors.ArtifactError}
