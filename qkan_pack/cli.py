@@ -279,6 +279,70 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
         click.echo(f"wrote {write_plot(report, plot_path)}")
 
 
+def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
+    try:
+        counts = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("write client counts as 1,8,32", param_hint="--clients")
+    return counts
+
+
+@cli.command("bench-serve")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--clients", default="1,8,32,128,512", show_default=True, callback=_clients_option,
+              help="Concurrent clients per point, comma-separated.")
+@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Timed seconds per point.")
+@click.option("--warmup", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Untimed seconds of load before each point.")
+@click.option("--processes", type=click.IntRange(min=1),
+              help="Client processes (threads inside share the clients) [default: half the cores].")
+@click.option("--serve-args", default="", metavar="'ARGS'",
+              help="Options for `qkan-pack serve`, quoted: '--replicas 4 --gpus-per-replica 0.25'.")
+@click.option("--no-noop", is_flag=True, help="Skip the no-op deployment baseline.")
+@click.option("--kill-at", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Also SIGKILL one replica this long into a run at --kill-clients clients.")
+@click.option("--kill-clients", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Clients during the replica kill.")
+@click.option("--large-body-mb", type=click.FloatRange(min=0.001),
+              help="Also measure single-row latency while bodies of this size arrive.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
+              help="Port the server under test listens on (loopback).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the results as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the curve as a PNG here (needs matplotlib).")
+def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
+                processes: int | None, serve_args: str, no_noop: bool, kill_at: float | None,
+                kill_clients: int, large_body_mb: float | None, port: int,
+                json_path: Path | None, plot_path: Path | None) -> None:
+    """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
+    req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
+    import shlex
+
+    from .bench import (
+        ServeLoadSettings,
+        render_serve_load,
+        run_serve_load,
+        write_serve_json,
+        write_serve_plot,
+    )
+
+    extra = {"processes": processes} if processes else {}
+    settings = ServeLoadSettings(clients=clients, seconds=seconds, warmup=warmup,
+                                 serve_args=tuple(shlex.split(serve_args)), noop=not no_noop,
+                                 kill_at_s=kill_at, kill_clients=kill_clients,
+                                 large_body_mb=large_body_mb, port=port, **extra)
+    report = run_serve_load(directory, settings)
+    click.echo(render_serve_load(report))
+    if json_path is not None:
+        click.echo(f"wrote {write_serve_json(report, json_path)}")
+    if plot_path is not None:
+        click.echo(f"wrote {write_serve_plot(report, plot_path)}")
+
+
 TOKEN_ENV = "QKAN_PACK_SERVE_TOKEN"
 
 

@@ -32,13 +32,15 @@ PUBLIC = {
     ],
     "qkan_pack.builder": ["BuildResult", "WarmResult", "build", "forward_input_names",
                           "random_input", "warm", "write_artifact"],
-    "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app",
-                        "describe_artifact", "encode_outputs", "fit", "parse_request",
-                        "parse_tensor", "row_plan", "serve_forever", "signature_text"],
+    "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits",
+                        "Listen", "NoopServer", "ServeOptions", "build_app", "describe_artifact",
+                        "encode_outputs", "fit", "parse_request", "parse_tensor", "row_plan",
+                        "serve_forever", "signature_text", "token_digest"],
     "qkan_pack.bench": ["CPU_NOTE", "LABELS", "SCHEMA", "SKIPPABLE", "VARIANTS", "BenchReport",
-                        "BenchSettings", "ShapeResult", "VariantResult", "render_cold_start",
-                        "render_table", "run_bench", "run_cold_start", "write_json",
-                        "write_plot"],
+                        "BenchSettings", "ServeLoadReport", "ServeLoadSettings", "ShapeResult",
+                        "VariantResult", "render_cold_start", "render_serve_load",
+                        "render_table", "run_bench", "run_cold_start", "run_serve_load",
+                        "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
 }
 #: Layers (top to bottom) and where private modules may be imported from in tests.
 SUBPACKAGES = ("builder", "bench", "serve", "runtime", "format")

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._http import HttpApi, HttpLimits
+from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore, map_leaves
 from ._rows import describe_artifact, largest_batch, row_plan
 from ._wire import is_tensor
@@ -138,6 +138,8 @@ class NoopServer:
     async def __call__(self, request: Request) -> Response:
         from starlette.responses import Response
 
+        if request.method != "POST":
+            return json_response(200, self.describe())
         await request.body()
         return Response(NOOP_REPLY, media_type="application/json")
 

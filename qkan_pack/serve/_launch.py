@@ -55,10 +55,12 @@ class Listen:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Bind (without ``SO_REUSEPORT``, which fails even against a listener that set it):
-    a second server on a taken port must fail here, never share the port."""
+    """Bind (without ``SO_REUSEPORT``, so it fails even against a listener that set it; on
+    Linux ``SO_REUSEADDR`` still fails against any listener): a second server on a taken port
+    must fail here, never share the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
         try:
             probe.bind((host, port))
         except OSError as exc:
