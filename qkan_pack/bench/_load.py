@@ -27,7 +27,7 @@ class LoadSpec:
     warmup: float
     width: int
     token: str | None = None
-    backoff_s: float = 0.05
+    backoff_s: float = 0.05  # after an error without Retry-After
     body_bytes: int = 0  # > 0: every request is this large (the large-body sender)
 
 
@@ -62,8 +62,9 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
             reply = conn.getresponse()
             reply.read()
             status: Any = reply.status
+            wait = _retry_after(reply.getheader("Retry-After"), spec.backoff_s)
         except (OSError, http.client.HTTPException) as exc:
-            status = type(exc).__name__
+            status, wait = type(exc).__name__, spec.backoff_s
             conn.close()
             conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
         elapsed = 1000 * (time.perf_counter() - began)
@@ -72,8 +73,16 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
             if status == 200:
                 result.latencies_ms.append(elapsed)
         if status != 200:
-            time.sleep(spec.backoff_s)
+            time.sleep(wait)
     conn.close()
+
+
+def _retry_after(header: str | None, default: float) -> float:
+    """A polite client waits as long as ``Retry-After`` says (whole seconds)."""
+    try:
+        return float(header) if header else default
+    except ValueError:
+        return default
 
 
 def _process(spec: LoadSpec, threads: int, first_seed: int, start_at: float) -> LoadResult:

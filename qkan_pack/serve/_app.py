@@ -98,7 +98,7 @@ class ArtifactServer:
                          "load_to_ready_seconds": round(predictor.report.load_to_ready_seconds, 3),
                          "captured": [r.label for r in predictor.report.shapes],
                          "ready_at": time.time()}
-        self.http = HttpApi(self.core, options.limits, self.describe,
+        self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
                             self._description["accepted"])
 
     @property

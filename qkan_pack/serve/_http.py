@@ -101,11 +101,12 @@ class Admission:
 class HttpApi:
     """Dispatches one starlette request; owns no model state (``ModelCore`` does)."""
 
-    def __init__(self, core: ModelCore, limits: HttpLimits,
-                 describe: Callable[[], dict[str, Any]], accepted: list[str]) -> None:
+    def __init__(self, core: ModelCore, limits: HttpLimits, describe: Callable[[], dict[str, Any]],
+                 stats: Callable[[bool], dict[str, Any]], accepted: list[str]) -> None:
         self.core = core
         self.limits = limits
         self._describe = describe
+        self._stats = stats
         self._accepted = accepted
         self._admission = Admission(limits.max_ongoing, limits.max_queued)
 
@@ -142,10 +143,10 @@ class HttpApi:
         return json_response(200, self._describe())
 
     async def _get_stats(self, request: Request) -> Response:
-        return json_response(200, self.core.stats.view())
+        return json_response(200, self._stats(False))
 
     async def _reset_stats(self, request: Request) -> Response:
-        return json_response(200, self.core.stats.view(reset=True))
+        return json_response(200, self._stats(True))
 
     async def _predict(self, request: Request) -> Response:
         try:

@@ -48,8 +48,9 @@ class ModelCore:
         self.max_batch_size = 1 if exact else max_batch_size
         self.stats = ReplicaStats([label for sizes in self.plan.values() for _, label in sizes])
         self.fault: str | None = None
-        self._batched = serve.batch(max_batch_size=self.max_batch_size,
-                                    batch_wait_timeout_s=max_batch_wait_ms / 1000)(self._run_rows)
+        self._batched = None if exact else serve.batch(
+            max_batch_size=self.max_batch_size,
+            batch_wait_timeout_s=max_batch_wait_ms / 1000)(self._run_rows)
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""
@@ -83,7 +84,11 @@ class ModelCore:
         if way.squeezed:
             tensors = [t.unsqueeze(0) for t in tensors]
         self.stats.request("rows")
-        out = await self._batched(_Row(tensors, way.tail))
+        if self._batched is None:  # exact: the row replays alone (padded as pad_batch pads)
+            out = self.replay(tensors)
+            self.stats.replay(captured_batch(self.plan[way.tail], 1)[1], 1)
+        else:
+            out = await self._batched(_Row(tensors, way.tail))
         if isinstance(out, BaseException):
             raise out
         return map_leaves(lambda t: t[0], out) if way.squeezed else out
