@@ -7,8 +7,10 @@ binary. Ray 2.60 offers no setting for these:
 - HAProxy's own 502/503/504 (a replica died mid-request and the retries ran out, or no
   replica is up) are a plain-text ``500 Internal Server Error``: here a JSON 503 with
   ``Retry-After``, like the replica's own overload reply;
-- with no application routed (while the app deploys or drains) HAProxy answers a plain-text
-  404: here the same JSON 503 with ``Retry-After``;
+- with no replica up, HAProxy sends requests to Ray's Python proxy as a backup server, which
+  holds them or answers a plain-text 404 (while the app drains): here the backup line is
+  dropped, so HAProxy answers the JSON 503 with ``Retry-After`` at once; likewise its
+  no-route reply (while the app deploys or drains), a plain-text 404 in Ray's config;
 - no ``timeout http-request``: a client that trickles its headers holds a connection for an
   hour (``timeout client``); here it is cut after ``HEADER_TIMEOUT_S``.
 
@@ -44,7 +46,8 @@ def rewrite(config: str, error_dir: str) -> str:
 
 def _rewrite_sections(lines: list[str]) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
-    frontend, which binds where ``--host`` says); the no-route reply as JSON 503."""
+    frontend, which binds where ``--host`` says); no backup server; the no-route reply as JSON
+    503."""
     section = ""
     out = []
     for line in lines:
@@ -52,6 +55,8 @@ def _rewrite_sections(lines: list[str]) -> list[str]:
             section = line.strip()
         elif section in SIDE_SECTIONS:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
+        elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
+            continue
         elif section == "backend default_backend" and "http-request return status 404" in line:
             line = ("    http-request return status 503 content-type application/json "
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")

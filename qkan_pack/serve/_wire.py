@@ -86,7 +86,9 @@ def decode_body(body: bytes) -> Any:
 def _lenient(body: bytes, problem: str) -> Any:
     try:
         return json.loads(body, object_pairs_hook=_unique_keys)
-    except (ValueError, TypeError, RecursionError, MalformedRequestError):
+    except MalformedRequestError:
+        raise
+    except (ValueError, TypeError, RecursionError):
         raise MalformedRequestError(f"request body is not valid JSON ({problem}); send "
                                     '{"inputs": [[...]]}') from None
 

@@ -108,7 +108,9 @@ def test_haproxy_config_rewrite() -> None:
         "global", "    maxconn 4096", "defaults", "    mode http",
         "    errorfile 502 /tmp/h/500.http", "    errorfile 503 /tmp/h/500.http",
         "    errorfile 504 /tmp/h/500.http", "frontend prometheus", "    bind :9101",
-        "frontend http_frontend", "    bind *:8000", "backend default_backend",
+        "frontend http_frontend", "    bind *:8000", "backend app_1",
+        "    server r1 127.0.0.1:30000 check", "    server fallback 127.0.0.1:8500 check backup",
+        "backend default_backend",
         "    http-request return status 404 content-type text/plain lf-string \"Path\"",
         "listen stats", "  bind *:8404", "  stats enable"])
     out = rewrite(config, "/E")
@@ -116,6 +118,7 @@ def test_haproxy_config_rewrite() -> None:
     assert "    bind *:8000" in out  # the HTTP frontend binds where --host says
     assert "errorfile 502 /E/502.http" in out and "500.http" not in out
     assert "timeout http-request 10s" in out and "status 404" not in out
+    assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
     assert rewrite(out, "/E") == out
     head, body = error_response().split(b"\r\n\r\n")
     assert b"503" in head and b"Retry-After: 1" in head and _strict(body)["error"]
