@@ -469,49 +469,168 @@ def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path |
         click.echo(f"wrote {write_cold_plot(report, plot_path)}")
 
 
+def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
+    try:
+        counts = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("write client counts as 1,8,32", param_hint="--clients")
+    return counts
+
+
+@cli.command("bench-serve")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--clients", default="1,8,32,128,512", show_default=True, callback=_clients_option,
+              help="Concurrent clients per point, comma-separated.")
+@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Timed seconds per point.")
+@click.option("--warmup", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Untimed seconds of load before each point.")
+@click.option("--processes", type=click.IntRange(min=1),
+              help="Client processes (threads inside share the clients) [default: half the cores].")
+@click.option("--serve-args", default="", metavar="'ARGS'",
+              help="Options for `qkan-pack serve`, quoted: '--replicas 4 --gpus-per-replica 0.25'.")
+@click.option("--no-noop", is_flag=True, help="Skip the no-op deployment baseline.")
+@click.option("--kill-at", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Also SIGKILL one replica this long into a run at --kill-clients clients.")
+@click.option("--kill-clients", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Clients during the replica kill.")
+@click.option("--large-body-mb", type=click.FloatRange(min=0.001),
+              help="Also measure single-row latency while bodies of this size arrive.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
+              help="Port the server under test listens on (loopback).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the results as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the curve as a PNG here (needs matplotlib).")
+def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
+                processes: int | None, serve_args: str, no_noop: bool, kill_at: float | None,
+                kill_clients: int, large_body_mb: float | None, port: int,
+                json_path: Path | None, plot_path: Path | None) -> None:
+    """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
+    req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
+    import shlex
+
+    from .bench import (
+        ServeLoadSettings,
+        render_serve_load,
+        run_serve_load,
+        write_serve_json,
+        write_serve_plot,
+    )
+
+    extra = {"processes": processes} if processes else {}
+    settings = ServeLoadSettings(clients=clients, seconds=seconds, warmup=warmup,
+                                 serve_args=tuple(shlex.split(serve_args)), noop=not no_noop,
+                                 kill_at_s=kill_at, kill_clients=kill_clients,
+                                 large_body_mb=large_body_mb, port=port, **extra)
+    report = run_serve_load(directory, settings)
+    click.echo(render_serve_load(report))
+    if json_path is not None:
+        click.echo(f"wrote {write_serve_json(report, json_path)}")
+    if plot_path is not None:
+        click.echo(f"wrote {write_serve_plot(report, plot_path)}")
+
+
+TOKEN_ENV = "QKAN_PACK_SERVE_TOKEN"
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The bearer token from --auth-token-file (first line), else QKAN_PACK_SERVE_TOKEN."""
+    token = path.read_text().strip() if path is not None else os.environ.get(TOKEN_ENV, "").strip()
+    if path is not None and not token:
+        raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
+    if token and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise click.BadParameter("a token needs at least 16 characters and no whitespace",
+                                 param_hint="--auth-token-file" if path else TOKEN_ENV)
+    return token or None
+
+
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="HTTP bind address; loopback keeps the server private to this host "
+              "(0.0.0.0 exposes it: use a token).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="HTTP port. A taken port is an error: one server per port.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
               help="Replicas, each loading its own predictor.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0),
-              help="GPUs each replica reserves [default: 1 when the Ray cluster has GPUs, else 0].")
-@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP bind address.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+              help="GPUs each replica reserves; fractions share a GPU (0.25: four per GPU) "
+              "[default: up to 1 when the cluster has GPUs, else 0].")
+@click.option("--cpus-per-replica", type=click.FloatRange(min=0),
+              help="CPUs each replica reserves [default: what fits the cluster, at most 1].")
+@click.option("--ingress", type=click.Choice(["auto", "haproxy", "python"]), default="auto",
+              show_default=True, help="HTTP front: Ray Serve's HAProxy ingress (fast; auto "
+              "uses it when its binary is installed) or its Python proxy.")
 @click.option("--max-batch-size", type=click.IntRange(min=1),
               help="Rows gathered per replay [default: the largest captured batch].")
 @click.option("--max-batch-wait-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Longest wait for more rows once one arrived.")
+@click.option("--exact", is_flag=True,
+              help="Replay each row alone: bit-identical answers whatever else is in flight "
+              "(batching changes the last bits, about 1e-7 relative).")
+@click.option("--max-ongoing-requests", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests a replica works on at once.")
+@click.option("--max-queued-requests", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Requests a replica holds waiting; beyond, a JSON 503 with Retry-After at once.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001),
-              help="Larger request bodies get HTTP 413.")
+              help="Larger request bodies get HTTP 413 before they are read whole.")
+@click.option("--body-timeout-s", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="A request body not received within this time gets HTTP 408.")
+@click.option("--auth-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help=f"Require 'Authorization: Bearer <token>' on every route (token: the file's "
+              f"first line) [default: ${TOKEN_ENV}, else no token].")
+@click.option("--grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="On Ctrl-C or SIGTERM, how long in-flight requests may finish.")
+@click.option("--device", default="auto", show_default=True,
+              help="Replica device: auto (cuda where Ray gave the replica a GPU), cpu or cuda.")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: RAY_ADDRESS, else a "
-              "local Ray started here].")
-def serve(directory: Path, replicas: int, gpus_per_replica: float | None, host: str, port: int,
-          max_batch_size: int | None, max_batch_wait_ms: float, max_body_mb: float,
-          address: str | None) -> None:
-    """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C (pip install 'qkan-pack[serve]').
+              "local Ray started and stopped by this command].")
+@click.option("--verbose", is_flag=True, help="Show Ray's own log lines.")
+@click.option("--noop", is_flag=True, hidden=True,
+              help="Serve a fixed reply without the model (the load test's baseline).")
+def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica: float | None,
+          cpus_per_replica: float | None, ingress: str, max_batch_size: int | None,
+          max_batch_wait_ms: float, exact: bool, max_ongoing_requests: int,
+          max_queued_requests: int, max_body_mb: float, body_timeout_s: float,
+          auth_token_file: Path | None, grace_s: float, device: str, address: str | None,
+          verbose: bool, noop: bool) -> None:
+    """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
+    'qkan-pack[serve]').
 
-    Single rows from concurrent requests are batched into the captured shapes. GET / describes
-    the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays.
+    Single rows from concurrent requests are batched into the captured shapes. GET /
+    describes the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays,
+    POST /stats/reset zeroes the counters. Every reply is JSON.
     """
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
-    from .serve import serve_forever
+    from .serve import HttpLimits, Listen, ServeOptions, serve_forever
+
+    token = _read_token(auth_token_file)
+    limits = HttpLimits(max_body_bytes=int(max_body_mb * 2**20), body_timeout_s=body_timeout_s,
+                        max_ongoing=max_ongoing_requests, max_queued=max_queued_requests)
+    options = ServeOptions(replicas=replicas, max_batch_size=max_batch_size,
+                           max_batch_wait_ms=max_batch_wait_ms, exact=exact, device=device,
+                           grace_s=grace_s, limits=limits)
+    listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose)
 
     def ready(url: str, description: dict) -> None:
-        replica = description["replica"]
-        _say(f"serving {directory} ({description['digest']}) at {url} with {replicas} "
-                   f"replica(s) on {replica['device']}; accepted: {'; '.join(description['accepted'])}")
-        click.echo("Ctrl-C to stop")
+        what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
+        _say(f"serving {what} at {url} with {replicas} replica(s) on "
+                   f"{description['replica']['device']}" + ("; bearer token required" if token else ""))
+        if not noop:
+            _say(f"accepted: {'; '.join(description['accepted'])}")
+        click.echo("Ctrl-C or SIGTERM stops (drains for "
+                   f"{grace_s:g} s)", err=True)
 
-    try:
-        serve_forever(directory, host=host, port=port, address=address, replicas=replicas,
-                      gpus_per_replica=gpus_per_replica, max_batch_size=max_batch_size,
-                      max_batch_wait_ms=max_batch_wait_ms,
-                      max_body_bytes=int(max_body_mb * 2**20), on_ready=ready)
-    except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+    serve_forever(directory, options, listen, token=token, cpus_per_replica=cpus_per_replica,
+                  gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
+                  notice=lambda line: click.echo(line, err=True))
+    click.echo("stopped", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

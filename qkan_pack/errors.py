@@ -28,6 +28,8 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── LoadOptionError (ValueError)        a Predictor.load option out of its domain
     │                                       [.option, .value, .expected]
+    ├── ServeError (RuntimeError)           a server that cannot start or place its replicas
+    │                                       [.problem, .hint]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
         ├── MalformedRequestError           a serve request body that is not the format
@@ -60,6 +62,7 @@ __all__ = [
     "PredictorClosedError",
     "QkanPackError",
     "SelfTestError",
+    "ServeError",
     "ShapeSpecError",
     "WeightsMismatchError",
 ]
@@ -242,6 +245,16 @@ class LoadOptionError(QkanPackError, ValueError):
         self.value = value
         self.expected = expected
         super().__init__(f"option {option}={reprlib.repr(value)}: {expected}")
+
+
+class ServeError(QkanPackError, RuntimeError):
+    """``qkan-pack serve`` cannot start as asked: a taken port, replicas the cluster cannot
+    place, replicas that failed to load."""
+
+    def __init__(self, problem: str, *, hint: str = "") -> None:
+        self.problem = problem
+        self.hint = hint
+        super().__init__(problem + (f"; {hint}" if hint else ""))
 
 
 class InputError(QkanPackError, ValueError):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
+    import torch
+
     info: dict[str, Any] = {
         "hostname": platform.node(), "platform": platform.platform(terse=True),
         "python": platform.python_version(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),

@@ -66,3 +66,30 @@ def _latency_bars(axes: Any, report: BenchReport, names: list[str]) -> None:
             axes.hlines(shape.kernel_us, position - 0.45, position + 0.45, colors="black",
                         linestyles="dashed", linewidth=1,
                         label="GPU kernel time" if position == 0 else None)
+
+
+def write_serve_plot(report: Any, path: str | Path) -> Path:
+    """The serve load curve: req/s, p50/p99 and rows per replay against clients, the
+    artifact beside the no-op deployment."""
+    figure, axes = new_axes(13.0, 4.2)
+    figure.delaxes(axes)
+    panels = [figure.add_subplot(1, 3, i + 1) for i in range(3)]
+    for mode, points in report.curves.items():
+        clients = [p.clients for p in points]
+        style = "-o" if mode == "model" else "--s"
+        panels[0].plot(clients, [p.requests_per_s for p in points], style, label=mode)
+        panels[1].plot(clients, [p.p50_ms for p in points], style, label=f"{mode} p50")
+        panels[1].plot(clients, [p.p99_ms for p in points], style, alpha=0.5, label=f"{mode} p99")
+        if mode == "model":
+            panels[2].plot(clients, [p.rows_per_replay for p in points], style, label=mode)
+    for panel, ylabel in zip(panels, ("requests/s (200 only)", "latency ms", "rows per replay")):
+        panel.set_xscale("log", base=2)
+        panel.set_xlabel("concurrent clients")
+        panel.set_ylabel(ylabel)
+        panel.grid(alpha=0.3, which="both")
+        panel.legend(fontsize=8)
+    panels[1].set_yscale("log")
+    where = report.machine.get("gpu") or report.machine.get("cpu")
+    figure.suptitle(f"qkan-pack serve: {Path(report.artifact).name} on {where}, "
+                    f"{report.created[:10]}", fontsize=9)
+    return save_png(figure, path)

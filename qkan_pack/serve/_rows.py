@@ -1,0 +1,99 @@
+"""How a request is served, decided from the manifest alone (no torch, no Ray): which shapes
+are single *rows* that batch together, which pass through as captured, and what ``GET /``
+shows. The padding rule is the predictor's (``format.padding_table``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError
+from ..format import Manifest, Shape, Signature, format_shape, padding_table
+
+Tail = tuple[Shape, ...]
+
+
+def row_plan(manifest: Manifest) -> dict[Tail, list[tuple[int, str]]]:
+    """Row shape (non-batch dims per input) -> [(captured batch, shape label)] ascending
+    (the predictor's padding rule: ``format.padding_table``)."""
+    return {tail: [(batch, manifest.shapes[index].label) for batch, index in rows]
+            for tail, rows in padding_table(manifest).items()}
+
+
+def largest_batch(plan: Mapping[Tail, Sequence[tuple[int, str]]]) -> int:
+    """The largest captured batch any row can join (1 when no shape takes rows)."""
+    return max((b for sizes in plan.values() for b, _ in sizes), default=1)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one request is served: as a row (``tail`` set) or passed through unbatched."""
+
+    tail: Tail | None
+    squeezed: bool = False
+
+
+def route(shapes: Tail, plan: Mapping[Tail, Any], exact: Mapping[Tail, str]) -> Route | None:
+    """A single row (unbatched or a batch of one) is batched; a manifest shape passes
+    through; anything else has no route (None)."""
+    if shapes in plan:
+        return Route(shapes, squeezed=True)
+    if shapes and all(len(s) >= 1 and s[0] == 1 for s in shapes):
+        tail = tuple(tuple(s[1:]) for s in shapes)
+        if tail in plan:
+            return Route(tail)
+    if shapes in exact:
+        return Route(None)
+    return None
+
+
+def captured_batch(sizes: Sequence[tuple[int, str]], rows: int) -> tuple[int, str]:
+    """The smallest captured batch holding ``rows`` (the one ``pad_batch`` replays)."""
+    for batch, label in sizes:
+        if rows <= batch:
+            return batch, label
+    raise InputError(f"{rows} rows exceed the largest captured batch {sizes[-1][0]}")
+
+
+def describe_artifact(manifest: Manifest, digest: str,
+                      plan: Mapping[Tail, list[tuple[int, str]]]) -> dict[str, Any]:
+    """The artifact as ``GET /`` shows it (no file list, no weights)."""
+    return {
+        "digest": digest,
+        "format": f"{manifest.format_name} v{manifest.format_version}",
+        "model": {"source": manifest.model.source, "entry": manifest.model.entry,
+                  "config": dict(manifest.model.config), "parameters": manifest.model.parameters},
+        "inputs": [{"name": d.name, "dtype": d.dtype} for d in manifest.inputs],
+        "shapes": [{"inputs": {n: list(s) for n, s in e.inputs}, "outputs": e.outputs.label}
+                   for e in manifest.shapes],
+        "accepted": [signature_text(s) for s in manifest.signatures()],
+        "rows": [{"row": {n: list(t) for (n, _), t in zip(manifest.shapes[0].inputs, tail)},
+                  "captured_batches": [b for b, _ in sizes]} for tail, sizes in plan.items()],
+        "capture_policy": manifest.capture.policy,
+        "created": manifest.created,
+    }
+
+
+def signature_text(signature: Signature) -> str:
+    """One accepted signature for a JSON reply: ``x 1x2 float32`` (comma-joined per input)."""
+    return ", ".join(f"{n} {format_shape(s)} {d}" for n, (s, d) in signature.items())
+
+
+def row_forms(tail: Tail, names: Sequence[str]) -> str:
+    """How a single row may be sent: ``[2] or 1x2`` (per input when there are several)."""
+    def forms(t: Shape) -> str:
+        return f"[{', '.join(map(str, t))}] or {format_shape((1, *t))}"
+
+    if len(tail) == 1:
+        return forms(tail[0])
+    return ", ".join(f"{n} {forms(t)}" for n, t in zip(names, tail))
+
+
+def unrouted(shapes: Tail, plan: Mapping[Tail, Any], names: Sequence[str],
+             accepted: Sequence[Signature]) -> InputError:
+    """The 422 for a shape that is neither a row nor a captured shape."""
+    shown = ", ".join(format_shape(s) or "scalar" for s in shapes)
+    rows = "; ".join(row_forms(tail, names) for tail in plan)
+    hint = f", and single rows ({rows}), which are batched" if rows else ""
+    return InputError(f"input shape {shown} is not accepted{hint}", accepted=accepted)

@@ -1,0 +1,123 @@
+"""A ``qkan-pack serve`` process for the tests, started as a user starts it, with a tag in
+its environment so that every process it leaves behind can be found."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TAG_ENV = "QKAN_PACK_TEST_SERVE_TAG"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries ``tag`` (the server and all it started)."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and marker in (entry / "environ").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@dataclass
+class Server:
+    artifact: Path
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    token: str | None = None
+    port: int = field(default_factory=free_port)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def start(self, timeout_s: float = 240.0) -> Server:
+        env = {**os.environ, **self.env, TAG_ENV: self.tag}
+        command = [sys.executable, "-m", "qkan_pack", "serve", str(self.artifact),
+                   "--port", str(self.port), *self.args]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.stdout: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line:
+                self.stdout.append(line)
+            if line.startswith("serving "):
+                return self
+            if not line and self.process.poll() is not None:
+                break
+        self.kill()
+        raise AssertionError(f"serve did not start: {self.stdout} {self.process.stderr.read()}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, path: str = "/", body: bytes | None = None, *, method: str | None = None,
+                token: str | bool | None = True, timeout: float = 30
+                ) -> tuple[int, dict[str, str], bytes]:
+        headers = {"Content-Type": "application/json"}
+        use = self.token if token is True else token
+        if use:
+            headers["Authorization"] = f"Bearer {use}"
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                return reply.status, dict(reply.headers), reply.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    def json(self, path: str = "/", payload: Any = None, **kw: Any) -> tuple[int, Any]:
+        body = None if payload is None else json.dumps(payload).encode()
+        status, _, raw = self.request(path, body, **kw)
+        return status, strict_json(raw)
+
+    def replica_pids(self) -> list[int]:
+        found = []
+        for pid in tagged_pids(self.tag):
+            with contextlib.suppress(OSError):
+                if b"ServeReplica" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+        return found
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 90.0) -> tuple[int, str]:
+        self.process.send_signal(sig)
+        try:
+            _, err = self.process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return self.process.returncode, err
+
+    def kill(self) -> None:
+        for pid in tagged_pids(self.tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def strict_json(raw: bytes) -> Any:
+    """What a strict parser (JavaScript, Go, serde) accepts: no NaN/Infinity literals."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(raw, parse_constant=refuse)

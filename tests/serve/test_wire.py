@@ -1,0 +1,174 @@
+"""The serve layer without Ray running: the wire format (orjson, strict both ways), admission,
+the HAProxy config rewrite, the port check, placement arithmetic, ``exact`` determinism."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import numpy as np
+import pytest
+
+from qkan_pack.errors import InputError, MalformedRequestError, ServeError
+
+pytest.importorskip("orjson", reason="the serve extra is not installed")
+pytestmark = pytest.mark.serve
+
+
+def _strict(payload: bytes) -> object:
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    (b'{"inputs": [[NaN, 0.2]]}', "'x'"), (b'{"inputs": [[Infinity, 0.2]]}', "'x'"),
+    (b'{"inputs": [[-Infinity, 0.2]]}', "'x'"), (b'{"inputs": [[1e400, 0.2]]}', "'x'"),
+    (b'{"inputs": [[1e308, 0.2]]}', "'x'"), (b'{"inputs": {"y": [[0.1, NaN]]}}', "'y'"),
+])
+def test_non_finite_inputs_are_a_422_naming_the_input(body: bytes, where: str) -> None:
+    from qkan_pack.serve import fit, parse_request
+
+    given, _ = parse_request(body, ["y"] if b'"y"' in body else ["x"])
+    (name, value), = given.items()
+    with pytest.raises(InputError, match=f"input {where} holds NaN, Infinity or a number beyond"):
+        fit(value, name, "float32", ())
+
+
+def test_a_float64_value_that_fits_passes() -> None:
+    from qkan_pack.serve import fit, parse_request
+
+    given, _ = parse_request(b'{"inputs": [[3e38, -1e-30]]}', ["x"])
+    assert fit(given["x"], "x", "float32", ()).dtype.is_floating_point
+
+
+@pytest.mark.parametrize("body", [
+    b'{"inputs": [[0.1, 0.2]], "inputs": [[0.3, 0.4]]}',
+    b'{"inputs": {"x": [[0.1, 0.2]], "x": [[0.3, 0.4]]}}',
+    b'{"inputs": {"b64": "AAAAAAAAAAA=", "b64": "AAAAAAAAAAA=", "dtype": "float32", "shape": [1, 2]}}',
+    b'{"inputs": [[NaN, 0.2]], "inputs": [[0.3, 0.4]]}',
+])
+def test_duplicate_keys_are_refused(body: bytes) -> None:
+    from qkan_pack.serve import parse_request
+
+    with pytest.raises(MalformedRequestError, match="duplicate JSON key"):
+        parse_request(body, ["x"])
+
+
+def test_a_colon_inside_a_string_is_not_a_duplicate() -> None:
+    from qkan_pack.serve import parse_request
+
+    with pytest.raises(MalformedRequestError, match="encoding 'a:b'"):
+        parse_request(b'{"inputs": [[0.1, 0.2]], "encoding": "a:b"}', ["x"])
+
+
+def test_replies_are_strict_json_with_null_for_non_finite_outputs() -> None:
+    import torch
+
+    from qkan_pack.serve._wire import dumps, encode_outputs
+
+    out = (torch.tensor([[float("nan"), float("inf"), -float("inf"), 1.5]]),
+           {"b": torch.tensor([1.0], dtype=torch.bfloat16), "s": torch.tensor(2.5)})
+    payload = dumps({"outputs": encode_outputs(out, "list")})
+    assert _strict(payload) == {"outputs": [[[None, None, None, 1.5]], {"b": [1.0], "s": 2.5}]}
+
+
+def test_admission_bounds_work_and_queue() -> None:
+    from qkan_pack.serve._http import Admission, Overloaded
+
+    async def main() -> tuple[list[str], int]:
+        admission, release, outcomes = Admission(2, 1), asyncio.Event(), []
+
+        async def one() -> None:
+            try:
+                async with admission.slot():
+                    await release.wait()
+                outcomes.append("served")
+            except Overloaded:
+                outcomes.append("refused")
+
+        tasks = [asyncio.create_task(one()) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        refused_at_once = outcomes.count("refused")
+        release.set()
+        await asyncio.gather(*tasks)
+        return outcomes, refused_at_once
+
+    outcomes, refused_at_once = asyncio.run(main())
+    assert refused_at_once == 2  # 2 at work + 1 queued; 2 refused before anything finished
+    assert sorted(outcomes) == ["refused", "refused", "served", "served", "served"]
+
+
+def test_haproxy_config_rewrite() -> None:
+    from qkan_pack.serve._haproxy import error_response, rewrite
+
+    config = "\n".join([
+        "global", "    maxconn 4096", "defaults", "    mode http",
+        "    errorfile 502 /tmp/h/500.http", "    errorfile 503 /tmp/h/500.http",
+        "    errorfile 504 /tmp/h/500.http", "frontend prometheus", "    bind :9101",
+        "frontend http_frontend", "    bind *:8000", "backend app_1",
+        "    server r1 127.0.0.1:30000 check", "    server fallback 127.0.0.1:8500 check backup",
+        "backend default_backend",
+        "    http-request return status 404 content-type text/plain lf-string \"Path\"",
+        "listen stats", "  bind *:8404", "  stats enable"])
+    out = rewrite(config, "/E")
+    assert "    bind 127.0.0.1:9101" in out and "  bind 127.0.0.1:8404" in out
+    assert "    bind *:8000" in out  # the HTTP frontend binds where --host says
+    assert "errorfile 502 /E/502.http" in out and "500.http" not in out
+    assert "timeout http-request 10s" in out and "status 404" not in out
+    assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
+    assert rewrite(out, "/E") == out
+    head, body = error_response().split(b"\r\n\r\n")
+    assert b"503" in head and b"Retry-After: 1" in head and _strict(body)["error"]
+
+
+def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
+    from qkan_pack.serve._launch import check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # free again once closed
+
+
+def test_placement_is_checked_against_the_cluster() -> None:
+    from qkan_pack.serve import ServeOptions
+    from qkan_pack.serve._launch import fit_resources
+
+    with pytest.raises(ServeError, match=r"3 replicas x 1 CPU; this cluster has 2"):
+        fit_resources(ServeOptions(replicas=3), 1.0, None, {"CPU": 2.0})
+    fitted = fit_resources(ServeOptions(replicas=3), None, None, {"CPU": 2.0})
+    assert fitted.cpus_per_replica == pytest.approx(0.66) and fitted.gpus_per_replica == 0
+    fitted = fit_resources(ServeOptions(replicas=4), None, None, {"CPU": 16.0, "GPU": 1.0})
+    assert fitted.cpus_per_replica == 1 and fitted.gpus_per_replica == 0.25
+    with pytest.raises(ServeError, match=r"2 replicas x 1 GPU; this cluster has 1"):
+        fit_resources(ServeOptions(replicas=2), None, 1.0, {"CPU": 16.0, "GPU": 1.0})
+
+
+def test_exact_rows_are_bit_identical_and_batching_changes_only_last_bits(tmp_path) -> None:
+    """The documented determinism: with ``exact`` a row's answer is the single-row replay,
+    bit for bit; batched with others it differs by at most a few float32 ulps."""
+    import torch
+
+    from qkan_pack import Predictor, build
+    from qkan_pack.serve._model import ModelCore
+    from qkan_pack.serve._wire import given_from_python
+
+    from ..conftest import EXAMPLES
+
+    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=tmp_path / "a")
+    predictor = Predictor.load(tmp_path / "a", "cpu", pad_batch=True, progress=False)
+    core = ModelCore(predictor, max_batch_size=8, max_batch_wait_ms=0, exact=True)
+    rows = torch.rand(8, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    alone = torch.cat([predictor(rows[i:i + 1]) for i in range(8)])
+    exact = torch.cat([asyncio.run(core.infer({"x": given_from_python(rows[i:i + 1], "x")}))
+                       for i in range(8)])
+    assert torch.equal(exact, alone)
+    batched = predictor(rows)
+    assert np.abs((batched - alone).numpy()).max() <= 1e-6
