@@ -1,7 +1,8 @@
 """Every code block of README.md runs, in order, as a reader would run them.
 
 Fences say how: ``python`` and ``bash`` run here (CPU CI), ``python gpu`` and ``bash gpu``
-run on a GPU host (``pytest -m gpu``), ``python serve`` needs Ray Serve running (the serve
+run on a GPU host (``pytest -m gpu``), ``python sign`` and ``bash sign`` need the ``[sign]``
+extra (CI installs it; a GPU host without it skips them), ``python serve`` needs Ray Serve running (the serve
 tests cover it), ``console`` blocks are set-up commands or long-running servers that CI runs
 by other means (``make test`` is CI itself), and ``text`` is output, trees and diagrams.
 A fence with no tag fails: every block must say what it is.
@@ -13,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from .conftest import ROOT
 
 RUNS_HERE = {"python", "bash"}
 RUNS_ON_GPU = {"python gpu", "bash gpu"}
+NEEDS_SIGN = {"python sign", "bash sign"}
 NOT_RUN = {"console", "text", "python serve"}
 FENCE = re.compile(r"^(?P<indent> *)```(?P<tag>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```",
                    re.MULTILINE | re.DOTALL)
@@ -38,7 +41,7 @@ def blocks() -> list[tuple[str, str, int]]:
 
 def test_every_block_says_what_it_is() -> None:
     tags = [(tag, line) for tag, _, line in blocks()]
-    unknown = [(tag, line) for tag, line in tags if tag not in RUNS_HERE | RUNS_ON_GPU | NOT_RUN]
+    unknown = [(tag, line) for tag, line in tags if tag not in RUNS_HERE | RUNS_ON_GPU | NEEDS_SIGN | NOT_RUN]
     assert unknown == [], "untagged or unknown README fences (tag, line)"
     assert sum(tag in RUNS_HERE for tag, _ in tags) >= 5
 
@@ -72,13 +75,14 @@ def _environment() -> dict[str, str]:
 def test_cpu_blocks_run_in_order(tmp_path: Path) -> None:
     cwd = _workspace(tmp_path)
     for tag, body, line in blocks():
-        if tag in RUNS_HERE:
+        if tag in RUNS_HERE | NEEDS_SIGN:
             _run(tag, body, line, cwd)
 
 
 @pytest.mark.gpu
 def test_gpu_blocks_run_after_the_cpu_ones(tmp_path: Path) -> None:
     cwd = _workspace(tmp_path)
+    runs = RUNS_HERE | RUNS_ON_GPU | (NEEDS_SIGN if find_spec("model_signing") else set())
     for tag, body, line in blocks():
-        if tag in RUNS_HERE | RUNS_ON_GPU:
+        if tag in runs:
             _run(tag, body, line, cwd)

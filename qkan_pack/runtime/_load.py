@@ -10,7 +10,9 @@ Not owned here: how calls are served (``Predictor``), the capture recipe (``_cap
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -61,7 +63,35 @@ class Loaded:
 
 
 def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
-    """Verify, rebuild, self-test and capture the artifact at ``path`` on ``device``."""
+    """Verify, rebuild, self-test and capture the artifact at ``path`` on ``device``.
+
+    A failed load gives back everything it allocated, even while the caller keeps the error
+    (logs it, stores it, re-raises it later): see ``_release_frames``."""
+    already_handling = sys.exc_info()[1]
+    try:
+        return _load(path, device, options)
+    except BaseException as error:
+        _release_frames(error, already_handling)
+        raise
+
+
+def _release_frames(error: BaseException | None, stop: BaseException | None) -> None:
+    """Clear the locals of the frames a failed load left in ``error``'s tracebacks.
+
+    Those frames hold the model, its weights on the GPU, sample inputs and captured graphs
+    with their pools; an error kept by the caller would pin them all. Cleared frames keep
+    file and line (tracebacks print as before) and the error keeps its own fields; only
+    post-mortem inspection of locals is lost. The chain (``__cause__``: model code that
+    raised) is cleared up to the exception the caller was already handling, never into it.
+    """
+    seen: set[int] = set()
+    while error is not None and error is not stop and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # skips frames still executing
+        error = error.__cause__ or error.__context__
+
+
+def _load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
     started = time.perf_counter()
     target = resolve_device(device)
     verify_started = time.perf_counter()
