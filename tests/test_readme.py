@@ -2,7 +2,8 @@
 
 Fences say how: ``python`` and ``bash`` run here (CPU CI), ``python gpu`` and ``bash gpu``
 run on a GPU host (``pytest -m gpu``), ``python sign`` and ``bash sign`` need the ``[sign]``
-extra (CI installs it; a GPU host without it skips them), ``python serve`` needs Ray Serve running (the serve
+extra, ``bash ray`` the ``[serve]`` extra (CI installs both; a GPU host without them skips
+those blocks), ``python serve`` needs Ray Serve running (the serve
 tests cover it), ``console`` blocks are set-up commands or long-running servers that CI runs
 by other means (``make test`` is CI itself), and ``text`` is output, trees and diagrams.
 A fence with no tag fails: every block must say what it is.
@@ -23,7 +24,7 @@ from .conftest import ROOT
 
 RUNS_HERE = {"python", "bash"}
 RUNS_ON_GPU = {"python gpu", "bash gpu"}
-NEEDS_SIGN = {"python sign", "bash sign"}
+NEEDS_EXTRA = {"python sign": "model_signing", "bash sign": "model_signing", "bash ray": "ray"}
 NOT_RUN = {"console", "text", "python serve"}
 FENCE = re.compile(r"^(?P<indent> *)```(?P<tag>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```",
                    re.MULTILINE | re.DOTALL)
@@ -41,7 +42,8 @@ def blocks() -> list[tuple[str, str, int]]:
 
 def test_every_block_says_what_it_is() -> None:
     tags = [(tag, line) for tag, _, line in blocks()]
-    unknown = [(tag, line) for tag, line in tags if tag not in RUNS_HERE | RUNS_ON_GPU | NEEDS_SIGN | NOT_RUN]
+    known = RUNS_HERE | RUNS_ON_GPU | set(NEEDS_EXTRA) | NOT_RUN
+    unknown = [(tag, line) for tag, line in tags if tag not in known]
     assert unknown == [], "untagged or unknown README fences (tag, line)"
     assert sum(tag in RUNS_HERE for tag, _ in tags) >= 5
 
@@ -75,14 +77,14 @@ def _environment() -> dict[str, str]:
 def test_cpu_blocks_run_in_order(tmp_path: Path) -> None:
     cwd = _workspace(tmp_path)
     for tag, body, line in blocks():
-        if tag in RUNS_HERE | NEEDS_SIGN:
+        if tag in RUNS_HERE | set(NEEDS_EXTRA):
             _run(tag, body, line, cwd)
 
 
 @pytest.mark.gpu
 def test_gpu_blocks_run_after_the_cpu_ones(tmp_path: Path) -> None:
     cwd = _workspace(tmp_path)
-    runs = RUNS_HERE | RUNS_ON_GPU | (NEEDS_SIGN if find_spec("model_signing") else set())
+    runs = RUNS_HERE | RUNS_ON_GPU | {tag for tag, module in NEEDS_EXTRA.items() if find_spec(module)}
     for tag, body, line in blocks():
         if tag in runs:
             _run(tag, body, line, cwd)

@@ -119,14 +119,40 @@ def capture_graph(fn: Callable[..., list[torch.Tensor]], static_inputs: list[tor
                   streams: CaptureStreams, pool: Any) -> ShapeGraph:
     """Capture ``fn(*static_inputs)`` on the capture stream into ``pool`` (warm up first)."""
     graph = torch.cuda.CUDAGraph()
+    began = False
     try:
         with torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=streams.capture,
                                                capture_error_mode="thread_local"):
+            began = True
             static_outputs = fn(*static_inputs)
     except BaseException:
+        if began and pool is not None and not _capture_ended(graph):
+            release_abandoned_pool(streams.capture.device, pool)
         del graph  # the traceback would keep the half-built graph (and its pool) alive
         raise
     return ShapeGraph(graph, static_inputs, static_outputs)
+
+
+def _capture_ended(graph: torch.cuda.CUDAGraph) -> bool:
+    """Whether torch finished this capture (``pool()`` answers only then)."""
+    try:
+        graph.pool()
+    except RuntimeError:
+        return False
+    return True
+
+
+def release_abandoned_pool(device: torch.device, pool: Any) -> None:
+    """Give back the use of ``pool`` that a capture which began but never ended took.
+
+    torch releases a graph's use of its pool when the graph is destroyed, but only if
+    ``capture_end`` succeeded; a capture invalidated mid-way (a sync, an out-of-memory)
+    would otherwise keep the pool, and every block in it, reserved for the process's
+    life. Allocation routing to the pool is ended first, as ``torch.cuda.use_mem_pool`` does.
+    """
+    with contextlib.suppress(RuntimeError):  # routing already ended
+        torch._C._cuda_endAllocateToPool(device.index, pool)
+    torch._C._cuda_releasePool(device.index, pool)
 
 
 class GraphPool:
