@@ -20,12 +20,26 @@ def bind_forward(model: torch.nn.Module, names: Sequence[str], call: str) -> Cal
     manifest says (``call``: ``keyword`` or ``positional``)."""
     if call != "keyword":
         return model
-    keys = tuple(names)
+    return KeywordForward(model, names)
 
-    def forward(*tensors: Any) -> Any:
-        return model(**dict(zip(keys, tensors)))
 
-    return forward
+class KeywordForward:
+    """``model(**dict(zip(names, tensors)))``, as an object rather than a closure.
+
+    A frame keeps the function it runs alive, ``frame.clear()`` notwithstanding, and a
+    closure's cells with it: a closure over the model in a failed load's traceback would
+    pin the model, its GPU weights and graphs for as long as the caller keeps the error.
+    An object's frames hold it only through locals, which clearing drops.
+    """
+
+    __slots__ = ("keys", "model")
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
+        self.model = model
+        self.keys = tuple(names)
+
+    def __call__(self, *tensors: Any) -> Any:
+        return self.model(**dict(zip(self.keys, tensors)))
 
 
 @contextlib.contextmanager

@@ -81,14 +81,19 @@ def _release_frames(error: BaseException | None, stop: BaseException | None) -> 
     Those frames hold the model, its weights on the GPU, sample inputs and captured graphs
     with their pools; an error kept by the caller would pin them all. Cleared frames keep
     file and line (tracebacks print as before) and the error keeps its own fields; only
-    post-mortem inspection of locals is lost. The chain (``__cause__``: model code that
-    raised) is cleared up to the exception the caller was already handling, never into it.
+    post-mortem inspection of locals is lost. Every exception chained to it (``__cause__``
+    and ``__context__``: model code that raised, a capture that failed inside ``__exit__``)
+    is cleared, up to the exception the caller was already handling, never into it.
     """
     seen: set[int] = set()
-    while error is not None and error is not stop and id(error) not in seen:
+    pending = [error]
+    while pending:
+        error = pending.pop()
+        if error is None or error is stop or id(error) in seen:
+            continue
         seen.add(id(error))
         traceback.clear_frames(error.__traceback__)  # skips frames still executing
-        error = error.__cause__ or error.__context__
+        pending += [error.__cause__, error.__context__]  # both: a cause may hide a context
 
 
 def _load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
@@ -166,15 +171,13 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         samples, expected = reference_samples(artifact, target)
     shown = manifest.model.source
     with report.stage("first forward"):  # compiles kernels; outside the session lock
-        eager = [flatten(eager_forward(forward, inputs, shown=shown, label=label))
-                 for label, inputs in samples]
+        eager = _eager_outputs(forward, samples, shown)
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
             reference_errors = _check_references(forward, samples, eager, expected, target,
                                                  report)
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
-            eager = [flatten(eager_forward(forward, inputs, shown=shown, label=label))
-                     for label, inputs in samples]
+            eager = _eager_outputs(forward, samples, shown)
         runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
                                 report, options, _make_runner)  # today's runner unless asked
     for record, error in zip(runner.records, reference_errors):
@@ -182,6 +185,16 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     report.shapes = runner.records
     report.pool_bytes = sum(r.pool_bytes for r in runner.records)
     return model, runner, classes
+
+
+def _eager_outputs(forward: Any, samples: list[Sample], shown: str) -> list[list[torch.Tensor]]:
+    """Every sample's eager outputs, flat. A loop, not a comprehension: on Python 3.11 a
+    comprehension is a closure over ``forward``, which a failed load's traceback would keep
+    (``_calling.KeywordForward`` says why)."""
+    outputs = []
+    for label, inputs in samples:
+        outputs.append(flatten(eager_forward(forward, inputs, shown=shown, label=label)))
+    return outputs
 
 
 def _check_references(forward: Any, samples: list[Sample], eager: list[list[torch.Tensor]],

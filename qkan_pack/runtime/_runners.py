@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +24,15 @@ from ._submodules import SubmoduleGraphs, capture_submodules
 from ._tree import flatten
 
 Sample = tuple[str, list[torch.Tensor]]  # (shape label, reference inputs on the device)
+
+
+def flat_forward(forward: Callable[..., Any], *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """``forward``'s outputs as a flat list of tensors (what a graph captures).
+
+    Used through ``functools.partial``, not a lambda: a closure over the runner in a failed
+    capture's traceback would keep the model alive (``_calling.KeywordForward`` says why).
+    """
+    return flatten(forward(*inputs))
 
 
 def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.device | None,
@@ -132,7 +142,7 @@ class GraphRunner:
             record = self.records[index]
             started = time.perf_counter()
             try:
-                graph, grown = self.pool.capture(lambda *a: flatten(self.forward(*a)), sample)
+                graph, grown = self.pool.capture(partial(flat_forward, self.forward), sample)
             except CaptureError as exc:
                 if policy == "full":
                     raise CaptureError(exc.op, shape=label, hint=(
