@@ -88,3 +88,29 @@ def test_gpu_blocks_run_after_the_cpu_ones(tmp_path: Path) -> None:
     for tag, body, line in blocks():
         if tag in runs:
             _run(tag, body, line, cwd)
+
+
+def test_the_error_tree_names_every_error_and_its_parent() -> None:
+    """README's error tree is the documentation of errors.py: each class appears, under its
+    own parent (indentation says which)."""
+    import inspect
+
+    from qkan_pack import errors
+
+    text = (ROOT / "README.md").read_text()
+    tree = text[text.index("QkanPackError\n"):text.index("```", text.index("QkanPackError\n"))]
+    depth = {}
+    parents: list[str] = []
+    for line in tree.splitlines():
+        match = re.match(r"^([│├└─ ]*)(\w+Error)\b", line)
+        if match:
+            level = len(match.group(1)) // 4
+            parents = parents[:level] + [match.group(2)]
+            depth[match.group(2)] = parents[-2] if level else None
+    classes = {name: cls for name, cls in vars(errors).items()
+               if inspect.isclass(cls) and issubclass(cls, errors.QkanPackError)}
+    assert set(depth) == set(classes)
+    for name, cls in classes.items():
+        parent = next((b.__name__ for b in cls.__bases__ if issubclass(b, errors.QkanPackError)),
+                      None)
+        assert depth[name] == parent, name
