@@ -99,13 +99,13 @@ def test_the_error_tree_names_every_error_and_its_parent() -> None:
 
     text = (ROOT / "README.md").read_text()
     tree = text[text.index("QkanPackError\n"):text.index("```", text.index("QkanPackError\n"))]
-    depth = {}
+    depth: dict[str, str | None] = {}
     parents: list[str] = []
     for line in tree.splitlines():
         match = re.match(r"^([│├└─ ]*)(\w+Error)\b", line)
         if match:
             level = len(match.group(1)) // 4
-            parents = parents[:level] + [match.group(2)]
+            parents = [*parents[:level], match.group(2)]
             depth[match.group(2)] = parents[-2] if level else None
     classes = {name: cls for name, cls in vars(errors).items()
                if inspect.isclass(cls) and issubclass(cls, errors.QkanPackError)}
