@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from ..runtime import (
     capture_graph,
     capture_session,
     capture_streams,
-    flatten,
+    flat_forward,
     release_graph_memory,
     warm_up,
 )
@@ -28,7 +29,7 @@ def measure_pools(model: torch.nn.Module, inputs: Sequence[Sequence[torch.Tensor
     """
     order = sorted(range(len(inputs)), key=lambda i: -sum(t.numel() for t in inputs[i]))
     streams = capture_streams(device)
-    forward = lambda *a: flatten(model(*a))  # noqa: E731
+    forward = partial(flat_forward, model)
     with torch.cuda.device(device):
         statics = [[t.detach().clone() for t in sample] for sample in inputs]
         for static in statics:

@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ..runtime import (
     check_context,
     compare,
     describe,
+    flat_forward,
     flatten,
     warm_up,
 )
@@ -54,7 +56,7 @@ def bare_graph(model: torch.nn.Module, inputs: list[torch.Tensor], device: torch
                streams: Any) -> ShapeGraph:
     """The whole model captured at one shape, in a private pool, with the runtime's recipe."""
     static = [t.detach().clone() for t in inputs]
-    forward = lambda *a: flatten(model(*a))  # noqa: E731
+    forward = partial(flat_forward, model)
     warm_up(forward, static, streams, device)
     with capture_session():
         return capture_graph(forward, static, streams, pool=None)

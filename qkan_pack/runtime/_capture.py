@@ -23,6 +23,7 @@ import torch
 from ..errors import CaptureError
 from ._diagnose import explain_capture_failure
 from ._source import describe
+from ._tree import flatten
 
 #: Forwards on the warm-up stream before a capture (torch's recipe uses 3 as well): the
 #: first compiles kernels and allocates workspaces, later ones settle lazy initialisation.
@@ -113,6 +114,15 @@ def warm_up(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], streams: Cap
                 fn(*inputs)
         caller.wait_stream(streams.warmup)
     torch.cuda.synchronize(device)
+
+
+def flat_forward(forward: Callable[..., Any], *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """``forward``'s outputs as a flat list of tensors: what a graph captures and replays.
+
+    Bound with ``functools.partial``, not a lambda: a closure over the model in a failed
+    capture's traceback would keep the model alive (``_calling.KeywordForward`` says why).
+    """
+    return flatten(forward(*inputs))
 
 
 def capture_graph(fn: Callable[..., list[torch.Tensor]], static_inputs: list[torch.Tensor],

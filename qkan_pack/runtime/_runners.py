@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError, QkanPackError
-from ._capture import GraphPool, ShapeGraph, capture_session, release_graph_memory, stream_id
+from ._capture import (
+    GraphPool,
+    ShapeGraph,
+    capture_session,
+    flat_forward,
+    release_graph_memory,
+    stream_id,
+)
 from ._progress import progress_bar
 from ._report import ShapeRecord
 from ._source import model_code_failed
@@ -24,15 +31,6 @@ from ._submodules import SubmoduleGraphs, capture_submodules
 from ._tree import flatten
 
 Sample = tuple[str, list[torch.Tensor]]  # (shape label, reference inputs on the device)
-
-
-def flat_forward(forward: Callable[..., Any], *inputs: torch.Tensor) -> list[torch.Tensor]:
-    """``forward``'s outputs as a flat list of tensors (what a graph captures).
-
-    Used through ``functools.partial``, not a lambda: a closure over the runner in a failed
-    capture's traceback would keep the model alive (``_calling.KeywordForward`` says why).
-    """
-    return flatten(forward(*inputs))
 
 
 def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.device | None,

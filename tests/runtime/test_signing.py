@@ -119,15 +119,6 @@ def signed(golden: qkan_pack.BuildResult, keys: Path,
     return target
 
 
-@pytest.fixture
-def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "sentinel.log"
-    monkeypatch.setenv("QKAN_PACK_SENTINEL", str(path))
-    for name in [n for n in sys.modules if n.startswith("qkan_pack_model_")]:
-        monkeypatch.delitem(sys.modules, name)
-    return path
-
-
 def copy(signed: Path, tmp_path: Path) -> Path:
     target = tmp_path / "art"
     shutil.copytree(signed, target, symlinks=True)

@@ -20,7 +20,6 @@ import os
 import pickle
 import shutil
 import struct
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,16 +60,6 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> qkan_pack.BuildResult:
     finally:
         if saved is not None:
             os.environ["QKAN_PACK_SENTINEL"] = saved
-
-
-@pytest.fixture
-def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Arm the trace, and forget cached imports so a load would execute the source again."""
-    path = tmp_path / "sentinel.log"
-    monkeypatch.setenv("QKAN_PACK_SENTINEL", str(path))
-    for name in [n for n in sys.modules if n.startswith("qkan_pack_model_")]:
-        monkeypatch.delitem(sys.modules, name)
-    return path
 
 
 def copy_of(golden: qkan_pack.BuildResult, tmp_path: Path) -> Path:

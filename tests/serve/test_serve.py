@@ -189,12 +189,18 @@ def test_limits_and_routes_answer_json(server: Server) -> None:
     assert status == 405 and "GET" in reply["error"]
 
 
-def test_a_chunked_body_over_the_limit_is_cut_off(server: Server) -> None:
+def _raw_post(server: Server, header: str, value: str) -> http.client.HTTPConnection:
+    """A POST whose headers are sent and whose body the test writes by hand."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.putrequest("POST", "/")
     conn.putheader("Authorization", f"Bearer {TOKEN}")
-    conn.putheader("Transfer-Encoding", "chunked")
+    conn.putheader(header, value)
     conn.endheaders()
+    return conn
+
+
+def test_a_chunked_body_over_the_limit_is_cut_off(server: Server) -> None:
+    conn = _raw_post(server, "Transfer-Encoding", "chunked")
     chunk = b"[" + b"0.5," * 4096
     try:
         for _ in range(2 * BODY_LIMIT // len(chunk) + 2):
@@ -207,11 +213,7 @@ def test_a_chunked_body_over_the_limit_is_cut_off(server: Server) -> None:
 
 
 def test_a_slow_body_times_out(server: Server) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.putrequest("POST", "/")
-    conn.putheader("Authorization", f"Bearer {TOKEN}")
-    conn.putheader("Content-Length", "100")
-    conn.endheaders()
+    conn = _raw_post(server, "Content-Length", "100")
     conn.send(b'{"inputs": ')  # and nothing more
     started = time.monotonic()
     reply = conn.getresponse()
