@@ -106,11 +106,15 @@ class ArtifactServer:
         return self.core.predictor
 
     async def predict(self, *inputs: Any, **named: Any) -> Any:
-        """Outputs for one request (batched when it is a single row); numpy in, numpy out."""
+        """Outputs for one request (batched when it is a single row): numpy in, numpy out;
+        tensors in, tensors out. bfloat16 outputs are tensors either way (numpy has none)."""
         given = self.core.given(inputs, named)
-        as_numpy = not any(is_tensor(g.array) for g in given.values())
         outputs = await self.core.infer(given)
-        return map_leaves(lambda t: t.numpy(), outputs) if as_numpy else outputs
+        if not any(is_tensor(g.array) for g in given.values()):
+            return outputs
+        import torch
+
+        return map_leaves(lambda a: a if is_tensor(a) else torch.from_numpy(a), outputs)
 
     def describe(self) -> dict[str, Any]:
         """The artifact and this replica, as ``GET /`` returns them (no process ids)."""

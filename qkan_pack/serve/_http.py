@@ -109,6 +109,11 @@ class HttpApi:
         self._stats = stats
         self._accepted = accepted
         self._admission = Admission(limits.max_ongoing, limits.max_queued)
+        self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
+            ("", "POST"): self._predict, ("", "GET"): self._get_description,
+            ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
+            ("/stats/reset", "POST"): self._reset_stats,
+        }
 
     async def handle(self, request: Request) -> Response:
         if not self._authorized(request):
@@ -117,11 +122,7 @@ class HttpApi:
                                        "'Authorization: Bearer <token>'"},
                                  {"WWW-Authenticate": 'Bearer realm="qkan-pack"'})
         path = request.url.path.removeprefix(request.scope.get("root_path", "")).rstrip("/")
-        routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
-            ("", "POST"): self._predict, ("", "GET"): self._get_description,
-            ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
-            ("/stats/reset", "POST"): self._reset_stats,
-        }
+        routes = self._routes
         handler = routes.get((path, request.method))
         if handler is not None:
             return await handler(request)

@@ -5,18 +5,19 @@ alone), counters. No HTTP here: the handle and the HTTP API both call ``infer``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import InputError
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
-from ._wire import Given, fit, given_from_python, torch_module
+from ._wire import Given, fit, given_from_python, host_outputs, to_tensor
 
 if TYPE_CHECKING:
-    import torch
-
     from ..runtime import Predictor
 
 #: Multi-row requests at least this large replay in a worker thread, so that a big replay
@@ -26,7 +27,7 @@ THREAD_ROWS = 64
 
 @dataclass
 class _Row:
-    tensors: list[torch.Tensor]
+    arrays: list[np.ndarray]
     tail: Tail
 
 
@@ -50,7 +51,7 @@ class ModelCore:
         self.fault: str | None = None
         self._batched = None if exact else serve.batch(
             max_batch_size=self.max_batch_size,
-            batch_wait_timeout_s=max_batch_wait_ms / 1000)(self._run_rows)
+            batch_wait_timeout_s=max_batch_wait_ms / 1000)(_fixed_signature(self._run_rows))
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""
@@ -65,11 +66,12 @@ class ModelCore:
         return given
 
     async def infer(self, given: Mapping[str, Given]) -> Any:
-        """Outputs (torch, CPU) for one request: a single row joins a batch (alone when
-        ``exact``), a captured shape passes through; anything else is an ``InputError``."""
+        """Outputs (``host_outputs``: numpy arrays) for one request: a single row joins a
+        batch (alone when ``exact``), a captured shape passes through; anything else is an
+        ``InputError``."""
         try:
-            tensors = self._fit(given)
-            shapes = tuple(tuple(t.shape) for t in tensors)
+            arrays = self._fit(given)
+            shapes = tuple(a.shape for a in arrays)
             way = route(shapes, self.plan, self._exact_shapes)
             if way is None:
                 raise unrouted(shapes, self.plan, self.names, self.accepted)
@@ -79,21 +81,21 @@ class ModelCore:
         if way.tail is None:
             self.stats.request("direct", self._exact_shapes[shapes])
             if shapes[0] and shapes[0][0] >= THREAD_ROWS:
-                return await asyncio.to_thread(self.replay, tensors)
-            return self.replay(tensors)
+                return await asyncio.to_thread(self.replay, arrays)
+            return self.replay(arrays)
         if way.squeezed:
-            tensors = [t.unsqueeze(0) for t in tensors]
+            arrays = [a[None] for a in arrays]
         self.stats.request("rows")
         if self._batched is None:  # exact: the row replays alone (padded as pad_batch pads)
-            out = self.replay(tensors)
+            out = self.replay(arrays)
             self.stats.replay(captured_batch(self.plan[way.tail], 1)[1], 1)
         else:
-            out = await self._batched(_Row(tensors, way.tail))
+            out = await self._batched(_Row(arrays, way.tail))
         if isinstance(out, BaseException):
             raise out
         return map_leaves(lambda t: t[0], out) if way.squeezed else out
 
-    def _fit(self, given: Mapping[str, Given]) -> list[torch.Tensor]:
+    def _fit(self, given: Mapping[str, Given]) -> list[np.ndarray]:
         unknown = sorted(set(given) - set(self.names))
         missing = [n for n in self.names if n not in given]
         if unknown or missing:
@@ -117,9 +119,8 @@ class ModelCore:
 
     def _replay_chunk(self, rows: Sequence[_Row], sizes: Sequence[tuple[int, str]],
                       slots: Sequence[int], results: list[Any]) -> None:
-        cat = torch_module().cat
-        stacked = [cat(parts) if len(parts) > 1 else parts[0]
-                   for parts in zip(*(row.tensors for row in rows))]
+        stacked = [np.concatenate(parts) if len(parts) > 1 else parts[0]
+                   for parts in zip(*(row.arrays for row in rows))]
         try:
             out = self.replay(stacked)
         except Exception as exc:
@@ -130,10 +131,11 @@ class ModelCore:
         for j, i in enumerate(slots):
             results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
 
-    def replay(self, tensors: Sequence[torch.Tensor]) -> Any:
-        """One predictor call; a device error marks the replica unhealthy (Ray replaces it)."""
+    def replay(self, arrays: Sequence[np.ndarray]) -> Any:
+        """One predictor call on ``fit`` arrays, outputs as ``host_outputs``; a device error
+        marks the replica unhealthy (Ray replaces it)."""
         try:
-            return self.predictor(*tensors)
+            return host_outputs(self.predictor(*map(to_tensor, arrays, self._dtypes)))
         except InputError:
             raise
         except Exception as exc:
@@ -147,7 +149,21 @@ class ModelCore:
         if self.fault is not None:
             raise RuntimeError(f"replica is unhealthy after a device error: {self.fault}")
         if self.predictor.device.type == "cuda":
-            torch_module().cuda.synchronize(self.predictor.device)
+            import torch
+
+            torch.cuda.synchronize(self.predictor.device)
+
+
+def _fixed_signature(run_rows: Any) -> Any:
+    """``run_rows`` as a plain function carrying its ``__signature__``: ``@serve.batch`` checks
+    every request's arguments against the batch body's signature, and ``inspect.signature``
+    of a bound method is recomputed each time (tens of µs per request on the replica's one
+    event loop); a precomputed ``__signature__`` is read instead."""
+    async def batch_body(rows: list[_Row]) -> list[Any]:
+        return await run_rows(rows)
+
+    batch_body.__signature__ = inspect.signature(batch_body)  # type: ignore[attr-defined]
+    return batch_body
 
 
 def map_leaves(fn: Any, tree: Any) -> Any:

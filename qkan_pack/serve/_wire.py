@@ -171,24 +171,35 @@ def is_tensor(value: Any) -> bool:
 
 
 def encode_outputs(tree: Any, encoding: str) -> Any:
-    """Outputs (tensors in tuples/lists/dicts) as orjson-ready numpy arrays or base64 objects
-    (tuples are JSON arrays); ``dumps`` writes them."""
+    """Outputs (host arrays or tensors in tuples/lists/dicts) as orjson-ready numpy arrays or
+    base64 objects (tuples are JSON arrays); ``dumps`` writes them."""
     from ..runtime import map_leaves
 
-    return map_leaves(lambda t: _encode_tensor(t, encoding), tree)
+    return map_leaves(lambda t: _encode_leaf(t, encoding), tree)
 
 
-def _encode_tensor(tensor: torch.Tensor, encoding: str) -> Any:
-    from ..runtime import dtype_name
+def _encode_leaf(leaf: np.ndarray | torch.Tensor, encoding: str) -> Any:
+    """One output: a numpy array (``host_outputs``) or a tensor (bfloat16, which numpy lacks)."""
+    if is_tensor(leaf):
+        from ..runtime import dtype_name
 
-    dtype = dtype_name(tensor.dtype)
-    tensor = tensor.detach().cpu()
+        dtype = dtype_name(leaf.dtype)
+        tensor = leaf.detach().cpu()
+        if encoding == "list":
+            return _list_ready((tensor.float() if dtype == "bfloat16" else tensor).numpy())
+        return _b64_object(_wire_array(tensor, dtype), dtype, list(tensor.shape))
     if encoding == "list":
-        array = (tensor.float() if dtype == "bfloat16" else tensor).numpy()
-        return array.tolist() if array.ndim == 0 else np.ascontiguousarray(array)
-    data = _wire_array(tensor, dtype)
-    return {"b64": base64.b64encode(data.tobytes()).decode(), "dtype": dtype,
-            "shape": list(tensor.shape)}
+        return _list_ready(leaf)
+    return _b64_object(leaf.astype(DTYPES[leaf.dtype.name].wire, copy=False), leaf.dtype.name,
+                       list(leaf.shape))
+
+
+def _list_ready(array: np.ndarray) -> Any:
+    return array.tolist() if array.ndim == 0 else np.ascontiguousarray(array)
+
+
+def _b64_object(data: np.ndarray, dtype: str, shape: list[int]) -> dict[str, Any]:
+    return {"b64": base64.b64encode(data.tobytes()).decode(), "dtype": dtype, "shape": shape}
 
 
 def dumps(payload: Any) -> bytes:
@@ -209,39 +220,81 @@ def torch_module() -> Any:
     return torch
 
 
-def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> torch.Tensor:
-    """Convert one input to the artifact's dtype; a wrong dtype is an ``InputError``."""
-    torch = torch_module()
-    if is_tensor(given.array):
+def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np.ndarray:
+    """One input in the artifact's dtype, as a fresh host array in native byte order
+    (bfloat16 as its raw 16 bits): requests stay numpy until a batch of them becomes one
+    tensor (``to_tensor``), so no per-request torch call is paid. A wrong dtype, or a float
+    input that is not finite in its dtype, is an ``InputError``."""
+    array = given.array
+    if is_tensor(array):
         if given.dtype != want:
             raise InputError(f"input {name!r} has dtype {given.dtype}", accepted=accepted)
-        return check_finite(given.array.detach().cpu(), name, want, accepted)
-    array = given.array
-    if given.dtype is not None and given.dtype != want:
+        array = _tensor_bits(array)
+    elif given.dtype is not None and given.dtype != want:
         raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
                          accepted=accepted)
-    if given.dtype is None:
+    elif given.dtype is None:
         array = _fit_numbers(array, name, want, accepted)
-    if want == "bfloat16":
-        bits = np.ascontiguousarray(array, dtype=np.uint16).view(np.int16)
-        tensor = torch.from_numpy(bits.copy()).view(torch.bfloat16)
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):
-            tensor = torch.from_numpy(np.array(array, dtype=np.dtype(DTYPES[want].wire).newbyteorder("=")))
-    return check_finite(tensor, name, want, accepted)
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = np.array(array, dtype=_host_dtype(want))
+    return check_finite(array, name, want, accepted)
 
 
-def check_finite(tensor: torch.Tensor, name: str, want: str,
-                 accepted: Sequence[Signature]) -> torch.Tensor:
+def _host_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype a host array of manifest dtype ``dtype`` has (bfloat16: uint16 bits)."""
+    return np.dtype(np.uint16 if dtype == "bfloat16" else DTYPES[dtype].wire).newbyteorder("=")
+
+
+def _tensor_bits(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array (bfloat16 as its raw 16 bits)."""
+    torch = torch_module()
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
+
+
+def to_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """A ``fit`` array (or a concatenation of them) as a tensor of manifest dtype ``dtype``,
+    sharing its memory."""
+    torch = torch_module()
+    if dtype == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def host_outputs(tree: Any) -> Any:
+    """Replayed outputs as numpy arrays, converted once per replay so that every row of a
+    batch is a cheap numpy slice; bfloat16 leaves stay tensors (numpy has no bfloat16)."""
+    from ..runtime import map_leaves
+
+    torch = torch_module()
+    return map_leaves(lambda t: t if t.dtype == torch.bfloat16 else t.detach().cpu().numpy(), tree)
+
+
+_BF16_EXPONENT = np.uint16(0x7F80)
+
+
+def check_finite(array: np.ndarray, name: str, want: str,
+                 accepted: Sequence[Signature]) -> np.ndarray:
     """Every value of a float input must be finite in its dtype: NaN, infinities and numbers
     that overflow it (``1e308`` as float32) are a 422 naming the input, never a silent NaN."""
-    torch = torch_module()
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        largest = float(torch.finfo(tensor.dtype).max)
+    if not DTYPES[want].is_float or array.size == 0:
+        return array
+    if want == "bfloat16":
+        finite = not bool(((array & _BF16_EXPONENT) == _BF16_EXPONENT).any())
+    else:
+        finite = bool(np.isfinite(array).all())
+    if not finite:
         raise InputError(f"input {name!r} holds NaN, Infinity or a number beyond the {want} "
-                         f"range (|x| <= {largest:.4g}); send finite {want} values",
+                         f"range (|x| <= {_largest(want):.4g}); send finite {want} values",
                          accepted=accepted)
-    return tensor
+    return array
+
+
+def _largest(dtype: str) -> float:
+    torch = torch_module()
+    return float(torch.finfo(getattr(torch, dtype)).max)
 
 
 def _fit_numbers(array: np.ndarray, name: str, want: str,

@@ -41,7 +41,39 @@ def test_a_float64_value_that_fits_passes() -> None:
     from qkan_pack.serve import fit, parse_request
 
     given, _ = parse_request(b'{"inputs": [[3e38, -1e-30]]}', ["x"])
-    assert fit(given["x"], "x", "float32", ()).dtype.is_floating_point
+    fitted = fit(given["x"], "x", "float32", ())
+    assert fitted.dtype == np.float32
+    assert fitted.tolist() == np.array([[3e38, -1e-30]], np.float32).tolist()
+
+
+@pytest.mark.parametrize(("sent", "bits"), [
+    ("float32", [0x7F80]), ("float32", [0xFFC1]), ("bfloat16", [0x7F80]), ("bfloat16", [0xFF81]),
+])
+def test_non_finite_bfloat16_is_refused_whether_sent_as_numbers_or_bits(sent: str, bits: list[int]) -> None:
+    """bfloat16 inputs are checked on their raw bits (numpy has no bfloat16): an all-ones
+    exponent is an infinity or a NaN, and 3.4e38 sent as JSON numbers overflows bfloat16."""
+    import base64
+
+    from qkan_pack.serve import fit, parse_request
+
+    if sent == "float32":
+        body = b'{"inputs": [[3.4e38, 0.5]]}' if bits == [0x7F80] else b'{"inputs": [[NaN, 0.5]]}'
+    else:
+        raw = base64.b64encode(np.array([*bits, 0x3F00], "<u2").tobytes())
+        body = b'{"inputs": {"b64": "%s", "dtype": "bfloat16", "shape": [1, 2]}}' % raw
+    given, _ = parse_request(body, ["x"])
+    with pytest.raises(InputError, match="input 'x' holds NaN, Infinity or a number beyond the bfloat16"):
+        fit(given["x"], "x", "bfloat16", ())
+
+
+def test_finite_bfloat16_bits_pass_unchanged() -> None:
+    import torch
+
+    from qkan_pack.serve._wire import fit, given_from_python, to_tensor
+
+    values = torch.tensor([[1.5, -2.0, 3.0e38]], dtype=torch.bfloat16)
+    fitted = fit(given_from_python(values, "x"), "x", "bfloat16", ())
+    assert torch.equal(to_tensor(fitted, "bfloat16"), values)
 
 
 @pytest.mark.parametrize("body", [
@@ -167,8 +199,32 @@ def test_exact_rows_are_bit_identical_and_batching_changes_only_last_bits(tmp_pa
     core = ModelCore(predictor, max_batch_size=8, max_batch_wait_ms=0, exact=True)
     rows = torch.rand(8, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
     alone = torch.cat([predictor(rows[i:i + 1]) for i in range(8)])
-    exact = torch.cat([asyncio.run(core.infer({"x": given_from_python(rows[i:i + 1], "x")}))
-                       for i in range(8)])
+    exact = torch.cat([torch.from_numpy(asyncio.run(core.infer({"x": given_from_python(
+        rows[i:i + 1], "x")}))) for i in range(8)])
     assert torch.equal(exact, alone)
     batched = predictor(rows)
     assert np.abs((batched - alone).numpy()).max() <= 1e-6
+
+
+def test_the_handle_answers_numpy_for_numpy_and_tensors_for_tensors(tmp_path) -> None:
+    """Requests stay numpy until the replay; the handle still gives back what it was given,
+    with the predictor's values."""
+    import torch
+
+    from qkan_pack import Predictor, build
+    from qkan_pack.serve._app import ArtifactServer, ServeOptions
+
+    from ..conftest import EXAMPLES
+
+    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=tmp_path / "a")
+    server = ArtifactServer(str(tmp_path / "a"), options=ServeOptions(device="cpu", exact=True))
+    rows = torch.rand(8, 2, generator=torch.Generator().manual_seed(3))
+    want = server.predictor(rows)
+    as_numpy = asyncio.run(server.predict(rows.numpy()))
+    as_tensor = asyncio.run(server.predict(rows))
+    one_row = asyncio.run(server.predict(rows[0].tolist()))
+    assert isinstance(as_numpy, np.ndarray) and np.array_equal(as_numpy, want.numpy())
+    assert isinstance(as_tensor, torch.Tensor) and torch.equal(as_tensor, want)
+    assert isinstance(one_row, np.ndarray) and one_row.shape == (2,)
+    assert np.array_equal(one_row, Predictor.load(tmp_path / "a", "cpu", pad_batch=True,
+                                                  progress=False)(rows[:1])[0].numpy())
