@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._http import HttpApi, HttpLimits, json_response
@@ -64,9 +64,8 @@ class ServeOptions:
             ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
             ("max_batch_wait_ms >= 0", self.max_batch_wait_ms >= 0), ("grace_s >= 0", self.grace_s >= 0),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
-            ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),
-            ("max_queued_requests >= 0", self.limits.max_queued is None or self.limits.max_queued >= 0),
-        ) if not ok]
+            ("max_ongoing_requests >= 1", self.limits.max_ongoing >= 1),
+            ("max_queued_requests >= 0", self.limits.max_queued >= 0)) if not ok]
         if problems:
             raise ValueError(f"serve options out of range: need {', '.join(problems)}")
 
@@ -86,7 +85,6 @@ class ArtifactServer:
         predictor = Predictor.load(path, options.device, expected_digest=digest, pad_batch=True,
                                    progress=False, **dict(predictor_options or {}))
         plan = row_plan(predictor.manifest)
-        options = replace(options, limits=admission_limits(options.limits, plan))
         self.core = ModelCore(predictor, max_batch_size=options.max_batch_size or largest_batch(plan),
                               max_batch_wait_ms=options.max_batch_wait_ms, exact=options.exact)
         self._description = describe_artifact(predictor.manifest, predictor.digest, plan)
@@ -162,22 +160,6 @@ def _replica_id() -> str:
         return "local"
 
 
-#: The fewest requests a replica admits by default (at work, and again waiting).
-MIN_ADMITTED = 16
-
-
-def admission_limits(limits: HttpLimits, plan: Mapping[Any, Any]) -> HttpLimits:
-    """Unset admission bounds follow the artifact: the largest captured batch (at least
-    ``MIN_ADMITTED``) at work and as many waiting. A replica replays one batch at a time, so
-    more at work only waits; a queue of one more batch keeps the next replay full while an
-    accepted request waits at most about two replays' worth of requests. Measured on the H200
-    (``benchmarks/results``): 64 + 64 let p99 at 4x the saturating load grow 4x; past the
-    bound a request gets a JSON 503 and Retry-After at once instead of a long wait."""
-    admitted = max(largest_batch(plan), MIN_ADMITTED)
-    return replace(limits, max_ongoing=limits.max_ongoing or admitted,
-                   max_queued=admitted if limits.max_queued is None else limits.max_queued)
-
-
 def ray_ongoing_limit(limits: HttpLimits) -> int:
     """Ray's own per-replica limit, set far above ours so that our admission (JSON 503 with
     Retry-After) always answers before Ray's plain-text backpressure could."""
@@ -199,7 +181,6 @@ def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None,
 
     options = options or ServeOptions()
     artifact = read_artifact(path)
-    options = replace(options, limits=admission_limits(options.limits, row_plan(artifact.manifest)))
     deployment = serve.deployment(
         NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica,

@@ -45,9 +45,8 @@ class HttpLimits:
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = 30.0
-    #: None: follow the artifact (``_app.admission_limits``).
-    max_ongoing: int | None = None
-    max_queued: int | None = None
+    max_ongoing: int = 64
+    max_queued: int = 64
     retry_after_s: int = 1
     token_sha256: str | None = None
 
@@ -109,8 +108,6 @@ class HttpApi:
         self._describe = describe
         self._stats = stats
         self._accepted = accepted
-        if limits.max_ongoing is None or limits.max_queued is None:
-            raise ValueError("admission bounds unset: resolve them with _app.admission_limits")
         self._admission = Admission(limits.max_ongoing, limits.max_queued)
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("", "POST"): self._predict, ("", "GET"): self._get_description,

@@ -228,24 +228,3 @@ def test_the_handle_answers_numpy_for_numpy_and_tensors_for_tensors(tmp_path) ->
     assert isinstance(one_row, np.ndarray) and one_row.shape == (2,)
     assert np.array_equal(one_row, Predictor.load(tmp_path / "a", "cpu", pad_batch=True,
                                                   progress=False)(rows[:1])[0].numpy())
-
-
-@pytest.mark.parametrize(("shapes", "given", "want"), [
-    ("1x2,8x2,32x2", {}, (32, 32)), ("1x2,64x2", {}, (64, 64)), ("1x2", {}, (16, 16)),
-    ("1x2,8x2,32x2", {"max_ongoing": 5, "max_queued": 0}, (5, 0)),
-])
-def test_admission_bounds_follow_the_artifact_unless_given(tmp_path, shapes: str, given: dict,
-                                                           want: tuple[int, int]) -> None:
-    """Unset bounds are the largest captured batch (at least 16) at work and as many waiting:
-    at 4x the saturating load an accepted request waits about two replays, not 128 requests."""
-    from qkan_pack import build
-    from qkan_pack.serve._app import ArtifactServer, ServeOptions
-    from qkan_pack.serve._http import HttpLimits
-
-    from ..conftest import EXAMPLES
-
-    build(EXAMPLES / "qkan_mlp.py", shapes, output=tmp_path / "a")
-    server = ArtifactServer(str(tmp_path / "a"), options=ServeOptions(
-        device="cpu", exact=True, limits=HttpLimits(**given)))
-    serving = server.describe()["serving"]
-    assert (serving["max_ongoing"], serving["max_queued"]) == want
