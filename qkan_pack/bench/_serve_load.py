@@ -10,14 +10,16 @@ single-row latency while large bodies arrive (``large_body_mb``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,7 +100,11 @@ class ServerProcess:
                         *args]
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, start_new_session=True)
-        self.ready_line = self._wait_ready(timeout_s)
+        try:
+            self.ready_line = self._wait_ready(timeout_s)
+        except BaseException:  # SIGTERM (SystemExit) or Ctrl-C while it starts: stop it too
+            self.stop()
+            raise
 
     def _wait_ready(self, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -177,18 +183,44 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
         schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
     modes = [("model", ())] + ([("noop", ("--noop",))] if settings.noop else [])
-    for mode, extra in modes:
-        server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
-                               settings.start_timeout_s)
-        try:
-            report.server[mode] = {"ready": server.ready_line, "command": server.command}
-            report.curves[mode] = [measure_point(server, width, n, settings, mode == "model")
-                                   for n in settings.clients]
-            if mode == "model":
-                _optional_runs(server, width, settings, report)
-        finally:
-            report.server[mode]["exit_code"] = server.stop()
+    with sigterm_as_exit():
+        for mode, extra in modes:
+            _measure_mode(artifact, mode, extra, width, settings, report)
     return report
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM (``timeout``, a supervisor, ``kill``) raises ``SystemExit`` here instead of
+    ending the process at once, so that the ``finally`` stopping the server runs: the server
+    lives in its own session, and would otherwise keep its port, its replicas and its Ray."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _measure_mode(artifact: str, mode: str, extra: Sequence[str], width: int,
+                  settings: ServeLoadSettings, report: ServeLoadReport) -> None:
+    """One server (the artifact, or the no-op): every client count, then the optional runs."""
+    server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
+                           settings.start_timeout_s)
+    report.server[mode] = {"ready": server.ready_line, "command": server.command}
+    try:
+        report.curves[mode] = [measure_point(server, width, n, settings, mode == "model")
+                               for n in settings.clients]
+        if mode == "model":
+            _optional_runs(server, width, settings, report)
+    finally:
+        report.server[mode]["exit_code"] = server.stop()
 
 
 def _optional_runs(server: ServerProcess, width: int, settings: ServeLoadSettings,

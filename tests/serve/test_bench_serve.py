@@ -1,0 +1,61 @@
+"""``qkan-pack bench-serve`` stopped from outside leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ..conftest import EXAMPLES
+from ._server import TAG_ENV, free_port, tagged_pids
+
+pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from qkan_pack import build
+
+    out = tmp_path_factory.mktemp("bench_serve") / "qkan_mlp"
+    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=out)
+    return out
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_sigterm_to_bench_serve_stops_the_server_it_started(artifact: Path) -> None:
+    """Before the fix, SIGTERM (as ``timeout`` sends) ended bench-serve at once; the server,
+    in its own session, kept the port and its Ray, and the next run failed 'port in use'."""
+    port, tag = free_port(), uuid.uuid4().hex
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "qkan_pack", "bench-serve", str(artifact), "--clients", "1",
+         "--seconds", "60", "--warmup", "0", "--no-noop", "--processes", "1", "--port", str(port)],
+        env={**os.environ, TAG_ENV: tag}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _listening(port):
+            assert bench.poll() is None, bench.stdout.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the server never listened"
+            time.sleep(0.5)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(180) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while (tagged_pids(tag) or _listening(port)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _listening(port), f"port {port} still served after bench-serve stopped"
+        assert tagged_pids(tag) == [], "processes left behind"
+    finally:
+        for pid in tagged_pids(tag):
+            os.kill(pid, signal.SIGKILL)
