@@ -420,15 +420,21 @@ def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tu
 @click.option("--profile", is_flag=True,
               help="--cold: profile one extra run per variant (cProfile of load + first call; "
               "top entries in the table and JSON).")
+@click.option("--bytecode-cache", type=click.Path(file_okay=False, path_type=Path),
+              help="--cold: compile every importable module into this folder first and start "
+              "the processes with PYTHONPYCACHEPREFIX there (a host installed with bytecode, "
+              "measured where the packages have no .pyc).")
 def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, skip: tuple,
           overrides: dict, json_path: Path | None, plot_path: Path | None, cold: bool,
-          runs: int, cold_variants: tuple, keep_caches: bool, profile: bool) -> None:
+          runs: int, cold_variants: tuple, keep_caches: bool, profile: bool,
+          bytecode_cache: Path | None) -> None:
     """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side
     (or, with --cold, fresh processes from launch to their first result)."""
     _refuse_cold_options_without_cold(cold)
     if cold:
         _bench_cold(directory, device, overrides, json_path, plot_path,
-                    runs=runs, variants=cold_variants, keep_caches=keep_caches, profile=profile)
+                    runs=runs, variants=cold_variants, keep_caches=keep_caches, profile=profile,
+                    bytecode_cache=bytecode_cache)
         return
     from .bench import BenchSettings, render_table, run_bench, write_json, write_plot
 
@@ -443,7 +449,7 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
 
 
 _COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
-                 "profile": "--profile"}
+                 "profile": "--profile", "bytecode_cache": "--bytecode-cache"}
 
 
 def _refuse_cold_options_without_cold(cold: bool) -> None:
@@ -456,11 +462,12 @@ def _refuse_cold_options_without_cold(cold: bool) -> None:
 
 def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path | None,
                 plot_path: Path | None, *, runs: int, variants: tuple, keep_caches: bool,
-                profile: bool) -> None:
+                profile: bool, bytecode_cache: Path | None) -> None:
     from .bench import ColdSettings, render_cold, run_cold, write_cold_json, write_cold_plot
 
     settings = ColdSettings(runs=runs, variants=variants, fresh_caches=not keep_caches,
-                            profile=profile, config_overrides=overrides)
+                            profile=profile, config_overrides=overrides,
+                            bytecode_cache=bytecode_cache)
     report = run_cold(directory, device, settings=settings)
     click.echo(render_cold(report))
     if json_path is not None:

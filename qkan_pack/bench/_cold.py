@@ -61,6 +61,10 @@ class ColdSettings:
     profile: bool = False
     timeout: float = 600.0
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    #: Compile every importable module into this bytecode cache first and run the processes
+    #: with ``PYTHONPYCACHEPREFIX`` there: a host installed with bytecode, measured on one
+    #: whose packages have none (None: the environment as it is).
+    bytecode_cache: Path | None = None
 
     def check(self) -> None:
         if self.runs < 1 or self.calls < 2:
@@ -90,6 +94,8 @@ def run_cold(path: str | Path, device: str = "auto", *, settings: ColdSettings |
         "device": str(target), "settings": {**asdict(settings), "variants": list(settings.variants)},
         "caches": _cache_note(settings.fresh_caches), "variants": {}, "notes": [],
     }
+    if settings.bytecode_cache is not None:
+        report["bytecode_cache"] = compile_bytecode(settings.bytecode_cache)
     jobs = [(v, i) for v in settings.variants for i in range(settings.runs + settings.profile)]
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for variant, index in progress_bar(jobs, desc="cold starts", enabled=progress):
@@ -115,6 +121,35 @@ def _cache_note(fresh: bool) -> str:
             "Python bytecode caches cannot be emptied without root and stay warm after run 1")
 
 
+def import_roots() -> list[str]:
+    """Where this interpreter imports from: the standard library and every ``sys.path``
+    folder (site-packages, ``PYTHONPATH`` entries), each once."""
+    import sysconfig
+
+    roots = [sysconfig.get_paths()["stdlib"], *sys.path, _PACKAGE_ROOT]
+    seen: list[str] = []
+    for root in roots:
+        if root and os.path.isdir(root) and os.path.realpath(root) not in map(os.path.realpath, seen):
+            seen.append(root)
+    return seen
+
+
+def compile_bytecode(cache: Path, roots: Sequence[str] | None = None) -> dict[str, Any]:
+    """Byte-compile ``roots`` (default ``import_roots()``) into the bytecode cache ``cache``
+    (``python -X pycache_prefix=cache -m compileall``, every core), as ``pip install`` does
+    beside each package; the time it took is reported, never counted in a start."""
+    cache.mkdir(parents=True, exist_ok=True)
+    roots = list(roots if roots is not None else import_roots())
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-X", f"pycache_prefix={cache}", "-m", "compileall",
+                           "-q", "-j", "0", *roots], capture_output=True, text=True, check=False)
+    # compileall exits 1 when some file does not compile (a test fixture with a syntax error,
+    # a Python 2 leftover): those modules are never imported; anything else is an error.
+    if done.returncode not in (0, 1):
+        raise BenchError(f"compiling bytecode into {cache} failed: {_tail(done.stderr)}")
+    return {"path": str(cache), "roots": roots, "seconds": time.perf_counter() - started}
+
+
 def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,
            profile: bool) -> dict[str, Any]:
     """One fresh process; its record with the import breakdown added."""
@@ -125,7 +160,7 @@ def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,
                 "path": str(path), "device": str(target), "calls": settings.calls,
                 "overrides": dict(settings.config_overrides), "profile": profile,
                 "out": str(out), "launched": time.time()}
-        env = _environment(Path(scratch), settings.fresh_caches)
+        env = _environment(Path(scratch), settings.fresh_caches, settings.bytecode_cache)
         command = [sys.executable, "-X", "importtime", "-c", CHILD.read_text(), json.dumps(args)]
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -143,8 +178,10 @@ def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,
         return record
 
 
-def _environment(scratch: Path, fresh: bool) -> dict[str, str]:
+def _environment(scratch: Path, fresh: bool, bytecode_cache: Path | None) -> dict[str, str]:
     env = dict(os.environ)
+    if bytecode_cache is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     env["QKAN_PACK_PROGRESS"] = "0"
     if fresh:
@@ -207,6 +244,7 @@ def summarise(runs: Sequence[dict[str, Any]], timed: int) -> dict[str, Any]:
         "steady_us": statistics.median(r["steady_us"] for r in good),
         "calls_to_fast": max(r["calls_to_fast"] for r in good),
         "load": good[0].get("load"), "modules": good[0].get("modules"),
+        "bytecode": good[-1].get("bytecode"),
         "steady": _median_steady([r["steady"] for r in good if r.get("steady")]),
     })
     return summary

@@ -151,6 +151,7 @@ def _predictor(args: dict[str, Any], record: dict[str, Any]) -> None:
                       "warnings": list(report.warnings),
                       "load_to_ready_s": report.load_to_ready_seconds}
     record["modules"] = _module_states()
+    record["bytecode"] = bytecode_use(args["launched"])
     predictor.close()
 
 
@@ -224,6 +225,35 @@ def _torch_compile(args: dict[str, Any], record: dict[str, Any]) -> None:
         return [leaf.to("cpu") for leaf in flatten(out)]
 
     _profiled(args, record, lambda: _serve(record, args, torch, call))
+    record["bytecode"] = bytecode_use(args["launched"])
+
+
+def bytecode_use(launched: float) -> dict[str, Any]:
+    """How many of this process's Python modules had no bytecode cache to read: their .pyc
+    (where ``importlib`` looks, ``PYTHONPYCACHEPREFIX`` included) is missing, or was written
+    after launch -- either way this process compiled the source, a cost that a host
+    installed with bytecode (pip's default) does not pay. Per top-level package."""
+    import importlib.util
+    import os
+    from collections import Counter
+
+    compiled: Counter[str] = Counter()
+    total = 0
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        if not (spec is not None and spec.has_location and isinstance(origin, str)
+                and origin.endswith(".py")):
+            continue
+        total += 1
+        try:
+            fresh = os.stat(importlib.util.cache_from_source(origin)).st_mtime >= launched
+        except (OSError, ValueError, NotImplementedError):
+            fresh = True
+        if fresh:
+            compiled[name.partition(".")[0]] += 1
+    return {"modules": total, "compiled_here": sum(compiled.values()),
+            "by_package": dict(compiled.most_common(8)), "prefix": sys.pycache_prefix}
 
 
 if __name__ == "__main__":

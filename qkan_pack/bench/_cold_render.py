@@ -39,6 +39,7 @@ def render_cold(report: Mapping[str, Any]) -> str:
     lines = [
         f"cold start: {report['artifact']['path']} ({report['artifact']['model']}) on {where}",
         f"{report['settings']['runs']} fresh process(es) per variant; caches {report['caches']}",
+        *_bytecode_cache(report),
         "seconds, median over runs; host tensor in, host tensor out, first manifest shape",
         "",
         f"  {'stage':<34}" + "".join(f"{VARIANT_LABELS[v]:>20}" for v in variants),
@@ -54,6 +55,31 @@ def render_cold(report: Mapping[str, Any]) -> str:
         lines += _variant_notes(name, summary)
     lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)
+
+
+def _bytecode_cache(report: Mapping[str, Any]) -> list[str]:
+    cache = report.get("bytecode_cache")
+    if not cache:
+        return []
+    return [f"bytecode: every module on the import path compiled into {cache['path']} first "
+            f"({cache['seconds']:.1f} s, not counted), processes run with PYTHONPYCACHEPREFIX there"]
+
+
+#: Modules compiled from source in a start, beyond which the report says so loudly.
+MANY_COMPILED = 50
+
+
+def _bytecode_note(label: str, bytecode: Mapping[str, Any] | None) -> list[str]:
+    """How much of the start was Python compiling sources it had no .pyc for."""
+    if not bytecode:
+        return []
+    by_package = ", ".join(f"{k} {v}" for k, v in bytecode["by_package"].items())
+    line = (f"  {label}: bytecode: {bytecode['compiled_here']} of {bytecode['modules']} modules "
+            f"compiled from source in the process" + (f" ({by_package})" if by_package else ""))
+    if bytecode["compiled_here"] >= MANY_COMPILED:
+        line += ("; this host has no .pyc for them, so every start pays for compiling -- "
+                 "--bytecode-cache DIR measures a host installed with bytecode")
+    return [line]
 
 
 def _cell(value: float | None, digits: int = 3) -> str:
@@ -118,6 +144,7 @@ def _variant_notes(name: str, summary: Mapping[str, Any]) -> list[str]:
     if summary.get("modules"):
         states = ", ".join(f"{k} {v}" for k, v in summary["modules"].items())
         lines.append(f"  {label}: modules after the first result: {states}")
+    lines += _bytecode_note(label, summary.get("bytecode"))
     load = summary.get("load") or {}
     if load:
         lines.append(f"  {label}: kernels: {load.get('kernel_cache')}; compiled: "

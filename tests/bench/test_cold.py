@@ -68,7 +68,7 @@ def test_table_json_and_plot(cold_report: dict, tmp_path: Path) -> None:
     table = render_cold(cold_report)
     for text in ("process start -> first result", "over import torch", "import torch",
                  "model source import", "imports by top-level package", "sympy absent",
-                 "caches emptied per process"):
+                 "caches emptied per process", "modules compiled from source in the process"):
         assert text in table, text
     data = json.loads(write_cold_json(cold_report, tmp_path / "c.json").read_text())
     assert data["schema"] == COLD_SCHEMA and data["machine"]["cpu"]
@@ -111,7 +111,8 @@ def test_settings_are_checked() -> None:
 
 
 def test_cli_cold_options_need_cold(mlp_artifact: Path) -> None:
-    for args in (["--runs", "2"], ["--profile"], ["--variants", "compiled"], ["--keep-caches"]):
+    for args in (["--runs", "2"], ["--profile"], ["--variants", "compiled"], ["--keep-caches"],
+                 ["--bytecode-cache", "pyc"]):
         result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--device", "cpu", *args])
         assert result.exit_code == 2 and "only apply with --cold" in result.output, args
     result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--cold", "--variants", "eager"])
@@ -139,3 +140,38 @@ def test_gpu_figures_render_with_the_compiled_over_today_ratio(tmp_path: Path) -
                  "compiled / today's graph, GPU time per call: 0.725x", "compiled mode"):
         assert text in table, text
     assert write_cold_plot(report, tmp_path / "g.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _bytecode_of_a_fresh_import(root: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``bytecode_use`` in a new interpreter that imported the package under ``root``."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys, time; launched = time.time(); sys.path.insert(0, sys.argv[1]); "
+            "import pkgx.mod; from qkan_pack.bench._cold_child import bytecode_use; "
+            "print(json.dumps(bytecode_use(launched)))")
+    done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
+                          env={**os.environ, **env}, check=True)
+    return json.loads(done.stdout)
+
+
+def test_the_report_counts_modules_compiled_from_source_and_the_cache_removes_them(tmp_path: Path) -> None:
+    """A host whose packages have no .pyc compiles them in every start (the H200 lent here:
+    ``import torch`` 4.2 s against 1.3 s with bytecode); the report says so, and
+    ``--bytecode-cache`` measures the host as pip would have installed it."""
+    from qkan_pack.bench._cold import compile_bytecode
+
+    package = tmp_path / "src" / "pkgx"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "mod.py").write_text("Y = 2\n")
+    no_write = {"PYTHONDONTWRITEBYTECODE": "1"}
+    assert _bytecode_of_a_fresh_import(tmp_path / "src", no_write)["by_package"]["pkgx"] == 2
+    written_now = _bytecode_of_a_fresh_import(tmp_path / "src", {"PYTHONDONTWRITEBYTECODE": ""})
+    assert written_now["by_package"]["pkgx"] == 2  # a .pyc written after launch: compiled here
+    cache = compile_bytecode(tmp_path / "pyc", roots=[str(tmp_path / "src")])
+    assert cache["roots"] == [str(tmp_path / "src")] and cache["seconds"] >= 0
+    cached = _bytecode_of_a_fresh_import(tmp_path / "src", {**no_write,
+                                                            "PYTHONPYCACHEPREFIX": cache["path"]})
+    assert "pkgx" not in cached["by_package"] and cached["prefix"] == cache["path"]
