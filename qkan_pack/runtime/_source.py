@@ -67,7 +67,7 @@ class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         origin, data = self.modules[module.__name__]
         if origin.endswith("__init__.py"):
             module.__path__ = []  # type: ignore[attr-defined]
-        exec(compile(data, origin, "exec"), module.__dict__)
+        exec(compile(data, origin, "exec", dont_inherit=True), module.__dict__)
 
 
 def import_model_source(source: str, sources: Mapping[str, bytes], *,
@@ -87,16 +87,22 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         refuse_shadowing(((m, p) for m, (p, _) in includes.items()), shown)
         module = ModuleType(name)
         module.__file__ = shown
+        # in sys.modules while it runs, as importlib does: dataclasses, typing and pickle
+        # look classes' modules up there
+        sys.modules[name] = module
         with _serving(includes, name), deferred_imports():  # heavy unused imports wait
             try:
-                exec(compile(sources[source], shown, "exec"), module.__dict__)
+                # dont_inherit: the user's file gets its own __future__ flags, not this one's
+                # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
+                exec(compile(sources[source], shown, "exec", dont_inherit=True), module.__dict__)
             except SyntaxError as exc:
+                del sys.modules[name]
                 raise ModelSourceError(
                     f"{shown}: syntax error at line {exc.lineno}: {exc.msg}"
                 ) from exc
             except BaseException as exc:
+                del sys.modules[name]
                 raise model_code_failed("import", shown, "import", exc) from exc
-        sys.modules[name] = module
         return module
 
 

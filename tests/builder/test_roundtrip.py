@@ -43,6 +43,7 @@ def model_module(path: Path) -> ModuleType:
     if path not in _loaded:
         spec = importlib.util.spec_from_file_location(f"eager_{path.stem}_{len(_loaded)}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # as an import does (dataclasses look it up)
         spec.loader.exec_module(module)
         _loaded[path] = module
     return _loaded[path]
@@ -493,3 +494,57 @@ def test_a_shadowing_include_in_an_artifact_is_refused_before_it_runs(tmp_path: 
         del sys.modules[name]
     with pytest.raises(ModelSourceError, match="would be imported as 'json'"):
         Predictor.load(art)
+
+
+DATACLASS_MODEL = '''{future}
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Out:
+    y: Tensor
+    extra: Optional[Tensor] = None
+
+
+class Pair(NamedTuple):
+    first: Tensor
+    second: Tensor
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 3)
+
+    def forward(self, x: Tensor) -> Out:
+        y = self.lin(x)
+        return Out(y=y, extra=Pair(y * 2, y + 1))
+
+
+def build_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Net()
+'''
+
+
+@pytest.mark.parametrize("future", ["", "from __future__ import annotations"])
+def test_dataclass_and_namedtuple_outputs_defined_in_the_model_file(tmp_path: Path,
+                                                                    future: str) -> None:
+    """Before: the model source was compiled with qkan-pack's own ``__future__`` flags and
+    outside ``sys.modules``, so ``y: Tensor`` in a dataclass failed to import ('NoneType'
+    object has no attribute '__dict__'), with or without the user's own future import."""
+    source = tmp_path / "dc_model.py"
+    source.write_text(DATACLASS_MODEL.format(future=future))
+    artifact = build(source, "1x2,4x2", output=tmp_path / "a").path
+    x = fresh((4, 2), 7)
+    with Predictor.load(artifact, "cpu", progress=False) as predictor:
+        out = predictor(x)
+    assert type(out).__name__ == "Out" and type(out.extra).__name__ == "Pair"
+    with torch.no_grad():
+        want = eager(source)(x)
+    torch.testing.assert_close(out.y, want.y, **TIGHT)
+    torch.testing.assert_close(out.extra.second, want.extra.second, **TIGHT)
