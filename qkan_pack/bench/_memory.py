@@ -4,7 +4,7 @@ private pool per shape, captured with the runtime's own primitives."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..runtime import (
 )
 
 
-def measure_pools(model: torch.nn.Module, inputs: Sequence[Sequence[torch.Tensor]],
+def measure_pools(model: Callable[..., Any], inputs: Sequence[Sequence[torch.Tensor]],
                   labels: Sequence[str], device: torch.device) -> dict[str, Any]:
     """Graph memory of every shape in one shared pool (largest first) vs one pool per shape.
 

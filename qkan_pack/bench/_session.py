@@ -26,6 +26,7 @@ import torch
 
 from ..runtime import (
     Predictor,
+    bind_forward,
     describe,
     flatten,
     package_versions,
@@ -79,9 +80,13 @@ class _Session:
         self.manifest = artifact.manifest
         config = dict(self.predictor.report.config)
         self.model = rebuild_model(artifact, target, config)
+        names, call = self.manifest.input_names, self.manifest.call
+        self.forward = bind_forward(self.model, names, call)  # the predictor's call, named inputs by keyword
         self.samples, _ = reference_samples(artifact, target)
-        self.contestants = Contestants(self.model, lambda: rebuild_model(artifact, target, config),
-                                       self.predictor, target, len(self.samples), settings.skip)
+        self.contestants = Contestants(
+            self.model, lambda: rebuild_model(artifact, target, config),
+            lambda model: bind_forward(model, names, call), self.predictor, target,
+            len(self.samples), settings.skip)
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(target)) if self.cuda \
             else (lambda: None)
         self._rounds = 0
@@ -121,7 +126,7 @@ class _Session:
         label, inputs = self.samples[index]
         result = ShapeResult(label=label)
         variants = self.contestants.for_shape(inputs)
-        want = flatten(self.model(*inputs))
+        want = flatten(self.forward(*inputs))
         for variant in variants:
             if variant.call is None:
                 continue
@@ -183,7 +188,7 @@ class _Session:
             "predictor_shapes": {r.label: r.pool_bytes for r in report.shapes},
         }
         try:
-            memory.update(measure_pools(self.model, [inputs for _, inputs in self.samples],
+            memory.update(measure_pools(self.forward, [inputs for _, inputs in self.samples],
                                         [label for label, _ in self.samples], self.target))
         except Exception as exc:
             fail_variant(Variant("bare_graph"), "failed measuring pool memory", exc, self.target)

@@ -52,11 +52,12 @@ class Variant:
         self.status, self.reason, self.call = status, reason, None
 
 
-def bare_graph(model: torch.nn.Module, inputs: list[torch.Tensor], device: torch.device,
+def bare_graph(forward: Callable[..., Any], inputs: list[torch.Tensor], device: torch.device,
                streams: Any) -> ShapeGraph:
-    """The whole model captured at one shape, in a private pool, with the runtime's recipe."""
+    """The whole model (``forward``: ``bind_forward``'s call) captured at one shape, in a
+    private pool, with the runtime's recipe."""
     static = [t.detach().clone() for t in inputs]
-    forward = partial(flat_forward, model)
+    forward = partial(flat_forward, forward)
     warm_up(forward, static, streams, device)
     with capture_session():
         return capture_graph(forward, static, streams, pool=None)
@@ -110,11 +111,18 @@ def reset_dynamo() -> None:
 
 class Contestants:
     """Builds the variants for each shape from one model; owns what they keep alive
-    (bare graphs, the qkan wrapper, the torch.compile'd twin) until ``close``."""
+    (bare graphs, the qkan wrapper, the torch.compile'd twin) until ``close``.
+
+    ``bind`` turns a model into the call the manifest prescribes (``runtime.bind_forward``:
+    named inputs by keyword), so that every variant computes what the predictor computes."""
 
     def __init__(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module],
-                 predictor: Any, device: torch.device, shapes: int, skip: tuple[str, ...]) -> None:
+                 bind: Callable[[Any], Callable[..., Any]], predictor: Any, device: torch.device,
+                 shapes: int, skip: tuple[str, ...]) -> None:
         self.model = model
+        self.forward = bind(model)
+        self.bind = bind
+        self.keyword = self.forward is not model
         self.rebuild = rebuild
         self.predictor = predictor
         self.device = device
@@ -127,8 +135,8 @@ class Contestants:
         self.used_dynamo = False
 
     def for_shape(self, inputs: list[torch.Tensor]) -> list[Variant]:
-        model, predictor = self.model, self.predictor
-        variants = [Variant("eager", lambda: model(*inputs)),
+        forward, predictor = self.forward, self.predictor
+        variants = [Variant("eager", lambda: forward(*inputs)),
                     Variant("predictor", lambda: predictor(*inputs))]
         if self.device.type == "cuda":
             variants += [self._bare(inputs), self._qkan(inputs), self._torch_compile(inputs)]
@@ -142,7 +150,7 @@ class Contestants:
         if variant.name in self.skip:
             return variant
         try:
-            graph = bare_graph(self.model, inputs, self.device, self.streams)
+            graph = bare_graph(self.forward, inputs, self.device, self.streams)
         except Exception as exc:
             fail_variant(variant, "whole-model capture failed", exc, self.device)
             return variant
@@ -160,9 +168,10 @@ class Contestants:
         except ImportError as exc:
             variant.fail("skipped", f"qkan.compile_inference is not available here ({exc})")
             return variant
-        if len(inputs) != 1:
-            variant.fail("skipped", f"qkan.compile_inference takes one tensor input; this "
-                                    f"artifact takes {len(inputs)}")
+        if len(inputs) != 1 or self.keyword:
+            variant.fail("skipped", "qkan.compile_inference takes one tensor input, passed "
+                                    f"by position; this artifact takes {len(inputs)}"
+                                    + (", by name" if self.keyword else ""))
             return variant
         if self._wrapper is None:
             self._wrapper = compile_inference(self.model, max_shapes=max(8, self.shapes))
@@ -179,8 +188,8 @@ class Contestants:
         if self._compiled is None:
             try:
                 # Its own model instance, so that dynamo's guards see only its own calls.
-                self._compiled = torch.compile(self.rebuild(), mode="reduce-overhead",
-                                               dynamic=False)
+                self._compiled = self.bind(torch.compile(self.rebuild(), mode="reduce-overhead",
+                                                         dynamic=False))
             except Exception as exc:
                 variant.fail("failed", f"torch.compile failed: {describe(exc)}")
                 return variant

@@ -204,3 +204,32 @@ def test_gpu_bench_measures_every_variant(mlp_artifact: Path) -> None:
             assert item.max_abs_diff_vs_eager < 1e-4, name
     assert report.memory and report.memory["private_pools_bytes"] >= report.memory["largest_alone_bytes"]
     assert "NVIDIA" in (report.machine["gpu"] or "") or report.machine["gpu"]
+
+
+ORDER_MODEL = '''
+import torch
+
+
+class Difference(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x - 2 * y
+
+
+def build_model() -> torch.nn.Module:
+    return Difference()
+'''
+
+
+def test_named_inputs_reach_every_variant_by_name(tmp_path: Path) -> None:
+    """Inputs declared by name in another order than ``forward``'s: before the fix the bench's
+    eager baseline called ``model(*inputs)`` positionally, computed ``y - 2x`` and reported
+    the (correct) predictor as off by that much."""
+    from qkan_pack import build
+
+    source = tmp_path / "order.py"
+    source.write_text(ORDER_MODEL)
+    artifact = build(source, [{"y": (2, 3), "x": (2, 3)}], output=tmp_path / "a").path
+    report = run_bench(artifact, "cpu", settings=FAST, progress=False)
+    (shape,) = report.shapes
+    assert shape.variants["predictor"].status == "ok"
+    assert shape.variants["predictor"].max_abs_diff_vs_eager == 0.0
