@@ -28,8 +28,10 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── LoadOptionError (ValueError)        a Predictor.load option out of its domain
     │                                       [.option, .value, .expected]
-    ├── ServeError (RuntimeError)           a server that cannot start or place its replicas
-    │                                       [.problem, .hint]
+    ├── ServeError (RuntimeError)           a server that cannot start, place its replicas
+    │   │                                   or keep serving  [.problem, .hint]
+    │   └── OverloadedError                 a replica's admission is full (HTTP 503)
+    │                                       [.ongoing, .queued]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
         ├── MalformedRequestError           a serve request body that is not the format
@@ -59,6 +61,7 @@ __all__ = [
     "MalformedRequestError",
     "ManifestError",
     "ModelSourceError",
+    "OverloadedError",
     "PredictorClosedError",
     "QkanPackError",
     "SelfTestError",
@@ -248,13 +251,25 @@ class LoadOptionError(QkanPackError, ValueError):
 
 
 class ServeError(QkanPackError, RuntimeError):
-    """``qkan-pack serve`` cannot start as asked: a taken port, replicas the cluster cannot
-    place, replicas that failed to load."""
+    """``qkan-pack serve`` cannot start or keep serving as asked: a taken port, options out
+    of range, replicas the cluster cannot place or that failed to load, a replica made
+    unhealthy by a device error."""
 
     def __init__(self, problem: str, *, hint: str = "") -> None:
         self.problem = problem
         self.hint = hint
         super().__init__(problem + (f"; {hint}" if hint else ""))
+
+
+class OverloadedError(ServeError):
+    """A replica's admission is full: ``ongoing`` requests at work and ``queued`` waiting.
+    The HTTP layer answers it with a JSON 503 and ``Retry-After``."""
+
+    def __init__(self, *, ongoing: int, queued: int) -> None:
+        self.ongoing = ongoing
+        self.queued = queued
+        super().__init__(f"overloaded: {ongoing} requests at work and {queued} waiting",
+                         hint="retry after Retry-After seconds")
 
 
 class InputError(QkanPackError, ValueError):

@@ -45,6 +45,38 @@ PUBLIC = {
                         "render_cold", "render_serve_load", "render_table", "run_bench",
                         "run_cold", "run_serve_load", "write_cold_json", "write_cold_plot",
                         "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
+    "qkan_pack.runtime": [
+        "COMPILED_MODES", "CROSS_DEVICE_TOLERANCE", "CROSS_SOLVER_TOLERANCE",
+        "CaptureStreams", "ClassTable", "DEFERRED_IMPORTS_ENV", "EagerRunner",
+        "GraphPool", "GraphRunner", "INDUCTOR_MODE", "InputMatcher", "LoadOptions",
+        "LoadReport", "Predictor", "REPLAY_TOLERANCE", "SAME_HOST_TOLERANCE",
+        "ShapeGraph", "ShapeRecord", "SubmoduleGraphs", "TRITON_CACHE_ENV", "Tolerance",
+        "VerifiedArtifact", "WARMUP_CALLS", "accepts_device", "artifact_digest",
+        "bind_forward", "call_factory", "capture_graph", "capture_session",
+        "capture_streams", "check_context", "check_entry_named", "check_outputs",
+        "clear_cublas_workspaces", "collect_kernel_cache", "compare", "content_name",
+        "describe", "describe_output", "dtype_name", "eager_forward", "entry_function",
+        "explain_capture_failure", "flat_forward", "flatten", "full_float32",
+        "import_model_source", "inductor_file", "installed_version", "iter_leaves",
+        "kernel_key", "load_strict", "map_leaves", "model_code_failed", "model_solvers",
+        "module_state", "package_versions", "parse_weights", "progress_bar",
+        "read_artifact", "rebuild_model", "record_installation", "reference_samples",
+        "release_graph_memory", "resolve_device", "resolve_output_classes",
+        "safetensors_header", "select_submodules", "sha256_hex", "torch_dtype",
+        "triton_key_file", "unflatten", "warm_up",
+    ],
+    "qkan_pack.format": [
+        "CAPTURE_POLICIES", "CapturePolicy", "DIGEST_PREFIX", "DTYPES", "DType",
+        "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",
+        "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",
+        "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_SHAPES", "MAX_SIGNATURE_BYTES",
+        "Manifest", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
+        "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
+        "TensorSpec", "WEIGHTS_NAME", "check_config", "check_dtype", "check_range",
+        "dumps_manifest", "format_shape", "loads_strict", "manifest_to_dict",
+        "padding_table", "pair_inputs", "parse_config_items", "parse_input_option",
+        "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
+    ],
 }
 #: Layers (top to bottom) and where private modules may be imported from in tests.
 SUBPACKAGES = ("builder", "bench", "serve", "runtime", "format")
@@ -82,7 +114,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "PredictorClosedError": errors.InputError, "LoadOptionError": ValueError,
                "IncompatibleArtifactError": errors.ManifestError,
                "DigestMismatchError": errors.ArtifactError,
-               "ArtifactSignatureError": errors.ArtifactError}
+               "ArtifactSignatureError": errors.ArtifactError,
+               "OverloadedError": errors.ServeError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name
@@ -110,6 +143,9 @@ ERRORS_WITH_FIELDS = [
     (errors.PredictorClosedError(path="/a"), {"path": "/a"}, "is closed"),
     (errors.ArtifactSignatureError(path="/a", problem="untrusted", detail="key sha256:12ab"),
      {"path": "/a", "problem": "untrusted", "detail": "key sha256:12ab"}, "none of the trusted"),
+    (errors.OverloadedError(ongoing=64, queued=64), {"ongoing": 64, "queued": 64,
+                                                     "hint": "retry after Retry-After seconds"},
+     "64 requests at work and 64 waiting"),
 ]
 
 
@@ -129,29 +165,38 @@ SERVING_PATH = """
 import json, sys
 from qkan_pack import Predictor
 predictor = Predictor.load(sys.argv[1])
-import torch
-predictor(torch.zeros(1, 2))
+import numpy
+predictor(numpy.zeros((1, 2), numpy.float32))
+from qkan_pack.runtime import module_state
 ours = sorted(m for m in sys.modules if m.startswith("qkan_pack"))
-others = sorted(m for m in ("click", "matplotlib", "ray") if m in sys.modules)
-print(json.dumps({"ours": ours, "others": others}))
+states = {m: module_state(m) for m in ("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy")}
+print(json.dumps({"ours": ours, "states": states}))
 """
 
 
-def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path) -> None:
-    """A production process's load imports nothing of builder, bench, serve or cli, and
-    qkan-pack pulls in no click, matplotlib or Ray (qkan itself is the cold-start issue's:
-    it is imported here by the model source, so matplotlib is checked on a plain model)."""
+@pytest.mark.parametrize(("model", "heavy"), [
+    ("plain_mlp.py", {}),
+    ("qkan_mlp.py", {"matplotlib": "deferred", "matplotlib.pyplot": "deferred"}),
+])
+def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, model: str,
+                                                            heavy: dict[str, str]) -> None:
+    """A production process's load imports nothing of builder, bench, serve or cli, and runs
+    no click, matplotlib, sympy or Ray: a plain model imports none of them; a QKAN model's
+    source imports qkan, whose matplotlib imports stay deferred (never executed) and whose
+    sympy is never imported."""
     from qkan_pack import build
 
-    from .conftest import MODELS
+    from .conftest import EXAMPLES, MODELS
 
-    artifact = build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "plain").path
+    source = (EXAMPLES if model == "qkan_mlp.py" else MODELS) / model
+    artifact = build(source, "1x2", output=tmp_path / "a").path
     done = subprocess.run([sys.executable, "-c", SERVING_PATH, str(artifact)],
                           capture_output=True, text=True, check=True, cwd=ROOT)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
     assert layers <= {"errors", "format", "runtime", "_version", "_lazy"}, seen["ours"]
-    assert seen["others"] == []
+    absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
+    assert seen["states"] == {**absent, **heavy}
 
 
 def _imports(path: Path) -> list[str]:

@@ -163,7 +163,7 @@ def _steady_state(torch: Any, predictor: Any, calls: int) -> dict[str, Any]:
 
     device = predictor.device
     inputs = [x.to(device) for x in _inputs(torch, predictor.manifest)]
-    graph = _own_graph(predictor)
+    graph = predictor.whole_graph(0)
     steady: dict[str, Any] = {"shape": predictor.manifest.shapes[0].label,
                               "predictor_us": _median_us(torch, device, calls * 10,
                                                          lambda: predictor(*inputs))}
@@ -175,13 +175,6 @@ def _steady_state(torch: Any, predictor: Any, calls: int) -> dict[str, Any]:
     steady["gpu_us"], steady["gpu_method"] = kernel_time_per_call(graph.graph, device, 200)
     steady["predictor_over_bare"] = steady["predictor_us"] / steady["bare_replay_us"]
     return steady
-
-
-def _own_graph(predictor: Any) -> Any:
-    """The whole-model graph the predictor replays for its first shape (a private field:
-    the benchmark reads it, nothing else does)."""
-    full = getattr(getattr(predictor, "_runner", None), "_full", None)
-    return full.get(0) if isinstance(full, dict) else None
 
 
 def _median_us(torch: Any, device: Any, count: int, call: Any) -> float:

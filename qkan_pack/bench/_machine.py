@@ -16,7 +16,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "hostname": platform.node(), "platform": platform.platform(terse=True),
-        "python": platform.python_version(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         "gpu": None, "gpu_memory_bytes": None, "cuda": torch.version.cuda,
     }
     if device.type == "cuda":
@@ -27,7 +27,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

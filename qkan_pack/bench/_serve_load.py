@@ -300,12 +300,12 @@ def host_info() -> dict[str, Any]:
     """The host, without importing torch or touching a GPU (the server owns it)."""
     import platform
 
-    from ._machine import _cpu_name
+    from ._machine import cpu_name
 
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True, check=False) if _has("nvidia-smi") else None
     return {"hostname": platform.node(), "platform": platform.platform(terse=True),
-            "python": platform.python_version(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "gpu": gpu.stdout.strip().splitlines()[0] if gpu and gpu.stdout.strip() else None}
 
 

@@ -69,7 +69,8 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
                                            password=None if password is None else password.encode())
         else:
             if not chain:
-                raise ValueError("--chain: give the intermediate (or root) certificate(s)")
+                raise ArtifactSignatureError(path=where, problem="signing key", detail=(
+                    "--chain: give the intermediate (or root) certificate(s)"))
             config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
                                           certificate_chain=list(chain))
     except (ValueError, TypeError, OSError, AttributeError) as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from ._constants import (
 )
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
-from .old.v1 import upgrade_v1
+from ._old.v1 import upgrade_v1
 
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 #: Producer fields the runtime compares with its own versions: text or null.
@@ -218,27 +218,10 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         "format": manifest.format_name,
         "format_version": manifest.format_version,
         "producer": dict(manifest.producer),
-        "model": {
-            "source": manifest.model.source,
-            "includes": list(manifest.model.includes),
-            "entry": manifest.model.entry,
-            "config": dict(manifest.model.config),
-            "device_argument": manifest.model.device_argument,
-            "parameters": manifest.model.parameters,
-            "tied": [list(group) for group in manifest.model.tied],
-            "packages": dict(manifest.model.packages),
-            "solvers": list(manifest.model.solvers),
-        },
+        "model": _model_to_dict(manifest.model),
         "call": manifest.call,
         "inputs": [_input_to_dict(d) for d in manifest.inputs],
-        "shapes": [
-            {
-                "inputs": {name: list(shape) for name, shape in entry.inputs},
-                "outputs": _output_to_dict(entry.outputs),
-                "reference": entry.reference,
-            }
-            for entry in manifest.shapes
-        ],
+        "shapes": [_shape_to_dict(entry) for entry in manifest.shapes],
         "reference_device": manifest.reference_device,
         "reference_precision": manifest.reference_precision,
         "capture": {
@@ -253,6 +236,28 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             name: {"size": entry.size, "sha256": entry.sha256}
             for name, entry in sorted(manifest.files.items())
         },
+    }
+
+
+def _model_to_dict(model: ModelInfo) -> dict[str, Any]:
+    return {
+        "source": model.source,
+        "includes": list(model.includes),
+        "entry": model.entry,
+        "config": dict(model.config),
+        "device_argument": model.device_argument,
+        "parameters": model.parameters,
+        "tied": [list(group) for group in model.tied],
+        "packages": dict(model.packages),
+        "solvers": list(model.solvers),
+    }
+
+
+def _shape_to_dict(entry: ShapeEntry) -> dict[str, Any]:
+    return {
+        "inputs": {name: list(shape) for name, shape in entry.inputs},
+        "outputs": _output_to_dict(entry.outputs),
+        "reference": entry.reference,
     }
 
 
@@ -314,32 +319,11 @@ def _check_format(reader: _Reader) -> int:
 
 
 def _manifest_from(reader: _Reader) -> Manifest:
-    inputs = tuple(reader.each("inputs", _input_from))
-    names = [d.name for d in inputs]
-    if not names:
-        raise ManifestError("manifest.inputs is empty: an artifact declares at least one input")
-    if len(set(names)) != len(names):
-        raise ManifestError(f"manifest.inputs repeats a name: {names}")
-    shapes = tuple(reader.each("shapes", lambda r: _shape_from(r, names)))
-    if not shapes:
-        raise ManifestError("manifest.shapes is empty: an artifact declares at least one shape")
-    if len(shapes) > MAX_SHAPES:
-        raise ManifestError(f"manifest declares {len(shapes)} shapes; at most {MAX_SHAPES}")
-    if len({s.inputs for s in shapes}) != len(shapes):
-        raise ManifestError("manifest.shapes declares the same input shapes twice")
+    inputs = _inputs_from(reader)
+    shapes = _shapes_from(reader, [d.name for d in inputs])
     files = reader.child("files").mapping(_file_from)
-    for entry in shapes:
-        if entry.reference not in files:
-            raise ManifestError(f"reference {entry.reference!r} is not listed in manifest.files")
     model = reader.child("model").build(_model_from)
-    for path in (model.source, *model.includes):
-        if path not in files:
-            raise ManifestError(f"model source {path!r} is not listed in manifest.files")
-    if WEIGHTS_NAME not in files:
-        raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
-    if SIGNATURE_NAME in files or MANIFEST_NAME in files:
-        raise ManifestError(f"manifest.files lists {SIGNATURE_NAME} or {MANIFEST_NAME}: those "
-                            "names are reserved (the signature and the manifest itself)")
+    _check_files_listed(files, shapes, model)
     return Manifest(
         format_version=reader.get("format_version", int),
         created=reader.get("created", str, default=""),
@@ -355,6 +339,43 @@ def _manifest_from(reader: _Reader) -> Manifest:
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
         files=files,
     )
+
+
+def _inputs_from(reader: _Reader) -> tuple[InputDecl, ...]:
+    inputs = tuple(reader.each("inputs", _input_from))
+    names = [d.name for d in inputs]
+    if not names:
+        raise ManifestError("manifest.inputs is empty: an artifact declares at least one input")
+    if len(set(names)) != len(names):
+        raise ManifestError(f"manifest.inputs repeats a name: {names}")
+    return inputs
+
+
+def _shapes_from(reader: _Reader, names: list[str]) -> tuple[ShapeEntry, ...]:
+    shapes = tuple(reader.each("shapes", lambda r: _shape_from(r, names)))
+    if not shapes:
+        raise ManifestError("manifest.shapes is empty: an artifact declares at least one shape")
+    if len(shapes) > MAX_SHAPES:
+        raise ManifestError(f"manifest declares {len(shapes)} shapes; at most {MAX_SHAPES}")
+    if len({s.inputs for s in shapes}) != len(shapes):
+        raise ManifestError("manifest.shapes declares the same input shapes twice")
+    return shapes
+
+
+def _check_files_listed(files: Mapping[str, FileEntry], shapes: Sequence[ShapeEntry],
+                        model: ModelInfo) -> None:
+    """Every file the manifest names is in ``files``; the reserved names are not."""
+    for entry in shapes:
+        if entry.reference not in files:
+            raise ManifestError(f"reference {entry.reference!r} is not listed in manifest.files")
+    for path in (model.source, *model.includes):
+        if path not in files:
+            raise ManifestError(f"model source {path!r} is not listed in manifest.files")
+    if WEIGHTS_NAME not in files:
+        raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
+    if SIGNATURE_NAME in files or MANIFEST_NAME in files:
+        raise ManifestError(f"manifest.files lists {SIGNATURE_NAME} or {MANIFEST_NAME}: those "
+                            "names are reserved (the signature and the manifest itself)")
 
 
 def _producer_from(reader: _Reader) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +15,9 @@ from ._load import Loaded, load
 from ._options import LoadOptions
 from ._runners import EagerRunner, GraphRunner
 from ._tree import unflatten
+
+if TYPE_CHECKING:
+    from ._capture import ShapeGraph
 
 
 class Predictor:
@@ -108,6 +111,13 @@ class Predictor:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
         holds the same as data)."""
         return self._inputs.accepted()
+
+    def whole_graph(self, index: int) -> ShapeGraph | None:
+        """The CUDA graph of the whole model that calls at manifest shape ``index`` replay, or
+        None (submodule graphs, eager, CPU). For benchmarks that time a bare replay of the
+        predictor's own graph against its call; replaying it bypasses every input check."""
+        runner = self._open_runner()
+        return runner.whole_graph(index) if isinstance(runner, GraphRunner) else None
 
     # -- lifetime ----------------------------------------------------------------------
 

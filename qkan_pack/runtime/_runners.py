@@ -175,6 +175,10 @@ class GraphRunner:
         shape_graph.graph.replay()
         return [_prepare_for_out(t, rows, out_device, copy) for t in shape_graph.static_outputs]
 
+    def whole_graph(self, index: int) -> ShapeGraph | None:
+        """The whole-model graph of shape ``index``, or None where that shape is not one."""
+        return self._full.get(index)
+
     def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor | None:
         """Hot path: one input, one output tensor, exact shape; None when not graphed whole."""
         shape_graph = self._full.get(index)

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ServeError
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore, map_leaves
 from ._rows import describe_artifact, largest_batch, row_plan
@@ -67,7 +68,7 @@ class ServeOptions:
             ("max_ongoing_requests >= 1", self.limits.max_ongoing >= 1),
             ("max_queued_requests >= 0", self.limits.max_queued >= 0)) if not ok]
         if problems:
-            raise ValueError(f"serve options out of range: need {', '.join(problems)}")
+            raise ServeError(f"serve options out of range: need {', '.join(problems)}")
 
 
 class ArtifactServer:

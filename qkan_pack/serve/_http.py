@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError, MalformedRequestError
+from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._wire import dumps, encode_outputs, parse_request
 
 if TYPE_CHECKING:
@@ -51,15 +51,12 @@ class HttpLimits:
     token_sha256: str | None = None
 
 
-class Overloaded(Exception):
-    """Admission refused: every slot busy and the queue full."""
-
-
 class Admission:
     """At most ``ongoing`` requests at work and ``queued`` waiting; the rest are refused at
     once (an unbounded queue is what made latency collapse under load)."""
 
     def __init__(self, ongoing: int, queued: int) -> None:
+        self._ongoing = ongoing
         self._free = ongoing
         self._queued = queued
         self._waiters: list[asyncio.Future[None]] = []
@@ -69,7 +66,7 @@ class Admission:
         if self._free > 0:
             self._free -= 1
         elif len(self._waiters) >= self._queued:
-            raise Overloaded
+            raise OverloadedError(ongoing=self._ongoing, queued=len(self._waiters))
         else:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -153,7 +150,7 @@ class HttpApi:
         try:
             async with self._admission.slot():
                 return await self._predict_admitted(request)
-        except Overloaded:
+        except OverloadedError:
             self.core.stats.request("overloaded")
             return json_response(503, {"error": "overloaded: this replica's queue is full; "
                                        f"retry after {self.limits.retry_after_s} s"},

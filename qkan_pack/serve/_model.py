@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, ServeError
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
 from ._wire import Given, fit, given_from_python, host_outputs, to_tensor
@@ -147,7 +147,8 @@ class ModelCore:
         """Unhealthy after a device error in a replay; on CUDA also sync the device, which
         surfaces a dead context."""
         if self.fault is not None:
-            raise RuntimeError(f"replica is unhealthy after a device error: {self.fault}")
+            raise ServeError(f"replica is unhealthy after a device error: {self.fault}",
+                             hint="Ray Serve replaces it")
         if self.predictor.device.type == "cuda":
             import torch
 

@@ -512,3 +512,13 @@ def test_model_code_failing_in_a_call_names_the_stage(gpt_artifact: Path) -> Non
         predictor(torch.full((1, 16), 10_000, dtype=torch.int64))
     assert info.value.stage == "call" and isinstance(info.value.__cause__, IndexError)
     assert "(call)" in str(info.value)
+
+
+def test_no_whole_graph_on_the_cpu_and_none_after_close(mlp_artifact: Path) -> None:
+    """``whole_graph`` (the bare-replay baseline of ``bench --cold``) is a CUDA graph or None;
+    a closed predictor says it is closed."""
+    predictor = Predictor.load(mlp_artifact, "cpu", progress=False)
+    assert predictor.whole_graph(0) is None
+    predictor.close()
+    with pytest.raises(PredictorClosedError):
+        predictor.whole_graph(0)

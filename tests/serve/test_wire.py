@@ -108,7 +108,8 @@ def test_replies_are_strict_json_with_null_for_non_finite_outputs() -> None:
 
 
 def test_admission_bounds_work_and_queue() -> None:
-    from qkan_pack.serve._http import Admission, Overloaded
+    from qkan_pack.errors import OverloadedError
+    from qkan_pack.serve._http import Admission
 
     async def main() -> tuple[list[str], int]:
         admission, release, outcomes = Admission(2, 1), asyncio.Event(), []
@@ -118,7 +119,7 @@ def test_admission_bounds_work_and_queue() -> None:
                 async with admission.slot():
                     await release.wait()
                 outcomes.append("served")
-            except Overloaded:
+            except OverloadedError:
                 outcomes.append("refused")
 
         tasks = [asyncio.create_task(one()) for _ in range(5)]
