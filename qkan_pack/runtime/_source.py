@@ -84,7 +84,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         base = source.rpartition("/")[0]  # includes import relative to the model file's folder
         includes = {module_name_for(p.removeprefix(f"{base}/") if base else p): (p, data)
                     for p, data in sources.items() if p != source}
-        refuse_shadowing(((m, p) for m, (p, _) in includes.items()), shown)
+        refuse_shadowing(((m, p, data) for m, (p, data) in includes.items()), shown)
         module = ModuleType(name)
         module.__file__ = shown
         # in sys.modules while it runs, as importlib does: dataclasses, typing and pickle
@@ -100,7 +100,10 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
                 raise ModelSourceError(
                     f"{shown}: syntax error at line {exc.lineno}: {exc.msg}"
                 ) from exc
-            except BaseException as exc:
+            except KeyboardInterrupt:  # Ctrl-C stays Ctrl-C (exit 130), not a model error
+                del sys.modules[name]
+                raise
+            except BaseException as exc:  # SystemExit from model code is the model's failure
                 del sys.modules[name]
                 raise model_code_failed("import", shown, "import", exc) from exc
         return module
@@ -171,6 +174,8 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
         kwargs["device"] = device
     try:
         model = factory(**kwargs)
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:
         raise model_code_failed("factory", shown, f"{entry}(**config)", exc) from exc
     if not isinstance(model, torch.nn.Module):

@@ -268,17 +268,47 @@ def test_include_helper_is_served_from_the_artifact(tmp_path: Path) -> None:
     assert result.manifest.model.includes == ("source/tiny_helper.py",)
     shutil.rmtree(src)  # the artifact alone must be enough
     forget_imports(result.path)
-    mine = ModuleType("tiny_helper")  # a user module of the same name stays untouched
-    sys.modules["tiny_helper"] = mine
+    with Predictor.load(result.path) as predictor:
+        x = fresh((3, 2), 0)
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            torch.testing.assert_close(predictor(x), torch.tanh(linear(x)) * 3.0, **TIGHT)
+    assert "tiny_helper" not in sys.modules  # re-homed under the model's own name
+
+
+@pytest.mark.parametrize("how", ["imported", "on sys.path", "__main__"])
+def test_an_include_may_not_stand_in_for_another_module_of_the_host(tmp_path: Path,
+                                                                    how: str) -> None:
+    """Round 2, finding 9 (audit): the host's own ``tiny_helper`` (a different module, imported
+    or importable from sys.path) was set aside while the model imported, so that any other
+    thread importing it in that window got the artifact's include instead; ``__main__.py``
+    as an include replaced the running program's module. Both are refused before any code
+    runs; a module holding the include's very bytes is no conflict."""
+    result = build(MODELS / "with_include.py", "1x2", output=tmp_path / "art",
+                   includes=[MODELS / "tiny_helper.py"])
+    forget_imports(result.path)
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "tiny_helper.py").write_text("HOST = True\n")
+    if how == "__main__":
+        rename_include(result.path, "tiny_helper.py", "__main__.py")
+        with pytest.raises(ModelSourceError, match=r"imported as '__main__'.*running program"):
+            Predictor.load(result.path)
+        return
+    sys.path.insert(0, str(host))
     try:
-        with Predictor.load(result.path) as predictor:
-            x = fresh((3, 2), 0)
-            torch.manual_seed(0)
-            linear = torch.nn.Linear(2, 2)
-            with torch.no_grad():
-                torch.testing.assert_close(predictor(x), torch.tanh(linear(x)) * 3.0, **TIGHT)
-        assert sys.modules["tiny_helper"] is mine
+        if how == "imported":
+            importlib.import_module("tiny_helper")
+        with pytest.raises(ModelSourceError, match=r"imported as 'tiny_helper'.*another module "
+                                                   r"of this process \(.*host/tiny_helper\.py\)"):
+            Predictor.load(result.path)
+        (host / "tiny_helper.py").write_bytes((MODELS / "tiny_helper.py").read_bytes())
+        sys.modules.pop("tiny_helper", None)
+        with Predictor.load(result.path) as predictor:  # the same bytes: no conflict
+            predictor(torch.zeros(1, 2))
     finally:
+        sys.path.remove(str(host))
         sys.modules.pop("tiny_helper", None)
 
 
@@ -477,19 +507,25 @@ def test_includes_may_not_shadow_host_modules(tmp_path: Path, include: str, owne
     assert sys.modules["json"].__name__ == "json" and not hasattr(sys.modules["json"], "FAKE")
 
 
-def test_a_shadowing_include_in_an_artifact_is_refused_before_it_runs(tmp_path: Path) -> None:
-    """The same check at load (an artifact edited, or built by an older qkan-pack)."""
+def rename_include(artifact: Path, old: str, new: str) -> None:
+    """Rename an include inside an artifact and re-sign its manifest entry (an edited
+    artifact, or one from an older qkan-pack), as a hostile or careless packager could."""
     import hashlib
 
+    raw = json.loads((artifact / "manifest.json").read_text())
+    (artifact / "source" / old).rename(artifact / "source" / new)
+    data = (artifact / "source" / new).read_bytes()
+    raw["files"].pop(f"source/{old}")
+    raw["files"][f"source/{new}"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    raw["model"]["includes"] = [f"source/{new}"]
+    (artifact / "manifest.json").write_text(json.dumps(raw))
+
+
+def test_a_shadowing_include_in_an_artifact_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """The same check at load (an artifact edited, or built by an older qkan-pack)."""
     art = build(MODELS / "with_include.py", "1x2", output=tmp_path / "art",
                 includes=[MODELS / "tiny_helper.py"]).path
-    raw = json.loads((art / "manifest.json").read_text())
-    (art / "source" / "tiny_helper.py").rename(art / "source" / "json.py")
-    data = (art / "source" / "json.py").read_bytes()
-    raw["files"].pop("source/tiny_helper.py")
-    raw["files"]["source/json.py"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    raw["model"]["includes"] = ["source/json.py"]
-    (art / "manifest.json").write_text(json.dumps(raw))
+    rename_include(art, "tiny_helper.py", "json.py")
     for name in [n for n in sys.modules if n.startswith("qkan_pack_model_")]:
         del sys.modules[name]
     with pytest.raises(ModelSourceError, match="would be imported as 'json'"):
@@ -548,3 +584,27 @@ def test_dataclass_and_namedtuple_outputs_defined_in_the_model_file(tmp_path: Pa
         want = eager(source)(x)
     torch.testing.assert_close(out.y, want.y, **TIGHT)
     torch.testing.assert_close(out.extra.second, want.extra.second, **TIGHT)
+
+
+@pytest.mark.parametrize(("where", "raises"), [
+    ("import", "KeyboardInterrupt"), ("factory", "KeyboardInterrupt"),
+    ("import", "SystemExit(3)"), ("factory", "SystemExit(3)"),
+])
+def test_ctrl_c_in_model_code_stays_ctrl_c_and_exit_is_a_model_error(tmp_path: Path, where: str,
+                                                                     raises: str) -> None:
+    """Round 2, finding 4 (audit): import and factory wrapped every BaseException, so Ctrl-C
+    during a slow model import became 'failed (factory): KeyboardInterrupt', exit 1 instead
+    of 130. A model calling sys.exit stays a model-code failure naming its stage."""
+    body = f"raise {raises}\n"
+    source = tmp_path / "m.py"
+    source.write_text("import torch\n" + (body if where == "import" else "")
+                      + "def build_model():\n" + (f"    {body}" if where == "factory" else "")
+                      + "    return torch.nn.Linear(2, 2)\n")
+    if raises == "KeyboardInterrupt":
+        with pytest.raises(KeyboardInterrupt):
+            build(source, "1x2", output=tmp_path / "a")
+    else:
+        with pytest.raises(ModelSourceError) as caught:
+            build(source, "1x2", output=tmp_path / "a")
+        assert caught.value.stage == where and isinstance(caught.value.__cause__, SystemExit)
+    assert not (tmp_path / "a").exists()
