@@ -100,8 +100,9 @@ def build(
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     entries = _record_references(forward, declared, decls, hook, model_path, seed, files, progress)
+    info = user.info()
     manifest = Manifest(
-        producer=_producer(), model=user.info(), call=declared.call, inputs=tuple(decls),
+        producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call, inputs=tuple(decls),
         shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
         reference_precision=torch.get_float32_matmul_precision(),
     )
@@ -114,11 +115,15 @@ def build(
     return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
 
 
-def _producer() -> dict[str, Any]:
+def _producer(*, uses_qkan: bool) -> dict[str, Any]:
     """Versions that shape the references; no host name or kernel release, which would
-    make the same build differ from machine to machine."""
+    make the same build differ from machine to machine, and qkan only for a model that
+    imports it (a plain torch model's digest does not depend on whether qkan is installed,
+    and its load does not warn about a qkan it never uses)."""
     versions = package_versions()
     versions.pop("platform", None)
+    if not uses_qkan:
+        versions.pop("qkan", None)
     return {**versions, "system": platform.system(), "machine": platform.machine()}
 
 

@@ -608,3 +608,36 @@ def test_ctrl_c_in_model_code_stays_ctrl_c_and_exit_is_a_model_error(tmp_path: P
             build(source, "1x2", output=tmp_path / "a")
         assert caught.value.stage == where and isinstance(caught.value.__cause__, SystemExit)
     assert not (tmp_path / "a").exists()
+
+
+WITHOUT_QKAN_METADATA = """
+import sys, warnings
+sys.modules["qkan"] = None
+import qkan_pack.runtime._compat as compat
+real = compat.installed_version
+compat.installed_version = lambda name: None if name == "qkan" else real(name)
+from qkan_pack import Predictor, build
+digest = build(sys.argv[1], "1x2,4x2", output=sys.argv[2]).digest
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    Predictor.load(sys.argv[3]).close()
+print(digest)
+print([str(w.message) for w in seen if "qkan" in str(w.message)])
+"""
+
+
+def test_a_plain_model_records_no_qkan_and_its_digest_does_not_depend_on_it(tmp_path: Path) -> None:
+    """Audit of issue 15: every build recorded the host's qkan version, so the same plain
+    torch model got another digest on a host without qkan, whose load then warned 'artifact
+    built with qkan 0.2.3, which is not installed here'. A QKAN model still records it."""
+    import subprocess
+
+    here = build(MODELS / "plain_mlp.py", "1x2,4x2", output=tmp_path / "here")
+    assert "qkan" not in here.manifest.producer
+    assert "qkan" in build(EXAMPLES / "qkan_mlp.py", "1x2", output=tmp_path / "q").manifest.producer
+    done = subprocess.run([sys.executable, "-c", WITHOUT_QKAN_METADATA, str(MODELS / "plain_mlp.py"),
+                           str(tmp_path / "there"), str(here.path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    digest, warned = done.stdout.strip().splitlines()[-2:]
+    assert digest == here.digest and warned == "[]"
