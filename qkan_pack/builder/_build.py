@@ -102,7 +102,8 @@ def build(
     entries = _record_references(forward, declared, decls, hook, model_path, seed, files, progress)
     info = user.info()
     manifest = Manifest(
-        producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call, inputs=tuple(decls),
+        producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
+        inputs=tuple(decls),
         shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
         reference_precision=torch.get_float32_matmul_precision(),
     )

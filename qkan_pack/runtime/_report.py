@@ -69,16 +69,17 @@ class LoadReport:
         return timed_stage(self.stages, name)
 
     def __str__(self) -> str:
+        width = max([18, *(len(r.label) + 2 for r in self.shapes)])  # named inputs: long labels
         lines = [
             f"artifact {self.artifact} ({self.digest[:19]}…) on {self.device}",
             f"policy {self.capture_policy}; solvers {', '.join(self.solvers) or '-'}; "
             f"factory device {self.factory_device}; overrides {self.config_overrides or '{}'}",
-            f"{'shape':<18}{'policy':<12}{'capture s':>10}{'pool MiB':>10}{'replay err':>12}"
+            f"{'shape':<{width}}{'policy':<12}{'capture s':>10}{'pool MiB':>10}{'replay err':>12}"
             f"{'ref err':>12}",
         ]
         for r in self.shapes:
             lines.append(
-                f"{r.label:<18}{r.policy:<12}{r.capture_seconds:>10.3f}"
+                f"{r.label:<{width}}{r.policy:<12}{r.capture_seconds:>10.3f}"
                 f"{r.pool_bytes / 2**20:>10.2f}{r.replay_max_abs:>12.2e}{r.reference_max_abs:>12.2e}"
             )
         stages = ", ".join(f"{k} {v:.3f}s" for k, v in self.stages.items())

@@ -522,3 +522,23 @@ def test_no_whole_graph_on_the_cpu_and_none_after_close(mlp_artifact: Path) -> N
     predictor.close()
     with pytest.raises(PredictorClosedError):
         predictor.whole_graph(0)
+
+
+def test_load_report_columns_fit_long_named_input_labels(tmp_path: Path) -> None:
+    """Audit: a keyword shape label longer than the column ran into the policy column
+    ('...attention_mask:1x16eager')."""
+    source = tmp_path / "named.py"
+    source.write_text("import torch\n\n"
+                      "class Net(torch.nn.Module):\n"
+                      "    def forward(self, hidden_states, attention_mask):\n"
+                      "        return hidden_states * attention_mask\n\n"
+                      "def build_model():\n    return Net()\n")
+    artifact = build(source, [{"hidden_states": (1, 16), "attention_mask": (1, 16)}],
+                     output=tmp_path / "a").path
+    with Predictor.load(artifact) as predictor:
+        table = str(predictor.report).splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("shape"))
+    policy_at = table[header].index("policy")
+    (row,) = table[header + 1:header + 2]
+    assert len(predictor.report.shapes[0].label) > 18
+    assert row[policy_at - 1] == " " and row[policy_at:].startswith("eager"), row
