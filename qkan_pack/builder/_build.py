@@ -18,6 +18,7 @@ import torch
 from ..errors import ModelSourceError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
+    MANIFEST_NAME,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
@@ -225,10 +226,18 @@ def _read_sources(model_path: Path, includes: Sequence[str | Path]) -> dict[str,
     return sources
 
 
+def _inside_an_artifact(path: Path, top: Path) -> bool:
+    """Whether ``path`` lies in an artifact built into the included folder ``top`` (its
+    sources are that artifact's, not the package's: packing them would nest artifacts)."""
+    return any((folder / MANIFEST_NAME).is_file() for folder in path.parents
+               if folder != top and top in folder.parents)
+
+
 def _expand_include(include: Path, model_path: Path) -> list[Path]:
     candidate = include if include.exists() else model_path.parent / include
     if candidate.is_dir():
-        return sorted(p for p in candidate.rglob("*.py") if "__pycache__" not in p.parts)
+        return sorted(p for p in candidate.rglob("*.py") if "__pycache__" not in p.parts
+                      and not _inside_an_artifact(p, candidate))
     if candidate.is_file() and candidate.suffix == ".py":
         return [candidate]
     raise ModelSourceError(f"--include {include} is not a .py file or a directory of them")

@@ -641,3 +641,20 @@ def test_a_plain_model_records_no_qkan_and_its_digest_does_not_depend_on_it(tmp_
     assert done.returncode == 0, done.stderr
     digest, warned = done.stdout.strip().splitlines()[-2:]
     assert digest == here.digest and warned == "[]"
+
+
+def test_an_artifact_built_into_an_included_package_is_not_packed_as_its_source(tmp_path: Path
+                                                                              ) -> None:
+    """Audit of issue 16: `-o mypkg/art` with `--include mypkg/`, then the same build again,
+    packed the first artifact's files as the model's sources (source/mypkg/art/source/...)."""
+    src = tmp_path / "src"
+    (src / "mypkg").mkdir(parents=True)
+    (src / "mypkg" / "__init__.py").write_text("SCALE = 2.0\n")
+    (src / "model.py").write_text("import torch\nimport mypkg\n\n"
+                                  "def build_model():\n    torch.manual_seed(0)\n"
+                                  "    return torch.nn.Linear(2, 2)\n")
+    first = build(src / "model.py", "1x2", output=src / "mypkg" / "art", includes=[src / "mypkg"])
+    again = build(src / "model.py", "1x2", output=tmp_path / "again", includes=[src / "mypkg"])
+    assert first.manifest.model.includes == again.manifest.model.includes == (
+        "source/mypkg/__init__.py",)
+    assert first.digest == again.digest
