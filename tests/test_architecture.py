@@ -73,7 +73,7 @@ PUBLIC = {
         "Manifest", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
         "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_dtype", "check_range",
-        "dumps_manifest", "format_shape", "loads_strict", "manifest_to_dict",
+        "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_to_dict",
         "padding_table", "pair_inputs", "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
     ],

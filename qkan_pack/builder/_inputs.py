@@ -20,7 +20,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ModelSourceError, ShapeSpecError
-from ..format import DTYPES, InputDecl, Shape, check_dtype, format_shape, parse_shapes
+from ..format import (
+    DTYPES,
+    InputDecl,
+    Shape,
+    check_dtype,
+    embedding_range,
+    format_shape,
+    parse_shapes,
+)
 from ..runtime import describe, torch_dtype
 
 ShapesArg = str | Sequence[Sequence[int]] | Sequence[Mapping[str, Sequence[int]]]
@@ -167,7 +175,7 @@ class _EmbeddingLookups(TorchFunctionMode):
         rows = int(weight.shape[0])
         if name is not None and rows < self.found.get(name, (0, 2**62, ""))[1]:
             table = self.names.get(id(weight), "an embedding")
-            self.found[name] = (0, rows, f"embedding {table} ({rows} rows)")
+            self.found[name] = (0, rows, embedding_range(table, rows))
 
 
 def _embedding_ranges(declared: DeclaredInputs, integers: list[str],

@@ -119,6 +119,26 @@ class InputDecl:
     high: float | None = None
     range_source: str = ""
 
+    @property
+    def index_bounds(self) -> tuple[int, int] | None:
+        """``[low, high)`` that every value must lie in, when the range was read off an
+        embedding table the input indexes (a value outside fails the model: IndexError on the
+        CPU, a device-side assert that ends the CUDA context on a GPU); None when the range
+        only says where reference values were drawn from."""
+        if not self.range_source.startswith(EMBEDDING_RANGE_PREFIX) or self.low is None \
+                or self.high is None:
+            return None
+        return int(self.low), int(self.high)
+
+
+#: How ``range_source`` begins for a range read off an embedding table (``embedding_range``).
+EMBEDDING_RANGE_PREFIX = "embedding "
+
+
+def embedding_range(table: str, rows: int) -> str:
+    """The ``range_source`` of an input that indexes the embedding ``table`` of ``rows`` rows."""
+    return f"{EMBEDDING_RANGE_PREFIX}{table} ({rows} rows)"
+
 
 @dataclass(frozen=True)
 class ShapeEntry:

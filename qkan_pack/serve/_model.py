@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError, ServeError
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
-from ._wire import Given, fit, given_from_python, host_outputs, to_tensor
+from ._wire import Given, check_index_bounds, fit, given_from_python, host_outputs, to_tensor
 
 if TYPE_CHECKING:
     from ..runtime import Predictor
@@ -42,6 +42,7 @@ class ModelCore:
         self.predictor = predictor
         self.names = manifest.input_names
         self._dtypes = tuple(d.dtype for d in manifest.inputs)
+        self._bounds = tuple(d.index_bounds for d in manifest.inputs)
         self.plan = row_plan(manifest)
         self._exact_shapes = {tuple(s for _, s in e.inputs): e.label for e in manifest.shapes}
         self.accepted = manifest.signatures()
@@ -93,7 +94,9 @@ class ModelCore:
             out = await self._batched(_Row(arrays, way.tail))
         if isinstance(out, BaseException):
             raise out
-        return map_leaves(lambda t: t[0], out) if way.squeezed else out
+        # [0, ...]: a row's share of a per-row output is a 0-d array (a numpy scalar would
+        # lose its array type, and the handle could not give it back as a tensor)
+        return map_leaves(lambda t: t[0, ...], out) if way.squeezed else out
 
     def _fit(self, given: Mapping[str, Given]) -> list[np.ndarray]:
         unknown = sorted(set(given) - set(self.names))
@@ -101,7 +104,8 @@ class ModelCore:
         if unknown or missing:
             raise InputError(f"inputs must be exactly {list(self.names)}; "
                              f"unknown {unknown}, missing {missing}", accepted=self.accepted)
-        return [fit(given[n], n, d, self.accepted) for n, d in zip(self.names, self._dtypes)]
+        return [check_index_bounds(fit(given[n], n, d, self.accepted), n, bounds, self.accepted)
+                for n, d, bounds in zip(self.names, self._dtypes, self._bounds)]
 
     async def _run_rows(self, rows: list[_Row]) -> list[Any]:
         """``@serve.batch`` body: per row shape, stack into captured batches, replay (on the

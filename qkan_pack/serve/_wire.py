@@ -292,6 +292,22 @@ def check_finite(array: np.ndarray, name: str, want: str,
     return array
 
 
+def check_index_bounds(array: np.ndarray, name: str, bounds: tuple[int, int] | None,
+                       accepted: Sequence[Signature]) -> np.ndarray:
+    """An input that indexes an embedding (``InputDecl.index_bounds``) must stay within its
+    rows: refused here (422) rather than failing the model -- and every row batched with it
+    -- or, on a GPU, killing the CUDA context with a device-side assert."""
+    if bounds is None or array.size == 0:
+        return array
+    low, high = bounds
+    smallest, largest = int(array.min()), int(array.max())
+    if smallest < low or largest >= high:
+        bad = smallest if smallest < low else largest
+        raise InputError(f"input {name!r} holds {bad}, outside [{low}, {high}): it indexes an "
+                         f"embedding of {high - low} rows", accepted=accepted)
+    return array
+
+
 def _largest(dtype: str) -> float:
     torch = torch_module()
     return float(torch.finfo(getattr(torch, dtype)).max)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,3 +230,46 @@ def test_the_handle_answers_numpy_for_numpy_and_tensors_for_tensors(tmp_path) ->
     assert isinstance(one_row, np.ndarray) and one_row.shape == (2,)
     assert np.array_equal(one_row, Predictor.load(tmp_path / "a", "cpu", pad_batch=True,
                                                   progress=False)(rows[:1])[0].numpy())
+
+
+@pytest.fixture(scope="module")
+def multi_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from qkan_pack import build
+    from qkan_pack.serve._app import ArtifactServer, ServeOptions
+
+    from ..conftest import MODELS
+
+    out = tmp_path_factory.mktemp("multi") / "m"
+    build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 4)}, {"a": (8, 3), "b": (8, 4)}],
+          output=out, dtype={"b": "int64"})
+    return ArtifactServer(str(out), options=ServeOptions(device="cpu", exact=True))
+
+
+def test_an_unbatched_tensor_row_gets_tensors_back_for_per_row_outputs(multi_server: Any) -> None:
+    """Audit regression (numpy rows): a row's share of a per-row output was ``t[0]`` of a numpy
+    array, a numpy scalar that ``torch.from_numpy`` refused (TypeError through the handle)."""
+    import torch
+
+    a, b = torch.rand(3, generator=torch.Generator().manual_seed(5)), torch.tensor([1, 2, 3, 4])
+    out = asyncio.run(multi_server.predict(a=a, b=b))
+    want = multi_server.predictor(a=a[None], b=b[None])
+    assert isinstance(out["parts"][0], torch.Tensor) and out["parts"][0].ndim == 0
+    assert torch.equal(out["parts"][0], want["parts"][0][0])
+    assert torch.equal(out["y"], want["y"][0])
+    as_numpy = asyncio.run(multi_server.predict(a=a.numpy(), b=b.numpy()))
+    assert isinstance(as_numpy["parts"][0], np.ndarray) and as_numpy["parts"][0].ndim == 0
+
+
+@pytest.mark.parametrize("ids", [[8, 1, 2, 3], [-1, 0, 0, 0], [0, 100000, 0, 0]])
+def test_an_index_outside_its_embedding_is_a_422_naming_the_input(multi_server: Any,
+                                                                 ids: list[int]) -> None:
+    """Audit: a token id beyond the embedding's rows reached the model, a 500 (and, batched,
+    failed every row replayed with it; on a GPU a device-side assert ends the CUDA context).
+    The manifest records the bound read off the table at build; serve refuses before replay."""
+    from qkan_pack.serve._wire import given_from_python
+
+    given = {"a": given_from_python([[0.1, 0.2, 0.3]], "a"), "b": given_from_python([ids], "b")}
+    with pytest.raises(InputError, match=r"input 'b' holds -?\d+, outside \[0, 8\): it indexes "
+                                         r"an embedding of 8 rows"):
+        asyncio.run(multi_server.core.infer(given))
+    assert multi_server.core.fault is None
