@@ -81,12 +81,12 @@ class _Session:
         config = dict(self.predictor.report.config)
         self.model = rebuild_model(artifact, target, config)
         names, call = self.manifest.input_names, self.manifest.call
-        self.forward = bind_forward(self.model, names, call)  # the predictor's call, named inputs by keyword
         self.samples, _ = reference_samples(artifact, target)
         self.contestants = Contestants(
             self.model, lambda: rebuild_model(artifact, target, config),
             lambda model: bind_forward(model, names, call), self.predictor, target,
             len(self.samples), settings.skip)
+        self.forward = self.contestants.forward  # the predictor's call: named inputs by keyword
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(target)) if self.cuda \
             else (lambda: None)
         self._rounds = 0

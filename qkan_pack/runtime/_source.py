@@ -90,23 +90,26 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         # in sys.modules while it runs, as importlib does: dataclasses, typing and pickle
         # look classes' modules up there
         sys.modules[name] = module
-        with _serving(includes, name), deferred_imports():  # heavy unused imports wait
-            try:
-                # dont_inherit: the user's file gets its own __future__ flags, not this one's
-                # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
-                exec(compile(sources[source], shown, "exec", dont_inherit=True), module.__dict__)
-            except SyntaxError as exc:
-                del sys.modules[name]
-                raise ModelSourceError(
-                    f"{shown}: syntax error at line {exc.lineno}: {exc.msg}"
-                ) from exc
-            except KeyboardInterrupt:  # Ctrl-C stays Ctrl-C (exit 130), not a model error
-                del sys.modules[name]
-                raise
-            except BaseException as exc:  # SystemExit from model code is the model's failure
-                del sys.modules[name]
-                raise model_code_failed("import", shown, "import", exc) from exc
+        try:
+            with _serving(includes, name), deferred_imports():  # heavy unused imports wait
+                _execute(sources[source], shown, module)
+        except BaseException:
+            del sys.modules[name]
+            raise
         return module
+
+
+def _execute(source: bytes, shown: str, module: ModuleType) -> None:
+    """Run the model source in ``module``; what it raises (``sys.exit`` included) is a model
+    error naming the import, while Ctrl-C stays ``KeyboardInterrupt``."""
+    try:
+        # dont_inherit: the user's file gets its own __future__ flags, not this one's
+        # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
+        exec(compile(source, shown, "exec", dont_inherit=True), module.__dict__)
+    except SyntaxError as exc:
+        raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}") from exc
+    except (Exception, SystemExit) as exc:
+        raise model_code_failed("import", shown, "import", exc) from exc
 
 
 @contextmanager
@@ -174,9 +177,7 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
         kwargs["device"] = device
     try:
         model = factory(**kwargs)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
+    except (Exception, SystemExit) as exc:  # Ctrl-C stays KeyboardInterrupt
         raise model_code_failed("factory", shown, f"{entry}(**config)", exc) from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelSourceError(

@@ -119,12 +119,11 @@ class HttpApi:
                                        "'Authorization: Bearer <token>'"},
                                  {"WWW-Authenticate": 'Bearer realm="qkan-pack"'})
         path = request.url.path.removeprefix(request.scope.get("root_path", "")).rstrip("/")
-        routes = self._routes
-        handler = routes.get((path, request.method))
+        handler = self._routes.get((path, request.method))
         if handler is not None:
             return await handler(request)
-        if any(p == path for p, _ in routes):
-            allowed = sorted(m for p, m in routes if p == path)
+        if any(p == path for p, _ in self._routes):
+            allowed = sorted(m for p, m in self._routes if p == path)
             return json_response(405, {"error": f"{request.method} is not allowed on "
                                        f"{path or '/'}; use {', '.join(allowed)}"})
         return json_response(404, {"error": f"no route {path!r}; use GET /, POST /, "

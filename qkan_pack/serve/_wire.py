@@ -184,14 +184,14 @@ def _encode_leaf(leaf: np.ndarray | torch.Tensor, encoding: str) -> Any:
         from ..runtime import dtype_name
 
         dtype = dtype_name(leaf.dtype)
-        tensor = leaf.detach().cpu()
-        if encoding == "list":
-            return _list_ready((tensor.float() if dtype == "bfloat16" else tensor).numpy())
-        return _b64_object(_wire_array(tensor, dtype), dtype, list(tensor.shape))
+        if encoding == "list" and dtype == "bfloat16":
+            return _list_ready(leaf.detach().cpu().float().numpy())
+        array = _tensor_bits(leaf)
+    else:
+        array, dtype = leaf, leaf.dtype.name
     if encoding == "list":
-        return _list_ready(leaf)
-    return _b64_object(leaf.astype(DTYPES[leaf.dtype.name].wire, copy=False), leaf.dtype.name,
-                       list(leaf.shape))
+        return _list_ready(array)
+    return _b64_object(_wire_array(array, dtype), dtype, list(array.shape))
 
 
 def _list_ready(array: np.ndarray) -> Any:
@@ -207,11 +207,9 @@ def dumps(payload: Any) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _wire_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
-    """A CPU tensor as a little-endian array; bfloat16 as its raw 16 bits."""
-    if dtype == "bfloat16":
-        return tensor.view(torch_module().int16).numpy().view(np.uint16).astype("<u2", copy=False)
-    return tensor.numpy().astype(DTYPES[dtype].wire, copy=False)
+def _wire_array(array: np.ndarray, dtype: str) -> np.ndarray:
+    """A host array of manifest dtype ``dtype`` (bfloat16 as its raw bits), little-endian."""
+    return array.astype("<u2" if dtype == "bfloat16" else DTYPES[dtype].wire, copy=False)
 
 
 def torch_module() -> Any:

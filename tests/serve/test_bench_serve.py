@@ -13,20 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import EXAMPLES
 from ._server import TAG_ENV, free_port, tagged_pids
 
 pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from qkan_pack import build
-
-    out = tmp_path_factory.mktemp("bench_serve") / "qkan_mlp"
-    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=out)
-    return out
 
 
 def _listening(port: int) -> bool:

@@ -14,20 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import EXAMPLES, MODELS
+from ..conftest import MODELS
 from ._server import Server, free_port, strict_json, tagged_pids
 
 pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from qkan_pack import build
-
-    out = tmp_path_factory.mktemp("life") / "qkan_mlp"
-    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=out)
-    return out
 
 
 def _serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..conftest import EXAMPLES
 from ._server import Server, strict_json
 
 pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
@@ -28,15 +27,6 @@ pytestmark = [pytest.mark.serve, pytest.mark.slow]
 TOKEN = "test-token-0123456789abcdef"
 BODY_LIMIT = 64 * 1024  # --max-body-mb 0.0625
 ACCEPTED = ["x 1x2 float32", "x 8x2 float32"]
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from qkan_pack import build
-
-    out = tmp_path_factory.mktemp("serve") / "qkan_mlp"
-    build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=out)
-    return out
 
 
 @pytest.fixture(scope="module")
