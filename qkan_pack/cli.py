@@ -585,7 +585,8 @@ def _read_token(path: Path | None) -> str | None:
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001),
               help="Larger request bodies get HTTP 413 before they are read whole.")
 @click.option("--body-timeout-s", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="A request body not received within this time gets HTTP 408.")
+              help="A request body not received within this time gets HTTP 408 (through HAProxy, "
+              "the headers and the first 16 KiB of body within this or 10 s, whichever is shorter).")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help=f"Require 'Authorization: Bearer <token>' on every route (token: the file's "
               f"first line) [default: ${TOKEN_ENV}, else no token].")

