@@ -15,6 +15,9 @@ from ..errors import InputError, format_accepted
 from ..format import Manifest, format_shape, padding_table
 from ._tree import torch_dtype
 
+#: Tensor types taken as they are; any other ``torch.Tensor`` subclass is refused.
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
 
 class InputMatcher:
     """Turns ``(args, kwargs)`` into tensors and the manifest shape they replay."""
@@ -44,6 +47,8 @@ class InputMatcher:
         for position, value in enumerate(args):
             if not isinstance(value, torch.Tensor):
                 value, as_numpy = self._coerce(value, position), True
+            elif type(value) not in PLAIN_TENSOR_TYPES:
+                raise self._subclass(value, position)
             tensors.append(value.detach() if value.requires_grad else value)
         index, rows, padded = self._lookup(tensors)
         return tensors, as_numpy, index, rows, padded
@@ -61,6 +66,15 @@ class InputMatcher:
         if missing:
             raise self.refuse(f"missing input(s) {missing}; this artifact takes {list(self._names)}")
         return tuple(given[n] for n in self._names)
+
+    def _subclass(self, value: torch.Tensor, position: int) -> InputError:
+        """A tensor subclass (``MaskedTensor``, ``DTensor``, ...) would be copied into the
+        graph's input buffer as its plain data, dropping whatever the subclass adds (a mask)."""
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        return self.refuse(
+            f"input {self._names[position]!r} is a {kind}, a torch.Tensor subclass that the "
+            "captured graphs cannot take; pass a plain tensor (for a masked tensor, fill the "
+            "masked entries first)")
 
     def _coerce(self, value: Any, position: int) -> torch.Tensor:
         name = self._names[position]

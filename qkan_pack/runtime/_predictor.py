@@ -72,7 +72,7 @@ class Predictor:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast
-        if fast is not None and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+        if fast is not None and len(args) == 1 and not kwargs and type(args[0]) is torch.Tensor:
             x = args[0]
             index = None if x.is_nested else fast.get((x.shape, x.dtype, x.device))
             if index is not None and x.layout == torch.strided:

@@ -49,6 +49,10 @@ def eager_rows(predictor: Predictor, x: torch.Tensor) -> torch.Tensor:
 # Refused inputs: each an InputError that lists the accepted shapes
 # ---------------------------------------------------------------------------
 
+class _Tagged(torch.Tensor):
+    """A user's tensor subclass."""
+
+
 BAD_INPUTS = {
     "rank too low": lambda: torch.randn(2),
     "rank too high": lambda: torch.randn(1, 1, 2),
@@ -66,6 +70,11 @@ BAD_INPUTS = {
     "nested (jagged)": lambda: torch.nested.nested_tensor([torch.zeros(1, 2)] * 2,
                                                           layout=torch.jagged),
     "masked numpy": lambda: np.ma.masked_array(np.ones((1, 2), np.float32), mask=[[0, 1]]),
+    # a torch MaskedTensor failed inside the model (CPU) or was copied into the graph's input
+    # buffer without its mask (GPU fast path); every tensor subclass is refused up front
+    "masked tensor": lambda: torch.masked.masked_tensor(torch.ones(1, 2),
+                                                        torch.tensor([[True, False]])),
+    "tensor subclass": lambda: torch.randn(1, 2).as_subclass(_Tagged),
     "bool": lambda: torch.ones(1, 2, dtype=torch.bool),
     "numpy float64": lambda: np.zeros((1, 2)),
     "numpy wrong shape": lambda: np.zeros((2, 2), dtype=np.float32),
@@ -73,11 +82,23 @@ BAD_INPUTS = {
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of MaskedTensors:UserWarning")
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_lists_what_is_accepted(mlp: Predictor, case: str) -> None:
     with pytest.raises(InputError) as info:
         mlp(BAD_INPUTS[case]())
     assert ACCEPTED in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of MaskedTensors:UserWarning")
+def test_tensor_subclass_is_named_and_a_parameter_is_plain(mlp: Predictor) -> None:
+    masked = torch.masked.masked_tensor(torch.ones(1, 2), torch.tensor([[True, False]]))
+    with pytest.raises(InputError, match=r"MaskedTensor, a torch\.Tensor subclass.*fill the masked"):
+        mlp(masked)
+    with pytest.raises(InputError, match="_Tagged"):
+        mlp(x=torch.randn(1, 2).as_subclass(_Tagged))
+    x = torch.randn(1, 2)
+    torch.testing.assert_close(mlp(torch.nn.Parameter(x)), mlp(x), rtol=0, atol=0)
 
 
 def test_dtype_error_says_how_to_convert(mlp: Predictor) -> None:
