@@ -127,11 +127,13 @@ def import_roots() -> list[str]:
     import sysconfig
 
     roots = [sysconfig.get_paths()["stdlib"], *sys.path, _PACKAGE_ROOT]
-    seen: list[str] = []
+    seen: set[str] = set()
+    unique = []
     for root in roots:
-        if root and os.path.isdir(root) and os.path.realpath(root) not in map(os.path.realpath, seen):
-            seen.append(root)
-    return seen
+        if root and os.path.isdir(root) and (real := os.path.realpath(root)) not in seen:
+            seen.add(real)
+            unique.append(root)
+    return unique
 
 
 def compile_bytecode(cache: Path, roots: Sequence[str] | None = None) -> dict[str, Any]:

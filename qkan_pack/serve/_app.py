@@ -33,7 +33,7 @@ from ..errors import ServeError
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore, map_leaves
 from ._rows import describe_artifact, largest_batch, row_plan
-from ._wire import is_tensor
+from ._wire import is_tensor, torch_module
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -113,9 +113,8 @@ class ArtifactServer:
         outputs = await self.core.infer(given)
         if not any(is_tensor(g.array) for g in given.values()):
             return outputs
-        import torch
-
-        return map_leaves(lambda a: a if is_tensor(a) else torch.from_numpy(a), outputs)
+        from_numpy = torch_module().from_numpy
+        return map_leaves(lambda a: a if is_tensor(a) else from_numpy(a), outputs)
 
     def describe(self) -> dict[str, Any]:
         """The artifact and this replica, as ``GET /`` returns them (no process ids)."""

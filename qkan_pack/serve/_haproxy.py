@@ -41,7 +41,7 @@ _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, s
                 b'replacing a replica); retry after 1 s"}')
 
 
-def rewrite(config: str, error_dir: str, timeout_s: int = HEADER_TIMEOUT_S) -> str:
+def rewrite(config: str, error_dir: str, timeout_s: int) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests and a request timeout (idempotent: a rewritten config
     rewrites to itself)."""
@@ -108,7 +108,7 @@ def request_timeout_s(body_timeout_s: float) -> int:
     return max(1, min(HEADER_TIMEOUT_S, int(body_timeout_s)))
 
 
-def install_wrapper(directory: Path, real_binary: str, timeout_s: int = HEADER_TIMEOUT_S) -> Path:
+def install_wrapper(directory: Path, real_binary: str, timeout_s: int) -> Path:
     """Write the error files and an executable wrapper into ``directory``; return its path."""
     errors = directory / "errors"
     errors.mkdir(parents=True, exist_ok=True)

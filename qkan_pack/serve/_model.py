@@ -15,7 +15,15 @@ import numpy as np
 from ..errors import InputError, ServeError
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
-from ._wire import Given, check_index_bounds, fit, given_from_python, host_outputs, to_tensor
+from ._wire import (
+    Given,
+    check_index_bounds,
+    fit,
+    given_from_python,
+    host_outputs,
+    to_tensor,
+    torch_module,
+)
 
 if TYPE_CHECKING:
     from ..runtime import Predictor
@@ -154,9 +162,7 @@ class ModelCore:
             raise ServeError(f"replica is unhealthy after a device error: {self.fault}",
                              hint="Ray Serve replaces it")
         if self.predictor.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(self.predictor.device)
+            torch_module().cuda.synchronize(self.predictor.device)
 
 
 def _fixed_signature(run_rows: Any) -> Any:

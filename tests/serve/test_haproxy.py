@@ -5,7 +5,6 @@ mid-request and one that answers, without Ray."""
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import subprocess
 import threading
@@ -25,14 +24,9 @@ from qkan_pack.serve._haproxy import (
     timeout_response,
 )
 
+from ._server import free_port, strict_json
+
 pytestmark = pytest.mark.serve
-
-
-def _strict(payload: bytes) -> object:
-    def refuse(name: str) -> None:
-        raise ValueError(name)
-
-    return json.loads(payload, parse_constant=refuse)
 
 
 def test_haproxy_config_rewrite() -> None:
@@ -54,20 +48,14 @@ def test_haproxy_config_rewrite() -> None:
     assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
     assert rewrite(out, "/E", 7) == out
     head, body = error_response().split(b"\r\n\r\n")
-    assert b"503" in head and b"Retry-After: 1" in head and _strict(body)["error"]
+    assert b"503" in head and b"Retry-After: 1" in head and strict_json(body)["error"]
     head, body = timeout_response(7).split(b"\r\n\r\n")
-    assert b"408" in head and "within 7 s" in _strict(body)["error"]
+    assert b"408" in head and "within 7 s" in strict_json(body)["error"]
 
 
 def test_the_request_timeout_is_the_shorter_of_headers_and_body() -> None:
     assert request_timeout_s(30.0) == 10 and request_timeout_s(2.0) == 2
     assert request_timeout_s(0.1) == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _Answers(BaseHTTPRequestHandler):
@@ -107,7 +95,7 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
     threading.Thread(target=good.serve_forever, daemon=True).start()
     dying = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_dies_mid_request, args=(dying,), daemon=True).start()
-    port = _free_port()
+    port = free_port()
     wrapper = install_wrapper(tmp_path, binary, 1)
     config = tmp_path / "haproxy.cfg"
     config.write_text("\n".join([
@@ -167,5 +155,5 @@ def test_slow_headers_or_body_get_a_json_408(haproxy: int) -> None:
         while chunk := sock.recv(4096):
             reply += chunk
     head, body = reply.split(b"\r\n\r\n", 1)
-    assert head.startswith(b"HTTP/1.1 408") and "within 1 s" in _strict(body)["error"]
+    assert head.startswith(b"HTTP/1.1 408") and "within 1 s" in strict_json(body)["error"]
     assert time.monotonic() - started < 5

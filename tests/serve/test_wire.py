@@ -4,7 +4,6 @@ the port check, placement arithmetic, ``exact`` determinism."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from typing import Any
 
@@ -13,15 +12,10 @@ import pytest
 
 from qkan_pack.errors import InputError, MalformedRequestError, ServeError
 
+from ._server import strict_json
+
 pytest.importorskip("orjson", reason="the serve extra is not installed")
 pytestmark = pytest.mark.serve
-
-
-def _strict(payload: bytes) -> object:
-    def refuse(name: str) -> None:
-        raise ValueError(name)
-
-    return json.loads(payload, parse_constant=refuse)
 
 
 @pytest.mark.parametrize(("body", "where"), [
@@ -105,7 +99,7 @@ def test_replies_are_strict_json_with_null_for_non_finite_outputs() -> None:
     out = (torch.tensor([[float("nan"), float("inf"), -float("inf"), 1.5]]),
            {"b": torch.tensor([1.0], dtype=torch.bfloat16), "s": torch.tensor(2.5)})
     payload = dumps({"outputs": encode_outputs(out, "list")})
-    assert _strict(payload) == {"outputs": [[[None, None, None, 1.5]], {"b": [1.0], "s": 2.5}]}
+    assert strict_json(payload) == {"outputs": [[[None, None, None, 1.5]], {"b": [1.0], "s": 2.5}]}
 
 
 def test_admission_bounds_work_and_queue() -> None:
