@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from ._server import Server, strict_json
 
@@ -80,8 +81,10 @@ def _all_stats(server: Server) -> dict[str, dict[str, Any]]:
 
 
 def test_start_prints_the_ready_line_and_url_only(server: Server) -> None:
+    # device "auto" resolves to the first GPU where there is one (this test runs on both hosts)
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
     assert server.stdout[0].startswith(f"serving {server.artifact} (sha256:")
-    assert f"at http://127.0.0.1:{server.port}/ with 2 replica(s) on cpu" in server.stdout[0]
+    assert f"at http://127.0.0.1:{server.port}/ with 2 replica(s) on {device}" in server.stdout[0]
     assert "bearer token required" in server.stdout[0]
 
 
