@@ -42,6 +42,8 @@ from ..runtime import (
     model_solvers,
     package_versions,
     progress_bar,
+    referenced_roots,
+    resolve_output_classes,
 )
 from ._inputs import (
     EXAMPLE_INPUT_HOOK,
@@ -112,6 +114,7 @@ def build(
     final, digest = write_artifact(target, manifest, files, force=force,
                                   protect=(model_path.parent,))
     notes = tuple(_range_note(d) for d in decls if d.range_source == "default")
+    notes += tuple(_unresolved_output_classes(entries, user))
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
@@ -127,6 +130,13 @@ def _producer(*, uses_qkan: bool) -> dict[str, Any]:
     if not uses_qkan:
         versions.pop("qkan", None)
     return {**versions, "system": platform.system(), "machine": platform.machine()}
+
+
+def _unresolved_output_classes(entries: Sequence[ShapeEntry], user: _UserModel) -> list[str]:
+    """Output classes a load will not look up (defined outside what the model source and
+    its model refer to), said at build rather than discovered at load."""
+    roots = referenced_roots(user.module, user.model)
+    return resolve_output_classes([entry.outputs for entry in entries], roots)[1]
 
 
 def _range_note(decl: InputDecl) -> str:

@@ -1,6 +1,9 @@
-"""The one device resolver: text or ``torch.device`` in, a device that exists here out."""
+"""The one device resolver (text or ``torch.device`` in, a device that exists here out), and
+the early start of a GPU's context that a load overlaps with its CPU work."""
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -34,3 +37,42 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise DeviceError(requested=str(device), problem=f"this host has {count} CUDA device(s)",
                           suggestion="cuda:0")
     return torch.device("cuda", index)
+
+
+class ContextStart:
+    """``target``'s CUDA context and cuBLAS handle, being created on a helper thread.
+
+    Why: creating the primary context takes ~0.1 s on an H200 and runs in the driver with
+    the GIL released, so the load verifies the artifact, matches shipped kernels and imports
+    Triton meanwhile instead of afterwards (process start -> first result is the figure
+    users time). The tiny matmul creates the cuBLAS handle the first forward would create;
+    torch returns a thread's handles to its pool when the thread ends, so ``wait`` joins the
+    thread (not just its work) before the load's own CUDA work reuses them. An error there
+    (a busy or lost GPU) is raised by ``wait``, in the caller's thread, as it was raised.
+    """
+
+    def __init__(self, target: torch.device) -> None:
+        self._target = target
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._create, name="qkan-pack-cuda-context",
+                                        daemon=True)
+        self._thread.start()
+
+    def _create(self) -> None:
+        try:
+            ones = torch.ones(2, 2, device=self._target)
+            torch.mm(ones, ones)
+            torch.cuda.synchronize(self._target)
+        except BaseException as error:  # re-raised by wait() in the loading thread
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the context exists; raise what creating it raised."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+
+    def join(self) -> None:
+        """Block until the thread ended, raising nothing: for a load that failed before it
+        needed the GPU, whose own error is the one to report."""
+        self._thread.join()

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from ._calling import bind_forward, full_float32
 from ._capture import capture_session
 from ._compat import check_compatibility
 from ._compiled import serve_compiled
-from ._device import resolve_device
+from ._device import ContextStart, resolve_device
 from ._kernels import matching_set, shipped_kernels
 from ._options import (
     CROSS_DEVICE_TOLERANCE,
@@ -40,7 +41,13 @@ from ._options import (
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
-from ._source import call_factory, entry_function, import_model_source, model_code_failed
+from ._source import (
+    call_factory,
+    entry_function,
+    import_model_source,
+    model_code_failed,
+    referenced_roots,
+)
 from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
 
@@ -99,18 +106,23 @@ def _release_frames(error: BaseException | None, stop: BaseException | None) -> 
 def _load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
     started = time.perf_counter()
     target = resolve_device(device)
-    verify_started = time.perf_counter()
-    artifact = read_artifact(path, expected_digest=options.expected_digest,
-                             trusted_keys=options.trusted_keys)
-    report = _new_report(artifact, target, options)
-    report.stages["verify"] = time.perf_counter() - verify_started
-    check_compatibility(artifact.manifest, report.warn)
-    if target.type == "cuda":
-        with report.stage("cuda init"):
-            torch.cuda.init()
-            torch.empty(0, device=target)
-    with _kernel_cache(artifact, target, options.kernels, report), _on_device(target):
-        model, runner, classes = _prepare(artifact, target, report, options)
+    context = ContextStart(target) if target.type == "cuda" else None
+    try:
+        verify_started = time.perf_counter()
+        artifact = read_artifact(path, expected_digest=options.expected_digest,
+                                 trusted_keys=options.trusted_keys)
+        report = _new_report(artifact, target, options)
+        report.stages["verify"] = time.perf_counter() - verify_started
+        check_compatibility(artifact.manifest, report.warn)
+        with _kernel_cache(artifact, target, options.kernels, report):
+            if context is not None:  # the wait only: creation overlapped the steps above
+                with report.stage("cuda init"):
+                    context.wait()
+            with _on_device(target):  # setting the device would wait for the context anyway
+                model, runner, classes = _prepare(artifact, target, report, options)
+    finally:
+        if context is not None:
+            context.join()  # a refused artifact leaves no thread behind
     report.load_to_ready_seconds = time.perf_counter() - started
     return Loaded(artifact=artifact, model=model, runner=runner, device=target, report=report,
                   classes=classes)
@@ -160,7 +172,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     manifest = artifact.manifest
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
-    classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes])
+    classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes],
+                                               referenced_roots(source_module(artifact), model))
     for problem in problems:
         report.warn(problem)
     report.solvers = model_solvers(model)
@@ -238,8 +251,7 @@ def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapp
     (seconds per step added to ``stages`` when given)."""
     info = artifact.manifest.model
     with timed_stage(stages, "import"):
-        sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
-        module = import_model_source(info.source, sources)
+        module = source_module(artifact)
     with timed_stage(stages, "build"):
         factory = entry_function(module, info.entry, info.source)
         model = call_factory(factory, config, info.source, info.entry, device=str(target))
@@ -250,6 +262,14 @@ def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapp
         model.eval()  # after loading: QKAN rebuilds its folded eval caches here
         model.requires_grad_(False)
     return model
+
+
+def source_module(artifact: VerifiedArtifact) -> ModuleType:
+    """The artifact's verified model source as a module (imported once per process: the
+    module is named after its content)."""
+    info = artifact.manifest.model
+    sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
+    return import_model_source(info.source, sources)
 
 
 def reference_samples(artifact: VerifiedArtifact, target: torch.device

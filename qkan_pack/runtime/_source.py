@@ -31,6 +31,24 @@ _IMPORT_LOCK = threading.RLock()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
 
 
+def referenced_roots(module: ModuleType, model: Any) -> frozenset[str]:
+    """Top-level packages the model source's names come from (modules it imported, the
+    modules its classes and functions were defined in) and those its model's submodule
+    classes are defined in, the source module itself included.
+
+    Why: the packages recorded with an artifact, and the only packages an output class is
+    looked up in at load (never from a name the manifest alone supplies). ``vars`` of the
+    module is read, so nothing runs a lazy module's ``__getattr__``.
+    """
+    names = [module.__name__]
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str):
+            names.append(name)
+    names += [type(submodule).__module__ for submodule in model.modules()]
+    return frozenset(name.partition(".")[0] for name in names)
+
+
 def module_name_for(path: str) -> str:
     """``pkg/__init__.py`` -> ``pkg``; ``pkg/util.py`` -> ``pkg.util``; ``helpers.py`` -> ``helpers``."""
     stem = path[: -len(".py")] if path.endswith(".py") else path

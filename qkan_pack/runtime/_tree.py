@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -133,11 +134,14 @@ def flatten(value: Any) -> list[torch.Tensor]:
     return leaves
 
 
-def resolve_output_classes(nodes: Sequence[OutputNode]) -> tuple[dict[tuple[str, str], type | None],
-                                                                 list[str]]:
-    """Find every recorded output class among the modules already imported (the model
-    source imported them); import nothing. Returns the table and one sentence per class that
-    could not be found (those outputs come back as plain containers)."""
+def resolve_output_classes(nodes: Sequence[OutputNode], roots: Collection[str]
+                           ) -> tuple[dict[tuple[str, str], type | None], list[str]]:
+    """Find every recorded output class among the modules already imported, in the
+    top-level packages ``roots`` (``referenced_roots``: what the verified model source and
+    its model refer to); import nothing and run no module's ``__getattr__``, so a manifest
+    can name only a class the model's own code already made available. Returns the table
+    and one sentence per class that could not be found (those outputs come back as plain
+    containers)."""
     table: dict[tuple[str, str], type | None] = {}
     problems = []
     for node in nodes:
@@ -145,11 +149,12 @@ def resolve_output_classes(nodes: Sequence[OutputNode]) -> tuple[dict[tuple[str,
             key = (cls.module, cls.qualname)
             if key in table:
                 continue
-            table[key] = _lookup(cls)
+            table[key] = _lookup(cls) if cls.module.partition(".")[0] in roots else None
             if table[key] is None:
-                problems.append(f"output class {cls.module}.{cls.qualname} is not defined by any "
-                                "module the model source imported: outputs of that class come "
-                                "back as plain containers")
+                problems.append(f"output class {cls.module}.{cls.qualname} is not defined in a "
+                                "package the model source or its model refers to: outputs of "
+                                "that class come back as plain containers (import it in the "
+                                "model file to keep it)")
     return table, problems
 
 
@@ -161,10 +166,14 @@ def _classes(node: OutputNode) -> Iterator[OutputClass]:
 
 
 def _lookup(cls: OutputClass) -> type | None:
+    """The class by its defining module and qualified name, read from namespaces (``vars``)
+    only: a lazy module's ``__getattr__`` would import whatever the manifest names."""
     found: Any = sys.modules.get(cls.module)
     for part in cls.qualname.split("."):
-        found = getattr(found, part, None)
-    if not isinstance(found, type):
+        namespace = vars(found) if isinstance(found, (ModuleType, type)) else {}
+        found = namespace.get(part)
+    if not (isinstance(found, type) and found.__module__ == cls.module
+            and found.__qualname__ == cls.qualname):
         return None
     fits = {"mapping": issubclass(found, dict),
             "namedtuple": issubclass(found, tuple) and hasattr(found, "_fields"),

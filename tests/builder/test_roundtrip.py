@@ -6,6 +6,7 @@ feeds inputs the build never saw, and requires the same numbers the artifact ret
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import pickle
@@ -584,6 +585,86 @@ def test_dataclass_and_namedtuple_outputs_defined_in_the_model_file(tmp_path: Pa
         want = eager(source)(x)
     torch.testing.assert_close(out.y, want.y, **TIGHT)
     torch.testing.assert_close(out.extra.second, want.extra.second, **TIGHT)
+
+
+def _point_output_class(artifact: Path, key: str, module: str, qualname: str) -> None:
+    """Edit the manifest (no digest pin: it loads) so output ``key`` names another class."""
+    raw = json.loads((artifact / "manifest.json").read_text())
+    for shape in raw["shapes"]:
+        shape["outputs"]["dict"][key]["class"].update(module=module, qualname=qualname)
+    (artifact / "manifest.json").write_text(json.dumps(raw))
+
+
+def test_output_classes_come_only_from_packages_the_model_source_refers_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a recorded class was taken from any module loaded in the process, so an edited
+    manifest could have the predictor instantiate a host application's class with the
+    model's outputs. Now only packages the verified source and its model refer to count."""
+    host = ModuleType("host_app_outputs")
+    host.Pair = collections.namedtuple("Pair", ["first", "second"], module="host_app_outputs")
+    monkeypatch.setitem(sys.modules, "host_app_outputs", host)
+    source = tmp_path / "dc_model.py"
+    source.write_text(DATACLASS_MODEL.format(future=""))
+    artifact = build(source, "1x2", output=tmp_path / "a").path
+    _point_output_class(artifact, "extra", "host_app_outputs", "Pair")
+    with pytest.warns(UserWarning, match=r"host_app_outputs\.Pair is not defined in a package"):
+        predictor = Predictor.load(artifact, "cpu", progress=False)
+    with predictor:
+        out = predictor(fresh((1, 2), 3))
+    assert type(out).__name__ == "Out" and type(out.extra) is tuple
+
+
+def test_build_says_when_an_output_class_will_not_be_looked_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward returning a class from a package its source never refers to: the build
+    says so (and the load returns a plain tuple) instead of leaving it to the load."""
+    host = ModuleType("host_app_outputs")
+    host.Pair = collections.namedtuple("Pair", ["first", "second"], module="host_app_outputs")
+    monkeypatch.setitem(sys.modules, "host_app_outputs", host)
+    source = tmp_path / "hidden.py"
+    source.write_text(textwrap.dedent("""
+        import sys
+        import torch
+
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                return sys.modules["host_app_outputs"].Pair(x + 1, x * 2)
+
+        def build_model():
+            return Net()
+    """))
+    with pytest.warns(UserWarning, match=r"host_app_outputs\.Pair is not defined in a package"):
+        result = build(source, "1x2", output=tmp_path / "a")
+    assert any("host_app_outputs.Pair" in note for note in result.notes)
+    with pytest.warns(UserWarning, match="host_app_outputs"), \
+            Predictor.load(result.path, "cpu", progress=False) as predictor:
+        out = predictor(fresh((1, 2), 5))
+    assert type(out) is tuple
+    torch.testing.assert_close(out[1], fresh((1, 2), 5) * 2, **TIGHT)
+
+
+def test_looking_up_an_output_class_runs_no_module_getattr(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the lookup used getattr, so a lazy package the model imports (transformers is
+    one) imported whatever submodule the manifest's class name asked for."""
+    asked: list[str] = []
+    lazy = ModuleType("lazy_host_pkg")
+
+    def module_getattr(name: str) -> Any:
+        asked.append(name)
+        raise AttributeError(name)
+
+    lazy.__getattr__ = module_getattr  # type: ignore[attr-defined]  # PEP 562
+    monkeypatch.setitem(sys.modules, "lazy_host_pkg", lazy)
+    source = tmp_path / "lazy_model.py"
+    source.write_text(DATACLASS_MODEL.format(future="") + "\nimport lazy_host_pkg  # noqa\n")
+    artifact = build(source, "1x2", output=tmp_path / "a").path
+    _point_output_class(artifact, "extra", "lazy_host_pkg", "Missing")
+    with pytest.warns(UserWarning, match=r"lazy_host_pkg\.Missing is not defined"):
+        predictor = Predictor.load(artifact, "cpu", progress=False)
+    with predictor:
+        assert type(predictor(fresh((1, 2), 4)).extra) is tuple
+    assert asked == []
 
 
 @pytest.mark.parametrize(("where", "raises"), [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from qkan_pack import CaptureError, DeviceError, InputError, Predictor, build
+from qkan_pack import ArtifactError, CaptureError, DeviceError, InputError, Predictor, build
 from qkan_pack.runtime import clear_cublas_workspaces, read_artifact, rebuild_model
 
 from ..conftest import EXAMPLES, MODELS
@@ -180,6 +180,27 @@ def test_explicit_device_index(built: dict[str, Path]) -> None:
     torch.cuda.set_device(0)
     with pytest.raises(DeviceError, match=f"has {count} CUDA device"):
         Predictor.load(built["mlp"], device=f"cuda:{count}")
+
+
+def test_the_context_starts_beside_verification_and_no_thread_outlives_a_load(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    """Verification overlaps the GPU context's creation: a refused artifact still reports
+    its own error (not a CUDA one) and leaves no context thread; a good one reports the wait."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(built["mlp"], broken)
+    weights = broken / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[int(len(data) * 0.7)] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        Predictor.load(broken, device="cuda")
+    threads = [t.name for t in threading.enumerate()]
+    assert "qkan-pack-cuda-context" not in threads
+    with Predictor.load(built["mlp"], device="cuda") as predictor:
+        assert "cuda init" in predictor.report.stages
+        assert "qkan-pack-cuda-context" not in [t.name for t in threading.enumerate()]
 
 
 def test_eight_shapes_share_one_pool(tmp_path: Path) -> None:
