@@ -91,7 +91,7 @@ def run_cold(path: str | Path, device: str = "auto", *, settings: ColdSettings |
                      "config": dict(artifact.manifest.model.config),
                      "shapes": [e.label for e in artifact.manifest.shapes],
                      "kernel_sets": [k.key for k in artifact.manifest.kernels]},
-        "device": str(target), "settings": {**asdict(settings), "variants": list(settings.variants)},
+        "device": str(target), "settings": _settings_json(settings),
         "caches": _cache_note(settings.fresh_caches), "variants": {}, "notes": [],
     }
     if settings.bytecode_cache is not None:
@@ -121,6 +121,13 @@ def _cache_note(fresh: bool) -> str:
             "Python bytecode caches cannot be emptied without root and stay warm after run 1")
 
 
+def _settings_json(settings: ColdSettings) -> dict[str, Any]:
+    """The settings as JSON values (the bytecode cache is a path: written as text)."""
+    cache = settings.bytecode_cache
+    return {**asdict(settings), "variants": list(settings.variants),
+            "bytecode_cache": None if cache is None else str(cache)}
+
+
 def import_roots() -> list[str]:
     """Where this interpreter imports from: the standard library and every ``sys.path``
     folder (site-packages, ``PYTHONPATH`` entries), each once."""
@@ -143,13 +150,21 @@ def compile_bytecode(cache: Path, roots: Sequence[str] | None = None) -> dict[st
     cache.mkdir(parents=True, exist_ok=True)
     roots = list(roots if roots is not None else import_roots())
     started = time.perf_counter()
+    # The prefix goes in the environment too: Python 3.12's compileall starts its workers
+    # through a forkserver, which does not pass -X pycache_prefix on (they wrote no .pyc there).
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(cache)}
     done = subprocess.run([sys.executable, "-X", f"pycache_prefix={cache}", "-m", "compileall",
-                           "-q", "-j", "0", *roots], capture_output=True, text=True, check=False)
+                           "-q", "-j", "0", *roots], capture_output=True, text=True, check=False,
+                          env=env)
     # compileall exits 1 when some file does not compile (a test fixture with a syntax error,
     # a Python 2 leftover): those modules are never imported; anything else is an error.
-    if done.returncode not in (0, 1):
-        raise BenchError(f"compiling bytecode into {cache} failed: {_tail(done.stderr)}")
-    return {"path": str(cache), "roots": roots, "seconds": time.perf_counter() - started}
+    written = sum(1 for _ in cache.rglob("*.pyc"))
+    if done.returncode not in (0, 1) or not written:
+        raise BenchError(f"compiling bytecode into {cache} failed (exit status "
+                         f"{done.returncode}, {written} .pyc files there): "
+                         f"{_tail(done.stderr or done.stdout)}")
+    return {"path": str(cache), "roots": roots, "pyc_files": written,
+            "seconds": time.perf_counter() - started}
 
 
 def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,

@@ -75,6 +75,34 @@ def test_table_json_and_plot(cold_report: dict, tmp_path: Path) -> None:
     assert write_cold_plot(cold_report, tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_a_report_with_a_bytecode_cache_writes_its_json(mlp_artifact: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the settings kept the cache as a Path and ``--json`` failed after every run
+    ("Object of type PosixPath is not JSON serializable", seen on the H200)."""
+    from qkan_pack.bench import _cold
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "tiny.py").write_text("X = 1\n")
+    monkeypatch.setattr(_cold, "import_roots", lambda: [str(tmp_path / "src")])
+    settings = ColdSettings(runs=1, calls=2, variants=("predictor",),
+                            bytecode_cache=tmp_path / "pyc")
+    report = run_cold(mlp_artifact, "cpu", settings=settings, progress=False)
+    written = json.loads(write_cold_json(report, tmp_path / "cold.json").read_text())
+    assert written["settings"]["bytecode_cache"] == str(tmp_path / "pyc")
+    assert written["bytecode_cache"]["path"] == str(tmp_path / "pyc")
+    assert written["bytecode_cache"]["pyc_files"] == 1
+
+
+def test_a_bytecode_cache_that_stays_empty_is_an_error(tmp_path: Path) -> None:
+    """Before: compileall's exit status 1 was accepted whatever its cause, so a compile that
+    wrote nothing where the processes look (the H200's Python 3.12) measured the host without
+    bytecode under a header saying it had bytecode."""
+    from qkan_pack.bench._cold import compile_bytecode
+
+    with pytest.raises(BenchError, match=r"0 \.pyc files there"):
+        compile_bytecode(tmp_path / "pyc", roots=[str(tmp_path / "missing")])
+
+
 def test_import_time_lines_add_up_per_package() -> None:
     stderr = "\n".join([
         "import time: self [us] | cumulative | imported package",
