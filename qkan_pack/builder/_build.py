@@ -136,7 +136,8 @@ def _unresolved_output_classes(entries: Sequence[ShapeEntry], user: _UserModel) 
     """Output classes a load will not look up (defined outside what the model source and
     its model refer to), said at build rather than discovered at load."""
     roots = referenced_roots(user.module, user.model)
-    return resolve_output_classes([entry.outputs for entry in entries], roots)[1]
+    return resolve_output_classes([entry.outputs for entry in entries], roots,
+                                  user.module.__name__)[1]
 
 
 def _range_note(decl: InputDecl) -> str:

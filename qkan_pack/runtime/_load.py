@@ -172,8 +172,9 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     manifest = artifact.manifest
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
+    source = source_module(artifact)
     classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes],
-                                               referenced_roots(source_module(artifact), model))
+                                               referenced_roots(source, model), source.__name__)
     for problem in problems:
         report.warn(problem)
     report.solvers = model_solvers(model)

@@ -134,14 +134,16 @@ def flatten(value: Any) -> list[torch.Tensor]:
     return leaves
 
 
-def resolve_output_classes(nodes: Sequence[OutputNode], roots: Collection[str]
+def resolve_output_classes(nodes: Sequence[OutputNode], roots: Collection[str], owner: str
                            ) -> tuple[dict[tuple[str, str], type | None], list[str]]:
     """Find every recorded output class among the modules already imported, in the
     top-level packages ``roots`` (``referenced_roots``: what the verified model source and
     its model refer to); import nothing and run no module's ``__getattr__``, so a manifest
-    can name only a class the model's own code already made available. Returns the table
-    and one sentence per class that could not be found (those outputs come back as plain
-    containers)."""
+    can name only a class the model's own code already made available. ``owner`` is the
+    model source's module name: its ``--include`` modules live under it once imported, and
+    win over a host module of the same name, as they did while the source imported. Returns
+    the table and one sentence per class that could not be found (those outputs come back
+    as plain containers)."""
     table: dict[tuple[str, str], type | None] = {}
     problems = []
     for node in nodes:
@@ -149,7 +151,7 @@ def resolve_output_classes(nodes: Sequence[OutputNode], roots: Collection[str]
             key = (cls.module, cls.qualname)
             if key in table:
                 continue
-            table[key] = _lookup(cls) if cls.module.partition(".")[0] in roots else None
+            table[key] = _lookup(cls, owner) if cls.module.partition(".")[0] in roots else None
             if table[key] is None:
                 problems.append(f"output class {cls.module}.{cls.qualname} is not defined in a "
                                 "package the model source or its model refers to: outputs of "
@@ -165,10 +167,10 @@ def _classes(node: OutputNode) -> Iterator[OutputClass]:
         yield from _classes(item)
 
 
-def _lookup(cls: OutputClass) -> type | None:
+def _lookup(cls: OutputClass, owner: str) -> type | None:
     """The class by its defining module and qualified name, read from namespaces (``vars``)
     only: a lazy module's ``__getattr__`` would import whatever the manifest names."""
-    found: Any = sys.modules.get(cls.module)
+    found: Any = sys.modules.get(f"{owner}.{cls.module}") or sys.modules.get(cls.module)
     for part in cls.qualname.split("."):
         namespace = vars(found) if isinstance(found, (ModuleType, type)) else {}
         found = namespace.get(part)

@@ -7,6 +7,7 @@ feeds inputs the build never saw, and requires the same numbers the artifact ret
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.util
 import json
 import pickle
@@ -641,6 +642,44 @@ def test_build_says_when_an_output_class_will_not_be_looked_up(
         out = predictor(fresh((1, 2), 5))
     assert type(out) is tuple
     torch.testing.assert_close(out[1], fresh((1, 2), 5) * 2, **TIGHT)
+
+
+def test_an_output_class_from_an_include_comes_back_as_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the class was looked up under its plain module name (``out_types``), but an
+    include lives under the model's own module once imported, so the output came back as a
+    plain dict; a host module of that name imported after the load would have been used."""
+    (tmp_path / "out_types.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        import torch
+
+        @dataclass
+        class Out:
+            y: torch.Tensor
+    """))
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch
+        from out_types import Out
+
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                return Out(y=x * 3)
+
+        def build_model():
+            return Net()
+    """))
+    artifact = build(tmp_path / "model.py", "1x2", output=tmp_path / "a",
+                     includes=[tmp_path / "out_types.py"]).path
+    with Predictor.load(artifact, "cpu", progress=False) as predictor:
+        out = predictor(fresh((1, 2), 6))
+        assert type(out).__name__ == "Out" and dataclasses.is_dataclass(out)
+        torch.testing.assert_close(out.y, fresh((1, 2), 6) * 3, **TIGHT)
+        host = ModuleType("out_types")  # the host imports its own out_types afterwards
+        host.Out = dataclasses.make_dataclass("Out", ["y"])
+        host.Out.__module__ = "out_types"
+        monkeypatch.setitem(sys.modules, "out_types", host)
+    with Predictor.load(artifact, "cpu", progress=False) as again:
+        assert type(again(fresh((1, 2), 7))) is type(out)
 
 
 def test_looking_up_an_output_class_runs_no_module_getattr(
