@@ -61,7 +61,7 @@ PUBLIC = {
         "kernel_key", "load_strict", "map_leaves", "model_code_failed", "model_solvers",
         "module_state", "package_versions", "parse_weights", "progress_bar",
         "read_artifact", "rebuild_model", "record_installation", "reference_samples",
-        "referenced_roots",
+        "referenced_modules",
         "release_graph_memory", "resolve_device", "resolve_output_classes",
         "safetensors_header", "select_submodules", "sha256_hex", "torch_dtype",
         "triton_key_file", "unflatten", "warm_up",

@@ -158,13 +158,39 @@ def compile_bytecode(cache: Path, roots: Sequence[str] | None = None) -> dict[st
                           env=env)
     # compileall exits 1 when some file does not compile (a test fixture with a syntax error,
     # a Python 2 leftover): those modules are never imported; anything else is an error.
-    written = sum(1 for _ in cache.rglob("*.pyc"))
-    if done.returncode not in (0, 1) or not written:
+    written = sum(1 for _ in cache.rglob(f"*.{sys.implementation.cache_tag}.pyc"))
+    sample = _sample_source(roots)
+    if done.returncode not in (0, 1) or sample is None or not _cached_in(cache, sample):
         raise BenchError(f"compiling bytecode into {cache} failed (exit status "
-                         f"{done.returncode}, {written} .pyc files there): "
-                         f"{_tail(done.stderr or done.stdout)}")
+                         f"{done.returncode}; {sample or 'no .py file in the roots'} has no "
+                         f".pyc there): {_tail(done.stderr or done.stdout)}")
     return {"path": str(cache), "roots": roots, "pyc_files": written,
             "seconds": time.perf_counter() - started}
+
+
+def _sample_source(roots: Sequence[str]) -> str | None:
+    """A module the compile must have covered: the first ``.py`` file of the first root that
+    has one, shallowest first (the standard library's own ``abc.py``, say)."""
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    return os.path.join(folder, name)
+    return None
+
+
+def _cached_in(cache: Path, source: str) -> bool:
+    """Whether ``source`` has its .pyc under the bytecode prefix ``cache``, where a process
+    started with ``PYTHONPYCACHEPREFIX=cache`` looks (stale files of another run count too,
+    as they do for that process: compileall leaves up-to-date ones alone)."""
+    import importlib.util
+
+    saved, sys.pycache_prefix = sys.pycache_prefix, str(cache)
+    try:
+        return os.path.isfile(importlib.util.cache_from_source(source))
+    finally:
+        sys.pycache_prefix = saved
 
 
 def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,

@@ -42,7 +42,7 @@ from ..runtime import (
     model_solvers,
     package_versions,
     progress_bar,
-    referenced_roots,
+    referenced_modules,
     resolve_output_classes,
 )
 from ._inputs import (
@@ -135,9 +135,8 @@ def _producer(*, uses_qkan: bool) -> dict[str, Any]:
 def _unresolved_output_classes(entries: Sequence[ShapeEntry], user: _UserModel) -> list[str]:
     """Output classes a load will not look up (defined outside what the model source and
     its model refer to), said at build rather than discovered at load."""
-    roots = referenced_roots(user.module, user.model)
-    return resolve_output_classes([entry.outputs for entry in entries], roots,
-                                  user.module.__name__)[1]
+    referenced = referenced_modules(user.module, user.model)
+    return resolve_output_classes([entry.outputs for entry in entries], referenced)[1]
 
 
 def _range_note(decl: InputDecl) -> str:

@@ -12,7 +12,7 @@ from importlib.metadata import packages_distributions, version
 
 import torch
 
-from ..runtime import referenced_roots
+from ..runtime import referenced_modules
 
 #: Recorded elsewhere (producer) or part of qkan-pack itself.
 _NOT_RECORDED = {"torch", "qkan_pack", "builtins", "__main__"}
@@ -21,7 +21,8 @@ _NOT_RECORDED = {"torch", "qkan_pack", "builtins", "__main__"}
 def model_packages(module: types.ModuleType, model: torch.nn.Module) -> dict[str, str]:
     """``{distribution: version}`` for the top-level packages the source module refers to
     and the packages the model's submodule classes come from."""
-    roots = set(referenced_roots(module, model)) - _NOT_RECORDED - set(sys.stdlib_module_names)
+    roots = {name.partition(".")[0] for name in referenced_modules(module, model)}
+    roots -= _NOT_RECORDED | set(sys.stdlib_module_names)
     roots = {r for r in roots if not r.startswith("qkan_pack_model_")}
     distributions = packages_distributions()
     found: dict[str, str] = {}

@@ -36,7 +36,7 @@ from ._source import (
     entry_function,
     import_model_source,
     model_code_failed,
-    referenced_roots,
+    referenced_modules,
 )
 from ._triton_key import record_installation, triton_key_file
 
@@ -169,7 +169,7 @@ __all__ = [
     "rebuild_model",
     "record_installation",
     "reference_samples",
-    "referenced_roots",
+    "referenced_modules",
     "release_graph_memory",
     "resolve_device",
     "resolve_output_classes",

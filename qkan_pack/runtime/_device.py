@@ -46,6 +46,7 @@ class ContextStart:
     the GIL released, so the load verifies the artifact, matches shipped kernels and imports
     Triton meanwhile instead of afterwards (process start -> first result is the figure
     users time). The tiny matmul creates the cuBLAS handle the first forward would create;
+    nothing here synchronizes the device, which would break another thread's graph capture.
     torch returns a thread's handles to its pool when the thread ends, so ``wait`` joins the
     thread (not just its work) before the load's own CUDA work reuses them. An error there
     (a busy or lost GPU) is raised by ``wait``, in the caller's thread, as it was raised.
@@ -54,6 +55,7 @@ class ContextStart:
     def __init__(self, target: torch.device) -> None:
         self._target = target
         self._error: BaseException | None = None
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._create, name="qkan-pack-cuda-context",
                                         daemon=True)
         self._thread.start()
@@ -62,9 +64,10 @@ class ContextStart:
         try:
             ones = torch.ones(2, 2, device=self._target)
             torch.mm(ones, ones)
-            torch.cuda.synchronize(self._target)
         except BaseException as error:  # re-raised by wait() in the loading thread
             self._error = error
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
         """Block until the context exists; raise what creating it raised."""
@@ -74,5 +77,8 @@ class ContextStart:
 
     def join(self) -> None:
         """Block until the thread ended, raising nothing: for a load that failed before it
-        needed the GPU, whose own error is the one to report."""
+        needed the GPU, whose own error is the one to report. Waits on an event first: a
+        Ctrl-C that interrupts ``Thread.join`` can leave it reporting a running thread as
+        ended (CPython 3.11), and this join then runs again from the load's ``finally``."""
+        self._done.wait()
         self._thread.join()

@@ -46,7 +46,7 @@ from ._source import (
     entry_function,
     import_model_source,
     model_code_failed,
-    referenced_roots,
+    referenced_modules,
 )
 from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
@@ -172,11 +172,6 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     manifest = artifact.manifest
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
-    source = source_module(artifact)
-    classes, problems = resolve_output_classes([entry.outputs for entry in manifest.shapes],
-                                               referenced_roots(source, model), source.__name__)
-    for problem in problems:
-        report.warn(problem)
     report.solvers = model_solvers(model)
     if options.reference_tolerance is None:
         report.reference_tolerance = default_tolerance(manifest, target, report.config_overrides,
@@ -186,6 +181,7 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     shown = manifest.model.source
     with report.stage("first forward"):  # compiles kernels; outside the session lock
         eager = _eager_outputs(forward, samples, shown)
+    classes = _output_classes(artifact, model, report)  # after a forward, as build looks
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
             reference_errors = _check_references(forward, samples, eager, expected, target,
@@ -199,6 +195,18 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     report.shapes = runner.records
     report.pool_bytes = sum(r.pool_bytes for r in runner.records)
     return model, runner, classes
+
+
+def _output_classes(artifact: VerifiedArtifact, model: torch.nn.Module,
+                    report: LoadReport) -> ClassTable:
+    """The recorded output classes, as the model's code makes them available; after a
+    forward, as build looked them up (a forward may import the module that defines one)."""
+    referenced = referenced_modules(source_module(artifact), model)
+    classes, problems = resolve_output_classes(
+        [entry.outputs for entry in artifact.manifest.shapes], referenced)
+    for problem in problems:
+        report.warn(problem)
+    return classes
 
 
 def _eager_outputs(forward: Any, samples: list[Sample], shown: str) -> list[list[torch.Tensor]]:

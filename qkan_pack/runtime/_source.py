@@ -31,22 +31,30 @@ _IMPORT_LOCK = threading.RLock()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
 
 
-def referenced_roots(module: ModuleType, model: Any) -> frozenset[str]:
-    """Top-level packages the model source's names come from (modules it imported, the
-    modules its classes and functions were defined in) and those its model's submodule
-    classes are defined in, the source module itself included.
+def referenced_modules(module: ModuleType, model: Any) -> dict[str, ModuleType]:
+    """The modules a model's own code refers to, by the name their classes carry in
+    ``__module__``: the source module and its includes, the modules it imported or took
+    classes and functions from, and those defining its model's submodule classes.
 
-    Why: the packages recorded with an artifact, and the only packages an output class is
-    looked up in at load (never from a name the manifest alone supplies). ``vars`` of the
-    module is read, so nothing runs a lazy module's ``__getattr__``.
+    Why: the packages recorded with an artifact are theirs, and an output class is accepted
+    at load only when one of them defines it or names it (never from a name the manifest
+    alone supplies). Namespaces are read with ``vars``, so no lazy module's ``__getattr__``
+    runs; an include is found under the source module, where it lives once imported, before
+    a host module of the same name.
     """
-    names = [module.__name__]
+    owner = module.__name__
+    names = {owner} | {n[len(owner) + 1:] for n in list(sys.modules) if n.startswith(owner + ".")}
     for value in vars(module).values():
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
         if isinstance(name, str):
-            names.append(name)
-    names += [type(submodule).__module__ for submodule in model.modules()]
-    return frozenset(name.partition(".")[0] for name in names)
+            names.add(name)
+    names.update(type(submodule).__module__ for submodule in model.modules())
+    found = {}
+    for name in sorted(names):
+        candidate = sys.modules.get(f"{owner}.{name}") or sys.modules.get(name)
+        if isinstance(candidate, ModuleType):
+            found[name] = candidate
+    return found
 
 
 def module_name_for(path: str) -> str:

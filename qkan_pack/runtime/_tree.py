@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -134,29 +134,35 @@ def flatten(value: Any) -> list[torch.Tensor]:
     return leaves
 
 
-def resolve_output_classes(nodes: Sequence[OutputNode], roots: Collection[str], owner: str
+def resolve_output_classes(nodes: Sequence[OutputNode], referenced: Mapping[str, ModuleType]
                            ) -> tuple[dict[tuple[str, str], type | None], list[str]]:
-    """Find every recorded output class among the modules already imported, in the
-    top-level packages ``roots`` (``referenced_roots``: what the verified model source and
-    its model refer to); import nothing and run no module's ``__getattr__``, so a manifest
-    can name only a class the model's own code already made available. ``owner`` is the
-    model source's module name: its ``--include`` modules live under it once imported, and
-    win over a host module of the same name, as they did while the source imported. Returns
-    the table and one sentence per class that could not be found (those outputs come back
-    as plain containers)."""
+    """Find every recorded output class among the modules already imported; accept it only
+    when a module of ``referenced`` (``referenced_modules``: what the verified model source
+    and its model refer to) defines it or holds it by name -- transformers' modeling files
+    import their ``ModelOutput`` classes, torchvision's hold ``OrderedDict``. Import nothing
+    and run no module's ``__getattr__``, so a manifest can name only a class the model's own
+    code already made available. Returns the table and one sentence per class that could not
+    be found (those outputs come back as plain containers)."""
     table: dict[tuple[str, str], type | None] = {}
     problems = []
+    held: set[int] | None = None  # ids of every class the referenced namespaces hold
     for node in nodes:
         for cls in _classes(node):
             key = (cls.module, cls.qualname)
             if key in table:
                 continue
-            table[key] = _lookup(cls, owner) if cls.module.partition(".")[0] in roots else None
-            if table[key] is None:
-                problems.append(f"output class {cls.module}.{cls.qualname} is not defined in a "
-                                "package the model source or its model refers to: outputs of "
-                                "that class come back as plain containers (import it in the "
-                                "model file to keep it)")
+            found = _lookup(cls, referenced)
+            if found is not None and cls.module not in referenced:
+                if held is None:
+                    held = {id(v) for m in referenced.values() for v in vars(m).values()
+                            if isinstance(v, type)}
+                found = found if id(found) in held else None
+            table[key] = found
+            if found is None:
+                problems.append(f"output class {cls.module}.{cls.qualname} is neither defined "
+                                "nor imported by the model source or its model's modules: "
+                                "outputs of that class come back as plain containers (import "
+                                "it in the model file to keep it)")
     return table, problems
 
 
@@ -167,10 +173,10 @@ def _classes(node: OutputNode) -> Iterator[OutputClass]:
         yield from _classes(item)
 
 
-def _lookup(cls: OutputClass, owner: str) -> type | None:
+def _lookup(cls: OutputClass, referenced: Mapping[str, ModuleType]) -> type | None:
     """The class by its defining module and qualified name, read from namespaces (``vars``)
     only: a lazy module's ``__getattr__`` would import whatever the manifest names."""
-    found: Any = sys.modules.get(f"{owner}.{cls.module}") or sys.modules.get(cls.module)
+    found: Any = referenced.get(cls.module) or sys.modules.get(cls.module)
     for part in cls.qualname.split("."):
         namespace = vars(found) if isinstance(found, (ModuleType, type)) else {}
         found = namespace.get(part)

@@ -99,8 +99,17 @@ def test_a_bytecode_cache_that_stays_empty_is_an_error(tmp_path: Path) -> None:
     bytecode under a header saying it had bytecode."""
     from qkan_pack.bench._cold import compile_bytecode
 
-    with pytest.raises(BenchError, match=r"0 \.pyc files there"):
+    with pytest.raises(BenchError, match=r"no \.py file in the roots"):
         compile_bytecode(tmp_path / "pyc", roots=[str(tmp_path / "missing")])
+    stale = tmp_path / "pyc" / "leftover.cpython-311.pyc"  # audit: a leftover counted as written
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "broken.py").write_text("def (:\n")  # compiles to nothing
+    with pytest.raises(BenchError, match=r"broken\.py has no \.pyc there"):
+        compile_bytecode(tmp_path / "pyc", roots=[str(tmp_path / "src")])
+    (tmp_path / "src" / "broken.py").write_text("X = 1\n")
+    assert compile_bytecode(tmp_path / "pyc", roots=[str(tmp_path / "src")])["pyc_files"] >= 1
 
 
 def test_import_time_lines_add_up_per_package() -> None:

@@ -596,19 +596,25 @@ def _point_output_class(artifact: Path, key: str, module: str, qualname: str) ->
     (artifact / "manifest.json").write_text(json.dumps(raw))
 
 
-def test_output_classes_come_only_from_packages_the_model_source_refers_to(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("module", "qualname"), [
+    ("host_app_outputs", "Pair"),  # a module of the host application
+    ("torch.nn.utils.rnn", "PackedSequence"),  # torch's, but nothing of this model names it
+])
+def test_output_classes_come_only_from_what_the_model_source_refers_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, qualname: str) -> None:
     """Before: a recorded class was taken from any module loaded in the process, so an edited
     manifest could have the predictor instantiate a host application's class with the
-    model's outputs. Now only packages the verified source and its model refer to count."""
+    model's outputs; a first fix by top-level package still let any class of torch in (the
+    audit named PackedSequence). Now a class must be defined or held by name by a module
+    the verified source or its model's submodule classes refer to."""
     host = ModuleType("host_app_outputs")
     host.Pair = collections.namedtuple("Pair", ["first", "second"], module="host_app_outputs")
     monkeypatch.setitem(sys.modules, "host_app_outputs", host)
     source = tmp_path / "dc_model.py"
     source.write_text(DATACLASS_MODEL.format(future=""))
     artifact = build(source, "1x2", output=tmp_path / "a").path
-    _point_output_class(artifact, "extra", "host_app_outputs", "Pair")
-    with pytest.warns(UserWarning, match=r"host_app_outputs\.Pair is not defined in a package"):
+    _point_output_class(artifact, "extra", module, qualname)
+    with pytest.warns(UserWarning, match=rf"{module}\.{qualname} is neither defined nor imported"):
         predictor = Predictor.load(artifact, "cpu", progress=False)
     with predictor:
         out = predictor(fresh((1, 2), 3))
@@ -634,7 +640,7 @@ def test_build_says_when_an_output_class_will_not_be_looked_up(
         def build_model():
             return Net()
     """))
-    with pytest.warns(UserWarning, match=r"host_app_outputs\.Pair is not defined in a package"):
+    with pytest.warns(UserWarning, match=r"host_app_outputs\.Pair is neither defined nor imported"):
         result = build(source, "1x2", output=tmp_path / "a")
     assert any("host_app_outputs.Pair" in note for note in result.notes)
     with pytest.warns(UserWarning, match="host_app_outputs"), \
@@ -644,20 +650,28 @@ def test_build_says_when_an_output_class_will_not_be_looked_up(
     torch.testing.assert_close(out[1], fresh((1, 2), 5) * 2, **TIGHT)
 
 
+def _build_with_include(tmp_path: Path, include: str, include_source: str,
+                        model_source: str) -> Path:
+    """Build ``model.py`` (``model_source``) with one include file beside it."""
+    (tmp_path / include).write_text(textwrap.dedent(include_source))
+    (tmp_path / "model.py").write_text(textwrap.dedent(model_source))
+    return build(tmp_path / "model.py", "1x2", output=tmp_path / "a",
+                 includes=[tmp_path / include]).path
+
+
 def test_an_output_class_from_an_include_comes_back_as_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: the class was looked up under its plain module name (``out_types``), but an
     include lives under the model's own module once imported, so the output came back as a
     plain dict; a host module of that name imported after the load would have been used."""
-    (tmp_path / "out_types.py").write_text(textwrap.dedent("""
+    artifact = _build_with_include(tmp_path, "out_types.py", """
         from dataclasses import dataclass
         import torch
 
         @dataclass
         class Out:
             y: torch.Tensor
-    """))
-    (tmp_path / "model.py").write_text(textwrap.dedent("""
+    """, """
         import torch
         from out_types import Out
 
@@ -667,9 +681,7 @@ def test_an_output_class_from_an_include_comes_back_as_itself(
 
         def build_model():
             return Net()
-    """))
-    artifact = build(tmp_path / "model.py", "1x2", output=tmp_path / "a",
-                     includes=[tmp_path / "out_types.py"]).path
+    """)
     with Predictor.load(artifact, "cpu", progress=False) as predictor:
         out = predictor(fresh((1, 2), 6))
         assert type(out).__name__ == "Out" and dataclasses.is_dataclass(out)
@@ -680,6 +692,61 @@ def test_an_output_class_from_an_include_comes_back_as_itself(
         monkeypatch.setitem(sys.modules, "out_types", host)
     with Predictor.load(artifact, "cpu", progress=False) as again:
         assert type(again(fresh((1, 2), 7))) is type(out)
+
+
+def test_a_class_a_library_module_holds_comes_back_as_itself(tmp_path: Path) -> None:
+    """Audit: torchvision's segmentation models return ``collections.OrderedDict`` that their
+    own module imports while the model file never names ``collections``; the top-level
+    package rule returned a plain dict. A class held by a module of the model's submodule
+    classes counts."""
+    artifact = _build_with_include(tmp_path, "seglib.py", """
+        from collections import OrderedDict
+        import torch
+
+        class Seg(torch.nn.Module):
+            def forward(self, x):
+                return OrderedDict(out=x * 2, aux=x + 1)
+    """, """
+        from seglib import Seg
+
+        def build_model():
+            return Seg()
+    """)
+    with Predictor.load(artifact, "cpu", progress=False) as predictor:
+        out = predictor(fresh((1, 2), 8))
+    assert type(out) is collections.OrderedDict and list(out) == ["out", "aux"]
+    torch.testing.assert_close(out["aux"], fresh((1, 2), 8) + 1, **TIGHT)
+
+
+def test_build_and_load_agree_on_a_class_a_forward_reaches_through_a_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit: a forward building ``hostpkg.outs.Result`` with only ``import hostpkg`` at the
+    top gave no build note but a plain dict at load (build looked classes up after its
+    forwards, load before its first). Both now look after a forward and agree."""
+    package = ModuleType("hostpkg")
+    outs = ModuleType("hostpkg.outs")
+    outs.Result = collections.namedtuple("Result", ["a", "b"], module="hostpkg.outs")
+    package.outs = outs
+    monkeypatch.setitem(sys.modules, "hostpkg", package)
+    monkeypatch.setitem(sys.modules, "hostpkg.outs", outs)
+    source = tmp_path / "reach.py"
+    source.write_text(textwrap.dedent("""
+        import hostpkg
+        import torch
+
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                return hostpkg.outs.Result(x + 1, x * 2)
+
+        def build_model():
+            return Net()
+    """))
+    with pytest.warns(UserWarning, match=r"hostpkg\.outs\.Result is neither defined"):
+        result = build(source, "1x2", output=tmp_path / "a")
+    assert any("hostpkg.outs.Result" in note for note in result.notes)
+    with pytest.warns(UserWarning, match=r"hostpkg\.outs\.Result"), \
+            Predictor.load(result.path, "cpu", progress=False) as predictor:
+        assert type(predictor(fresh((1, 2), 9))) is tuple
 
 
 def test_looking_up_an_output_class_runs_no_module_getattr(
@@ -699,7 +766,7 @@ def test_looking_up_an_output_class_runs_no_module_getattr(
     source.write_text(DATACLASS_MODEL.format(future="") + "\nimport lazy_host_pkg  # noqa\n")
     artifact = build(source, "1x2", output=tmp_path / "a").path
     _point_output_class(artifact, "extra", "lazy_host_pkg", "Missing")
-    with pytest.warns(UserWarning, match=r"lazy_host_pkg\.Missing is not defined"):
+    with pytest.warns(UserWarning, match=r"lazy_host_pkg\.Missing is neither defined"):
         predictor = Predictor.load(artifact, "cpu", progress=False)
     with predictor:
         assert type(predictor(fresh((1, 2), 4)).extra) is tuple

@@ -203,6 +203,29 @@ def test_the_context_starts_beside_verification_and_no_thread_outlives_a_load(
         assert "qkan-pack-cuda-context" not in [t.name for t in threading.enumerate()]
 
 
+def test_a_context_start_during_another_threads_capture_leaves_it_intact() -> None:
+    """Audit: the context thread synchronized the whole device, which CUDA forbids while any
+    stream captures; a load starting while another thread captured would have broken that
+    capture. Now it only allocates and runs one matmul, allowed beside a thread-local capture."""
+    from qkan_pack.runtime._device import ContextStart
+
+    x = torch.randn(64, 64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x @ x  # warm cuBLAS on the capturing stream first, as the capture recipe does
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        y = x @ x + 1
+        ContextStart(torch.device("cuda", torch.cuda.current_device())).wait()
+    x.copy_(torch.randn(64, 64, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, x @ x + 1, **TIGHT)
+
+
 def test_eight_shapes_share_one_pool(tmp_path: Path) -> None:
     config = {"width": [64, 64, 64], "reps": 3}
     batches = [1, 2, 4, 8, 16, 32, 64, 128]
