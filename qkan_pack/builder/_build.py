@@ -10,6 +10,7 @@ import platform
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,8 @@ def _producer(*, uses_qkan: bool) -> dict[str, Any]:
 def _unresolved_output_classes(entries: Sequence[ShapeEntry], user: _UserModel) -> list[str]:
     """Output classes a load will not look up (defined outside what the model source and
     its model refer to), said at build rather than discovered at load."""
-    referenced = referenced_modules(user.module, user.model)
-    return resolve_output_classes([entry.outputs for entry in entries], referenced)[1]
+    return resolve_output_classes([entry.outputs for entry in entries],
+                                  partial(referenced_modules, user.module, user.model))[1]
 
 
 def _range_note(decl: InputDecl) -> str:

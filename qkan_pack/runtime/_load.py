@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -201,9 +202,9 @@ def _output_classes(artifact: VerifiedArtifact, model: torch.nn.Module,
                     report: LoadReport) -> ClassTable:
     """The recorded output classes, as the model's code makes them available; after a
     forward, as build looked them up (a forward may import the module that defines one)."""
-    referenced = referenced_modules(source_module(artifact), model)
     classes, problems = resolve_output_classes(
-        [entry.outputs for entry in artifact.manifest.shapes], referenced)
+        [entry.outputs for entry in artifact.manifest.shapes],
+        partial(referenced_modules, source_module(artifact), model))
     for problem in problems:
         report.warn(problem)
     return classes

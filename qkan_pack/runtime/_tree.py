@@ -134,23 +134,29 @@ def flatten(value: Any) -> list[torch.Tensor]:
     return leaves
 
 
-def resolve_output_classes(nodes: Sequence[OutputNode], referenced: Mapping[str, ModuleType]
+def resolve_output_classes(nodes: Sequence[OutputNode],
+                           referenced_by_model: Callable[[], Mapping[str, ModuleType]]
                            ) -> tuple[dict[tuple[str, str], type | None], list[str]]:
     """Find every recorded output class among the modules already imported; accept it only
-    when a module of ``referenced`` (``referenced_modules``: what the verified model source
-    and its model refer to) defines it or holds it by name -- transformers' modeling files
-    import their ``ModelOutput`` classes, torchvision's hold ``OrderedDict``. Import nothing
+    when a module ``referenced_by_model()`` returns (``referenced_modules``: what the
+    verified model source and its model refer to; asked only when the manifest records a
+    class, so plain-tensor models pay nothing on the load path) defines it or holds it by
+    name -- transformers' modeling files import their ``ModelOutput`` classes,
+    torchvision's hold ``OrderedDict``. Import nothing
     and run no module's ``__getattr__``, so a manifest can name only a class the model's own
     code already made available. Returns the table and one sentence per class that could not
     be found (those outputs come back as plain containers)."""
     table: dict[tuple[str, str], type | None] = {}
     problems = []
     held: set[int] | None = None  # ids of every class the referenced namespaces hold
+    referenced: Mapping[str, ModuleType] | None = None
     for node in nodes:
         for cls in _classes(node):
             key = (cls.module, cls.qualname)
             if key in table:
                 continue
+            if referenced is None:
+                referenced = referenced_by_model()
             found = _lookup(cls, referenced)
             if found is not None and cls.module not in referenced:
                 if held is None:
