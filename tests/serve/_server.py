@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,25 @@ from typing import Any
 TAG_ENV = "QKAN_PACK_TEST_SERVE_TAG"
 
 
+#: Ports the tests serve on: below the kernel's ephemeral range (32768-60999), where Ray's own
+#: processes bind port 0 while the server starts (a port the kernel handed out free was taken
+#: by one of them between the probe and haproxy's listen: "cannot listen on ...", seen on the
+#: H200), and above Ray's worker ports (10002-19999).
+TEST_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port in ``TEST_PORTS`` that nothing listens on now."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(TEST_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS} after 200 tries")
 
 
 def tagged_pids(tag: str) -> list[int]:
