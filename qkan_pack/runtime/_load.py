@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -116,6 +116,9 @@ def _load(path: str | Path, device: str | torch.device, options: LoadOptions) ->
         report.stages["verify"] = time.perf_counter() - verify_started
         check_compatibility(artifact.manifest, report.warn)
         with _kernel_cache(artifact, target, options.kernels, report):
+            if _current_or_cpu(target):  # CPU work, while the driver creates the context
+                with report.stage("import"):
+                    source_module(artifact)
             if context is not None:  # the wait only: creation overlapped the steps above
                 with report.stage("cuda init"):
                     context.wait()
@@ -142,6 +145,13 @@ def _new_report(artifact: VerifiedArtifact, target: torch.device,
     )
 
 
+def _current_or_cpu(target: torch.device) -> bool:
+    """Whether the model source may be imported before ``target`` is made current: a
+    module-level CUDA call in it then still lands on ``target`` (making another GPU current
+    would wait for its context, which is what importing first overlaps)."""
+    return target.type != "cuda" or target.index == torch.cuda.current_device()
+
+
 def _on_device(target: torch.device) -> Any:
     """Make the target GPU current while loading: Triton launches on the current device."""
     return torch.cuda.device(target) if target.type == "cuda" else nullcontext()
@@ -155,11 +165,14 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
         report.kernel_cache = "not used (CPU)" if target.type != "cuda" else "off (compiled as usual)"
         yield
         return
-    kernel_set, report.kernel_cache = matching_set(artifact, target.index or 0)
+    with report.stage("kernel cache"):
+        kernel_set, report.kernel_cache = matching_set(artifact, target.index or 0)
     if kernel_set is None:
         yield
         return
-    with shipped_kernels(artifact, kernel_set) as counts:
+    with ExitStack() as stack:
+        with report.stage("kernel cache"):
+            counts = stack.enter_context(shipped_kernels(artifact, kernel_set))
         yield
     report.kernel_cache += f" ({counts['shipped']} shipped, {counts['compiled']} compiled here)"
     if counts["compiled"]:
@@ -188,7 +201,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
             reference_errors = _check_references(forward, samples, eager, expected, target,
                                                  report)
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
-            eager = _eager_outputs(forward, samples, shown)
+            with report.stage("replay baseline"):
+                eager = _eager_outputs(forward, samples, shown)
         runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
                                 report, options, _make_runner)  # today's runner unless asked
     for record, error in zip(runner.records, reference_errors):

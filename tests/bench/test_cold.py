@@ -147,6 +147,24 @@ def test_settings_are_checked() -> None:
         ColdSettings(runs=0).check()
 
 
+def test_every_stage_a_load_records_has_a_row_in_the_table(cold_report: dict) -> None:
+    """The table and plot list ``STAGES`` only: a stage the load records but ``STAGES``
+    lacks is silently missing from the breakdown (the reference self-test was, and the
+    rows did not add up to the load). Checked on the names in the runtime's source, GPU
+    stages included, and on what a CPU run recorded."""
+    import re
+
+    from qkan_pack.bench._cold import STAGES
+    from qkan_pack.bench._cold_render import STAGE_LABELS
+
+    runtime = Path(__file__).parents[2] / "qkan_pack" / "runtime"
+    pattern = re.compile(r'(?:stage\(|timed_stage\(stages, |stages\[)"([a-z -]+)"')
+    named = {m for f in runtime.glob("*.py") for m in pattern.findall(f.read_text())}
+    assert {"verify", "cuda init", "kernel cache", "reference self-test", "capture"} <= named
+    recorded = {name for name, _ in cold_report["variants"]["predictor"]["runs"][0]["stages"]}
+    assert named | recorded <= set(STAGES) == set(STAGE_LABELS)
+
+
 def test_cli_cold_options_need_cold(mlp_artifact: Path) -> None:
     for args in (["--runs", "2"], ["--profile"], ["--variants", "compiled"], ["--keep-caches"],
                  ["--bytecode-cache", "pyc"]):
