@@ -129,6 +129,31 @@ def test_admission_bounds_work_and_queue() -> None:
     assert sorted(outcomes) == ["refused", "refused", "served", "served", "served"]
 
 
+def test_a_body_deadline_answers_in_time_and_cancels_what_is_late(monkeypatch) -> None:
+    """The body-read deadline (``within``): a read that finishes returns its bytes, one that
+    does not is cancelled and raises ``asyncio.TimeoutError`` (the 408), on both the
+    ``asyncio.timeout`` path and Python 3.10's ``wait_for``."""
+    from qkan_pack.serve import _http
+
+    async def scenario() -> tuple[bytes, bool, float]:
+        async def read(delay: float) -> bytes:
+            await asyncio.sleep(delay)
+            return b"body"
+
+        got = await _http.within(read(0.0), 1.0)
+        late = asyncio.ensure_future(read(30.0))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(asyncio.TimeoutError):
+            await _http.within(late, 0.05)
+        await asyncio.sleep(0)
+        return got, late.cancelled(), asyncio.get_running_loop().time() - started
+
+    for task_deadlines in {_http._TASK_DEADLINES, False}:
+        monkeypatch.setattr(_http, "_TASK_DEADLINES", task_deadlines)
+        got, cancelled, waited = asyncio.run(scenario())
+        assert got == b"body" and cancelled and waited < 5.0, task_deadlines
+
+
 def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
     from qkan_pack.serve._launch import check_port_free
 
