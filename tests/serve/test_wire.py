@@ -167,6 +167,60 @@ def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
     check_port_free("127.0.0.1", port)  # free again once closed
 
 
+def test_side_ports_lie_outside_the_ranges_ray_binds_later(tmp_path) -> None:
+    """H200: a side port from ``bind(0)`` (HAProxy's stats or metrics, Ray's fallback proxy)
+    is ephemeral, and a Ray process bound it before HAProxy listened: the start failed with
+    "Some protocols failed to start their listeners". Every side port is now above Ray's
+    worker ports and below the ephemeral range, distinct, free, and not ``--port``."""
+    from qkan_pack.serve._app import ServeOptions
+    from qkan_pack.serve._launch import (
+        RAY_WORKER_PORTS_END,
+        Listen,
+        ephemeral_port_range,
+        ingress_env,
+        side_ports,
+    )
+
+    low, _ = ephemeral_port_range()
+    assert low > RAY_WORKER_PORTS_END + 100  # this host has room for the rule below
+    env = ingress_env(Listen(port=low - 1, ingress="auto"), ServeOptions(), tmp_path,
+                      lambda message: None)
+    names = ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+             "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"]
+    ports = [int(env[n]) for n in names if n in env]
+    assert len(ports) >= 2 and len(set(ports)) == len(ports) and low - 1 not in ports
+    assert all(RAY_WORKER_PORTS_END < p < low for p in ports), ports
+
+    with socket.socket() as taken:  # a taken port in the range is skipped
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+
+        class Rigged:
+            """Offers the taken port and the excluded one first, then counts up."""
+            def __init__(self) -> None:
+                self.offers = iter([busy, 21000, 21000, 21001, 21002, 21003, 21004, 21005])
+
+            def choice(self, candidates: range) -> int:
+                return next(self.offers)
+
+        taken.listen()
+        got = side_ports(3, exclude={21001}, rng=Rigged(), ephemeral=(busy + 1, 60999))
+    assert busy not in got and 21001 not in got and len(set(got)) == 3  # 21000 offered twice
+    # no room below the ephemeral range: the kernel's choice, still distinct and not excluded
+    fallback = side_ports(2, exclude=set(), ephemeral=(RAY_WORKER_PORTS_END + 1, 60999))
+    assert len(set(fallback)) == 2
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path) -> None:
+    from qkan_pack.serve._launch import ephemeral_port_range
+
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert ephemeral_port_range(str(tmp_path / "range")) == (40000, 50000)
+    (tmp_path / "bad").write_text("garbage")
+    assert ephemeral_port_range(str(tmp_path / "bad")) == (32768, 60999)
+    assert ephemeral_port_range(str(tmp_path / "missing")) == (32768, 60999)
+
+
 def test_placement_is_checked_against_the_cluster() -> None:
     from qkan_pack.serve import ServeOptions
     from qkan_pack.serve._launch import fit_resources
