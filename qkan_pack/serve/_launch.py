@@ -111,6 +111,13 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _side_listeners() -> str:
+    """The side ports HAProxy also listens on in this start, for an error about listening."""
+    ports = [os.environ.get(f"RAY_SERVE_HAPROXY_{n}_PORT") for n in ("STATS", "METRICS")]
+    shown = ", ".join(f"127.0.0.1:{p}" for p in ports if p)
+    return f" (HAProxy also listens on {shown})" if shown else ""
+
+
 def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
     """The kernel's range for ``bind(0)`` and outgoing connections (Linux; the default
     elsewhere or when unreadable)."""
@@ -308,8 +315,10 @@ class _RaySession:
         try:
             serve.start(http_options={"host": self.listen.host, "port": self.listen.port})
         except Exception as exc:
-            raise ServeError(f"cannot listen on {self.listen.host}:{self.listen.port}: "
-                             f"{_last_line(exc)}", hint="choose another --port") from None
+            raise ServeError(f"cannot listen on {self.listen.host}:{self.listen.port}"
+                             f"{_side_listeners()}: {_last_line(exc)}",
+                             hint="choose another --port, or start again (side ports are "
+                             "picked anew each start)") from None
         self._serve_started = True
         return _run_with_deadline(app, self.listen.deploy_timeout_s)
 

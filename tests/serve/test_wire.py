@@ -211,6 +211,19 @@ def test_side_ports_lie_outside_the_ranges_ray_binds_later(tmp_path) -> None:
     assert len(set(fallback)) == 2
 
 
+def test_a_listen_failure_names_the_side_ports_haproxy_also_binds(monkeypatch) -> None:
+    """HAProxy's "failed to start their listeners" may be about a side port, not ``--port``:
+    the error names them (they are picked anew each start)."""
+    from qkan_pack.serve import _launch
+
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_STATS_PORT", raising=False)
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_PORT", raising=False)
+    assert _launch._side_listeners() == ""
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "21001")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", "21002")
+    assert _launch._side_listeners() == " (HAProxy also listens on 127.0.0.1:21001, 127.0.0.1:21002)"
+
+
 def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path) -> None:
     from qkan_pack.serve._launch import ephemeral_port_range
 
