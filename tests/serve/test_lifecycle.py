@@ -73,8 +73,8 @@ def test_one_server_per_port_and_the_one_replica_gap(artifact: Path) -> None:
 
 def _one_replica_gap(server: Server) -> None:
     """SIGKILL of the only replica: requests meanwhile get a JSON 503 with Retry-After until
-    the replacement serves; at most the request caught at the moment of the kill is closed
-    without a reply (documented)."""
+    the replacement serves, and none is closed without a reply (with Ray's ``http-reuse
+    always`` the requests in flight at the kill were)."""
     victim = server.replica_pids()[0]
     os.kill(victim, signal.SIGKILL)
     seen: dict[int, int] = {}
@@ -82,7 +82,7 @@ def _one_replica_gap(server: Server) -> None:
     while time.monotonic() < deadline:
         try:
             status, headers, raw = server.request("/", b'{"inputs": [[0.1, 0.2]]}')
-        except OSError:  # closed without a reply: HAProxy has not yet seen the replica die
+        except OSError:  # closed without a reply
             seen[0] = seen.get(0, 0) + 1
             continue
         assert headers.get("content-type", "").startswith("application/json"), raw
@@ -93,7 +93,7 @@ def _one_replica_gap(server: Server) -> None:
         if status == 200 and replicas and victim not in replicas:
             break
         time.sleep(0.05)
-    assert seen.get(0, 0) <= 2 and set(seen) <= {0, 200, 503}, seen
+    assert set(seen) <= {200, 503}, seen
     assert victim not in server.replica_pids() and seen.get(200) and seen.get(503), seen
 
 
