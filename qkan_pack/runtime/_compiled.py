@@ -35,7 +35,7 @@ from ..errors import CaptureError
 from ..format import CapturePolicy, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
-from ._kernels import matching_set
+from ._kernels import PROCESS_CACHES, matching_set
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
 from ._report import LoadReport
 from ._selftest import check_outputs
@@ -155,7 +155,7 @@ def _inductor_cache(cache: bytes | None, report: LoadReport,
                         "(run `qkan-pack warm --compiled` on this kind of host)")
         yield "compiled here"
         return
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
+    with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
             _env(INDUCTOR_CACHE_ENV, private):
         _clear_inductor_caches()
         try:

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,12 @@ _CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
 #: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
 INDUCTOR_SUFFIX = "-inductor.bin"
+#: Held while a load points a process-wide cache (Triton's or inductor's directory, Triton's
+#: key) at its private copy: two loads doing that at once restored each other's settings out
+#: of order (the second load ran on without its kernels, and the process was left pointing
+#: Triton at a deleted directory). Re-entrant: compiled mode takes it inside a load that
+#: holds it; always taken before the capture session's lock (``_load``).
+PROCESS_CACHES = threading.RLock()
 
 
 def inductor_file(directory: str) -> str:
@@ -136,7 +143,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
+    with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
         root = Path(private)
         for name, data in artifact.files.items():
             if name.startswith(prefix):

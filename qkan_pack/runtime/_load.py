@@ -31,7 +31,7 @@ from ._capture import capture_session
 from ._compat import check_compatibility
 from ._compiled import serve_compiled
 from ._device import ContextStart, resolve_device
-from ._kernels import matching_set, shipped_kernels
+from ._kernels import PROCESS_CACHES, matching_set, shipped_kernels
 from ._options import (
     CROSS_DEVICE_TOLERANCE,
     CROSS_SOLVER_TOLERANCE,
@@ -115,7 +115,7 @@ def _load(path: str | Path, device: str | torch.device, options: LoadOptions) ->
         report = _new_report(artifact, target, options)
         report.stages["verify"] = time.perf_counter() - verify_started
         check_compatibility(artifact.manifest, report.warn)
-        with _kernel_cache(artifact, target, options.kernels, report):
+        with _caches_first(options), _kernel_cache(artifact, target, options.kernels, report):
             if _current_or_cpu(target):  # CPU work, while the driver creates the context
                 with report.stage("import"):
                     source_module(artifact)
@@ -143,6 +143,14 @@ def _new_report(artifact: VerifiedArtifact, target: torch.device,
         config={**manifest.model.config, **overrides}, config_overrides=overrides,
         reference_tolerance=options.reference_tolerance or SAME_HOST_TOLERANCE,
     )
+
+
+def _caches_first(options: LoadOptions) -> Any:
+    """Compiled mode points inductor's process-wide cache at a private copy under
+    ``PROCESS_CACHES``, inside the capture session; a load that may do so takes that lock
+    first, in the order shipped kernels take it (caches, then capture session: never the
+    reverse, which could deadlock against another thread's load)."""
+    return PROCESS_CACHES if options.compiled != "off" else nullcontext()
 
 
 def _current_or_cpu(target: torch.device) -> bool:

@@ -136,6 +136,47 @@ def test_shipped_kernels_are_private_and_scoped(with_kernels: Path,
     assert read_artifact(with_kernels).digest == artifact.digest  # nothing written back
 
 
+def test_loads_with_shipped_kernels_in_two_threads_take_turns(with_kernels: Path) -> None:
+    """Audit: two loads in two threads each pointed Triton at their own private copy and
+    restored what they had found, out of order; the second ran on without its kernels and
+    the process was left pointing Triton at a deleted directory. Now the second waits."""
+    import threading
+
+    artifact = read_artifact(with_kernels)
+    kernel_set = artifact.manifest.kernels[0]
+    original = os.environ.get(TRITON_CACHE_ENV)
+    inside = threading.Event()
+    release = threading.Event()
+    seen: dict[str, str | None] = {}
+
+    def first() -> None:
+        with shipped_kernels(artifact, kernel_set):
+            seen["first"] = os.environ.get(TRITON_CACHE_ENV)
+            inside.set()
+            release.wait(10)
+            seen["first, before leaving"] = os.environ.get(TRITON_CACHE_ENV)
+
+    def second() -> None:
+        with shipped_kernels(artifact, kernel_set):
+            seen["second"] = os.environ.get(TRITON_CACHE_ENV)
+            seen["second sees the first's copy"] = str(os.path.exists(seen["first"] or ""))
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert inside.wait(10)
+    two = threading.Thread(target=second)
+    two.start()
+    two.join(0.3)
+    assert two.is_alive() and "second" not in seen  # waits while the first loads
+    release.set()
+    one.join(10)
+    two.join(10)
+    assert seen["first, before leaving"] == seen["first"] != original
+    assert seen["second"] not in (None, original, seen["first"])
+    assert seen["second sees the first's copy"] == "False"  # removed, and not pointed at
+    assert os.environ.get(TRITON_CACHE_ENV) == original
+
+
 def test_warm_without_cuda_is_a_clear_error(mlp_artifact: Path) -> None:
     from qkan_pack import DeviceError
     from qkan_pack.builder import warm
