@@ -33,10 +33,13 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
 
-    A shape or dtype difference, or any difference in a non-float leaf, is infinitely far.
+    A different number of outputs (a config override can change it), a shape or dtype
+    difference, or any difference in a non-float leaf, is infinitely far.
     """
     rtol, atol = tolerance
     inf = float("inf")
+    if len(actual) != len(expected):
+        return Agreement(inf, inf, False)
     worst_abs, worst_rel, ok = 0.0, 0.0, True
     for got, want in zip(actual, expected, strict=True):
         got, want = got.detach().to("cpu"), want.detach().to("cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from qkan_pack.runtime import compare
@@ -39,3 +40,17 @@ def test_all_zero_outputs_must_match_exactly() -> None:
     zero = torch.zeros(4)
     assert compare([zero], [zero.clone()], TOL).ok
     assert not compare([zero + 1e-9], [zero], TOL).ok
+
+
+def test_a_different_number_of_outputs_is_a_refusal_not_a_crash() -> None:
+    """Audit: a config override that adds an output made the self-test's strict zip raise a
+    bare ValueError out of ``Predictor.load``; now it is a failed comparison (SelfTestError)."""
+    from qkan_pack import SelfTestError
+    from qkan_pack.runtime import check_outputs
+
+    one = [torch.ones(2)]
+    for got, want in ((one, one * 2), (one * 2, one), ([], one)):
+        assert not compare(got, want, (1e-3, 1e-3)).ok
+        with pytest.raises(SelfTestError) as refused:
+            check_outputs("1x2", "outputs and references", got, want, (1e-3, 1e-3), "hint")
+        assert refused.value.max_abs == float("inf")
