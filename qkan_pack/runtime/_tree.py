@@ -209,8 +209,22 @@ def _rebuild(node: OutputNode, leaves: Iterator[Any], classes: ClassTable) -> An
     cls = classes.get((node.cls.module, node.cls.qualname)) if node.cls is not None else None
     if node.kind == "dict":
         items = {key: _rebuild(item, leaves, classes) for key, item in zip(node.keys, node.items)}
-        return cls(**items) if cls is not None else items
+        return _instance(cls, items) if cls is not None else items
     values = [_rebuild(item, leaves, classes) for item in node.items]
     if cls is not None:
         return cls(*values)
     return values if node.kind == "list" else tuple(values)
+
+
+def _instance(cls: type, items: dict[str, Any]) -> Any:
+    """A recorded keyed class from its fields. A dataclass's ``init=False`` fields are no
+    constructor arguments: they are assigned afterwards, with the values the model's
+    forward left in them (its ``__post_init__`` may have computed them)."""
+    if not dataclasses.is_dataclass(cls):
+        return cls(**items)
+    init = {f.name for f in dataclasses.fields(cls) if f.init}
+    made = cls(**{k: v for k, v in items.items() if k in init})
+    for key, value in items.items():
+        if key not in init:
+            object.__setattr__(made, key, value)  # frozen dataclasses too
+    return made

@@ -535,7 +535,7 @@ def test_a_shadowing_include_in_an_artifact_is_refused_before_it_runs(tmp_path: 
 
 
 DATACLASS_MODEL = '''{future}
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 import torch
@@ -546,6 +546,10 @@ from torch import Tensor
 class Out:
     y: Tensor
     extra: Optional[Tensor] = None
+    scaled: Tensor = field(init=False)  # not a constructor argument: set below
+
+    def __post_init__(self) -> None:
+        self.scaled = self.y * 3
 
 
 class Pair(NamedTuple):
@@ -574,7 +578,9 @@ def test_dataclass_and_namedtuple_outputs_defined_in_the_model_file(tmp_path: Pa
                                                                     future: str) -> None:
     """Before: the model source was compiled with qkan-pack's own ``__future__`` flags and
     outside ``sys.modules``, so ``y: Tensor`` in a dataclass failed to import ('NoneType'
-    object has no attribute '__dict__'), with or without the user's own future import."""
+    object has no attribute '__dict__'), with or without the user's own future import. And
+    (audit) a field with ``init=False`` made every call fail: the class was rebuilt with it
+    as a constructor argument."""
     source = tmp_path / "dc_model.py"
     source.write_text(DATACLASS_MODEL.format(future=future))
     artifact = build(source, "1x2,4x2", output=tmp_path / "a").path
@@ -586,6 +592,7 @@ def test_dataclass_and_namedtuple_outputs_defined_in_the_model_file(tmp_path: Pa
         want = eager(source)(x)
     torch.testing.assert_close(out.y, want.y, **TIGHT)
     torch.testing.assert_close(out.extra.second, want.extra.second, **TIGHT)
+    torch.testing.assert_close(out.scaled, want.scaled, **TIGHT)  # an init=False field
 
 
 def _point_output_class(artifact: Path, key: str, module: str, qualname: str) -> None:
