@@ -207,7 +207,7 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
             reference_errors = _check_references(forward, samples, eager, expected, target,
-                                                 report)
+                                                 report, shown)
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
             with report.stage("replay baseline"):
                 eager = _eager_outputs(forward, samples, shown)
@@ -244,7 +244,7 @@ def _eager_outputs(forward: Any, samples: list[Sample], shown: str) -> list[list
 
 def _check_references(forward: Any, samples: list[Sample], eager: list[list[torch.Tensor]],
                       expected: list[list[torch.Tensor]], target: torch.device,
-                      report: LoadReport) -> list[float]:
+                      report: LoadReport, shown: str) -> list[float]:
     """Eager outputs in full float32 (the build host's math) against the build references:
     TF32 and other reduced-precision modes of this device cannot cause a false refusal, and
     the tolerance stays tight enough to refuse a wrong model. (CPUs compute float32 in full
@@ -252,8 +252,7 @@ def _check_references(forward: Any, samples: list[Sample], eager: list[list[torc
     outputs = eager
     if target.type == "cuda":
         with full_float32(target):
-            outputs = [flatten(eager_forward(forward, inputs, label=label))
-                       for label, inputs in samples]
+            outputs = _eager_outputs(forward, samples, shown)
     return [check_outputs(label, "outputs on this host and the build-time references", got, want,
                           report.reference_tolerance, _REFERENCE_HINT)
             for (label, _), got, want in zip(samples, outputs, expected)]
