@@ -120,7 +120,8 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
             with _serving(includes, name), deferred_imports():  # heavy unused imports wait
                 _execute(sources[source], shown, module)
         except BaseException:
-            del sys.modules[name]
+            for imported in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+                del sys.modules[imported]  # the includes it re-homed under it go too
             raise
         return module
 

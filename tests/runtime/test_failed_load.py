@@ -82,3 +82,17 @@ def test_the_error_being_handled_by_the_caller_is_left_alone(refused: Path) -> N
         assert caught.value.__context__ is outer
         frame = outer.__traceback__.tb_next.tb_frame
         assert frame.f_locals.get("kept_by_the_caller") == [1, 2, 3]
+
+
+def test_a_model_source_that_fails_to_import_leaves_none_of_its_includes_behind() -> None:
+    """Audit: only the model's own module left ``sys.modules`` on failure; the includes it had
+    imported stayed there, re-homed under its name, with everything they held."""
+    from qkan_pack.runtime import content_name, import_model_source
+
+    sources = {"m/model.py": b"import helper_for_failed_import\nraise RuntimeError('fails')\n",
+               "m/helper_for_failed_import.py": b"HELD = bytearray(1000)\n"}
+    with pytest.raises(ModelSourceError, match="fails"):
+        import_model_source("m/model.py", sources)
+    name = content_name(sources)
+    assert [n for n in sys.modules if n == name or n.startswith(name + ".")] == []
+    assert "helper_for_failed_import" not in sys.modules
