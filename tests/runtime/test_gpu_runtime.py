@@ -266,6 +266,11 @@ def test_cpu_tensors_and_numpy_in_come_back_the_same_kind(built: dict[str, Path]
         z = predictor(x.numpy())
         assert isinstance(z, np.ndarray)
         np.testing.assert_allclose(z, want.numpy(), rtol=1e-5, atol=1e-6)
+    # audit: with zero-copy outputs, numpy in gave the static CUDA buffers to .numpy()
+    with Predictor.load(built["mlp"], device="cuda", copy_outputs=False) as predictor:
+        z = predictor(x.numpy())
+        assert isinstance(z, np.ndarray)
+        np.testing.assert_allclose(z, want.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_several_inputs_and_dict_outputs(built: dict[str, Path]) -> None:
