@@ -186,7 +186,7 @@ def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
         return None
     try:
         low, high = (float(v) for v in value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ShapeSpecError(f"input range {value!r:.40} must be two numbers (LOW, HIGH)") from None
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ShapeSpecError(f"input range {low:g},{high:g}: LOW and HIGH must be finite")

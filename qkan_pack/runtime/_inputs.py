@@ -83,7 +83,7 @@ class InputMatcher:
                 f"input {name!r} is a numpy masked array; the mask would be ignored: pass "
                 "array.filled(value) with the value masked entries should take")
         if isinstance(value, np.ndarray):
-            array = np.ascontiguousarray(value)
+            array = np.require(value, requirements="C")  # keeps 0-d arrays 0-d
             if not array.dtype.isnative:
                 array = array.astype(array.dtype.newbyteorder("="))
             if not array.flags.writeable:

@@ -137,8 +137,12 @@ def _tolerance(name: str, value: Any) -> Tolerance:
     expected = "(rtol, atol): two finite, non-negative numbers, e.g. (1e-4, 1e-5)"
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
         raise LoadOptionError(option=name, value=value, expected=expected)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-               and v >= 0 for v in value):
+    try:
+        valid = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    and v >= 0 for v in value)
+    except OverflowError:  # an int beyond float's range
+        valid = False
+    if not valid:
         raise LoadOptionError(option=name, value=value, expected=expected)
     return float(value[0]), float(value[1])
 

@@ -402,3 +402,13 @@ def test_manifest_dataclasses_are_frozen() -> None:
     with pytest.raises(AttributeError):
         manifest.format_version = 2  # type: ignore[misc]
     assert copy.deepcopy(manifest) == manifest
+
+
+@pytest.mark.parametrize("value", [(10**400, 1), (0, -10**400), ("a", 1), (1,), "x"])
+def test_an_input_range_that_is_not_two_floats_is_a_shape_spec_error(value: Any) -> None:
+    """Audit: an int beyond float's range escaped as OverflowError (the grammar promises
+    ShapeSpecError for every bad text or value)."""
+    from qkan_pack.format import check_range
+
+    with pytest.raises(ShapeSpecError, match="two numbers"):
+        check_range(value)

@@ -27,6 +27,7 @@ BAD = {
     "NaN rtol": {"reference_tolerance": (math.nan, 1e-5)},
     "inf atol": {"reference_tolerance": (1e-4, math.inf)},
     "negative rtol": {"replay_tolerance": (-1e-5, 1e-6)},
+    "int beyond float rtol": {"replay_tolerance": (10**400, 0)},  # audit: OverflowError
     "NaN replay": {"replay_tolerance": (1e-5, math.nan)},
     "one number": {"replay_tolerance": 1e-5},
     "three numbers": {"reference_tolerance": (1e-4, 1e-5, 0.0)},

@@ -563,3 +563,11 @@ def test_load_report_columns_fit_long_named_input_labels(tmp_path: Path) -> None
     (row,) = table[header + 1:header + 2]
     assert len(predictor.report.shapes[0].label) > 18
     assert row[policy_at - 1] == " " and row[policy_at:].startswith("eager"), row
+
+
+def test_a_0d_numpy_array_is_refused_like_a_0d_tensor(mlp: Predictor) -> None:
+    """Audit: ``np.ascontiguousarray`` made a 0-d array 1-d, so it was served as a row of one
+    element where the same value as a 0-d tensor is refused."""
+    for value in (torch.tensor(0.5), np.array(0.5, dtype=np.float32)):
+        with pytest.raises(InputError, match=r"shape \(\)"):
+            mlp(value)
