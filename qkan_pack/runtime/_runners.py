@@ -47,11 +47,14 @@ def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.d
 class EagerRunner:
     """Eager forward on the model's device; outputs never alias parameters or inputs.
 
-    ``forward`` takes the inputs' tensors in declared order (``bind_forward``)."""
+    ``forward`` takes the inputs' tensors in declared order (``bind_forward``); ``shown``
+    names the model file in errors from its code."""
 
-    def __init__(self, forward: Callable[..., Any], device: torch.device) -> None:
+    def __init__(self, forward: Callable[..., Any], device: torch.device,
+                 shown: str = "model") -> None:
         self.forward: Callable[..., Any] | None = forward
         self.device = device
+        self.shown = shown
         self.records: list[ShapeRecord] = []
 
     def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
@@ -66,7 +69,7 @@ class EagerRunner:
         except QkanPackError:
             raise
         except Exception as exc:  # e.g. a token id beyond the embedding: the model's own check
-            raise model_code_failed("call", "model", "forward", exc) from exc
+            raise model_code_failed("call", self.shown, "forward", exc) from exc
         # Always copy: a forward may return a parameter, an input or a tensor it caches.
         return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
 
@@ -93,14 +96,14 @@ class GraphRunner:
     """
 
     def __init__(self, model: torch.nn.Module, forward: Callable[..., Any],
-                 device: torch.device) -> None:
+                 device: torch.device, shown: str = "model") -> None:
         self.model = model
         self.forward = forward
         self.device = device
         self.pool: GraphPool | None = None
         self.records: list[ShapeRecord] = []
         self._full: dict[int, ShapeGraph] = {}
-        self._eager = EagerRunner(forward, device)
+        self._eager = EagerRunner(forward, device, shown)
         self._submodule_graphs: list[SubmoduleGraphs] = []
         self._last_stream_id: Any = None
         self._last_stream: torch.cuda.Stream | None = None

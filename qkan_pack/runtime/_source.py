@@ -134,7 +134,8 @@ def _execute(source: bytes, shown: str, module: ModuleType) -> None:
         # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
         exec(compile(source, shown, "exec", dont_inherit=True), module.__dict__)
     except SyntaxError as exc:
-        raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}") from exc
+        raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}",
+                               stage="import", path=shown) from exc
     except (Exception, SystemExit) as exc:
         raise model_code_failed("import", shown, "import", exc) from exc
 
@@ -170,8 +171,8 @@ def check_entry_named(entry: str, sources: Mapping[str, bytes], shown: str) -> N
     if not any(pattern.search(data) for data in sources.values()):
         raise ModelSourceError(
             f"{shown} never mentions the entry {entry}(): the manifest names a factory the "
-            "source does not define; rebuild the artifact (or pass the right --entry)"
-        )
+            "source does not define; rebuild the artifact (or pass the right --entry)",
+            path=shown)
 
 
 def entry_function(module: ModuleType, entry: str, shown: str) -> Any:
@@ -179,10 +180,9 @@ def entry_function(module: ModuleType, entry: str, shown: str) -> Any:
     if factory is None:
         raise ModelSourceError(
             f"{shown} defines no {entry}(); define `def {entry}(**config) -> torch.nn.Module` "
-            "or pass --entry NAME"
-        )
+            "or pass --entry NAME", path=shown)
     if not callable(factory):
-        raise ModelSourceError(f"{shown}: {entry} is not callable")
+        raise ModelSourceError(f"{shown}: {entry} is not callable", path=shown)
     return factory
 
 
@@ -208,8 +208,8 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
         raise model_code_failed("factory", shown, f"{entry}(**config)", exc) from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelSourceError(
-            f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module"
-        )
+            f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module",
+            stage="factory", path=shown)
     return model
 
 

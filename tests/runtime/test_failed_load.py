@@ -96,3 +96,32 @@ def test_a_model_source_that_fails_to_import_leaves_none_of_its_includes_behind(
     name = content_name(sources)
     assert [n for n in sys.modules if n == name or n.startswith(name + ".")] == []
     assert "helper_for_failed_import" not in sys.modules
+
+
+def test_model_source_errors_carry_their_stage_and_file(tmp_path: Path) -> None:
+    """Audit: syntax errors, a missing or wrong factory and a failing call on the CPU raised
+    ``ModelSourceError`` with ``path`` (and ``stage``) unset, or named the file "model"."""
+    import torch
+
+    from qkan_pack.runtime import call_factory, entry_function, import_model_source
+
+    with pytest.raises(ModelSourceError) as syntax:
+        import_model_source("m/bad.py", {"m/bad.py": b"def broken(:\n"})
+    assert (syntax.value.stage, syntax.value.path) == ("import", "m/bad.py")
+    module = import_model_source("m/none.py", {"m/none.py": b"VALUE = 1\n"})
+    with pytest.raises(ModelSourceError) as missing:
+        entry_function(module, "build_model", "m/none.py")
+    assert missing.value.path == "m/none.py"
+    with pytest.raises(ModelSourceError) as wrong:
+        call_factory(lambda: 3, {}, "m/none.py", "build_model", None)
+    assert (wrong.value.stage, wrong.value.path) == ("factory", "m/none.py")
+
+    source = tmp_path / "embed.py"
+    source.write_text("import torch\n\n\ndef build_model():\n"
+                      "    return torch.nn.Embedding(10, 4)\n")
+    artifact = build(source, "1x3", output=tmp_path / "a", dtype="int64",
+                     input_range=(0, 10)).path
+    with Predictor.load(artifact, "cpu", progress=False) as predictor, \
+            pytest.raises(ModelSourceError) as call:
+        predictor(torch.tensor([[1, 2, 99]]))
+    assert (call.value.stage, call.value.path) == ("call", predictor.manifest.model.source)
