@@ -60,7 +60,8 @@ class Predictor:
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
-        ``kernels``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for what each does.
+        ``kernels``, ``compiled``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for
+        what each does.
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)
