@@ -154,14 +154,18 @@ class SubmoduleGraphs:
 
     def try_capture(self, indices: list[int], pool: GraphPool, records: list[ShapeRecord]) -> bool:
         """Capture every recorded call; False (and nothing kept) when one fails or replays
-        differently from eager."""
+        differently from eager. The records' graph counts are taken back with the graphs;
+        their pool bytes stay (the shared pool keeps what it grew)."""
         if self.refusal:
             return False
+        counted = [(records[index], records[index].graphs) for index in indices]
         try:
             for index in indices:
                 self.capture_for(index, pool, records[index])
         except CaptureError:
             self.graphs.clear()
+            for record, graphs in counted:
+                record.graphs = graphs
             return False
         return True
 
