@@ -72,7 +72,7 @@ PUBLIC = {
         "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",
         "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_SHAPES", "MAX_SIGNATURE_BYTES",
         "Manifest", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
-        "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
+        "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_dtype", "check_range",
         "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_to_dict",
         "padding_table", "pair_inputs", "parse_config_items", "parse_input_option",

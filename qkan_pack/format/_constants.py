@@ -7,6 +7,7 @@ keeps a second table.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ SOURCE_DIR = "source"
 REFERENCE_DIR = "references"
 KERNELS_DIR = "kernels"
 DIGEST_PREFIX = "sha256:"
+#: A sha256 digest as the manifest and ``expected_digest`` spell it: 64 lowercase hex digits.
+SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from ._constants import (
     MAX_MANIFEST_BYTES,
     MAX_RANK,
     MAX_SHAPES,
+    SHA256_HEX,
     SIGNATURE_NAME,
     WEIGHTS_NAME,
 )
@@ -30,7 +30,6 @@ from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
 from ._old.v1 import upgrade_v1
 
-_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 #: Producer fields the runtime compares with its own versions: text or null.
 _PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",
                   "machine")
@@ -558,7 +557,7 @@ def _file_from(reader: _Reader) -> FileEntry:
     digest = reader.get("sha256", str)
     if size < 0:
         raise ManifestError(f"{reader.where}.size is negative")
-    if not _SHA256.match(digest):
+    if not SHA256_HEX.match(digest):
         raise ManifestError(f"{reader.where}.sha256 is not 64 lowercase hex digits")
     return FileEntry(size=size, sha256=digest)
 

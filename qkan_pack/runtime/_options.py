@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import LoadOptionError, ShapeSpecError
-from ..format import DIGEST_PREFIX, check_config
+from ..format import DIGEST_PREFIX, SHA256_HEX, check_config
 
 KERNEL_MODES = ("auto", "off")
 #: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
@@ -33,7 +32,6 @@ CROSS_DEVICE_TOLERANCE: Tolerance = (1e-4, 1e-4)
 #: Other arithmetic: config overrides, or a model that picks another solver on this device
 #: (QKAN's exact CPU solver vs its flash GPU solver).
 CROSS_SOLVER_TOLERANCE: Tolerance = (2e-3, 2e-4)
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ def normalise_digest(text: Any) -> str:
     """``sha256:<64 hex>`` from any accepted spelling (case, missing prefix, whitespace)."""
     if isinstance(text, str):
         value = text.strip().lower().removeprefix(DIGEST_PREFIX)
-        if _SHA256_HEX.match(value):
+        if SHA256_HEX.match(value):
             return DIGEST_PREFIX + value
     raise LoadOptionError(option="expected_digest", value=text,
                           expected="an artifact digest, 'sha256:' and 64 hex digits "
