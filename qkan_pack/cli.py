@@ -8,6 +8,7 @@ stay instant.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import warnings
@@ -517,8 +518,6 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                 json_path: Path | None, plot_path: Path | None) -> None:
     """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
     req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
-    import shlex
-
     from .bench import (
         ServeLoadSettings,
         render_serve_load,
@@ -529,7 +528,7 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
 
     extra = {"processes": processes} if processes else {}
     settings = ServeLoadSettings(clients=clients, seconds=seconds, warmup=warmup,
-                                 serve_args=tuple(shlex.split(serve_args)), noop=not no_noop,
+                                 serve_args=_split_args(serve_args), noop=not no_noop,
                                  kill_at_s=kill_at, kill_clients=kill_clients,
                                  large_body_mb=large_body_mb, port=port, **extra)
     report = run_serve_load(directory, settings)
@@ -543,9 +542,20 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
 TOKEN_ENV = "QKAN_PACK_SERVE_TOKEN"
 
 
+def _split_args(text: str) -> tuple[str, ...]:
+    """--serve-args as the shell would split it; unbalanced quotes are a usage error."""
+    import shlex
+
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint="--serve-args") from None
+
+
 def _read_token(path: Path | None) -> str | None:
     """The bearer token from --auth-token-file (first line), else QKAN_PACK_SERVE_TOKEN."""
-    token = path.read_text().strip() if path is not None else os.environ.get(TOKEN_ENV, "").strip()
+    text = path.read_text() if path is not None else os.environ.get(TOKEN_ENV, "")
+    token = (text.strip().splitlines() or [""])[0].strip()  # a file's first line, as --help says
     if path is not None and not token:
         raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
     if token and (len(token) < 16 or any(c.isspace() for c in token)):
@@ -582,9 +592,11 @@ def _read_token(path: Path | None) -> str | None:
               help="Requests a replica works on at once.")
 @click.option("--max-queued-requests", default=64, show_default=True, type=click.IntRange(min=0),
               help="Requests a replica holds waiting; beyond, a JSON 503 with Retry-After at once.")
-@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001),
+@click.option("--max-body-mb", default=8.0, show_default=True,
+              type=click.FloatRange(min=0.001, max=65536.0),  # NaN is refused below
               help="Larger request bodies get HTTP 413 before they are read whole.")
-@click.option("--body-timeout-s", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--body-timeout-s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0.1, max=86400.0),
               help="A request body not received within this time gets HTTP 408 (through HAProxy, "
               "the headers and the first 16 KiB of body within this or 10 s, whichever is shorter).")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -619,6 +631,9 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
     from .serve import HttpLimits, Listen, ServeOptions, serve_forever
 
     token = _read_token(auth_token_file)
+    for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s)):
+        if math.isnan(value):  # click's FloatRange lets NaN through
+            raise click.BadParameter("not a number", param_hint=hint)
     limits = HttpLimits(max_body_bytes=int(max_body_mb * 2**20), body_timeout_s=body_timeout_s,
                         max_ongoing=max_ongoing_requests, max_queued=max_queued_requests)
     options = ServeOptions(replicas=replicas, max_batch_size=max_batch_size,

@@ -430,3 +430,21 @@ def test_model_code_failing_at_load_is_a_known_error_naming_the_stage(mlp_artifa
     assert result.exit_code == 1
     line = one_line_error(result)
     assert "unexpected" not in line and "failed (" in line and "Triton" in line, line
+
+
+def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
+        mlp_artifact: Path, tmp_path: Path) -> None:
+    """Audit: ``--max-body-mb nan`` and ``inf`` crashed as "unexpected ValueError/OverflowError",
+    unbalanced quotes in ``--serve-args`` as "unexpected ValueError"; all exit 2 now, before
+    anything starts. A token file's first line is the token (comments may follow)."""
+    from qkan_pack.cli import _read_token
+
+    for args in (["serve", str(mlp_artifact), "--max-body-mb", "nan"],
+                 ["serve", str(mlp_artifact), "--max-body-mb", "inf"],
+                 ["serve", str(mlp_artifact), "--body-timeout-s", "nan"],
+                 ["bench-serve", str(mlp_artifact), "--serve-args", "'--replicas"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and "unexpected" not in result.output, (args, result.output)
+    token = tmp_path / "token"
+    token.write_text("abcdefghijklmnopqrstu\n# rotated 2026-12-01\n")
+    assert _read_token(token) == "abcdefghijklmnopqrstu"

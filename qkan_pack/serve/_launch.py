@@ -10,6 +10,7 @@ replica died (a prediction is a pure function), drain periods bounded by ``grace
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -64,7 +65,14 @@ def check_port_free(host: str, port: int) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
         try:
             probe.bind((host, port))
+        except socket.gaierror as exc:
+            raise ServeError(f"--host {host}: not an address of this machine ({exc.strerror})",
+                             hint="use 127.0.0.1, 0.0.0.0 or an address of this host") from None
         except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror})",
+                                 hint="check --host (an address of this machine) and --port"
+                                 ) from None
             raise ServeError(f"port {port} on {host} is already in use ({exc.strerror})",
                              hint="stop the server there or choose another --port") from None
 

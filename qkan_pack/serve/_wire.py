@@ -149,7 +149,10 @@ def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
     if len(raw) != expected:
         raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
                                     f"the base64 holds {len(raw)}")
-    return Given(np.frombuffer(raw, wire).reshape(shape), dtype)
+    try:
+        return Given(np.frombuffer(raw, wire).reshape(shape), dtype)
+    except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
+        raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
 
 
 def given_from_python(value: Any, where: str) -> Given:

@@ -224,6 +224,28 @@ def test_a_listen_failure_names_the_side_ports_haproxy_also_binds(monkeypatch) -
     assert _launch._side_listeners() == " (HAProxy also listens on 127.0.0.1:21001, 127.0.0.1:21002)"
 
 
+def test_a_bad_host_is_not_reported_as_a_taken_port() -> None:
+    """Audit: an unknown name or an address of another machine was "port N is already in
+    use"."""
+    from qkan_pack.serve._launch import check_port_free
+
+    for host, says in (("nosuch.invalid", "--host nosuch.invalid"),
+                       ("10.255.255.1", "check --host")):
+        with pytest.raises(ServeError) as refused:
+            check_port_free(host, 18239)
+        assert says in str(refused.value) and "already in use" not in str(refused.value)
+
+
+def test_a_base64_shape_numpy_cannot_build_is_a_400_not_a_500() -> None:
+    """Audit: a zero-size shape with huge other dims made numpy's reshape raise ValueError,
+    answered as a 500 (README: fuzzed bodies never get a 5xx)."""
+    from qkan_pack.serve._wire import parse_request
+
+    body = b'{"inputs": {"b64": "", "dtype": "float32", "shape": [2147483647, 2147483647, 0]}}'
+    with pytest.raises(MalformedRequestError, match="cannot hold"):
+        parse_request(body, ["x"])
+
+
 def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path) -> None:
     from qkan_pack.serve._launch import ephemeral_port_range
 
