@@ -264,7 +264,9 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
             try:
                 options = fit_resources(options, cpus_per_replica, gpus_per_replica,
                                         session.resources())
-                session.deploy(build_app(path, options, noop=noop))
+                stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
+                if session.deploy(build_app(path, options, noop=noop), stopping) is None:
+                    return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)
                 if on_ready is not None:
                     on_ready(listen.url, description)
@@ -317,7 +319,9 @@ class _RaySession:
 
         return dict(ray.cluster_resources())
 
-    def deploy(self, app: Any) -> Any:
+    def deploy(self, app: Any, stopping: Callable[[], bool] = lambda: False) -> Any:
+        """Start Serve on the port and run ``app`` until its replicas serve; None when
+        ``stopping()`` turned true first (Ctrl-C or SIGTERM while replicas load)."""
         from ray import serve
 
         try:
@@ -328,7 +332,7 @@ class _RaySession:
                              hint="choose another --port, or start again (side ports are "
                              "picked anew each start)") from None
         self._serve_started = True
-        return _run_with_deadline(app, self.listen.deploy_timeout_s)
+        return _run_with_deadline(app, self.listen.deploy_timeout_s, stopping)
 
     def close(self) -> None:
         """Drain and delete the app; stop a local Ray (silently: ``serve.shutdown`` would print
@@ -372,9 +376,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run_with_deadline(app: Any, timeout_s: float) -> Any:
+def _run_with_deadline(app: Any, timeout_s: float,
+                       stopping: Callable[[], bool] = lambda: False) -> Any:
     """``serve.run`` (which waits forever for replicas it cannot place) in a thread, watched:
-    a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or a failed deployment raises ServeError."""
+    a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or a failed deployment raises ServeError;
+    ``stopping()`` turning true returns None at once (the caller then closes the session:
+    a Ctrl-C while replicas load was only seen after they had loaded)."""
     from ray import serve
 
     result: list[Any] = []
@@ -392,6 +399,8 @@ def _run_with_deadline(app: Any, timeout_s: float) -> Any:
     started = time.monotonic()
     unplaced_since: float | None = None
     while thread.is_alive() and time.monotonic() - started < timeout_s:
+        if stopping():
+            return None
         thread.join(0.25)
         unplaced_since = _check_deploying(unplaced_since)
     if errors:
