@@ -85,12 +85,20 @@ def decode_body(body: bytes) -> Any:
 
 def _lenient(body: bytes, problem: str) -> Any:
     try:
-        return json.loads(body, object_pairs_hook=_unique_keys)
+        return json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
     except MalformedRequestError:
         raise
     except (ValueError, TypeError, RecursionError):
         raise MalformedRequestError(f"request body is not valid JSON ({problem}); send "
                                     '{"inputs": [[...]]}') from None
+
+
+def _int_or_float(text: str) -> int | float:
+    """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range), so
+    that ``fit`` refuses it naming the input (422), as it does ``1e400``: as a Python int it
+    made an object array and a 400 that blamed the body's layout."""
+    value = int(text)
+    return value if -2**63 <= value < 2**64 else float(text)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

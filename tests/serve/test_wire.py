@@ -22,6 +22,8 @@ pytestmark = pytest.mark.serve
     (b'{"inputs": [[NaN, 0.2]]}', "'x'"), (b'{"inputs": [[Infinity, 0.2]]}', "'x'"),
     (b'{"inputs": [[-Infinity, 0.2]]}', "'x'"), (b'{"inputs": [[1e400, 0.2]]}', "'x'"),
     (b'{"inputs": [[1e308, 0.2]]}', "'x'"), (b'{"inputs": {"y": [[0.1, NaN]]}}', "'y'"),
+    (b'{"inputs": [[1' + b"0" * 400 + b', 0.2]]}', "'x'"),  # audit: an int was a 400
+    (b'{"inputs": [[-1' + b"0" * 40 + b', 0.2]]}', "'x'"),  # fits 64-bit float, not float32
 ])
 def test_non_finite_inputs_are_a_422_naming_the_input(body: bytes, where: str) -> None:
     from qkan_pack.serve import fit, parse_request
