@@ -437,7 +437,7 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
     """Audit: ``--max-body-mb nan`` and ``inf`` crashed as "unexpected ValueError/OverflowError",
     unbalanced quotes in ``--serve-args`` as "unexpected ValueError"; all exit 2 now, before
     anything starts. A token file's first line is the token (comments may follow)."""
-    from qkan_pack.cli import _read_token
+    import socket
 
     for args in (["serve", str(mlp_artifact), "--max-body-mb", "nan"],
                  ["serve", str(mlp_artifact), "--max-body-mb", "inf"],
@@ -447,4 +447,9 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
         assert result.exit_code == 2 and "unexpected" not in result.output, (args, result.output)
     token = tmp_path / "token"
     token.write_text("abcdefghijklmnopqrstu\n# rotated 2026-12-01\n")
-    assert _read_token(token) == "abcdefghijklmnopqrstu"
+    with socket.socket() as taken:  # the start stops at the port check, before Ray
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = CliRunner().invoke(cli, ["serve", str(mlp_artifact), "--auth-token-file",
+                                          str(token), "--port", str(taken.getsockname()[1])])
+    assert result.exit_code == 1 and "already in use" in result.output, result.output
