@@ -25,9 +25,9 @@ binary. Ray 2.60 offers no setting for these:
   connection; when that server dies mid-request HAProxy neither retries nor answers it (it
   closes the client connection and logs a 503 of 0 bytes, ``SC--``, HAProxy 2.8): with one
   replica, every request in flight at a SIGKILL from a client that opened a new connection
-  for it came back with no reply (4 of 4 in three runs on the CPU). ``http-reuse safe`` (the
-  first request of a client connection on a server connection of its own) gets them the
-  JSON 503 with ``Retry-After`` (0 closed in four runs), or another replica's answer.
+  for it came back with no reply (4 of 4 in each of 4 runs on the CPU). ``http-reuse safe``
+  (the first request of a client connection on a server connection of its own) gets them the
+  JSON 503 with ``Retry-After`` (0 closed in 5 runs), or another replica's answer.
 
     python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S [haproxy arguments...]
 """

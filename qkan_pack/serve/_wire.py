@@ -194,15 +194,16 @@ def _encode_leaf(leaf: np.ndarray | torch.Tensor, encoding: str) -> Any:
     if not is_tensor(leaf):
         if encoding == "list":  # the common reply: no dtype name (numpy's is slow per call)
             return _list_ready(leaf)
-        return _b64_object(_wire_array(leaf, leaf.dtype.name), leaf.dtype.name, list(leaf.shape))
-    from ..runtime import dtype_name
+        array, dtype = leaf, leaf.dtype.name
+    else:
+        from ..runtime import dtype_name
 
-    dtype = dtype_name(leaf.dtype)
-    if encoding == "list" and dtype == "bfloat16":
-        return _list_ready(leaf.detach().cpu().float().numpy())
-    array = _tensor_bits(leaf)
-    if encoding == "list":
-        return _list_ready(array)
+        dtype = dtype_name(leaf.dtype)
+        if encoding == "list" and dtype == "bfloat16":
+            return _list_ready(leaf.detach().cpu().float().numpy())
+        array = _tensor_bits(leaf)
+        if encoding == "list":
+            return _list_ready(array)
     return _b64_object(_wire_array(array, dtype), dtype, list(array.shape))
 
 
