@@ -588,10 +588,11 @@ def _read_token(path: Path | None) -> str | None:
 @click.option("--exact", is_flag=True,
               help="Replay each row alone: bit-identical answers whatever else is in flight "
               "(batching changes the last bits, about 1e-7 relative).")
-@click.option("--max-ongoing-requests", default=64, show_default=True, type=click.IntRange(min=1),
-              help="Requests a replica works on at once.")
-@click.option("--max-queued-requests", default=64, show_default=True, type=click.IntRange(min=0),
-              help="Requests a replica holds waiting; beyond, a JSON 503 with Retry-After at once.")
+@click.option("--max-ongoing-requests", type=click.IntRange(min=1),
+              help="Requests a replica works on at once [default: its batch size, at least 8].")
+@click.option("--max-queued-requests", type=click.IntRange(min=0),
+              help="Requests held waiting per replica (in HAProxy, the default ingress); beyond, "
+              "a JSON 503 with Retry-After at once [default: half of --max-ongoing-requests].")
 @click.option("--max-body-mb", default=8.0, show_default=True,
               type=click.FloatRange(min=0.001, max=65536.0),  # NaN is refused below
               help="Larger request bodies get HTTP 413 before they are read whole.")
@@ -613,8 +614,8 @@ def _read_token(path: Path | None) -> str | None:
               help="Serve a fixed reply without the model (the load test's baseline).")
 def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica: float | None,
           cpus_per_replica: float | None, ingress: str, max_batch_size: int | None,
-          max_batch_wait_ms: float, exact: bool, max_ongoing_requests: int,
-          max_queued_requests: int, max_body_mb: float, body_timeout_s: float,
+          max_batch_wait_ms: float, exact: bool, max_ongoing_requests: int | None,
+          max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
           auth_token_file: Path | None, grace_s: float, device: str, address: str | None,
           verbose: bool, noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from ray.serve import Application
     from starlette.requests import Request
     from starlette.responses import Response
+
+    from ..format import Manifest
 
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
@@ -65,10 +67,17 @@ class ServeOptions:
             ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
             ("max_batch_wait_ms >= 0", self.max_batch_wait_ms >= 0), ("grace_s >= 0", self.grace_s >= 0),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
-            ("max_ongoing_requests >= 1", self.limits.max_ongoing >= 1),
-            ("max_queued_requests >= 0", self.limits.max_queued >= 0)) if not ok]
+            ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),
+            ("max_queued_requests >= 0", self.limits.max_queued is None or self.limits.max_queued >= 0),
+        ) if not ok]
         if problems:
             raise ServeError(f"serve options out of range: need {', '.join(problems)}")
+
+    def for_artifact(self, manifest: Manifest) -> ServeOptions:
+        """These options with the admission bounds the user left unset derived from the batch
+        a replica replays (``HttpLimits.with_admission``); the same on every call."""
+        batch = 1 if self.exact else self.max_batch_size or largest_batch(row_plan(manifest))
+        return replace(self, limits=self.limits.with_admission(batch))
 
 
 class ArtifactServer:
@@ -163,7 +172,7 @@ def _replica_id() -> str:
 def ray_ongoing_limit(limits: HttpLimits) -> int:
     """Ray's own per-replica limit, set far above ours so that our admission (JSON 503 with
     Retry-After) always answers before Ray's plain-text backpressure could."""
-    return 4 * (limits.max_ongoing + limits.max_queued) + 64
+    return 4 * ((limits.max_ongoing or 1) + (limits.max_queued or 0)) + 64
 
 
 def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None, *,
@@ -179,8 +188,8 @@ def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None,
 
     from ..runtime import read_artifact
 
-    options = options or ServeOptions()
     artifact = read_artifact(path)
+    options = (options or ServeOptions()).for_artifact(artifact.manifest)
     deployment = serve.deployment(
         NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica,

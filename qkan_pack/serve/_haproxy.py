@@ -72,9 +72,9 @@ class IngressAdmission:
     def refusal_rule(self) -> str:
         """A backend rule, evaluated before the request is queued: refused when some replica
         is up, none has a free slot and the per-replica queue is full."""
-        body = ('{"error":"overloaded: every replica is at its limit of %d requests and %d '
-                'wait per replica; retry after %d s"}'
-                % (self.ongoing, self.queued, self.retry_after_s))
+        body = ('{"error":"overloaded: every replica is at its limit of '
+                f'{self.ongoing} requests and {self.queued} wait per replica; retry after '
+                f'{self.retry_after_s} s"}}')
         return (f"    http-request return status 503 content-type application/json hdr "
                 f"Retry-After {self.retry_after_s} string '{body}' if {{ nbsrv() gt 0 }} "
                 f"{{ be_conn_free() le 0 }} {{ avg_queue() ge {self.queued} }}")

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, MalformedRequestError, OverloadedError
@@ -40,16 +40,31 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+#: Fewest requests a replica works on at once by default (a batch of one still overlaps
+#: parsing the next requests with the replay).
+MIN_DEFAULT_ONGOING = 8
+
+
 @dataclass(frozen=True)
 class HttpLimits:
-    """Per-replica request limits (see ``build_app``)."""
+    """Per-replica request limits (see ``build_app``). ``max_ongoing``/``max_queued`` None:
+    derived from the replica's batch size (``with_admission``)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = 30.0
-    max_ongoing: int = 64
-    max_queued: int = 64
+    max_ongoing: int | None = None
+    max_queued: int | None = None
     retry_after_s: int = 1
     token_sha256: str | None = None
+
+    def with_admission(self, batch_rows: int) -> HttpLimits:
+        """Unset bounds filled in: at work, one full batch (at least ``MIN_DEFAULT_ONGOING``);
+        waiting, half as many. Measured on an H200 (1 replica of a 32-row model, 4x the
+        saturating 32 clients): bounds near the saturation point held throughput (1.02x) and
+        accepted p99 (1.74x), where 64 + 64 let every request in and p99 rose 6x."""
+        ongoing = self.max_ongoing or max(batch_rows, MIN_DEFAULT_ONGOING)
+        queued = self.max_queued if self.max_queued is not None else ongoing // 2
+        return replace(self, max_ongoing=ongoing, max_queued=queued)
 
 
 class Admission:
@@ -106,7 +121,8 @@ class HttpApi:
         self._describe = describe
         self._stats = stats
         self._accepted = accepted
-        self._admission = Admission(limits.max_ongoing, limits.max_queued)
+        bounds = limits.with_admission(core.max_batch_size)
+        self._admission = Admission(bounds.max_ongoing or 1, bounds.max_queued or 0)
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("", "POST"): self._predict, ("", "GET"): self._get_description,
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,

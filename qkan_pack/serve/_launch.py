@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ServeError
 from ._app import ServeOptions, build_app
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
-from ._http import token_digest
+from ._http import HttpLimits, token_digest
 
 APP_NAME = "qkan-pack"
 INGRESSES = ("auto", "haproxy", "python")
@@ -165,8 +165,7 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: 
         "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(
             workdir, binary, request_timeout_s(options.limits.body_timeout_s),
-            IngressAdmission(options.limits.max_ongoing, options.limits.max_queued,
-                             options.limits.retry_after_s))),
+            _ingress_admission(options.limits))),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
@@ -181,6 +180,13 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: 
         "RAY_SERVE_DIRECT_INGRESS_SHUTDOWN_BUFFER_S": "1",
         "RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": f"{drain:g}",
     }
+
+
+def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
+    """HAProxy's share of the admission bounds (``ServeOptions.for_artifact`` set them)."""
+    if limits.max_ongoing is None or limits.max_queued is None:
+        return None
+    return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
 
 
 @contextmanager
@@ -254,7 +260,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     options, listen = options or ServeOptions(), listen or Listen()
     if token:
         options = replace(options, limits=replace(options.limits, token_sha256=token_digest(token)))
-    read_artifact(path)  # a bad artifact fails before Ray starts
+    options = options.for_artifact(read_artifact(path).manifest)  # a bad one fails before Ray
     check_port_free(listen.host, listen.port)
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "

