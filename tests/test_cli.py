@@ -435,13 +435,15 @@ def test_model_code_failing_at_load_is_a_known_error_naming_the_stage(mlp_artifa
 def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
         mlp_artifact: Path, tmp_path: Path) -> None:
     """Audit: ``--max-body-mb nan`` and ``inf`` crashed as "unexpected ValueError/OverflowError",
-    unbalanced quotes in ``--serve-args`` as "unexpected ValueError"; all exit 2 now, before
-    anything starts. A token file's first line is the token (comments may follow)."""
+    unbalanced quotes in ``--serve-args`` as "unexpected ValueError", ``--device foo`` only
+    once Ray had started replicas that could not load; all exit 2 now, before anything starts.
+    A token file's first line is the token (comments may follow)."""
     import socket
 
     for args in (["serve", str(mlp_artifact), "--max-body-mb", "nan"],
                  ["serve", str(mlp_artifact), "--max-body-mb", "inf"],
                  ["serve", str(mlp_artifact), "--body-timeout-s", "nan"],
+                 ["serve", str(mlp_artifact), "--device", "foo"],  # failed in replicas, 19 s in
                  ["bench-serve", str(mlp_artifact), "--serve-args", "'--replicas"]):
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 2 and "unexpected" not in result.output, (args, result.output)

@@ -27,9 +27,11 @@ from ._constants import (
     DType,
 )
 from ._grammar import (
+    DEVICE_TEXT,
     IDENTIFIER,
     Shape,
     check_config,
+    check_device_text,
     check_dtype,
     check_range,
     format_shape,
@@ -62,6 +64,7 @@ from ._manifest import (
 
 __all__ = [
     "CAPTURE_POLICIES",
+    "DEVICE_TEXT",
     "DIGEST_PREFIX",
     "DTYPES",
     "FORMAT_NAME",
@@ -94,6 +97,7 @@ __all__ = [
     "Signature",
     "TensorSpec",
     "check_config",
+    "check_device_text",
     "check_dtype",
     "check_range",
     "dumps_manifest",

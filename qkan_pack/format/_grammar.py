@@ -1,4 +1,4 @@
-"""The text users type: shapes (``8x128``), dtypes, ``KEY=VALUE`` config items.
+"""The text users type: shapes (``8x128``), dtypes, ``KEY=VALUE`` config items, devices.
 
 Every parser returns a canonical value or raises ``ShapeSpecError`` saying what is wrong
 and how to write it; no other exception escapes (the property tests hold us to it).
@@ -12,13 +12,23 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ManifestError, ShapeSpecError
+from ..errors import DeviceError, ManifestError, ShapeSpecError
 from ._constants import DTYPES, MAX_DIM, MAX_RANK, MAX_SHAPES, dtype_alias
 from ._json import loads_strict
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Shape = tuple[int, ...]
+#: The device spellings qkan-pack takes (whether the device exists is the runtime's question).
+DEVICE_TEXT = re.compile(r"(auto|(cpu|cuda)(:\d+)?)\Z")
+
+
+def check_device_text(device: str) -> None:
+    """Refuse a device spelling qkan-pack cannot use, without importing torch: the serve
+    launcher checks ``--device`` here before it starts Ray and replicas that would all fail."""
+    if not DEVICE_TEXT.match(device):
+        raise DeviceError(requested=device, problem="not a device qkan-pack can use; write "
+                          "cpu, cuda, cuda:N or auto", usage=True)
 
 
 def parse_shape(text: str) -> Shape:

@@ -8,6 +8,7 @@ import threading
 import torch
 
 from ..errors import DeviceError
+from ..format import check_device_text
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -16,6 +17,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     ``"auto"`` is ``cuda`` where CUDA is available, else ``cpu``; ``cuda`` is the current
     CUDA device, returned with its index so that callers can pin work to it.
     """
+    if isinstance(device, str):
+        check_device_text(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
+from ..format import check_device_text
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore, map_leaves
 from ._rows import describe_artifact, largest_batch, row_plan
@@ -72,6 +73,7 @@ class ServeOptions:
         ) if not ok]
         if problems:
             raise ServeError(f"serve options out of range: need {', '.join(problems)}")
+        check_device_text(self.device)  # before Ray starts replicas that would all fail
 
     def for_artifact(self, manifest: Manifest) -> ServeOptions:
         """These options with the admission bounds the user left unset derived from the batch
