@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from ..format import Manifest
+    from ..runtime import VerifiedArtifact
 
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
@@ -186,11 +187,19 @@ def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None,
     unless its digest is the one verified here. ``gpus_per_replica=1`` gives each replica a
     GPU of its own; fractions pack several replicas onto one GPU.
     """
-    from ray import serve
-
     from ..runtime import read_artifact
 
-    artifact = read_artifact(path)
+    return app_for(read_artifact(path), options, predictor_options=predictor_options, noop=noop,
+                   name=name)
+
+
+def app_for(artifact: VerifiedArtifact, options: ServeOptions | None = None, *,
+            predictor_options: Mapping[str, Any] | None = None, noop: bool = False,
+            name: str = "QkanPack") -> Application:
+    """``build_app`` for an artifact already read and verified (``serve_forever`` reads it
+    once, before Ray starts, instead of hashing every file twice)."""
+    from ray import serve
+
     options = (options or ServeOptions()).for_artifact(artifact.manifest)
     deployment = serve.deployment(
         NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,

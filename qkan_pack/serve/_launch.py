@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ServeError
-from ._app import ServeOptions, build_app
+from ._app import ServeOptions, app_for
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits, token_digest
 
@@ -260,7 +260,8 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     options, listen = options or ServeOptions(), listen or Listen()
     if token:
         options = replace(options, limits=replace(options.limits, token_sha256=token_digest(token)))
-    options = options.for_artifact(read_artifact(path).manifest)  # a bad one fails before Ray
+    artifact = read_artifact(path)  # a bad artifact fails before Ray starts
+    options = options.for_artifact(artifact.manifest)
     check_port_free(listen.host, listen.port)
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
@@ -273,7 +274,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                 options = fit_resources(options, cpus_per_replica, gpus_per_replica,
                                         session.resources())
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
-                if session.deploy(build_app(path, options, noop=noop), stopping) is None:
+                if session.deploy(app_for(artifact, options, noop=noop), stopping) is None:
                     return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)
                 if on_ready is not None:
