@@ -1,6 +1,7 @@
 """HTTP load from several client processes (so that the generator is not the ceiling): each
 process runs threads that send single-row POSTs back to back over kept-alive connections and
-returns its latencies. Standard library only; nothing here imports torch, Ray or the server."""
+returns its latencies. Standard library and orjson only; nothing here imports torch, Ray or
+the server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,22 @@ import orjson
 
 
 @dataclass(frozen=True)
+class RowInput:
+    """One input of a single-row request: its name, the row's shape (the captured shapes
+    without their batch dimension), and what values to send: floats or integers (``integer``)
+    drawn from ``[low, high)``."""
+
+    name: str
+    shape: tuple[int, ...]
+    integer: bool = False
+    low: float = -1.0
+    high: float = 1.0
+
+
+Rows = tuple[RowInput, ...]
+
+
+@dataclass(frozen=True)
 class LoadSpec:
     """One load point: ``clients`` closed-loop clients for ``seconds`` after ``warmup``."""
 
@@ -25,7 +42,7 @@ class LoadSpec:
     clients: int
     seconds: float
     warmup: float
-    width: int
+    rows: Rows
     token: str | None = None
     backoff_s: float = 0.05  # after an error without Retry-After
     body_bytes: int = 0  # > 0: every request is this large (the large-body sender)
@@ -41,10 +58,25 @@ class LoadResult:
         self.statuses.update(other.statuses)
 
 
-def request_body(width: int, rng: random.Random, size: int = 0) -> bytes:
-    """A single-row request; ``size`` pads it (whitespace) to about that many bytes."""
-    body = orjson.dumps({"inputs": [[rng.uniform(-1, 1) for _ in range(width)]]})
+#: Distinct bodies each client cycles through: drawing and encoding a large row (an image)
+#: per request would make the load generator the ceiling.
+BODIES_PER_CLIENT = 8
+
+
+def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
+    """A single-row request (a batch of one): ``{"inputs": [row]}`` for one input, by name
+    for several; ``size`` pads it (whitespace) to about that many bytes."""
+    values = {row.name: [_draw(row, row.shape, rng)] for row in rows}
+    body = orjson.dumps({"inputs": values if len(rows) > 1 else values[rows[0].name]})
     return body + b" " * max(0, size - len(body))
+
+
+def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:
+    if shape:
+        return [_draw(row, shape[1:], rng) for _ in range(shape[0])]
+    if row.integer:
+        return rng.randrange(int(row.low), max(int(row.low) + 1, int(row.high)))
+    return rng.uniform(row.low, row.high)
 
 
 def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> None:
@@ -53,9 +85,12 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
     if spec.token:
         headers["Authorization"] = f"Bearer {spec.token}"
     conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
+    bodies = [request_body(spec.rows, rng, spec.body_bytes) for _ in range(BODIES_PER_CLIENT)]
     stop_at = start_at + spec.warmup + spec.seconds
+    sent = 0
     while (now := time.time()) < stop_at:
-        body = request_body(spec.width, rng, spec.body_bytes)
+        body = bodies[sent % len(bodies)]
+        sent += 1
         began = time.perf_counter()
         try:
             conn.request("POST", "/", body, headers)

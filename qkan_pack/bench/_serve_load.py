@@ -23,10 +23,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BenchError
-from ._load import LoadResult, LoadSpec, run_load
+from ._load import LoadResult, LoadSpec, RowInput, Rows, run_load
+
+if TYPE_CHECKING:
+    from ..format import InputDecl
 
 SERVE_SCHEMA = "qkan-pack/bench-serve/1"
 
@@ -163,14 +166,29 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def input_width(artifact: str) -> int:
-    """The row width clients send (the first input's last dimension), from the manifest."""
+def row_inputs(artifact: str) -> Rows:
+    """What one single-row request carries, from the manifest: per input its name, the row
+    shape of the first shape family that takes rows, and values of its dtype drawn from the
+    range the build drew reference inputs from (token ids stay inside the embedding)."""
+    from ..format import INTEGER_DTYPES, padding_table
     from ..runtime import read_artifact
 
     manifest = read_artifact(artifact).manifest
-    if len(manifest.inputs) != 1:
-        raise BenchError("bench-serve sends single-row requests to one-input artifacts only")
-    return manifest.shapes[0].inputs[0][1][-1]
+    tails = list(padding_table(manifest))
+    if not tails:
+        raise BenchError("bench-serve sends single rows, and no captured shape of this "
+                         "artifact takes rows (every input must lead with one batch size)")
+    return tuple(_row_input(decl, shape, decl.dtype in INTEGER_DTYPES or decl.dtype == "bool")
+                 for decl, shape in zip(manifest.inputs, tails[0]))
+
+
+def _row_input(decl: InputDecl, shape: tuple[int, ...], integer: bool) -> RowInput:
+    default = (0, 2) if integer else (-1.0, 1.0)
+    low = decl.low if decl.low is not None else default[0]
+    high = decl.high if decl.high is not None else default[1]
+    if decl.dtype == "bool":
+        low, high = 0, 2
+    return RowInput(decl.name, tuple(shape), integer, low, high)
 
 
 def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None
@@ -178,14 +196,14 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     """Every client count against the artifact (and the no-op), then the optional runs."""
     settings = settings or ServeLoadSettings()
     artifact = str(artifact)
-    width = input_width(artifact)
+    rows = row_inputs(artifact)
     report = ServeLoadReport(
         schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
     modes = [("model", ())] + ([("noop", ("--noop",))] if settings.noop else [])
     with sigterm_as_exit():
         for mode, extra in modes:
-            _measure_mode(artifact, mode, extra, width, settings, report)
+            _measure_mode(artifact, mode, extra, rows, settings, report)
     return report
 
 
@@ -208,40 +226,40 @@ def sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _measure_mode(artifact: str, mode: str, extra: Sequence[str], width: int,
+def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
                   settings: ServeLoadSettings, report: ServeLoadReport) -> None:
     """One server (the artifact, or the no-op): every client count, then the optional runs."""
     server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
                            settings.start_timeout_s)
     report.server[mode] = {"ready": server.ready_line, "command": server.command}
     try:
-        report.curves[mode] = [measure_point(server, width, n, settings, mode == "model")
+        report.curves[mode] = [measure_point(server, rows, n, settings, mode == "model")
                                for n in settings.clients]
         if mode == "model":
-            _optional_runs(server, width, settings, report)
+            _optional_runs(server, rows, settings, report)
     finally:
         report.server[mode]["exit_code"] = server.stop()
 
 
-def _optional_runs(server: ServerProcess, width: int, settings: ServeLoadSettings,
+def _optional_runs(server: ServerProcess, rows: Rows, settings: ServeLoadSettings,
                    report: ServeLoadReport) -> None:
     if settings.large_body_mb:
-        report.large_bodies = measure_large_bodies(server, width, settings)
+        report.large_bodies = measure_large_bodies(server, rows, settings)
     if settings.kill_at_s is not None:
-        report.kill = measure_kill(server, width, settings)
+        report.kill = measure_kill(server, rows, settings)
 
 
-def _spec(server: ServerProcess, width: int, clients: int, settings: ServeLoadSettings,
+def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
           **changes: Any) -> LoadSpec:
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
-                    warmup=settings.warmup, width=width, **changes)
+                    warmup=settings.warmup, rows=rows, **changes)
 
 
-def measure_point(server: ServerProcess, width: int, clients: int, settings: ServeLoadSettings,
+def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
                   has_stats: bool) -> Point:
     if has_stats:
         server.get("/stats/reset", method="POST")
-    result = run_load(_spec(server, width, clients, settings), settings.processes)
+    result = run_load(_spec(server, rows, clients, settings), settings.processes)
     point = summarise(clients, result, settings.seconds)
     if has_stats:
         stats = server.get("/stats")
@@ -251,7 +269,7 @@ def measure_point(server: ServerProcess, width: int, clients: int, settings: Ser
     return point
 
 
-def measure_kill(server: ServerProcess, width: int, settings: ServeLoadSettings) -> dict[str, Any]:
+def measure_kill(server: ServerProcess, rows: Rows, settings: ServeLoadSettings) -> dict[str, Any]:
     """SIGKILL one replica ``kill_at_s`` into a timed run; every status the clients saw."""
     import threading
 
@@ -261,7 +279,7 @@ def measure_kill(server: ServerProcess, width: int, settings: ServeLoadSettings)
     delay = settings.warmup + 1.0 + (settings.kill_at_s or 0.0)
     timer = threading.Timer(delay, os.kill, (victims[0], signal.SIGKILL))
     timer.start()
-    result = run_load(_spec(server, width, settings.kill_clients, settings), settings.processes)
+    result = run_load(_spec(server, rows, settings.kill_clients, settings), settings.processes)
     timer.cancel()
     point = summarise(settings.kill_clients, result, settings.seconds)
     return {"replicas_before": len(victims), "killed_after_s": settings.kill_at_s,
@@ -276,19 +294,19 @@ def _wait_replicas(server: ServerProcess, count: int, timeout_s: float) -> list[
     return pids
 
 
-def measure_large_bodies(server: ServerProcess, width: int, settings: ServeLoadSettings
+def measure_large_bodies(server: ServerProcess, rows: Rows, settings: ServeLoadSettings
                          ) -> dict[str, Any]:
     """Single-row latency at ``probe_clients`` clients, alone and while two clients send
     ``large_body_mb`` bodies back to back."""
     import threading
 
     size = int((settings.large_body_mb or 0) * 2**20)
-    alone = run_load(_spec(server, width, settings.probe_clients, settings), settings.processes)
+    alone = run_load(_spec(server, rows, settings.probe_clients, settings), settings.processes)
     big = LoadResult()
     sender = threading.Thread(target=lambda: big.merge(run_load(
-        _spec(server, width, 2, settings, body_bytes=size), 1)), daemon=True)
+        _spec(server, rows, 2, settings, body_bytes=size), 1)), daemon=True)
     sender.start()
-    during = run_load(_spec(server, width, settings.probe_clients, settings), settings.processes)
+    during = run_load(_spec(server, rows, settings.probe_clients, settings), settings.processes)
     sender.join()
     return {"body_mb": settings.large_body_mb, "clients": settings.probe_clients,
             "alone": asdict(summarise(settings.probe_clients, alone, settings.seconds)),

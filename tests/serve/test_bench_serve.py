@@ -49,3 +49,25 @@ def test_sigterm_to_bench_serve_stops_the_server_it_started(artifact: Path) -> N
     finally:
         for pid in tagged_pids(tag):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_bench_serve_drives_an_artifact_with_named_integer_inputs(tmp_path: Path) -> None:
+    """Before, bench-serve refused any artifact with more than one input ("one-input
+    artifacts only") and sent float rows whatever the dtype; now every request is a row of
+    each input, by name, with token ids inside the embedding: all answered 200."""
+    import json
+
+    from qkan_pack import build
+
+    from ..conftest import MODELS
+
+    path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 4)}, {"a": (8, 3), "b": (8, 4)}],
+                 output=tmp_path / "multi", dtype={"b": "int64"}).path
+    out = tmp_path / "load.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "qkan_pack", "bench-serve", str(path), "--clients", "2",
+         "--seconds", "1", "--warmup", "0.5", "--no-noop", "--processes", "1", "--port",
+         str(free_port()), "--json", str(out)], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (point,) = json.loads(out.read_text())["curves"]["model"]
+    assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point

@@ -1,0 +1,51 @@
+"""What ``bench-serve`` sends: one row per request, shaped and typed from the manifest, for
+any artifact whose shapes take rows (it sent ``[[floats]]`` of the first input's width only,
+and refused artifacts with several inputs)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from qkan_pack import BenchError, build
+from qkan_pack.bench._load import RowInput, request_body
+from qkan_pack.bench._serve_load import row_inputs
+
+from ..conftest import EXAMPLES, MODELS
+
+
+def test_rows_follow_the_manifest_names_shapes_dtypes_and_ranges(tmp_path: Path) -> None:
+    path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 4)}, {"a": (8, 3), "b": (8, 4)}],
+                 output=tmp_path / "multi", dtype={"b": "int64"}).path
+    rows = row_inputs(str(path))
+    assert [(r.name, r.shape, r.integer) for r in rows] == [("a", (3,), False), ("b", (4,), True)]
+    assert (rows[1].low, rows[1].high) == (0, 8)  # the embedding's 8 rows, not [0, 2)
+    rng = random.Random(0)
+    for _ in range(50):
+        body = orjson.loads(request_body(rows, rng))["inputs"]
+        assert set(body) == {"a", "b"}
+        assert len(body["a"]) == 1 and len(body["a"][0]) == 3
+        assert all(isinstance(v, float) and -1 <= v <= 1 for v in body["a"][0])
+        assert len(body["b"][0]) == 4 and all(isinstance(v, int) and 0 <= v < 8
+                                              for v in body["b"][0])
+
+
+def test_one_input_sends_a_bare_row_batch(tmp_path: Path) -> None:
+    path = build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=tmp_path / "mlp").path
+    rows = row_inputs(str(path))
+    assert rows == (RowInput(rows[0].name, (2,)),)
+    body = request_body(rows, random.Random(1), size=4096)
+    assert len(body) == 4096 and len(orjson.loads(body)["inputs"][0]) == 2
+
+
+def test_an_artifact_without_row_shapes_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "pooled.py"
+    model.write_text("import torch\n\n\nclass Pooled(torch.nn.Module):\n"
+                     "    def forward(self, x):\n        return x.sum(dim=0)  # no batch dim\n\n\n"
+                     "def build_model():\n    return Pooled()\n")
+    path = build(model, "4x2", output=tmp_path / "pooled").path
+    with pytest.raises(BenchError, match="no captured shape of this artifact takes rows"):
+        row_inputs(str(path))
