@@ -527,11 +527,12 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
     )
 
     extra = {"processes": processes} if processes else {}
+    args = _split_args(serve_args)
     settings = ServeLoadSettings(clients=clients, seconds=seconds, warmup=warmup,
-                                 serve_args=_split_args(serve_args), noop=not no_noop,
+                                 serve_args=args, noop=not no_noop,
                                  kill_at_s=kill_at, kill_clients=kill_clients,
                                  large_body_mb=large_body_mb, port=port, **extra)
-    report = run_serve_load(directory, settings)
+    report = run_serve_load(directory, settings, token=_read_token(_token_file_in(args)))
     click.echo(render_serve_load(report))
     if json_path is not None:
         click.echo(f"wrote {write_serve_json(report, json_path)}")
@@ -550,6 +551,17 @@ def _split_args(text: str) -> tuple[str, ...]:
         return tuple(shlex.split(text))
     except ValueError as exc:
         raise click.BadParameter(f"{text!r}: {exc}", param_hint="--serve-args") from None
+
+
+def _token_file_in(serve_args: Sequence[str]) -> Path | None:
+    """The ``--auth-token-file`` among ``serve``'s arguments (bench-serve's clients send the
+    token the server it starts will require)."""
+    for i, arg in enumerate(serve_args):
+        if arg == "--auth-token-file" and i + 1 < len(serve_args):
+            return Path(serve_args[i + 1])
+        if arg.startswith("--auth-token-file="):
+            return Path(arg.partition("=")[2])
+    return None
 
 
 def _read_token(path: Path | None) -> str | None:

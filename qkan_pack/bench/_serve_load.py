@@ -97,8 +97,10 @@ def summarise(clients: int, result: LoadResult, seconds: float) -> Point:
 class ServerProcess:
     """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
 
-    def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float) -> None:
+    def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float,
+                 token: str | None = None) -> None:
         self.port = port
+        self.token = token
         self.command = [sys.executable, "-m", "qkan_pack", "serve", artifact, "--port", str(port),
                         *args]
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -123,8 +125,9 @@ class ServerProcess:
         raise BenchError(f"qkan-pack serve did not start: {stderr.strip()[-800:]}")
 
     def get(self, path: str, method: str = "GET") -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                         data=b"" if method == "POST" else None)
+                                         data=b"" if method == "POST" else None, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as reply:
             return json.loads(reply.read())
 
@@ -191,9 +194,11 @@ def _row_input(decl: InputDecl, shape: tuple[int, ...], integer: bool) -> RowInp
     return RowInput(decl.name, tuple(shape), integer, low, high)
 
 
-def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None
-                   ) -> ServeLoadReport:
-    """Every client count against the artifact (and the no-op), then the optional runs."""
+def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None, *,
+                   token: str | None = None) -> ServeLoadReport:
+    """Every client count against the artifact (and the no-op), then the optional runs.
+    ``token``: the bearer token the server requires (``serve --auth-token-file`` among the
+    serve arguments); it is sent, never recorded in the report."""
     settings = settings or ServeLoadSettings()
     artifact = str(artifact)
     rows = row_inputs(artifact)
@@ -203,7 +208,7 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     modes = [("model", ())] + ([("noop", ("--noop",))] if settings.noop else [])
     with sigterm_as_exit():
         for mode, extra in modes:
-            _measure_mode(artifact, mode, extra, rows, settings, report)
+            _measure_mode(artifact, mode, extra, rows, settings, report, token)
     return report
 
 
@@ -227,10 +232,10 @@ def sigterm_as_exit() -> Iterator[None]:
 
 
 def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
-                  settings: ServeLoadSettings, report: ServeLoadReport) -> None:
+                  settings: ServeLoadSettings, report: ServeLoadReport, token: str | None) -> None:
     """One server (the artifact, or the no-op): every client count, then the optional runs."""
     server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
-                           settings.start_timeout_s)
+                           settings.start_timeout_s, token)
     report.server[mode] = {"ready": server.ready_line, "command": server.command}
     try:
         report.curves[mode] = [measure_point(server, rows, n, settings, mode == "model")
@@ -252,7 +257,7 @@ def _optional_runs(server: ServerProcess, rows: Rows, settings: ServeLoadSetting
 def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
           **changes: Any) -> LoadSpec:
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
-                    warmup=settings.warmup, rows=rows, **changes)
+                    warmup=settings.warmup, rows=rows, token=server.token, **changes)
 
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,

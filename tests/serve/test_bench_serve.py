@@ -51,10 +51,12 @@ def test_sigterm_to_bench_serve_stops_the_server_it_started(artifact: Path) -> N
             os.kill(pid, signal.SIGKILL)
 
 
-def test_bench_serve_drives_an_artifact_with_named_integer_inputs(tmp_path: Path) -> None:
+def test_bench_serve_drives_named_integer_inputs_behind_a_token(tmp_path: Path) -> None:
     """Before, bench-serve refused any artifact with more than one input ("one-input
     artifacts only") and sent float rows whatever the dtype; now every request is a row of
-    each input, by name, with token ids inside the embedding: all answered 200."""
+    each input, by name, with token ids inside the embedding. Its clients (and its /stats
+    reads) also send the token of a server started with ``--auth-token-file``, which they
+    did not (every request a 401); the token stays out of the report."""
     import json
 
     from qkan_pack import build
@@ -63,11 +65,16 @@ def test_bench_serve_drives_an_artifact_with_named_integer_inputs(tmp_path: Path
 
     path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 4)}, {"a": (8, 3), "b": (8, 4)}],
                  output=tmp_path / "multi", dtype={"b": "int64"}).path
-    out = tmp_path / "load.json"
+    out, token = tmp_path / "load.json", tmp_path / "token"
+    token.write_text("bench-serve-token-0123456789\n")
     done = subprocess.run(
         [sys.executable, "-m", "qkan_pack", "bench-serve", str(path), "--clients", "2",
          "--seconds", "1", "--warmup", "0.5", "--no-noop", "--processes", "1", "--port",
-         str(free_port()), "--json", str(out)], capture_output=True, text=True, timeout=400)
+         str(free_port()), "--json", str(out), "--serve-args", f"--auth-token-file {token}"],
+        capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
-    (point,) = json.loads(out.read_text())["curves"]["model"]
+    report = out.read_text()
+    (point,) = json.loads(report)["curves"]["model"]
     assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
+    assert point["rows_per_replay"]  # /stats answered with the token
+    assert "bench-serve-token" not in report
