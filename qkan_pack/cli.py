@@ -431,7 +431,7 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
           bytecode_cache: Path | None) -> None:
     """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side
     (or, with --cold, fresh processes from launch to their first result)."""
-    _refuse_cold_options_without_cold(cold)
+    _refuse_options_of_the_other_mode(cold)
     if cold:
         _bench_cold(directory, device, overrides, json_path, plot_path,
                     runs=runs, variants=cold_variants, keep_caches=keep_caches, profile=profile,
@@ -451,14 +451,19 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
 
 _COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
                  "profile": "--profile", "bytecode_cache": "--bytecode-cache"}
+_SIDE_BY_SIDE_OPTIONS = {"iters": "--iters", "repeats": "--repeats", "warmup": "--warmup",
+                         "skip": "--skip"}
 
 
-def _refuse_cold_options_without_cold(cold: bool) -> None:
+def _refuse_options_of_the_other_mode(cold: bool) -> None:
+    """An option the chosen mode would ignore is a usage error, not silently dropped."""
     ctx = click.get_current_context()
-    given = [flag for name, flag in _COLD_OPTIONS.items()
+    other = _SIDE_BY_SIDE_OPTIONS if cold else _COLD_OPTIONS
+    given = [flag for name, flag in other.items()
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
-    if given and not cold:
-        raise click.UsageError(f"{', '.join(given)} only apply with --cold")
+    if given:
+        raise click.UsageError(f"{', '.join(given)} only apply "
+                               f"{'without' if cold else 'with'} --cold")
 
 
 def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path | None,

@@ -170,6 +170,14 @@ def test_cli_cold_options_need_cold(mlp_artifact: Path) -> None:
                  ["--bytecode-cache", "pyc"]):
         result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--device", "cpu", *args])
         assert result.exit_code == 2 and "only apply with --cold" in result.output, args
+
+
+def test_cli_side_by_side_options_are_refused_with_cold(mlp_artifact: Path) -> None:
+    """Audit: ``bench --cold --iters 5`` ran the cold benchmark and dropped ``--iters``."""
+    for args in (["--iters", "5"], ["--repeats", "3"], ["--warmup", "1"], ["--skip", "bare_graph"]):
+        result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--device", "cpu",
+                                          "--cold", *args])
+        assert result.exit_code == 2 and "only apply without --cold" in result.output, args
     result = CliRunner().invoke(cli, ["bench", str(mlp_artifact), "--cold", "--variants", "eager"])
     assert result.exit_code == 1 and "choose from" in result.output
 
