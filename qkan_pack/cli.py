@@ -35,6 +35,8 @@ from .format import (
 )
 
 DEBUG_ENV = "QKAN_PACK_DEBUG"
+#: ``ctx.meta`` key: the option that named the device, when it is not ``--device``.
+DEVICE_OPTION = "qkan_pack.device_option"
 
 
 class _Group(click.Group):
@@ -49,11 +51,12 @@ class _Group(click.Group):
             click.echo("Interrupted.", err=True)
             sys.exit(130)
         except DeviceError as exc:  # name the option the user typed
-            option = f"--device {exc.requested}"
-            hint = f"; use --device {exc.suggestion}" if exc.suggestion else ""
+            flag = ctx.meta.get(DEVICE_OPTION, "--device")
+            option = f"{flag} {exc.requested}"
+            hint = f"; use {flag} {exc.suggestion}" if exc.suggestion else ""
             if exc.usage:
                 raise click.BadParameter(f"{exc.requested!r}: {exc.problem}",
-                                         param_hint="--device") from None
+                                         param_hint=flag) from None
             _fail(DeviceError(requested=exc.requested, problem=exc.problem), known=True,
                   text=f"{option}: {exc.problem}{hint}")
         except ShapeSpecError as exc:  # text the user typed: a usage error wherever it is found
@@ -224,6 +227,7 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
     shown = ", ".join(e.label for e in result.manifest.shapes)
     _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
     if warm_device is not None:
+        click.get_current_context().meta[DEVICE_OPTION] = "--warm"
         _warm(result.path, warm_device)
     else:
         _say(f"digest {result.digest}")

@@ -455,3 +455,19 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
         result = CliRunner().invoke(cli, ["serve", str(mlp_artifact), "--auth-token-file",
                                           str(token), "--port", str(taken.getsockname()[1])])
     assert result.exit_code == 1 and "already in use" in result.output, result.output
+
+
+def test_build_warm_on_a_host_without_a_gpu_names_warm(tmp_path: Path) -> None:
+    """Audit: ``build --warm`` on a CPU host said "--device cuda: ...", an option the user never
+    typed; the message names ``--warm`` (``warm`` itself still says ``--device``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only host behaviour")
+    result = run("build", MLP, "--shapes", "1x2", "--warm", "-o", tmp_path / "a")
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert last.startswith("Error: --warm cuda: qkan-pack warm needs a CUDA GPU"), last
+    warm = run("warm", tmp_path / "a")
+    last = warm.stderr.strip().splitlines()[-1]
+    assert warm.exit_code == 1 and last.startswith("Error: --device cuda:"), last
