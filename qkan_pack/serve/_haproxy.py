@@ -33,10 +33,14 @@ binary. Ray 2.60 offers no setting for these:
   replica's one event loop on requests it will not serve. Here each replica server gets
   ``maxconn`` (its at-work limit) and a request that finds every replica at its limit and the
   backend's queue full (per replica, ``avg_queue``) gets the JSON 503 with ``Retry-After``
-  from HAProxy itself, without reaching a replica.
+  from HAProxy itself, without reaching a replica;
+- replicas on this node are addressed as ``127.0.0.1`` whatever ``--host`` is, but a replica
+  binds its direct ingress where ``--host`` says: with ``--host ::1`` HAProxy found every
+  replica down (``L4CON``) and the start failed after 60 s ("Proxies not available"). Here,
+  given an IPv6 ``replica_host``, local server lines address the replicas there.
 
     python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S ONGOING QUEUED \
-        RETRY_AFTER_S [haproxy arguments...]
+        RETRY_AFTER_S REPLICA_HOST|- [haproxy arguments...]
 """
 
 from __future__ import annotations
@@ -81,11 +85,12 @@ class IngressAdmission:
 
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
-            admission: IngressAdmission | None = None) -> str:
+            admission: IngressAdmission | None = None, replica_host: str | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests, a request timeout and, given ``admission``, bounded
-    admission to each replica (idempotent: a rewritten config rewrites to itself)."""
-    config = "\n".join(_rewrite_sections(config.split("\n"), admission))
+    admission to each replica; given ``replica_host`` (an IPv6 address the replicas bind),
+    local replicas addressed there (idempotent: a rewritten config rewrites to itself)."""
+    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     additions = _missing_defaults(config, error_dir, timeout_s)
@@ -104,7 +109,8 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", config)]
 
 
-def _rewrite_sections(lines: list[str], admission: IngressAdmission | None) -> list[str]:
+def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
+                      replica_host: str | None) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
     no-route reply as JSON 503; each app backend's admission (``IngressAdmission``)."""
@@ -124,9 +130,12 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None) -> l
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
-        elif (admission and _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line)
-              and "maxconn" not in line):
-            line = f"{line.rstrip()} {admission.server_option()}"
+        elif _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line):
+            if replica_host:
+                line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>[{replica_host}]:\2",
+                              line)
+            if admission and "maxconn" not in line:
+                line = f"{line.rstrip()} {admission.server_option()}"
         elif section.startswith("backend ") and re.fullmatch(r"\s*http-reuse always\s*", line):
             line = "    http-reuse safe"
         elif section == "backend default_backend" and "http-request return status 404" in line:
@@ -168,9 +177,11 @@ def request_timeout_s(body_timeout_s: float) -> int:
 
 
 def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
-                    admission: IngressAdmission | None = None) -> Path:
+                    admission: IngressAdmission | None = None,
+                    replica_host: str | None = None) -> Path:
     """Write the error files and an executable wrapper into ``directory``; return its path.
-    Without ``admission`` the replicas' limits are left to them."""
+    Without ``admission`` the replicas' limits are left to them; ``replica_host``: see
+    ``rewrite``."""
     errors = directory / "errors"
     errors.mkdir(parents=True, exist_ok=True)
     for code in ERROR_CODES:
@@ -179,7 +190,8 @@ def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
     wrapper = directory / "haproxy"
     limits = admission or IngressAdmission(ongoing=0, queued=0, retry_after_s=0)
     command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(errors),
-               str(timeout_s), str(limits.ongoing), str(limits.queued), str(limits.retry_after_s)]
+               str(timeout_s), str(limits.ongoing), str(limits.queued), str(limits.retry_after_s),
+               replica_host or "-"]
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
@@ -200,12 +212,13 @@ def real_haproxy() -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    real, error_dir, timeout_s, ongoing, queued, retry_after_s, *args = argv
+    real, error_dir, timeout_s, ongoing, queued, retry_after_s, replica_host, *args = argv
     admission = (IngressAdmission(int(ongoing), int(queued), int(retry_after_s))
                  if int(ongoing) > 0 else None)
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
-        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s), admission))
+        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s), admission,
+                                  None if replica_host == "-" else replica_host))
     os.execv(real, [real, *args])
 
 

