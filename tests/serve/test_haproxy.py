@@ -79,18 +79,19 @@ def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
     assert "maxconn" not in rewrite(config, "/E", 7)  # no admission: the replicas' own
 
 
-def test_an_ipv6_host_addresses_local_replicas_where_they_bind() -> None:
-    from qkan_pack.serve._launch import _ipv6_replica_host
+def test_a_specific_host_addresses_local_replicas_where_they_bind() -> None:
+    from qkan_pack.serve._launch import _replica_address
 
     config = "\n".join(["backend app_1", "    server r1 127.0.0.1:30000 check",
                          "    server r2 10.0.0.7:30000 check"])
-    out = rewrite(config, "/E", 7, replica_host="::1")
+    out = rewrite(config, "/E", 7, replica_host="[::1]")
     assert "    server r1 [::1]:30000 check" in out  # local: where the replica binds
     assert "    server r2 10.0.0.7:30000 check" in out  # another node: as Ray says
-    assert rewrite(out, "/E", 7, replica_host="::1") == out
+    assert rewrite(out, "/E", 7, replica_host="[::1]") == out
     assert "127.0.0.1:30000" in rewrite(config, "/E", 7)
-    assert [_ipv6_replica_host(h) for h in ("::1", "fd00::5", "::", "127.0.0.1", "0.0.0.0")] \
-        == ["::1", "fd00::5", None, None, None]
+    hosts = ("::1", "fd00::5", "127.0.0.2", "10.1.2.3", "::", "0.0.0.0", "127.0.0.1", "localhost")
+    assert [_replica_address(h) for h in hosts] == [
+        "[::1]", "[fd00::5]", "127.0.0.2", "10.1.2.3", None, None, None, None]
 
 
 def test_the_request_timeout_is_the_shorter_of_headers_and_body() -> None:

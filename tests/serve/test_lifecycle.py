@@ -123,23 +123,25 @@ def _ctrl_c_drains_and_stops_everything(server: Server) -> None:
     assert _wait_gone(server.tag) == []
 
 
-def test_an_ipv6_loopback_host_serves_through_haproxy(artifact: Path) -> None:
-    """Regression: with ``--host ::1`` the replicas bound ``[::1]`` while HAProxy addressed
-    them as ``127.0.0.1`` (Ray's choice): every replica was down and the start failed after
-    60 s ("Proxies not available"). The wrapper addresses local replicas at ``[::1]`` now."""
+@pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
+def test_a_specific_host_serves_through_haproxy(artifact: Path, host: str) -> None:
+    """Regression: with ``--host ::1`` or ``127.0.0.2`` the replicas bound that address while
+    HAProxy addressed them as ``127.0.0.1`` (Ray's choice): every replica was down and the
+    start failed after 60 s ("Proxies not available"). The wrapper addresses local replicas
+    where they bind now."""
     import socket
     import urllib.request
 
     try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, 0))
     except OSError:
-        pytest.skip("this host has no IPv6 loopback")
-    server = Server(artifact, ["--host", "::1", "--grace-s", "1"]).start(timeout_s=120)
+        pytest.skip(f"this host cannot bind {host}")
+    server = Server(artifact, ["--host", host, "--grace-s", "1"]).start(timeout_s=120)
+    url = f"http://[{host}]:{server.port}/" if ":" in host else f"http://{host}:{server.port}/"
     try:
-        assert f"at http://[::1]:{server.port}/ " in server.stdout[-1]
-        request = urllib.request.Request(f"http://[::1]:{server.port}/",
-                                         data=b'{"inputs": [[0.1, 0.2]]}')
+        assert f"at {url} " in server.stdout[-1]
+        request = urllib.request.Request(url, data=b'{"inputs": [[0.1, 0.2]]}')
         with urllib.request.urlopen(request, timeout=30) as reply:
             assert reply.status == 200 and len(strict_json(reply.read())["outputs"][0]) == 2
         assert server.stop()[0] == 0
