@@ -564,13 +564,14 @@ def _split_args(text: str) -> tuple[str, ...]:
 
 def _token_file_in(serve_args: Sequence[str]) -> Path | None:
     """The ``--auth-token-file`` among ``serve``'s arguments (bench-serve's clients send the
-    token the server it starts will require)."""
+    token the server it starts will require); the last one, as click takes."""
+    found = None
     for i, arg in enumerate(serve_args):
         if arg == "--auth-token-file" and i + 1 < len(serve_args):
-            return Path(serve_args[i + 1])
-        if arg.startswith("--auth-token-file="):
-            return Path(arg.partition("=")[2])
-    return None
+            found = Path(serve_args[i + 1])
+        elif arg.startswith("--auth-token-file="):
+            found = Path(arg.partition("=")[2])
+    return found
 
 
 def _read_token(path: Path | None) -> str | None:

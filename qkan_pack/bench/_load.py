@@ -20,12 +20,12 @@ import orjson
 @dataclass(frozen=True)
 class RowInput:
     """One input of a single-row request: its name, the row's shape (the captured shapes
-    without their batch dimension), and what values to send: floats or integers (``integer``)
-    drawn from ``[low, high)``."""
+    without their batch dimension), and what values to send: ``kind`` "float" or "int"
+    drawn from ``[low, high)``, or "bool" (JSON booleans: the wire refuses 0/1 for bool)."""
 
     name: str
     shape: tuple[int, ...]
-    integer: bool = False
+    kind: str = "float"
     low: float = -1.0
     high: float = 1.0
 
@@ -74,7 +74,9 @@ def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
 def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:
     if shape:
         return [_draw(row, shape[1:], rng) for _ in range(shape[0])]
-    if row.integer:
+    if row.kind == "bool":
+        return rng.random() < 0.5
+    if row.kind == "int":
         return rng.randrange(int(row.low), max(int(row.low) + 1, int(row.high)))
     return rng.uniform(row.low, row.high)
 
@@ -85,7 +87,8 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
     if spec.token:
         headers["Authorization"] = f"Bearer {spec.token}"
     conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
-    bodies = [request_body(spec.rows, rng, spec.body_bytes) for _ in range(BODIES_PER_CLIENT)]
+    count = 1 if spec.body_bytes else BODIES_PER_CLIENT  # a padded large body: one copy
+    bodies = [request_body(spec.rows, rng, spec.body_bytes) for _ in range(count)]
     stop_at = start_at + spec.warmup + spec.seconds
     sent = 0
     while (now := time.time()) < stop_at:

@@ -172,8 +172,9 @@ def _read(path: str) -> bytes:
 def row_inputs(artifact: str) -> Rows:
     """What one single-row request carries, from the manifest: per input its name, the row
     shape of the first shape family that takes rows, and values of its dtype drawn from the
-    range the build drew reference inputs from (token ids stay inside the embedding)."""
-    from ..format import INTEGER_DTYPES, padding_table
+    range the build drew reference inputs from (token ids stay inside the embedding),
+    clipped to what the dtype holds."""
+    from ..format import padding_table
     from ..runtime import read_artifact
 
     manifest = read_artifact(artifact).manifest
@@ -181,17 +182,20 @@ def row_inputs(artifact: str) -> Rows:
     if not tails:
         raise BenchError("bench-serve sends single rows, and no captured shape of this "
                          "artifact takes rows (every input must lead with one batch size)")
-    return tuple(_row_input(decl, shape, decl.dtype in INTEGER_DTYPES or decl.dtype == "bool")
-                 for decl, shape in zip(manifest.inputs, tails[0]))
+    return tuple(_row_input(decl, shape) for decl, shape in zip(manifest.inputs, tails[0]))
 
 
-def _row_input(decl: InputDecl, shape: tuple[int, ...], integer: bool) -> RowInput:
-    default = (0, 2) if integer else (-1.0, 1.0)
-    low = decl.low if decl.low is not None else default[0]
-    high = decl.high if decl.high is not None else default[1]
-    if decl.dtype == "bool":
-        low, high = 0, 2
-    return RowInput(decl.name, tuple(shape), integer, low, high)
+def _row_input(decl: InputDecl, shape: tuple[int, ...]) -> RowInput:
+    from ..format import DTYPES
+
+    dtype = DTYPES[decl.dtype]
+    if dtype.kind == "bool":
+        return RowInput(decl.name, tuple(shape), "bool")
+    low = decl.low if decl.low is not None else (0 if dtype.kind == "int" else -1.0)
+    high = decl.high if decl.high is not None else (2 if dtype.kind == "int" else 1.0)
+    if dtype.int_limits is not None:
+        low, high = max(low, dtype.int_limits[0]), min(high, dtype.int_limits[1] + 1)
+    return RowInput(decl.name, tuple(shape), dtype.kind, low, high)
 
 
 def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None, *,

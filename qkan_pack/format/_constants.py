@@ -45,6 +45,14 @@ class DType:
     def is_float(self) -> bool:
         return self.kind == "float"
 
+    @property
+    def int_limits(self) -> tuple[int, int] | None:
+        """Smallest and largest value of an integer dtype (from its wire code), else None."""
+        if self.kind != "int":
+            return None
+        bits = 8 * int(self.wire[-1])
+        return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if "i" in self.wire else (0, 2**bits - 1)
+
 
 DTYPES: Mapping[str, DType] = {d.name: d for d in (
     DType("float16", "F16", "<f2", "float"),

@@ -20,7 +20,7 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Shape = tuple[int, ...]
 #: The device spellings qkan-pack takes (whether the device exists is the runtime's question).
-DEVICE_TEXT = re.compile(r"(auto|(cpu|cuda)(:\d+)?)\Z")
+DEVICE_TEXT = re.compile(r"(auto|(cpu|cuda)(:[0-9]+)?)\Z")  # ASCII digits: torch's
 
 
 def check_device_text(device: str) -> None:
@@ -206,4 +206,10 @@ def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
     if integer and not int(low) < int(high):
         raise ShapeSpecError(f"input range {low:g},{high:g} holds no integer for {integer[0]} "
                              "inputs (they are drawn from [int(LOW), int(HIGH)))")
+    for name in integer:
+        smallest, largest = DTYPES[check_dtype(name)].int_limits or (0, 0)
+        if int(low) < smallest or int(high) - 1 > largest:
+            raise ShapeSpecError(f"input range {low:g},{high:g} does not fit {name} inputs "
+                                 f"(they hold {smallest}..{largest}; integers are drawn from "
+                                 "[int(LOW), int(HIGH)))")
     return low, high

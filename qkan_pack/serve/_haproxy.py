@@ -64,7 +64,9 @@ _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, s
 class IngressAdmission:
     """What HAProxy lets through to each replica: ``ongoing`` requests at work (its
     ``maxconn``), ``queued`` more waiting in HAProxy per replica; beyond, a JSON 503 telling
-    the client to come back after ``retry_after_s``."""
+    the client to come back after ``retry_after_s``. HAProxy's ``avg_queue`` rounds the
+    per-replica queue to the nearest integer, so with N replicas refusals can start up to
+    N/2 requests before ``queued`` x N wait."""
 
     ongoing: int = 64
     queued: int = 64

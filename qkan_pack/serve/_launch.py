@@ -270,7 +270,9 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     options, listen = options or ServeOptions(), listen or Listen()
     if token:
         options = replace(options, limits=replace(options.limits, token_sha256=token_digest(token)))
-    artifact = read_artifact(path)  # a bad artifact fails before Ray starts
+    # A bad artifact fails before Ray starts; the app needs its path, digest and manifest,
+    # not every file's bytes held for as long as the server runs.
+    artifact = replace(read_artifact(path), files={})
     options = options.for_artifact(artifact.manifest)
     check_port_free(listen.host, listen.port)
     if listen.host not in LOOPBACK and not token:

@@ -21,7 +21,7 @@ def test_rows_follow_the_manifest_names_shapes_dtypes_and_ranges(tmp_path: Path)
     path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 4)}, {"a": (8, 3), "b": (8, 4)}],
                  output=tmp_path / "multi", dtype={"b": "int64"}).path
     rows = row_inputs(str(path))
-    assert [(r.name, r.shape, r.integer) for r in rows] == [("a", (3,), False), ("b", (4,), True)]
+    assert [(r.name, r.shape, r.kind) for r in rows] == [("a", (3,), "float"), ("b", (4,), "int")]
     assert (rows[1].low, rows[1].high) == (0, 8)  # the embedding's 8 rows, not [0, 2)
     rng = random.Random(0)
     for _ in range(50):
@@ -36,7 +36,7 @@ def test_rows_follow_the_manifest_names_shapes_dtypes_and_ranges(tmp_path: Path)
 def test_one_input_sends_a_bare_row_batch(tmp_path: Path) -> None:
     path = build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=tmp_path / "mlp").path
     rows = row_inputs(str(path))
-    assert rows == (RowInput(rows[0].name, (2,)),)
+    assert rows == (RowInput(rows[0].name, (2,), "float"),)
     body = request_body(rows, random.Random(1), size=4096)
     assert len(body) == 4096 and len(orjson.loads(body)["inputs"][0]) == 2
 
@@ -49,3 +49,22 @@ def test_an_artifact_without_row_shapes_is_refused(tmp_path: Path) -> None:
     path = build(model, "4x2", output=tmp_path / "pooled").path
     with pytest.raises(BenchError, match="no captured shape of this artifact takes rows"):
         row_inputs(str(path))
+
+
+def test_bool_inputs_are_json_booleans_and_ranges_fit_the_dtype(tmp_path: Path) -> None:
+    """Review finding: a bool input got 0/1, which the server's wire refuses for bool (every
+    request a 422). Ranges follow the dtype (the build refuses a range a dtype cannot hold)."""
+    model = tmp_path / "masked.py"
+    model.write_text("import torch\n\n\nclass Masked(torch.nn.Module):\n"
+                     "    def forward(self, x, mask, level):\n"
+                     "        return x * mask + level.float()\n\n\n"
+                     "def build_model():\n    return Masked()\n")
+    path = build(model, [{"x": (1, 2), "mask": (1, 2), "level": (1, 2)}],
+                 output=tmp_path / "masked", dtype={"mask": "bool", "level": "uint8"},
+                 input_range=(0, 256)).path
+    rows = row_inputs(str(path))
+    assert [r.kind for r in rows] == ["float", "bool", "int"]
+    assert (rows[2].low, rows[2].high) == (0, 256)
+    body = orjson.loads(request_body(rows, random.Random(2)))["inputs"]
+    assert all(isinstance(v, bool) for v in body["mask"][0])
+    assert all(isinstance(v, int) and 0 <= v < 256 for v in body["level"][0])

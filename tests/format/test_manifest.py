@@ -412,3 +412,22 @@ def test_an_input_range_that_is_not_two_floats_is_a_shape_spec_error(value: Any)
 
     with pytest.raises(ShapeSpecError, match="two numbers"):
         check_range(value)
+
+
+def test_an_integer_range_must_fit_the_dtype() -> None:
+    """Audit (found while testing bench-serve): ``--input-range -3,300`` for a uint8 input
+    crashed the build inside ``torch.randint`` ("from is out of bounds for unsigned char")."""
+    import numpy as np
+
+    from qkan_pack.format import DTYPES, check_range
+
+    for name, dtype in DTYPES.items():
+        if dtype.kind == "int":
+            assert dtype.int_limits == (np.iinfo(name).min, np.iinfo(name).max), name
+        else:
+            assert dtype.int_limits is None, name
+    assert check_range((0, 256), ["uint8"]) == (0.0, 256.0)
+    assert check_range((-128, 128), ["int8", "float32"]) == (-128.0, 128.0)
+    for bad, dtype in (((-3, 300), "uint8"), ((-129, 0), "int8"), ((0, 2**15 + 1), "int16")):
+        with pytest.raises(ShapeSpecError, match=f"does not fit {dtype} inputs"):
+            check_range(bad, [dtype])
