@@ -214,8 +214,12 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
           warm_device: str | None) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
+    from .builder import check_warm_device
 
     declared, dtypes = _declared_shapes(shapes, inputs, dtype)
+    if warm_device is not None:  # a host that cannot warm fails before the build
+        click.get_current_context().meta[DEVICE_OPTION] = "--warm"
+        check_warm_device(warm_device)
     with warnings.catch_warnings():  # notes are printed below, once
         warnings.simplefilter("ignore")
         result = build_artifact(model_py, declared, output=output, dtype=dtypes, entry=entry,
@@ -227,7 +231,6 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
     shown = ", ".join(e.label for e in result.manifest.shapes)
     _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
     if warm_device is not None:
-        click.get_current_context().meta[DEVICE_OPTION] = "--warm"
         _warm(result.path, warm_device)
     else:
         _say(f"digest {result.digest}")
@@ -249,8 +252,10 @@ def warm(directory: Path, device: str, compiled: bool) -> None:
 
 
 def _warm(directory: Path, device: str, *, compiled: bool = False) -> None:
+    from .builder import check_warm_device
     from .builder import warm as warm_artifact
 
+    check_warm_device(device)  # before saying it compiles
     _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
                err=True)
     result = warm_artifact(directory, device, compiled=compiled)

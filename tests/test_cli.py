@@ -459,15 +459,18 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
 
 def test_build_warm_on_a_host_without_a_gpu_names_warm(tmp_path: Path) -> None:
     """Audit: ``build --warm`` on a CPU host said "--device cuda: ...", an option the user never
-    typed; the message names ``--warm`` (``warm`` itself still says ``--device``)."""
+    typed, and only after building; the message names ``--warm`` (``warm`` itself still says
+    ``--device``), and the check comes first: nothing is built, nothing says "compiling"."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only host behaviour")
     result = run("build", MLP, "--shapes", "1x2", "--warm", "-o", tmp_path / "a")
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert last.startswith("Error: --warm cuda: qkan-pack warm needs a CUDA GPU"), last
+    assert result.exit_code == 1
+    assert one_line_error(result).startswith("Error: --warm cuda: qkan-pack warm needs a CUDA GPU")
+    assert not (tmp_path / "a").exists()  # checked before the build, not after
+    mistyped = run("build", MLP, "--shapes", "1x2", "--warm=cuda:x", "-o", tmp_path / "a")
+    assert mistyped.exit_code == 2 and "Invalid value for --warm" in mistyped.stderr
+    assert run("build", MLP, "--shapes", "1x2", "-o", tmp_path / "a").exit_code == 0
     warm = run("warm", tmp_path / "a")
-    last = warm.stderr.strip().splitlines()[-1]
-    assert warm.exit_code == 1 and last.startswith("Error: --device cuda:"), last
+    assert warm.exit_code == 1 and one_line_error(warm).startswith("Error: --device cuda:")

@@ -21,9 +21,10 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import DeviceError, KernelCacheError
-from ..format import KERNELS_DIR, KernelSet
+from ..format import KERNELS_DIR, KernelSet, check_device_text
 from ..runtime import (
     INDUCTOR_MODE,
     TRITON_CACHE_ENV,
@@ -37,6 +38,9 @@ from ..runtime import (
 )
 from ._writer import write_artifact
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass(frozen=True)
 class WarmResult:
@@ -47,20 +51,28 @@ class WarmResult:
     digest: str
 
 
+def check_warm_device(device: str) -> torch.device:
+    """The GPU ``warm`` compiles for, or a ``DeviceError`` before anything is read or built
+    (``build --warm`` checks first: a CPU host or a mistyped device used to fail only after
+    the build). ``auto`` is the current GPU."""
+    import torch
+
+    check_device_text(device)
+    if not torch.cuda.is_available() or device.split(":")[0] == "cpu":
+        raise DeviceError(requested=str(device), problem="qkan-pack warm needs a CUDA GPU: "
+                          "kernels are compiled for the GPU they run on; run it on a GPU host "
+                          "of the kind you deploy to")
+    return resolve_device(device)
+
+
 def warm(path: str | os.PathLike[str], device: str = "cuda", *,
          config_overrides: Mapping[str, object] | None = None,
          compiled: bool = False) -> WarmResult:
     """Compile every kernel the artifact needs on ``device`` and store them inside it
     (with ``compiled``, inductor's cache for compiled mode as well)."""
-    import torch
-
+    target = check_warm_device(device)
     root = Path(path)
     artifact = read_artifact(root)
-    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
-        raise DeviceError(requested=str(device), problem="qkan-pack warm needs a CUDA GPU: "
-                          "kernels are compiled for the GPU they run on; run it on a GPU host "
-                          "of the kind you deploy to")
-    target = resolve_device(device)
     key, details = kernel_key(target.index or 0)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
         cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
