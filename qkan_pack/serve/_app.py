@@ -175,7 +175,7 @@ def _replica_id() -> str:
 def ray_ongoing_limit(limits: HttpLimits) -> int:
     """Ray's own per-replica limit, set far above ours so that our admission (JSON 503 with
     Retry-After) always answers before Ray's plain-text backpressure could."""
-    return 4 * ((limits.max_ongoing or 1) + (limits.max_queued or 0)) + 64
+    return 4 * sum(limits.admission_bounds(1)) + 64
 
 
 def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None, *,

@@ -62,9 +62,13 @@ class HttpLimits:
         waiting, half as many. Measured on an H200 (1 replica of a 32-row model, 4x the
         saturating 32 clients): bounds near the saturation point held throughput (1.02x) and
         accepted p99 (1.74x), where 64 + 64 let every request in and p99 rose 6x."""
-        ongoing = self.max_ongoing or max(batch_rows, MIN_DEFAULT_ONGOING)
-        queued = self.max_queued if self.max_queued is not None else ongoing // 2
+        ongoing, queued = self.admission_bounds(batch_rows)
         return replace(self, max_ongoing=ongoing, max_queued=queued)
+
+    def admission_bounds(self, batch_rows: int) -> tuple[int, int]:
+        """(at work, waiting): the bounds set, else derived as ``with_admission`` says."""
+        ongoing = self.max_ongoing or max(batch_rows, MIN_DEFAULT_ONGOING)
+        return ongoing, self.max_queued if self.max_queued is not None else ongoing // 2
 
 
 class Admission:
@@ -121,8 +125,7 @@ class HttpApi:
         self._describe = describe
         self._stats = stats
         self._accepted = accepted
-        bounds = limits.with_admission(core.max_batch_size)
-        self._admission = Admission(bounds.max_ongoing or 1, bounds.max_queued or 0)
+        self._admission = Admission(*limits.admission_bounds(core.max_batch_size))
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("", "POST"): self._predict, ("", "GET"): self._get_description,
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,

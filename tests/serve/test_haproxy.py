@@ -104,6 +104,9 @@ class _Answers(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.reply()
+
+    def reply(self) -> None:
         body = b'{"outputs": [[1.0]]}'
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -274,10 +277,9 @@ def test_slow_headers_or_body_get_a_json_408(haproxy: int) -> None:
     assert time.monotonic() - started < 5
 
 
-class _Holds(BaseHTTPRequestHandler):
+class _Holds(_Answers):
     """A replica that counts the requests reaching it and answers only once released."""
 
-    protocol_version = "HTTP/1.1"
     arrived = 0
     lock = threading.Lock()
     release = threading.Event()
@@ -287,14 +289,7 @@ class _Holds(BaseHTTPRequestHandler):
         with self.lock:
             type(self).arrived += 1
         self.release.wait(30)
-        body = b'{"outputs": [[1.0]]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply()
 
 
 def test_haproxy_refuses_beyond_the_bounds_without_reaching_the_replica(tmp_path: Path) -> None:
