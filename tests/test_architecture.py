@@ -56,7 +56,7 @@ PUBLIC = {
         "capture_streams", "check_context", "check_entry_named", "check_outputs",
         "clear_cublas_workspaces", "collect_kernel_cache", "compare", "content_name",
         "describe", "describe_output", "dtype_name", "eager_forward", "entry_function",
-        "explain_capture_failure", "flat_forward", "flatten", "full_float32",
+        "explain_capture_failure", "flat_forward", "flatten", "float64_noise", "full_float32",
         "import_model_source", "inductor_file", "installed_version", "iter_leaves",
         "kernel_key", "load_strict", "map_leaves", "model_code_failed", "model_solvers",
         "module_state", "package_versions", "parse_weights", "progress_bar",

@@ -6,6 +6,7 @@ path-dependent enters the manifest)."""
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import warnings
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ from ..runtime import (
     check_entry_named,
     describe_output,
     entry_function,
+    flatten,
+    float64_noise,
     import_model_source,
     load_strict,
     model_solvers,
@@ -103,7 +106,8 @@ def build(
     input_range = check_range(input_range, list(declared.dtypes.values()))
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    entries = _record_references(forward, declared, decls, hook, model_path, seed, files, progress)
+    entries = _record_references(user.model, declared, decls, hook, model_path, seed, files,
+                                 progress)
     info = user.info()
     manifest = Manifest(
         producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
@@ -147,20 +151,26 @@ def _range_note(decl: InputDecl) -> str:
             "in the model file")
 
 
-def _record_references(forward: Any, declared: DeclaredInputs, decls: list[InputDecl],
-                       hook: Any, model_path: Path, seed: int, files: dict[str, bytes],
-                       progress: bool | None) -> list[ShapeEntry]:
-    """Run the model once per declared shape; add each reference file to ``files``."""
-    entries = []
+def _record_references(model: torch.nn.Module, declared: DeclaredInputs,
+                       decls: list[InputDecl], hook: Any, model_path: Path, seed: int,
+                       files: dict[str, bytes], progress: bool | None) -> list[ShapeEntry]:
+    """Run the model once per declared shape; add each reference file to ``files``; then
+    measure each reference's float32 rounding noise, which sets how far a load may drift
+    from it (``runtime.float64_noise``)."""
+    forward = bind_forward(model, declared.names, declared.call)
+    entries, samples, outputs = [], [], []
     for index, shape_map in enumerate(
         progress_bar(declared.per_shape, desc="reference outputs", enabled=progress)
     ):
         reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
         inputs = reference_inputs(shape_map, decls, seed + index, hook, model_path)
-        outputs = run_reference(forward, inputs, shape_map, model_path)
-        files[reference] = reference_bytes(inputs, outputs)
-        entries.append(ShapeEntry(tuple(shape_map.items()), describe_output(outputs), reference))
-    return entries
+        result = run_reference(forward, inputs, shape_map, model_path)
+        files[reference] = reference_bytes(inputs, result)
+        entries.append(ShapeEntry(tuple(shape_map.items()), describe_output(result), reference))
+        samples.append(list(inputs.values()))
+        outputs.append(flatten(result))
+    noises = float64_noise(model, declared.names, declared.call, samples, outputs)
+    return [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)]
 
 
 @dataclass

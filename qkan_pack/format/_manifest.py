@@ -146,6 +146,10 @@ class ShapeEntry:
     inputs: tuple[tuple[str, Shape], ...]
     outputs: OutputNode
     reference: str
+    #: The reference outputs' float32 rounding noise (against the model in float64, as a
+    #: share of each output's scale); None where build could not measure it (and in
+    #: artifacts from before it did).
+    noise: float | None = None
 
     @property
     def label(self) -> str:
@@ -277,6 +281,7 @@ def _shape_to_dict(entry: ShapeEntry) -> dict[str, Any]:
         "inputs": {name: list(shape) for name, shape in entry.inputs},
         "outputs": _output_to_dict(entry.outputs),
         "reference": entry.reference,
+        **({} if entry.noise is None else {"noise": entry.noise}),
     }
 
 
@@ -434,7 +439,17 @@ def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
         inputs=inputs,
         outputs=_output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0),
         reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
+        noise=_noise_from(reader),
     )
+
+
+def _noise_from(reader: _Reader) -> float | None:
+    value = reader.raw.get("noise")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ManifestError(f"{reader.where}.noise must be a number in [0, 1], got {value!r:.60}")
+    return float(value)
 
 
 def _shape_value(value: Any, where: str) -> Shape:

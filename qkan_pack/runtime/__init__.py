@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from ._progress import progress_bar
     from ._report import LoadReport, ShapeRecord
     from ._runners import EagerRunner, GraphRunner
-    from ._selftest import check_outputs, compare
+    from ._selftest import check_outputs, compare, float64_noise
     from ._submodules import SubmoduleGraphs, select_submodules
     from ._tree import (
         ClassTable,
@@ -99,6 +99,7 @@ _LAZY = {
     "LoadReport": "_report", "ShapeRecord": "_report",
     "EagerRunner": "_runners", "GraphRunner": "_runners",
     "check_outputs": "_selftest", "compare": "_selftest",
+    "float64_noise": "_selftest",
     "SubmoduleGraphs": "_submodules", "select_submodules": "_submodules",
     "describe_output": "_tree", "dtype_name": "_tree", "flatten": "_tree",
     "map_leaves": "_tree", "torch_dtype": "_tree", "unflatten": "_tree",
@@ -151,6 +152,7 @@ __all__ = [
     "explain_capture_failure",
     "flat_forward",
     "flatten",
+    "float64_noise",
     "full_float32",
     "import_model_source",
     "inductor_file",

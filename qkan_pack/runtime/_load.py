@@ -41,7 +41,7 @@ from ._options import (
 )
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
-from ._selftest import check_outputs
+from ._selftest import ReferenceCheck, check_outputs, check_reference, float64_noise
 from ._source import (
     call_factory,
     entry_function,
@@ -195,9 +195,12 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
     report.solvers = model_solvers(model)
+    noises: list[float | None] = [None] * len(manifest.shapes)
     if options.reference_tolerance is None:
         report.reference_tolerance = default_tolerance(manifest, target, report.config_overrides,
                                                        report.solvers)
+        if report.reference_tolerance != CROSS_SOLVER_TOLERANCE:  # the same arithmetic
+            noises = [entry.noise for entry in manifest.shapes]
     with report.stage("references"):
         samples, expected = reference_samples(artifact, target)
     shown = manifest.model.source
@@ -206,15 +209,15 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     classes = _output_classes(artifact, model, report)  # after a forward, as build looks
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
-            reference_errors = _check_references(forward, samples, eager, expected, target,
-                                                 report, shown)
+            checks = _check_references(model, forward, samples, eager, expected, noises,
+                                       target, report, manifest)
         if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
             with report.stage("replay baseline"):
                 eager = _eager_outputs(forward, samples, shown)
         runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
                                 report, options, _make_runner)  # today's runner unless asked
-    for record, error in zip(runner.records, reference_errors):
-        record.reference_max_abs = error
+    for record, check in zip(runner.records, checks, strict=True):
+        record.reference_max_abs, record.reference_tolerance = check.max_abs, check.tolerance
     report.shapes = runner.records
     report.pool_bytes = sum(r.pool_bytes for r in runner.records)
     return model, runner, classes
@@ -242,20 +245,33 @@ def _eager_outputs(forward: Any, samples: list[Sample], shown: str) -> list[list
     return outputs
 
 
-def _check_references(forward: Any, samples: list[Sample], eager: list[list[torch.Tensor]],
-                      expected: list[list[torch.Tensor]], target: torch.device,
-                      report: LoadReport, shown: str) -> list[float]:
-    """Eager outputs in full float32 (the build host's math) against the build references:
-    TF32 and other reduced-precision modes of this device cannot cause a false refusal, and
-    the tolerance stays tight enough to refuse a wrong model. (CPUs compute float32 in full
-    already: their first-forward outputs are used as they are.)"""
+def _check_references(model: torch.nn.Module, forward: Any, samples: list[Sample],
+                      eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
+                      noises: list[float | None], target: torch.device, report: LoadReport,
+                      manifest: Manifest) -> list[ReferenceCheck]:
+    """Eager outputs in full float32 (the build host's math) against the build references,
+    each shape held to its recorded rounding noise (``check_reference``): TF32 and other
+    reduced-precision modes of this device cannot cause a false refusal, and the bound
+    stays tight enough to refuse a wrong model. (CPUs compute float32 in full already:
+    their first-forward outputs are used as they are.)"""
     outputs = eager
     if target.type == "cuda":
         with full_float32(target):
-            outputs = _eager_outputs(forward, samples, shown)
-    return [check_outputs(label, "outputs on this host and the build-time references", got, want,
-                          report.reference_tolerance, _REFERENCE_HINT)
-            for (label, _), got, want in zip(samples, outputs, expected)]
+            outputs = _eager_outputs(forward, samples, manifest.model.source)
+    checks = []
+    for (label, inputs), got, want, noise in zip(samples, outputs, expected, noises, strict=True):
+        measure = partial(_device_noise, model, manifest, inputs, got)
+        checks.append(check_reference(label, got, want, noise=noise,
+                                      ceiling=report.reference_tolerance, device_noise=measure,
+                                      warn=report.warn, hint=_REFERENCE_HINT))
+    return checks
+
+
+def _device_noise(model: torch.nn.Module, manifest: Manifest, inputs: list[torch.Tensor],
+                  outputs: list[torch.Tensor]) -> float | None:
+    """This device's float32 rounding noise on one sample (``float64_noise``); None when the
+    float64 copy does not fit or fails."""
+    return float64_noise(model, manifest.input_names, manifest.call, [inputs], [outputs])[0]
 
 
 def default_tolerance(manifest: Manifest, target: torch.device, overrides: Mapping[str, Any],

@@ -33,6 +33,8 @@ class ShapeRecord:
     graphs: int = 0
     replay_max_abs: float = 0.0
     reference_max_abs: float = 0.0
+    #: ``(rtol, atol)`` the reference self-test held this shape to (``check_reference``).
+    reference_tolerance: tuple[float, float] | None = None
 
 
 @dataclass

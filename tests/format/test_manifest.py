@@ -59,7 +59,8 @@ def sample_manifest() -> Manifest:
         call="keyword",
         inputs=(InputDecl("a", "float32"), InputDecl("b", "int64", 0, 8, "embedding table (8 rows)")),
         shapes=(
-            ShapeEntry((("a", (2, 3)), ("b", (2, 4))), outputs, "references/shape-000.safetensors"),
+            ShapeEntry((("a", (2, 3)), ("b", (2, 4))), outputs, "references/shape-000.safetensors",
+                       noise=1.2e-07),
             ShapeEntry((("a", (8, 3)), ("b", (8, 4))), outputs, "references/shape-001.safetensors"),
         ),
         capture=CapturePolicy("submodules", ("QKANLayer",)),
@@ -245,6 +246,19 @@ def test_manifest_optional_fields_default() -> None:
     parsed = parse_manifest(encode(raw))
     assert parsed.reference_device == "cpu"
     assert parsed.kernels == () and parsed.model.includes == () and parsed.model.config == {}
+
+
+def test_reference_noise_is_optional_and_checked() -> None:
+    """A shape's float32 noise sets how tight its self-test is: absent (an artifact from
+    before it was measured) means the fixed tolerance; anything but a number in [0, 1] is
+    a corrupt manifest."""
+    raw = sample_dict()
+    assert raw["shapes"][0]["noise"] == 1.2e-07 and "noise" not in raw["shapes"][1]
+    assert parse_manifest(encode(raw)).shapes[1].noise is None
+    for bad in (-1e-7, 2, True, "1e-7", [1e-7]):
+        raw["shapes"][0]["noise"] = bad
+        with pytest.raises(ManifestError, match=r"shapes\[0\]\.noise must be a number"):
+            parse_manifest(encode(raw))
 
 
 def test_duplicate_json_keys_refused() -> None:

@@ -1,0 +1,170 @@
+"""The reference self-test's bound comes from the model's own float32 rounding noise.
+
+Build measures each reference against the model run in float64; a load allows a multiple of
+that noise (never more than the fixed tolerance), and weighs a difference beyond it against
+its own device's noise before refusing. A re-signed one-channel edit of a transformer that
+the fixed tolerance let through (4.8e-6 of the outputs' scale, below its 1e-5) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from qkan_pack import Predictor, SelfTestError, build
+from qkan_pack.builder import write_artifact
+from qkan_pack.format import MANIFEST_NAME, WEIGHTS_NAME
+from qkan_pack.runtime import read_artifact
+from qkan_pack.runtime._selftest import (
+    LOAD_NOISE_FACTOR,
+    NOISE_FACTOR,
+    NOISE_FLOOR,
+    check_reference,
+    float64_noise,
+    noise_tolerance,
+)
+
+from ..conftest import MODELS
+
+CEILING = (1e-4, 1e-4)
+DEEP = '''
+import torch
+
+def build_model():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(64, 64), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+'''
+FLOAT32_STATE = '''
+import torch
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.scale = torch.full((4,), 0.5)  # not a buffer: .double() leaves it float32
+
+    def forward(self, x):
+        return self.linear(x) @ torch.diag(self.scale)
+
+def build_model():
+    return Scaled()
+'''
+
+
+def test_build_records_each_references_rounding_noise(tmp_path: Path) -> None:
+    source = tmp_path / "deep.py"
+    source.write_text(DEEP)
+    path = build(source, "1x64,8x64", output=tmp_path / "a", progress=False).path
+    shapes = json.loads((path / MANIFEST_NAME).read_text())["shapes"]
+    noises = [entry["noise"] for entry in shapes]
+    assert all(0 < n < 1e-5 for n in noises), noises  # float32 rounding, nothing more
+    with Predictor.load(path, progress=False) as predictor:
+        for record, noise in zip(predictor.report.shapes, noises, strict=True):
+            bound = max(NOISE_FLOOR, NOISE_FACTOR * noise)
+            assert record.reference_tolerance == (bound, min(bound, 1e-5))
+
+
+def test_noise_is_not_recorded_where_the_model_cannot_run_in_float64(tmp_path: Path) -> None:
+    source = tmp_path / "scaled.py"
+    source.write_text(FLOAT32_STATE)
+    path = build(source, "2x4", output=tmp_path / "a", progress=False).path
+    assert "noise" not in json.loads((path / MANIFEST_NAME).read_text())["shapes"][0]
+    with Predictor.load(path, progress=False) as predictor:  # the fixed tolerance, as before
+        assert predictor.report.shapes[0].reference_tolerance == predictor.report.reference_tolerance
+
+
+def test_float64_noise_frees_nothing_of_the_model_and_measures_each_sample() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 3))
+    samples = [[torch.randn(1, 32)], [torch.randn(5, 32)]]
+    with torch.no_grad():
+        outputs = [[model(*s)] for s in samples]
+    noises = float64_noise(model, ("x",), "positional", samples, outputs)
+    assert all(n is not None and 0 < n < 1e-5 for n in noises), noises
+    assert next(model.parameters()).dtype == torch.float32  # the copy was widened, not it
+    wrong = [[o[0] * 1.001] for o in outputs]  # outputs that are not this model's
+    assert all(n is not None and n > 5e-4 for n in float64_noise(model, ("x",), "positional",
+                                                                  samples, wrong))
+
+
+def _near(want: torch.Tensor, share: float) -> torch.Tensor:
+    """``want`` moved by ``share`` of its scale at its largest element."""
+    got = want.clone()
+    got.view(-1)[want.abs().argmax()] += share * want.abs().max()
+    return got
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, noise: float | None,
+           here: float | None, warnings: list[str], measured: list[bool]) -> tuple:
+    def device_noise() -> float | None:
+        measured.append(True)
+        return here
+    check = check_reference("2x8", [got], [want], noise=noise, ceiling=CEILING,
+                            device_noise=device_noise, warn=warnings.append, hint="HINT")
+    return check.tolerance
+
+
+def test_within_the_noise_bound_accepts_without_measuring_this_device() -> None:
+    want = torch.randn(2, 8, dtype=torch.float64)
+    measured: list[bool] = []
+    tolerance = _check(_near(want, 1e-6), want, 1e-7, 0.0, [], measured)
+    assert tolerance == noise_tolerance(1e-7, CEILING) == (1.6e-6, 1.6e-6) and not measured
+
+
+def test_beyond_the_noise_bound_this_devices_noise_decides() -> None:
+    want = torch.randn(2, 8, dtype=torch.float64)
+    got = _near(want, 4e-6)  # beyond 2 x 16 x 1e-7 at the largest element, within (1e-4, 1e-4)
+    noisy_here: list[bool] = []  # this device sums less accurately: the model is sound
+    assert _check(got, want, 1e-7, 1e-6, [], noisy_here) == (0.0, LOAD_NOISE_FACTOR * 1.1e-6)
+    assert noisy_here
+    with pytest.raises(SelfTestError, match=r"rounding noise is 1e-07 .* and 1e-08 here") as info:
+        _check(got, want, 1e-7, 1e-8, [], [])  # as exact as the build host: a changed model
+    assert info.value.max_rel == pytest.approx(4e-6, rel=1e-3)
+    warnings: list[str] = []  # not measurable here (float64 copy failed): the fixed bound
+    assert _check(got, want, 1e-7, None, warnings, []) == CEILING
+    assert "could not be measured" in warnings[0]
+
+
+def test_beyond_the_fixed_tolerance_is_refused_without_measuring() -> None:
+    want = torch.randn(2, 8, dtype=torch.float64)
+    measured: list[bool] = []
+    with pytest.raises(SelfTestError, match="HINT"):
+        _check(_near(want, 1e-2), want, 1e-7, 1.0, [], measured)
+    assert not measured
+
+
+def test_unmeasured_noise_keeps_the_fixed_tolerance() -> None:
+    want = torch.randn(2, 8, dtype=torch.float64)
+    assert _check(_near(want, 5e-5), want, None, None, [], []) == CEILING
+    assert noise_tolerance(0.5, CEILING) == CEILING  # never looser than the fixed bound
+    assert noise_tolerance(0.0, CEILING) == (NOISE_FLOOR, NOISE_FLOOR)
+
+
+def test_a_re_signed_one_channel_edit_of_bert_is_refused(tmp_path: Path) -> None:
+    """The fixed same-host tolerance (1e-4, 1e-5) accepted this edit: it moves BERT's
+    outputs by 4.8e-6 of their scale; the model's own float32 noise is 1e-7."""
+    pytest.importorskip("transformers")
+    shapes = [{"input_ids": (b, 16), "attention_mask": (b, 16)} for b in (1, 2)]
+    path = build(MODELS / "hf_models.py", shapes, output=tmp_path / "bert",
+                 config={"arch": "bert"}, dtype="int64", progress=False).path
+    Predictor.load(path, progress=False).close()  # the sound artifact: no false refusal
+    artifact = read_artifact(path)
+    tensors = load_safetensors(artifact.files[WEIGHTS_NAME])
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    edited = tensors[name].clone()
+    edited[0] = 0
+    weights = save_safetensors({**tensors, name: edited}, metadata={"format": "pt"})
+    write_artifact(tmp_path / "edited", artifact.manifest, {**artifact.files, WEIGHTS_NAME: weights})
+    with pytest.raises(SelfTestError, match="rounding noise") as info:
+        Predictor.load(tmp_path / "edited", progress=False)
+    assert info.value.max_rel > 2e-6
+    # an explicit tolerance is the user's call, as before
+    Predictor.load(tmp_path / "edited", reference_tolerance=(1e-4, 1e-5), progress=False).close()
