@@ -48,7 +48,9 @@ def test_load_on_second_gpu_touches_only_that_gpu(two_gpus: None, artifact: Path
         eager = _eager(artifact, "cuda:1")
         for shape in [(1, 64), (32, 64)]:
             x = torch.randn(shape, device="cuda:1")
-            with torch.no_grad():
+            # qkan's flash solver launches Triton on the *current* device: eager qkan on
+            # cuda:1 needs cuda:1 current (the predictor sets it itself)
+            with torch.no_grad(), torch.cuda.device(1):
                 want = eager(x)
             got = predictor(x)
             assert got.device == torch.device("cuda", 1)
