@@ -24,6 +24,7 @@ import torch
 from ..errors import SelfTestError
 from ._calling import bind_forward
 from ._options import Tolerance
+from ._progress import progress_bar
 from ._tree import flatten
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -103,13 +104,14 @@ def noise_tolerance(noise: float | None, ceiling: Tolerance) -> Tolerance:
 
 def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
                   samples: Sequence[Sequence[torch.Tensor]],
-                  outputs: Sequence[Sequence[torch.Tensor]]) -> list[float | None]:
+                  outputs: Sequence[Sequence[torch.Tensor]], *,
+                  progress: bool | None = False) -> list[float | None]:
     """Per sample: how far ``outputs`` (the model's float32 outputs on it, flat) are from a
     float64 copy of the model on the same inputs, as a share of each output's scale
     (``compare``'s ``max_rel``), rounded to two digits. None where that cannot be measured:
     the copy or its forward fails (an op without float64, float32 state outside parameters
     and buffers), a floating output does not come out in float64, or a non-float output
-    differs. The copy is freed before returning."""
+    differs. The copy is freed before returning; ``progress`` as ``progress_bar``'s."""
     try:
         # eval() again after the cast: modules that fold weights into eval-time caches
         # (QKAN) rebuild them from the float64 parameters
@@ -119,7 +121,9 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
     forward = bind_forward(wide, names, call)
     noises: list[float | None] = []
     try:
-        for inputs, narrow in zip(samples, outputs, strict=True):
+        for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
+                                           desc="reference noise (float64)",
+                                           total=len(samples), enabled=progress):
             noises.append(_noise(forward, inputs, narrow))
     finally:
         del forward, wide
