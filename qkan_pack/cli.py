@@ -317,9 +317,10 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
         lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in model.packages.items()))
     shown = [", ".join(f"{n} {format_shape(s)}" for n, s in e.inputs) for e in manifest.shapes]
     width = max(len("inputs"), *map(len, shown)) + 2
-    lines += ["", f"  {'#':>2}  {'inputs':<{width}}outputs"]
+    lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}  outputs"]
     for index, (inputs, entry) in enumerate(zip(shown, manifest.shapes)):
-        lines.append(f"  {index:>2}  {inputs:<{width}}{entry.outputs.label}")
+        noise = "-" if entry.noise is None else f"{entry.noise:.2g}"
+        lines.append(f"  {index:>2}  {inputs:<{width}}{noise:>9}  {entry.outputs.label}")
     lines += ["", f"  {'file':<44}{'bytes':>12}  sha256"]
     for name, entry in sorted(manifest.files.items()):
         lines.append(f"  {name:<44}{entry.size:>12,}  {entry.sha256[:16]}…")

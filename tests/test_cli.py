@@ -66,8 +66,11 @@ def test_inspect_table_shows_digest_shapes_files(cli_artifact: tuple[Path, str])
     assert f"digest     {digest}" in text and "integrity verified" in text
     for needle in (f"qkan-pack v{FORMAT_VERSION}", "source/qkan_mlp.py :: build_model", "x: float32", "1x2",
                    "4x2", "weights.safetensors", "references/shape-001.safetensors",
-                   "capture    auto", "torch"):
+                   "capture    auto", "torch", "f32 noise"):
         assert needle in text, needle
+    rows = [line.split() for line in text.splitlines() if line.startswith(("   0  x", "   1  x"))]
+    assert [float(row[3]) for row in rows] == [e["noise"] for e in json.loads(
+        (path / "manifest.json").read_text())["shapes"]]  # each shape's float32 noise
 
 
 def test_inspect_json(cli_artifact: tuple[Path, str]) -> None:
