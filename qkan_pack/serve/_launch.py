@@ -30,6 +30,11 @@ from ._app import ServeOptions, app_for
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits, token_digest
 
+#: Each serve's work directory (HAProxy's config, socket and error pages, Ray's wrapper)
+#: under the temporary directory, and the file in it naming the serve's process id.
+WORKDIR_PREFIX = "qkan-pack-serve-"
+OWNER_FILE = "owner.pid"
+
 APP_NAME = "qkan-pack"
 INGRESSES = ("auto", "haproxy", "python")
 #: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
@@ -278,8 +283,9 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-serve-") as workdir, \
-            environment(ingress_env(listen, options, Path(workdir), notice)):
+    sweep_stale_workdirs()
+    with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
+            environment(ingress_env(listen, options, owned_workdir(Path(workdir)), notice)):
         session = _RaySession(listen, Path(workdir))
         with StopSignal() as signals:
             try:
@@ -369,6 +375,36 @@ class _RaySession:
             stop_processes_of(self.workdir)
 
 
+def owned_workdir(workdir: Path) -> Path:
+    """``workdir`` with this process's id in its ``OWNER_FILE``: a later serve can tell a
+    killed serve's leftovers from a running one's."""
+    (workdir / OWNER_FILE).write_text(str(os.getpid()))
+    return workdir
+
+
+def sweep_stale_workdirs(root: Path | None = None) -> list[Path]:
+    """Remove the work directories that killed serves left (SIGKILL skips all cleanup):
+    this user's, whose owner process is gone; first stopping any process still naming one
+    (an HAProxy that outlived its manager). A directory without an owner file (one being
+    made right now) or with a live owner is left alone. Returns what was removed."""
+    import shutil
+
+    removed = []
+    for workdir in sorted((root or Path(tempfile.gettempdir())).glob(f"{WORKDIR_PREFIX}*")):
+        try:
+            if workdir.is_symlink() or workdir.lstat().st_uid != os.getuid():
+                continue
+            owner = int((workdir / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        stop_processes_of(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+        removed.append(workdir)
+    return removed
+
+
 def stop_processes_of(workdir: Path, wait_s: float = 3.0) -> list[int]:
     """SIGTERM (then SIGKILL) the processes whose command line names ``workdir``: the HAProxy
     this serve's Ray spawned, which outlives a killed HAProxyManager (it sets no PDEATHSIG)."""
@@ -382,7 +418,7 @@ def stop_processes_of(workdir: Path, wait_s: float = 3.0) -> list[int]:
             continue
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            with suppress(ProcessLookupError):
+            with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(_alive(p) for p in pids):

@@ -1,0 +1,57 @@
+"""A serve killed with SIGKILL leaves its work directory (and possibly an HAProxy naming
+it); the next serve removes exactly those: never a running serve's, never one being made,
+never another user's or a symlink."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from qkan_pack.serve._launch import (
+    OWNER_FILE,
+    WORKDIR_PREFIX,
+    owned_workdir,
+    sweep_stale_workdirs,
+)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_serves_workdir_and_its_orphan_are_removed(tmp_path: Path) -> None:
+    stale = tmp_path / f"{WORKDIR_PREFIX}killed"
+    stale.mkdir()
+    (stale / OWNER_FILE).write_text(str(_dead_pid()))
+    (stale / "haproxy.cfg").write_text("global\n")
+    # stands in for the HAProxy that outlived its manager: its command line names the dir
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                               str(stale / "haproxy.cfg")])
+    running = tmp_path / f"{WORKDIR_PREFIX}running"
+    running.mkdir()
+    owned_workdir(running)  # this process: alive
+    making = tmp_path / f"{WORKDIR_PREFIX}making"  # no owner file yet
+    making.mkdir()
+    linked = tmp_path / f"{WORKDIR_PREFIX}link"
+    linked.symlink_to(stale)
+    try:
+        assert sweep_stale_workdirs(tmp_path) == [stale]
+        assert orphan.wait(timeout=10) is not None  # stopped, not left holding a port
+    finally:
+        orphan.kill()
+    assert not stale.exists()
+    assert running.is_dir() and making.is_dir() and linked.is_symlink()
+
+
+def test_unreadable_or_garbled_owner_files_are_left_alone(tmp_path: Path) -> None:
+    garbled = tmp_path / f"{WORKDIR_PREFIX}garbled"
+    garbled.mkdir()
+    (garbled / OWNER_FILE).write_text("not a pid")
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (other / OWNER_FILE).write_text(str(_dead_pid()))
+    assert sweep_stale_workdirs(tmp_path) == []
+    assert garbled.is_dir() and other.is_dir()
