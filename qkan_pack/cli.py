@@ -657,7 +657,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
-    from .serve import HttpLimits, Listen, ServeOptions, serve_forever
+    from .serve import HttpLimits, Listen, ServeOptions, replica_device_text, serve_forever
 
     token = _read_token(auth_token_file)
     for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s)):
@@ -673,7 +673,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
     def ready(url: str, description: dict) -> None:
         what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
         _say(f"serving {what} at {url} with {replicas} replica(s) on "
-                   f"{description['replica']['device']}" + ("; bearer token required" if token else ""))
+             f"{replica_device_text(description['replica']['device'], replicas)}"
+             + ("; bearer token required" if token else ""))
         if not noop:
             _say(f"accepted: {'; '.join(description['accepted'])}")
         click.echo("Ctrl-C or SIGTERM stops (drains for "

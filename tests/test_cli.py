@@ -477,3 +477,4 @@ def test_build_warm_on_a_host_without_a_gpu_names_warm(tmp_path: Path) -> None:
     assert run("build", MLP, "--shapes", "1x2", "-o", tmp_path / "a").exit_code == 0
     warm = run("warm", tmp_path / "a")
     assert warm.exit_code == 1 and one_line_error(warm).startswith("Error: --device cuda:")
+

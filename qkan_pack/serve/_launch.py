@@ -375,6 +375,14 @@ class _RaySession:
             stop_processes_of(self.workdir)
 
 
+def replica_device_text(device: str, replicas: int) -> str:
+    """The replicas' device as the ready line says it: Ray gives each replica its GPU(s)
+    through CUDA_VISIBLE_DEVICES, so every replica calls its own GPU cuda:0."""
+    if replicas > 1 and device.startswith("cuda"):
+        return f"{device} (each replica's own view of the GPU Ray gave it)"
+    return device
+
+
 def owned_workdir(workdir: Path) -> Path:
     """``workdir`` with this process's id in its ``OWNER_FILE``: a later serve can tell a
     killed serve's leftovers from a running one's."""

@@ -1,4 +1,7 @@
-"""A serve killed with SIGKILL leaves its work directory (and possibly an HAProxy naming
+"""What `serve` says and leaves outside Ray (no Ray needed): the ready line's device, and the
+work directories of killed serves.
+
+A serve killed with SIGKILL leaves its work directory (and possibly an HAProxy naming
 it); the next serve removes exactly those: never a running serve's, never one being made,
 never another user's or a symlink."""
 
@@ -12,6 +15,7 @@ from qkan_pack.serve._launch import (
     OWNER_FILE,
     WORKDIR_PREFIX,
     owned_workdir,
+    replica_device_text,
     sweep_stale_workdirs,
 )
 
@@ -55,3 +59,13 @@ def test_unreadable_or_garbled_owner_files_are_left_alone(tmp_path: Path) -> Non
     (other / OWNER_FILE).write_text(str(_dead_pid()))
     assert sweep_stale_workdirs(tmp_path) == []
     assert garbled.is_dir() and other.is_dir()
+
+
+def test_the_ready_line_says_each_replica_names_its_own_gpu_cuda_0() -> None:
+    """Ray hands each replica its GPU through CUDA_VISIBLE_DEVICES: on a 2-GPU host two
+    replicas on two GPUs both report cuda:0, which the ready line presented as one GPU
+    (seen on an H200 x2 host)."""
+    assert replica_device_text("cuda:0", 2) == (
+        "cuda:0 (each replica's own view of the GPU Ray gave it)")
+    assert replica_device_text("cuda:0", 1) == "cuda:0"
+    assert replica_device_text("cpu", 4) == "cpu"
