@@ -77,12 +77,13 @@ class LoadReport:
             f"policy {self.capture_policy}; solvers {', '.join(self.solvers) or '-'}; "
             f"factory device {self.factory_device}; overrides {self.config_overrides or '{}'}",
             f"{'shape':<{width}}{'policy':<12}{'capture s':>10}{'pool MiB':>10}{'replay err':>12}"
-            f"{'ref err':>12}",
+            f"{'ref err':>12}{'ref bound':>20}",
         ]
         for r in self.shapes:
             lines.append(
                 f"{r.label:<{width}}{r.policy:<12}{r.capture_seconds:>10.3f}"
                 f"{r.pool_bytes / 2**20:>10.2f}{r.replay_max_abs:>12.2e}{r.reference_max_abs:>12.2e}"
+                f"{_bound_text(r.reference_tolerance):>20}"
             )
         stages = ", ".join(f"{k} {v:.3f}s" for k, v in self.stages.items())
         lines.append(f"ready in {self.load_to_ready_seconds:.3f}s ({stages})")
@@ -91,3 +92,9 @@ class LoadReport:
             lines.append(f"compiled mode: {self.compiled}")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+
+def _bound_text(tolerance: tuple[float, float] | None) -> str:
+    """A shape's reference ``(rtol, atol)`` as the table shows it (atol in units of the
+    output's scale)."""
+    return "-" if tolerance is None else f"({tolerance[0]:.2g}, {tolerance[1]:.2g})"

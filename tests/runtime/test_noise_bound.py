@@ -70,6 +70,9 @@ def test_build_records_each_references_rounding_noise(tmp_path: Path) -> None:
         for record, noise in zip(predictor.report.shapes, noises, strict=True):
             bound = max(NOISE_FLOOR, NOISE_FACTOR * noise)
             assert record.reference_tolerance == (bound, min(bound, 1e-5))
+            shown = f"({bound:.2g}, {min(bound, 1e-5):.2g})"  # verify's table shows it
+            assert any(line.startswith(record.label) and line.endswith(shown)
+                       for line in str(predictor.report).splitlines()), shown
 
 
 def test_noise_is_not_recorded_where_the_model_cannot_run_in_float64(tmp_path: Path) -> None:
