@@ -151,10 +151,11 @@ def _unmeasured_noise_note(entries: Sequence[ShapeEntry]) -> tuple[str, ...]:
     missing = [entry.label for entry in entries if entry.noise is None]
     if not missing:
         return ()
-    return (f"float32 noise not measured for shape(s) {', '.join(missing)} (the model did not "
-            "run in float64: an op without float64, or float32 tensors outside its parameters "
-            "and buffers): their load self-test uses the fixed tolerance, looser than a "
-            "noise bound; pin the digest or sign the artifact",)
+    return (f"float32 noise not measured for shape(s) {', '.join(missing)} (a float64 copy "
+            "of the model could not be made or run, e.g. an op without float64 or float32 "
+            "tensors outside its parameters and buffers, or it still computed an output in "
+            "float32): their load self-test uses the fixed tolerance, looser than a noise "
+            "bound; pin the digest or sign the artifact",)
 
 
 def _range_note(decl: InputDecl) -> str:

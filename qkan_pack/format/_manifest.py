@@ -151,6 +151,11 @@ class ShapeEntry:
     #: artifacts from before it did).
     noise: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.noise is not None and not 0 <= self.noise <= 1:  # NaN too
+            raise ManifestError(f"shape {self.label}: noise must be a number in [0, 1], "
+                                f"got {self.noise!r}")
+
     @property
     def label(self) -> str:
         if len(self.inputs) == 1:

@@ -16,6 +16,8 @@ were at most 4.5x the build's noise (``benchmarks/results/*noise*``).
 from __future__ import annotations
 
 import copy
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -57,7 +59,8 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
 
     A different number of outputs (a config override can change it), a shape or dtype
-    difference, or any difference in a non-float leaf, is infinitely far.
+    difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
+    far (in both figures: a non-float leaf never mixes an absolute figure into ``max_rel``).
     """
     rtol, atol = tolerance
     inf = float("inf")
@@ -69,14 +72,16 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
         if got.shape != want.shape or got.dtype != want.dtype:
             return Agreement(float("inf"), float("inf"), False)
         if not got.is_floating_point() or not got.numel():
-            same = bool(torch.equal(got, want))
-            ok &= same
-            worst_abs = worst_rel = max(worst_abs, 0.0 if same else float("inf"))
+            if not torch.equal(got, want):
+                worst_abs, worst_rel, ok = inf, inf, False
             continue
         got, want = got.double(), want.double()
         diff = (got - want).abs()
         scale = float(want.abs().max())
-        largest = float(diff.max())  # NaN when either side has NaN: then nothing passes
+        largest = float(diff.max())
+        if math.isnan(largest) or math.isnan(scale):  # max() would drop a NaN figure
+            worst_abs, worst_rel, ok = inf, inf, False
+            continue
         worst_abs = max(worst_abs, largest)
         worst_rel = max(worst_rel, largest / scale if scale else (0.0 if largest == 0 else inf))
         ok &= bool((diff <= rtol * want.abs() + atol * scale).all())
@@ -110,12 +115,15 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
     float64 copy of the model on the same inputs, as a share of each output's scale
     (``compare``'s ``max_rel``), rounded to two digits. None where that cannot be measured:
     the copy or its forward fails (an op without float64, float32 state outside parameters
-    and buffers), a floating output does not come out in float64, or a non-float output
-    differs. The copy is freed before returning; ``progress`` as ``progress_bar``'s."""
+    and buffers), a floating output is computed in float32 even there (a constant float32
+    output, the same in both runs, is skipped), or a non-float output differs. The copy is
+    freed before returning; ``progress`` as ``progress_bar``'s."""
     try:
         # eval() again after the cast: modules that fold weights into eval-time caches
         # (QKAN) rebuild them from the float64 parameters
-        wide = copy.deepcopy(model).double().train(model.training)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wide = copy.deepcopy(model).double().train(model.training)
     except Exception:
         return [None] * len(samples)
     forward = bind_forward(wide, names, call)
@@ -134,14 +142,22 @@ def _noise(forward: object, inputs: Sequence[torch.Tensor],
            narrow: Sequence[torch.Tensor]) -> float | None:
     widened = [t.double() if t.is_floating_point() else t for t in inputs]
     try:
-        with torch.no_grad():
+        # the float32 run already showed the model code's warnings; this is a measurement
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             wide = flatten(forward(*widened))  # type: ignore[operator]
     except Exception:
         return None
-    if any(t.is_floating_point() and t.dtype != torch.float64 for t in wide):
+    if len(wide) != len(narrow):
         return None
-    noise = compare([t.double() if t.is_floating_point() else t for t in narrow], wide,
-                    (0.0, 0.0)).max_rel
+    pairs = []
+    for a, b in zip(narrow, wide):
+        if b.is_floating_point() and b.dtype != torch.float64:
+            if not torch.equal(a.detach().cpu(), b.detach().cpu()):
+                return None  # computed in float32 even here: no float64 to measure against
+            continue  # a constant (``torch.zeros(2)``, a placeholder loss): nothing to measure
+        pairs.append((a.double() if a.is_floating_point() else a, b))
+    noise = compare([a for a, _ in pairs], [b for _, b in pairs], (0.0, 0.0)).max_rel
     return float(f"{noise:.2g}") if noise < float("inf") else None
 
 
@@ -179,7 +195,7 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
         warn(f"shape {label}: outputs differ from the build references by "
              f"{agreement.max_rel:.2g} of their scale, more than {NOISE_FACTOR:g}x the "
              f"model's float32 noise ({noise:.2g}), and this device's noise could not be "
-             "measured (float64 copy failed): accepted under the fixed tolerance "
+             "measured (no float64 copy of the model here): accepted under the fixed tolerance "
              f"{ceiling}; pin the digest or sign the artifact to rule out an edit")
         return ReferenceCheck(agreement.max_abs, ceiling)
     bound = LOAD_NOISE_FACTOR * (noise + here)

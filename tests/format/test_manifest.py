@@ -259,6 +259,10 @@ def test_reference_noise_is_optional_and_checked() -> None:
         raw["shapes"][0]["noise"] = bad
         with pytest.raises(ManifestError, match=r"shapes\[0\]\.noise must be a number"):
             parse_manifest(encode(raw))
+    entry = sample_manifest().shapes[0]  # nor can a writer make one (hand re-signing)
+    for bad in (float("nan"), float("inf"), -1e-9):
+        with pytest.raises(ManifestError, match="noise must be a number in"):
+            ShapeEntry(entry.inputs, entry.outputs, entry.reference, noise=bad)
 
 
 def test_duplicate_json_keys_refused() -> None:

@@ -9,6 +9,7 @@ the fixed tolerance let through (4.8e-6 of the outputs' scale, below its 1e-5) i
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,44 @@ def test_float64_noise_frees_nothing_of_the_model_and_measures_each_sample() -> 
     wrong = [[o[0] * 1.001] for o in outputs]  # outputs that are not this model's
     assert all(n is not None and n > 5e-4 for n in float64_noise(model, ("x",), "positional",
                                                                   samples, wrong))
+
+
+class _Labelled(torch.nn.Module):
+    """Logits with an argmax label and a float32 placeholder (a transformers-style
+    ``loss=torch.zeros(())``) beside them."""
+
+    def __init__(self, extras: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                        torch.nn.Linear(16, 4))
+        self.extras = extras
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        import warnings
+
+        warnings.warn("model code warns on every call", stacklevel=1)
+        logits = self.body(x) * 20
+        if not self.extras:
+            return (logits,)
+        return logits, logits.argmax(-1), torch.zeros(2)
+
+
+def test_labels_and_float32_constants_beside_the_logits_do_not_change_the_noise() -> None:
+    """An argmax label inflated the recorded noise (4.6x looser bound, a re-signed edit the
+    label-free model refused then loaded) and a float32 placeholder output made it
+    unmeasurable (found by an audit). The float64 run's warnings are not shown again."""
+    x = torch.randn(8, 16)
+    noises = []
+    for extras in (False, True):
+        model = _Labelled(extras).eval()
+        with torch.no_grad(), pytest.warns(UserWarning):
+            narrow = list(model(x))
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            noises.append(float64_noise(model, ("x",), "positional", [[x]], [narrow])[0])
+        assert shown == []
+    assert noises[0] is not None and noises[1] == noises[0]
 
 
 def _near(want: torch.Tensor, share: float) -> torch.Tensor:

@@ -54,3 +54,27 @@ def test_a_different_number_of_outputs_is_a_refusal_not_a_crash() -> None:
         with pytest.raises(SelfTestError) as refused:
             check_outputs("1x2", "outputs and references", got, want, (1e-3, 1e-3), "hint")
         assert refused.value.max_abs == float("inf")
+
+
+def test_a_non_float_leaf_does_not_mix_an_absolute_figure_into_max_rel() -> None:
+    """An argmax label after logits of scale 1e3 turned max_rel into the logits' absolute
+    difference (1e-4 instead of 1e-7): the float32 noise build records, and the figure a
+    refusal reports, were off by the output's scale (found by an audit)."""
+    want = torch.tensor([1000.0, -500.0], dtype=torch.float64)
+    got = want * (1 + 1e-7)
+    label = torch.tensor([1])
+    alone = compare([got], [want], (0.0, 0.0))
+    assert compare([got, label], [want, label.clone()], (0.0, 0.0)).max_rel == alone.max_rel
+    small = want * 1e-6
+    assert compare([small * (1 + 1e-5), label], [small, label.clone()], (0.0, 0.0)).max_rel == (
+        pytest.approx(1e-5, rel=1e-6))
+    changed = compare([got, label + 1], [want, label], TOL)
+    assert not changed.ok and changed.max_abs == changed.max_rel == float("inf")
+
+
+def test_a_nan_is_infinitely_far_in_both_figures() -> None:
+    """max() dropped a NaN difference: outputs that were all NaN reported 0 difference."""
+    x = torch.randn(4, dtype=torch.float64)
+    for got, want in ((torch.full_like(x, float("nan")), x), (x, torch.full_like(x, float("nan")))):
+        agreement = compare([got], [want], TOL)
+        assert not agreement.ok and agreement.max_abs == agreement.max_rel == float("inf")
