@@ -59,7 +59,7 @@ from ._inputs import (
 )
 from ._packages import model_packages
 from ._references import reference_bytes, run_reference
-from ._weights import read_user_weights, tied_groups, weights_bytes
+from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
 
 
@@ -221,6 +221,7 @@ def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: st
     factory = entry_function(module, entry, str(model_path))
     check_entry_named(entry, sources, str(model_path))  # the loader checks this before import
     model = call_factory(factory, config, str(model_path), entry, device="cpu")
+    check_storable(model, str(model_path))
     tied = tied_groups(model)
     if weights is not None:
         load_strict(model, read_user_weights(weights), tied, str(weights))

@@ -9,10 +9,25 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as save_safetensors
 
-from ..errors import WeightsMismatchError
+from ..errors import ModelSourceError, WeightsMismatchError
 from ..runtime import parse_weights
 
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+def check_storable(model: torch.nn.Module, model_path: str) -> None:
+    """Every state-dict entry is a plain tensor safetensors can store: quantized modules
+    (``torch.ao.quantization``: packed parameters, a ``torch.dtype`` entry, quantized
+    tensors) are refused here, naming the entry, rather than failing deep in the build."""
+    for name, value in model.state_dict(keep_vars=True).items():
+        if not isinstance(value, torch.Tensor) or value.is_quantized:
+            kind = f"a quantized {value.dtype} tensor" if isinstance(value, torch.Tensor) \
+                else f"a {type(value).__name__}"
+            raise ModelSourceError(
+                f"{model_path}: state dict entry {name!r} is {kind}; qkan-pack stores plain "
+                "tensors (safetensors) and replays CUDA graphs, which quantized modules "
+                "(torch.ao.quantization) cannot run in: build the float model",
+                stage="factory", path=model_path)
 
 
 def tied_groups(model: torch.nn.Module) -> list[list[str]]:

@@ -307,7 +307,8 @@ def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapp
         tensors = parse_audited(artifact.files[WEIGHTS_NAME], WEIGHTS_NAME)
         load_strict(model, tensors, info.tied, f"{artifact.path}/{WEIGHTS_NAME}")
         model.eval()  # after loading: QKAN rebuilds its folded eval caches here
-        model.requires_grad_(False)
+        for parameter in model.parameters():  # not Module.requires_grad_: a ScriptModule
+            parameter.requires_grad_(False)  # (torch.jit.script/trace) refuses that call
     return model
 
 

@@ -13,6 +13,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import linecache
 import os
 import re
 import sys
@@ -93,7 +94,21 @@ class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         origin, data = self.modules[module.__name__]
         if origin.endswith("__init__.py"):
             module.__path__ = []  # type: ignore[attr-defined]
+        register_source_lines(origin, data)
         exec(compile(data, origin, "exec", dont_inherit=True), module.__dict__)
+
+
+def register_source_lines(filename: str, source: bytes) -> None:
+    """Give ``linecache`` the verified source under the name its code objects carry: at
+    load that name (``source/model.py``) is no file on disk, and what reads source through
+    ``inspect`` — ``torch.jit.script`` in a factory, tracebacks — found nothing. A name
+    already registered with other lines (two artifacts' ``source/model.py`` in one
+    process) keeps the first: never another artifact's lines under this one's name."""
+    lines = source.decode("utf-8", errors="replace").splitlines(keepends=True)
+    known = linecache.cache.get(filename)
+    if known is not None and known[2] != lines and known[1] is None:
+        return
+    linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: kept
 
 
 def import_model_source(source: str, sources: Mapping[str, bytes], *,
@@ -129,6 +144,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
 def _execute(source: bytes, shown: str, module: ModuleType) -> None:
     """Run the model source in ``module``; what it raises (``sys.exit`` included) is a model
     error naming the import, while Ctrl-C stays ``KeyboardInterrupt``."""
+    register_source_lines(shown, source)
     try:
         # dont_inherit: the user's file gets its own __future__ flags, not this one's
         # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
