@@ -29,6 +29,10 @@ from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
 
 _IMPORT_LOCK = threading.RLock()
+#: Source names given to ``linecache`` (``register_source_lines``), and those dropped
+#: because two artifacts' sources shared the name.
+_REGISTERED_LINES: dict[str, list[str]] = {}
+_AMBIGUOUS_NAMES: set[str] = set()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
 
 
@@ -101,14 +105,23 @@ class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def register_source_lines(filename: str, source: bytes) -> None:
     """Give ``linecache`` the verified source under the name its code objects carry: at
     load that name (``source/model.py``) is no file on disk, and what reads source through
-    ``inspect`` — ``torch.jit.script`` in a factory, tracebacks — found nothing. A name
-    already registered with other lines (two artifacts' ``source/model.py`` in one
-    process) keeps the first: never another artifact's lines under this one's name."""
+    ``inspect`` — ``torch.jit.script`` in a factory, tracebacks — found nothing.
+
+    Two artifacts whose sources share a name but not their lines make the name ambiguous:
+    it is dropped for good, so that nothing ever reads one artifact's lines for another's
+    code (TorchScript would compile the wrong function); their source reads then fail as
+    before, loudly."""
     lines = source.decode("utf-8", errors="replace").splitlines(keepends=True)
-    known = linecache.cache.get(filename)
-    if known is not None and known[2] != lines and known[1] is None:
-        return
-    linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: kept
+    with _IMPORT_LOCK:
+        if filename in _AMBIGUOUS_NAMES:
+            return
+        known = _REGISTERED_LINES.get(filename)
+        if known is not None and known != lines:
+            _AMBIGUOUS_NAMES.add(filename)
+            linecache.cache.pop(filename, None)
+            return
+        _REGISTERED_LINES[filename] = lines
+        linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: kept
 
 
 def import_model_source(source: str, sources: Mapping[str, bytes], *,

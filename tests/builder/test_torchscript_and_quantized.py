@@ -63,3 +63,25 @@ def test_a_quantized_module_is_refused_at_build_naming_the_entry(tmp_path: Path)
                                                r"build the float model"):
         build(source, "2x16", output=tmp_path / "q", config={"kind": "quant"}, progress=False)
     assert not (tmp_path / "q").exists()
+
+
+def test_two_artifacts_sharing_a_source_name_never_read_each_others_lines() -> None:
+    """Both artifacts' code objects say ``source/model.py``: once their lines differ, the
+    name is given up, so TorchScript or a traceback cannot read one for the other."""
+    import inspect
+    import linecache
+
+    from qkan_pack.runtime import import_model_source
+
+    first = b"def f():\n    return 1\n"
+    second = b"\n\ndef f():\n    return 2\n"
+    name = "source/shared_name_test.py"
+    one = import_model_source(name, {name: first})
+    assert inspect.getsource(one.f) == "def f():\n    return 1\n"
+    two = import_model_source(name, {name: second})
+    assert two.f() == 2 and name not in linecache.cache
+    for module in (one, two):
+        with pytest.raises(OSError):
+            inspect.getsource(module.f)
+    import_model_source(name, {name: first + b"# a third\n"})
+    assert name not in linecache.cache  # given up for good
