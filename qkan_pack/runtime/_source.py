@@ -146,6 +146,8 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         sys.modules[name] = module
         try:
             with _serving(includes, name), deferred_imports():  # heavy unused imports wait
+                if display_path is None:  # at build the user's file is on disk as it is
+                    register_source_lines(shown, sources[source])
                 _execute(sources[source], shown, module)
         except BaseException:
             for imported in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
@@ -157,7 +159,6 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
 def _execute(source: bytes, shown: str, module: ModuleType) -> None:
     """Run the model source in ``module``; what it raises (``sys.exit`` included) is a model
     error naming the import, while Ctrl-C stays ``KeyboardInterrupt``."""
-    register_source_lines(shown, source)
     try:
         # dont_inherit: the user's file gets its own __future__ flags, not this one's
         # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
