@@ -29,10 +29,9 @@ from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
 
 _IMPORT_LOCK = threading.RLock()
-#: Source names given to ``linecache`` (``register_source_lines``), and those dropped
-#: because two artifacts' sources shared the name.
-_REGISTERED_LINES: dict[str, list[str]] = {}
-_AMBIGUOUS_NAMES: set[str] = set()
+#: Source names given to ``linecache`` (``register_source_lines``) with their lines; None
+#: for a name dropped because two artifacts' sources shared it.
+_REGISTERED_LINES: dict[str, list[str] | None] = {}
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
 
 
@@ -113,11 +112,8 @@ def register_source_lines(filename: str, source: bytes) -> None:
     before, loudly."""
     lines = source.decode("utf-8", errors="replace").splitlines(keepends=True)
     with _IMPORT_LOCK:
-        if filename in _AMBIGUOUS_NAMES:
-            return
-        known = _REGISTERED_LINES.get(filename)
-        if known is not None and known != lines:
-            _AMBIGUOUS_NAMES.add(filename)
+        if filename in _REGISTERED_LINES and _REGISTERED_LINES[filename] != lines:
+            _REGISTERED_LINES[filename] = None  # ambiguous for good
             linecache.cache.pop(filename, None)
             return
         _REGISTERED_LINES[filename] = lines

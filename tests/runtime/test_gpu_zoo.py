@@ -32,6 +32,7 @@ from qkan_pack.runtime import (
     rebuild_model,
     reference_samples,
 )
+from qkan_pack.runtime._report import _bound_text
 
 from ..conftest import MODELS
 
@@ -125,7 +126,7 @@ def test_zoo_model_loads_equals_eager_and_refuses_edits(model: str, tmp_path: Pa
             with torch.no_grad():  # this device's default math (TF32 convolutions)
                 served = _leaves(call(inputs))
             for case, got, tolerance, verdict in (
-                    ("full float32 (the self-test)", checked, _shown(bound), "accepted"),
+                    ("full float32 (the self-test)", checked, _bound_text(bound), "accepted"),
                     ("default math, TF32 (not checked)", served, "-", "information")):
                 max_abs, max_rel = _errors(got, want_ref)
                 ROWS.append({"model": model, "case": f"sound {label}, {case}", "max_abs": max_abs,
@@ -140,7 +141,7 @@ def test_zoo_model_loads_equals_eager_and_refuses_edits(model: str, tmp_path: Pa
                   for (_, inputs), want_ref in zip(samples, expected)]
         effect = max(e[1] for e in errors)
         row = {"model": model, "case": f"re-signed, {edit}", "max_abs": max(e[0] for e in errors),
-               "max_rel": effect, "tolerance": ", ".join(map(_shown, bounds))}
+               "max_rel": effect, "tolerance": ", ".join(map(_bound_text, bounds))}
         ROWS.append(row)
         try:
             Predictor.load(edited, device="cuda").close()
@@ -153,9 +154,6 @@ def test_zoo_model_loads_equals_eager_and_refuses_edits(model: str, tmp_path: Pa
         if all(e[1] < b[1] / 2 for e, b in zip(errors, bounds)):  # ... one they do not
             assert row["verdict"] != "refused", row  # show cannot be (float32 noise)
 
-
-def _shown(tolerance: tuple[float, float] | None) -> str:
-    return "-" if tolerance is None else f"({tolerance[0]:.2g}, {tolerance[1]:.2g})"
 
 
 def _leaves(output: Any) -> list[torch.Tensor]:
