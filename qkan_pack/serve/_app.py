@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ServeError
 from ..format import check_device_text
 from ._http import HttpApi, HttpLimits, json_response
-from ._model import ModelCore, map_leaves
+from ._model import ModelCore
 from ._rows import describe_artifact, largest_batch, row_plan
-from ._wire import is_tensor, torch_module
+from ._wire import is_tensor, map_leaves, torch_module
 
 if TYPE_CHECKING:
     from ray.serve import Application

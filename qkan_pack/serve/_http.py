@@ -11,9 +11,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import sys
-from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +19,6 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._wire import dumps, encode_outputs, parse_request
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -73,7 +69,8 @@ class HttpLimits:
 
 class Admission:
     """At most ``ongoing`` requests at work and ``queued`` waiting; the rest are refused at
-    once (an unbounded queue is what made latency collapse under load)."""
+    once (an unbounded queue is what made latency collapse under load). ``acquire`` takes a
+    free slot without suspending; every acquire is paired with one ``release``."""
 
     def __init__(self, ongoing: int, queued: int) -> None:
         self._ongoing = ongoing
@@ -81,38 +78,87 @@ class Admission:
         self._queued = queued
         self._waiters: list[asyncio.Future[None]] = []
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def acquire(self) -> None:
+        """A slot; waits in the queue when none is free, ``OverloadedError`` when it is full."""
         if self._free > 0:
             self._free -= 1
-        elif len(self._waiters) >= self._queued:
+            return
+        if len(self._waiters) >= self._queued:
             raise OverloadedError(ongoing=self._ongoing, queued=len(self._waiters))
-        else:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter  # the releasing request hands its slot over
-            except asyncio.CancelledError:
-                self._drop(waiter)
-                raise
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
-            yield
-        finally:
-            self._release()
+            await waiter  # the releasing request hands its slot over
+        except asyncio.CancelledError:
+            self._drop(waiter)
+            raise
 
     def _drop(self, waiter: asyncio.Future[None]) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
         elif waiter.done() and not waiter.cancelled():
-            self._release()  # it was handed a slot it will not use
+            self.release()  # it was handed a slot it will not use
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Give a slot back: to the longest waiter, else to the free pool."""
         while self._waiters:
             waiter = self._waiters.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
                 return
         self._free += 1
+
+
+class BodyDeadline:
+    """The body-read deadline of every request, kept by one timer: a read still running
+    ``seconds`` after it started is cancelled and raises ``asyncio.TimeoutError`` (the 408).
+
+    Why not ``asyncio.timeout`` per request: that is a timer armed and cancelled on the
+    replica's one event loop for every request. All deadlines here are the same length, so
+    they expire in the order the reads started; one timer, set for the oldest read, serves
+    them all, and a read costs a dict entry.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._reading: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def read(self, work: Awaitable[Any]) -> Any:
+        """``work``'s result, or ``asyncio.TimeoutError`` once the deadline passed."""
+        task = asyncio.current_task()
+        if task is None:  # not in a task (no request is served so): nothing to cancel
+            return await work
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.seconds
+        self._reading[task] = deadline
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if task not in self._expired:
+                raise
+            self._expired.discard(task)
+            if hasattr(task, "uncancel"):  # 3.11+: the cancel was ours, not the caller's
+                task.uncancel()
+            raise asyncio.TimeoutError from None
+        finally:
+            self._reading.pop(task, None)
+
+    def _expire(self) -> None:
+        """Cancel every read past its deadline; re-arm for the oldest one left."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, deadline in list(self._reading.items()):
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                return
+            del self._reading[task]
+            self._expired.add(task)
+            task.cancel()
 
 
 class HttpApi:
@@ -126,6 +172,7 @@ class HttpApi:
         self._stats = stats
         self._accepted = accepted
         self._admission = Admission(*limits.admission_bounds(core.max_batch_size))
+        self._body_deadline = BodyDeadline(limits.body_timeout_s)
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("", "POST"): self._predict, ("", "GET"): self._get_description,
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
@@ -138,7 +185,8 @@ class HttpApi:
             return json_response(401, {"error": "missing or wrong bearer token: send "
                                        "'Authorization: Bearer <token>'"},
                                  {"WWW-Authenticate": 'Bearer realm="qkan-pack"'})
-        path = request.url.path.removeprefix(request.scope.get("root_path", "")).rstrip("/")
+        scope = request.scope  # not request.url: that parses the whole URL, per request
+        path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
         handler = self._routes.get((path, request.method))
         if handler is not None:
             return await handler(request)
@@ -167,18 +215,21 @@ class HttpApi:
 
     async def _predict(self, request: Request) -> Response:
         try:
-            async with self._admission.slot():
-                return await self._predict_admitted(request)
+            await self._admission.acquire()
         except OverloadedError:
             self.core.stats.request("overloaded")
             return json_response(503, {"error": "overloaded: this replica's queue is full; "
                                        f"retry after {self.limits.retry_after_s} s"},
                                  {"Retry-After": str(self.limits.retry_after_s)})
+        try:
+            return await self._predict_admitted(request)
+        finally:
+            self._admission.release()
 
     async def _predict_admitted(self, request: Request) -> Response:
         limit = self.limits.max_body_bytes
         try:
-            body = await within(read_limited(request, limit), self.limits.body_timeout_s)
+            body = await self._body_deadline.read(read_limited(request, limit))
         except asyncio.TimeoutError:
             return json_response(408, {"error": "request body not received within "
                                        f"{self.limits.body_timeout_s:g} s"})
@@ -187,10 +238,15 @@ class HttpApi:
                                        "fewer rows per request or base64 buffers"})
         large = len(body) >= INLINE_PARSE_BYTES
         try:
-            given, encoding = await _maybe_thread(large, parse_request, body, self.core.names)
+            if large:
+                given, encoding = await asyncio.to_thread(parse_request, body, self.core.names)
+            else:
+                given, encoding = parse_request(body, self.core.names)
             outputs = await self.core.infer(given)
-            payload = await _maybe_thread(large, lambda: dumps({"outputs": encode_outputs(
-                outputs, encoding)}))
+            if large:
+                payload = await asyncio.to_thread(encode_reply, outputs, encoding)
+            else:
+                payload = encode_reply(outputs, encoding)
         except MalformedRequestError as exc:
             return json_response(400, {"error": str(exc)})
         except InputError as exc:
@@ -201,29 +257,18 @@ class HttpApi:
         return raw_response(200, payload)
 
 
-_TASK_DEADLINES = sys.version_info >= (3, 11)  # asyncio.timeout
-
-
-async def within(work: Awaitable[Any], seconds: float) -> Any:
-    """``work``'s result, or ``asyncio.TimeoutError`` after ``seconds``. On Python 3.11+ a
-    deadline on the current task (``asyncio.timeout``), not ``wait_for``'s extra task per
-    call: this runs once per request on the replica's one event loop."""
-    if _TASK_DEADLINES:
-        async with asyncio.timeout(seconds):
-            return await work
-    return await asyncio.wait_for(work, seconds)
-
-
-async def _maybe_thread(threaded: bool, fn: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.to_thread(fn, *args) if threaded else fn(*args)
+def encode_reply(outputs: Any, encoding: str) -> bytes:
+    """A prediction's reply body."""
+    return dumps({"outputs": encode_outputs(outputs, encoding)})
 
 
 async def read_limited(request: Request, limit: int) -> bytes | None:
     """The body, or None once it exceeds ``limit`` bytes (by Content-Length, before reading
-    anything, or while streaming)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
+    anything, or while streaming a body sent without one)."""
+    declared = _content_length(request.scope)
+    if declared is not None:
+        # the server frames the body by Content-Length: starlette's own read, as the no-op's
+        return None if declared > limit else await request.body()
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -231,6 +276,15 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _content_length(scope: Mapping[str, Any]) -> int | None:
+    """The declared body size, read from the raw ASGI headers (``request.headers`` would
+    build a header map for this one lookup); None when absent or not a number."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:

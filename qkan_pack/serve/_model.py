@@ -1,11 +1,10 @@
 """The model half of a replica: one ``Predictor``, requests fitted to its inputs, single rows
-gathered by Ray Serve's ``@serve.batch`` into captured shapes (or, ``exact``, each replayed
-alone), counters. No HTTP here: the handle and the HTTP API both call ``infer``."""
+gathered (``_gather.RowGatherer``) into captured shapes (or, ``exact``, each replayed alone),
+counters. No HTTP and no Ray here: the handle and the HTTP API both call ``infer``."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ServeError
+from ._gather import RowGatherer
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
 from ._wire import (
@@ -21,6 +21,7 @@ from ._wire import (
     fit,
     given_from_python,
     host_outputs,
+    map_leaves,
     to_tensor,
     torch_module,
 )
@@ -44,8 +45,6 @@ class ModelCore:
 
     def __init__(self, predictor: Predictor, *, max_batch_size: int, max_batch_wait_ms: float,
                  exact: bool) -> None:
-        from ray import serve
-
         manifest = predictor.manifest
         self.predictor = predictor
         self.names = manifest.input_names
@@ -58,9 +57,8 @@ class ModelCore:
         self.max_batch_size = 1 if exact else max_batch_size
         self.stats = ReplicaStats([label for sizes in self.plan.values() for _, label in sizes])
         self.fault: str | None = None
-        self._batched = None if exact else serve.batch(
-            max_batch_size=self.max_batch_size,
-            batch_wait_timeout_s=max_batch_wait_ms / 1000)(_fixed_signature(self._run_rows))
+        self._gatherer = None if exact else RowGatherer(
+            self._run_rows, max_rows=self.max_batch_size, wait_s=max_batch_wait_ms / 1000)
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""
@@ -95,13 +93,11 @@ class ModelCore:
         if way.squeezed:
             arrays = [a[None] for a in arrays]
         self.stats.request("rows")
-        if self._batched is None:  # exact: the row replays alone (padded as pad_batch pads)
+        if self._gatherer is None:  # exact: the row replays alone (padded as pad_batch pads)
             out = self.replay(arrays)
             self.stats.replay(captured_batch(self.plan[way.tail], 1)[1], 1)
         else:
-            out = await self._batched(_Row(arrays, way.tail))
-        if isinstance(out, BaseException):
-            raise out
+            out = await self._gatherer.submit(_Row(arrays, way.tail))
         # [0, ...]: a row's share of a per-row output is a 0-d array (a numpy scalar would
         # lose its array type, and the handle could not give it back as a tensor)
         return map_leaves(lambda t: t[0, ...], out) if way.squeezed else out
@@ -115,9 +111,9 @@ class ModelCore:
         return [check_index_bounds(fit(given[n], n, d, self.accepted), n, bounds, self.accepted)
                 for n, d, bounds in zip(self.names, self._dtypes, self._bounds)]
 
-    async def _run_rows(self, rows: list[_Row]) -> list[Any]:
-        """``@serve.batch`` body: per row shape, stack into captured batches, replay (on the
-        event loop: a GPU replay takes microseconds, a thread hop would cost more), split."""
+    def _run_rows(self, rows: list[_Row]) -> list[Any]:
+        """The gatherer's body: per row shape, stack into captured batches, replay, split
+        (a failed replay's exception is each of its rows' result)."""
         results: list[Any] = [None] * len(rows)
         groups: dict[Tail, list[int]] = {}
         for i, row in enumerate(rows):
@@ -163,22 +159,3 @@ class ModelCore:
                              hint="Ray Serve replaces it")
         if self.predictor.device.type == "cuda":
             torch_module().cuda.synchronize(self.predictor.device)
-
-
-def _fixed_signature(run_rows: Any) -> Any:
-    """``run_rows`` as a plain function carrying its ``__signature__``: ``@serve.batch`` checks
-    every request's arguments against the batch body's signature, and ``inspect.signature``
-    of a bound method is recomputed each time (tens of µs per request on the replica's one
-    event loop); a precomputed ``__signature__`` is read instead."""
-    async def batch_body(rows: list[_Row]) -> list[Any]:
-        return await run_rows(rows)
-
-    batch_body.__signature__ = inspect.signature(batch_body)  # type: ignore[attr-defined]
-    return batch_body
-
-
-def map_leaves(fn: Any, tree: Any) -> Any:
-    """The runtime's output walker (imported on first use: this module loads without torch)."""
-    from ..runtime import map_leaves as walk
-
-    return walk(fn, tree)

@@ -184,8 +184,6 @@ def is_tensor(value: Any) -> bool:
 def encode_outputs(tree: Any, encoding: str) -> Any:
     """Outputs (host arrays or tensors in tuples/lists/dicts) as orjson-ready numpy arrays or
     base64 objects (tuples are JSON arrays); ``dumps`` writes them."""
-    from ..runtime import map_leaves
-
     return map_leaves(lambda t: _encode_leaf(t, encoding), tree)
 
 
@@ -225,6 +223,16 @@ def _wire_array(array: np.ndarray, dtype: str) -> np.ndarray:
     return array.astype("<u2" if dtype == "bfloat16" else DTYPES[dtype].wire, copy=False)
 
 
+def map_leaves(fn: Any, tree: Any) -> Any:
+    """The runtime's output walker (imported on first use: this module loads without torch),
+    with a shortcut for the common output, one array: this runs a few times per request."""
+    if type(tree) is np.ndarray:
+        return fn(tree)
+    from ..runtime import map_leaves as walk
+
+    return walk(fn, tree)
+
+
 def torch_module() -> Any:
     import torch
 
@@ -253,7 +261,11 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np
 
 def _host_dtype(dtype: str) -> np.dtype:
     """The numpy dtype a host array of manifest dtype ``dtype`` has (bfloat16: uint16 bits)."""
-    return np.dtype(np.uint16 if dtype == "bfloat16" else DTYPES[dtype].wire).newbyteorder("=")
+    return _HOST_DTYPES[dtype]
+
+
+_HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
+                for name, spec in DTYPES.items()}
 
 
 def _tensor_bits(tensor: torch.Tensor) -> np.ndarray:
@@ -277,8 +289,6 @@ def to_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
 def host_outputs(tree: Any) -> Any:
     """Replayed outputs as numpy arrays, converted once per replay so that every row of a
     batch is a cheap numpy slice; bfloat16 leaves stay tensors (numpy has no bfloat16)."""
-    from ..runtime import map_leaves
-
     torch = torch_module()
     return map_leaves(lambda t: t if t.dtype == torch.bfloat16 else t.detach().cpu().numpy(), tree)
 

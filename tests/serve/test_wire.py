@@ -114,11 +114,15 @@ def test_admission_bounds_work_and_queue() -> None:
 
         async def one() -> None:
             try:
-                async with admission.slot():
-                    await release.wait()
-                outcomes.append("served")
+                await admission.acquire()
             except OverloadedError:
                 outcomes.append("refused")
+                return
+            try:
+                await release.wait()
+            finally:
+                admission.release()
+            outcomes.append("served")
 
         tasks = [asyncio.create_task(one()) for _ in range(5)]
         await asyncio.sleep(0.01)
@@ -132,29 +136,124 @@ def test_admission_bounds_work_and_queue() -> None:
     assert sorted(outcomes) == ["refused", "refused", "served", "served", "served"]
 
 
-def test_a_body_deadline_answers_in_time_and_cancels_what_is_late(monkeypatch) -> None:
-    """The body-read deadline (``within``): a read that finishes returns its bytes, one that
-    does not is cancelled and raises ``asyncio.TimeoutError`` (the 408), on both the
-    ``asyncio.timeout`` path and Python 3.10's ``wait_for``."""
-    from qkan_pack.serve import _http
+def test_a_cancelled_waiter_gives_its_slot_on() -> None:
+    """A queued request whose client went away neither keeps a slot nor loses one."""
+    from qkan_pack.serve._http import Admission
 
-    async def scenario() -> tuple[bytes, bool, float]:
-        async def read(delay: float) -> bytes:
-            await asyncio.sleep(delay)
-            return b"body"
-
-        got = await _http.within(read(0.0), 1.0)
-        late = asyncio.ensure_future(read(30.0))
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(asyncio.TimeoutError):
-            await _http.within(late, 0.05)
+    async def main() -> list[str]:
+        admission, served = Admission(1, 2), []
+        await admission.acquire()  # the one slot, held
+        gone = asyncio.create_task(admission.acquire())
+        later = asyncio.create_task(admission.acquire())
         await asyncio.sleep(0)
-        return got, late.cancelled(), asyncio.get_running_loop().time() - started
+        gone.cancel()
+        admission.release()  # must reach `later`, not the cancelled waiter
+        await asyncio.wait_for(later, 1.0)
+        served.append("later")
+        admission.release()
+        await asyncio.wait_for(admission.acquire(), 1.0)  # the slot came back to the pool
+        served.append("again")
+        return served
 
-    for task_deadlines in {_http._TASK_DEADLINES, False}:
-        monkeypatch.setattr(_http, "_TASK_DEADLINES", task_deadlines)
-        got, cancelled, waited = asyncio.run(scenario())
-        assert got == b"body" and cancelled and waited < 5.0, task_deadlines
+    assert asyncio.run(main()) == ["later", "again"]
+
+
+def test_the_body_deadline_answers_in_time_and_cancels_only_what_is_late() -> None:
+    """The body-read deadline (``BodyDeadline``, one timer for all reads): reads that finish
+    return their bytes; reads still running at their deadline are cancelled and raise
+    ``asyncio.TimeoutError`` (the 408), oldest first; the task can set deadlines again
+    afterwards (its cancel count is restored); a caller's own cancel stays a cancel."""
+    from qkan_pack.serve._http import BodyDeadline
+
+    async def read(delay: float, what: bytes = b"body") -> bytes:
+        await asyncio.sleep(delay)
+        return what
+
+    async def scenario() -> dict[str, object]:
+        deadline, loop = BodyDeadline(0.2), asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(
+            deadline.read(read(0.0, b"quick")), deadline.read(read(30.0)),
+            deadline.read(read(0.05, b"in time")), deadline.read(read(30.0)),
+            return_exceptions=True)
+        waited = loop.time() - started
+        # the same task again: a fresh read still works, and asyncio.timeout is not confused
+        again = await deadline.read(read(0.0, b"again"))
+        if hasattr(asyncio, "timeout"):  # 3.11+: a deadline after ours still works
+            async with asyncio.timeout(1.0):
+                await asyncio.sleep(0)
+        reader = asyncio.create_task(deadline.read(read(30.0)))
+        await asyncio.sleep(0.01)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        return {"results": results, "waited": waited, "again": again}
+
+    got = asyncio.run(scenario())
+    results = got["results"]
+    assert results[0] == b"quick" and results[2] == b"in time"
+    assert all(isinstance(r, asyncio.TimeoutError) for r in (results[1], results[3]))
+    assert 0.19 <= got["waited"] < 5.0
+    assert got["again"] == b"again"
+
+
+def test_rows_gathered_together_share_one_run_and_errors_stay_with_their_row() -> None:
+    """``RowGatherer``: rows that arrive together run as one group; a full group runs at
+    once without waiting; an exception result is raised to its own caller only; a body that
+    raises fails every row of its group, and nothing is left waiting."""
+    from qkan_pack.serve._gather import RowGatherer
+
+    groups: list[list[int]] = []
+
+    def run(items: list[int]) -> list[object]:
+        groups.append(list(items))
+        if -1 in items:
+            raise RuntimeError("replay failed")
+        return [ValueError(f"bad {i}") if i == 13 else i * 10 for i in items]
+
+    async def scenario() -> tuple[list[object], list[object], float]:
+        gatherer = RowGatherer(run, max_rows=4, wait_s=0.0)
+        together = await asyncio.gather(*(gatherer.submit(i) for i in (1, 2, 13)),
+                                        return_exceptions=True)
+        failing = await asyncio.gather(gatherer.submit(5), gatherer.submit(-1),
+                                       return_exceptions=True)
+        waiting = RowGatherer(run, max_rows=2, wait_s=30.0)  # full at 2 rows: no 30 s wait
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(asyncio.gather(waiting.submit(7), waiting.submit(8)), 5.0)
+        return together, failing, asyncio.get_running_loop().time() - started
+
+    together, failing, waited = asyncio.run(scenario())
+    assert together[:2] == [10, 20] and isinstance(together[2], ValueError)
+    assert all(isinstance(r, RuntimeError) for r in failing)
+    assert groups == [[1, 2, 13], [5, -1], [7, 8]] and waited < 1.0
+
+
+def test_rows_wait_for_their_group_up_to_the_wait() -> None:
+    """With a wait, a lone row runs after ``wait_s`` (not before, not never); rows arriving
+    within it join the same group; a caller that went away does not stop its group."""
+    from qkan_pack.serve._gather import RowGatherer
+
+    groups: list[list[str]] = []
+
+    def run(items: list[str]) -> list[str]:
+        groups.append(list(items))
+        return [i.upper() for i in items]
+
+    async def scenario() -> tuple[str, float, list[str]]:
+        gatherer, loop = RowGatherer(run, max_rows=8, wait_s=0.1), asyncio.get_running_loop()
+        started = loop.time()
+        alone = await gatherer.submit("a")
+        waited = loop.time() - started
+        first = asyncio.create_task(gatherer.submit("b"))
+        gone = asyncio.create_task(gatherer.submit("c"))
+        await asyncio.sleep(0.02)
+        gone.cancel()
+        late = await gatherer.submit("d")
+        return alone, waited, [await first, late]
+
+    alone, waited, rest = asyncio.run(scenario())
+    assert alone == "A" and 0.09 <= waited < 5.0
+    assert rest == ["B", "D"] and groups == [["a"], ["b", "c", "d"]]
 
 
 def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
