@@ -611,8 +611,10 @@ def _read_token(path: Path | None) -> str | None:
               "uses it when its binary is installed) or its Python proxy.")
 @click.option("--max-batch-size", type=click.IntRange(min=1),
               help="Rows gathered per replay [default: the largest captured batch].")
-@click.option("--max-batch-wait-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
-              help="Longest wait for more rows once one arrived.")
+@click.option("--max-batch-wait-ms", default=10.0, show_default=True,  # = ServeOptions default
+              type=click.FloatRange(min=0),
+              help="Longest a row waits for more rows; a batch runs sooner once no more rows "
+              "are arriving (a lone row waits for nothing).")
 @click.option("--exact", is_flag=True,
               help="Replay each row alone: bit-identical answers whatever else is in flight "
               "(batching changes the last bits, about 1e-7 relative).")

@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from ..format import Manifest
     from ..runtime import VerifiedArtifact
 
+#: The longest a row waits for more rows by default. A batch closes sooner once a pass of
+#: the replica's event loop brings no new row (``_gather``), so only a busy replica waits.
+DEFAULT_BATCH_WAIT_MS = 10.0
+
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
 
@@ -56,7 +60,7 @@ class ServeOptions:
     gpus_per_replica: float = 0.0
     cpus_per_replica: float = 1.0
     max_batch_size: int | None = None
-    max_batch_wait_ms: float = 2.0
+    max_batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS
     exact: bool = False
     device: str = "auto"
     grace_s: float = 10.0

@@ -1,10 +1,19 @@
 """Single rows gathered into one replay: the replica's batcher.
 
-A row waits until ``max_rows`` rows are waiting or ``wait_s`` has passed since the first of
-them (``wait_s = 0``: until the event loop has run what is ready now, so rows that arrived
-together share a replay and a lone row waits for nothing). Then the whole group is handed to
-``run`` at once, on the event loop: a GPU replay takes microseconds and a thread hop would
-cost more.
+A group of rows runs when it holds ``max_rows`` rows, when ``QUIET_PASSES`` passes of the
+event loop brought it no new row (every request that was on its way has joined: nothing is
+gained by waiting, so a lone row waits only those few passes, microseconds), or ``wait_s``
+after its first row, whichever comes first. Two passes, not one: a request that arrives in a
+pass joins in the next (its task's first step is scheduled, not run).
+The whole group is handed to ``run`` at once, on the event loop: a GPU replay takes
+microseconds and a thread hop would cost more.
+
+Why close on a quiet pass rather than on a timer alone: a replica's requests reach this
+point a few at a time, each after Ray's own per-request work on the same loop. A timer
+closed groups of ~9 rows at 32 clients on the H200 (2 ms), and the replays per second that
+followed cost more loop time than they saved; closing when arrivals stop fills the group
+with everything in flight (2-core CPU, 32 clients: 11 rows per replay with the 2 ms timer,
+23 with this rule and a 10 ms bound).
 
 Why not Ray Serve's ``@serve.batch``: it is made for any method, so every call binds its
 arguments against the body's signature, wraps them in a request object, goes through a queue
@@ -21,6 +30,9 @@ from typing import Any, Generic, TypeVar
 
 Item = TypeVar("Item")
 
+#: Passes of the event loop without a new row after which a group runs.
+QUIET_PASSES = 2
+
 
 class RowGatherer(Generic[Item]):
     """Items waiting for one call of ``run(items) -> results`` (one result per item, in order;
@@ -36,6 +48,9 @@ class RowGatherer(Generic[Item]):
         self._items: list[Item] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._timer: asyncio.Handle | None = None
+        self._deadline = 0.0
+        self._seen = 0
+        self._quiet = 0
 
     async def submit(self, item: Item) -> Any:
         """``item``'s result, once its group has run."""
@@ -45,16 +60,26 @@ class RowGatherer(Generic[Item]):
         if len(self._items) >= self.max_rows:
             self.flush()
         elif self._timer is None:
-            self._timer = self._schedule(future.get_loop())
+            loop = future.get_loop()
+            self._deadline = loop.time() + self.wait_s
+            self._seen = len(self._items)
+            self._quiet = 0
+            self._timer = loop.call_soon(self._close_when_quiet)
         result = await future
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> asyncio.Handle:
-        if self.wait_s > 0:
-            return loop.call_later(self.wait_s, self.flush)
-        return loop.call_soon(self.flush)
+    def _close_when_quiet(self) -> None:
+        """After each pass of the loop: run the group once it has been quiet for
+        ``QUIET_PASSES`` passes or the wait is over; else look again after the next pass."""
+        loop = asyncio.get_running_loop()
+        self._quiet = 0 if len(self._items) > self._seen else self._quiet + 1
+        self._seen = len(self._items)
+        if self._quiet < QUIET_PASSES and loop.time() < self._deadline:
+            self._timer = loop.call_soon(self._close_when_quiet)
+            return
+        self.flush()
 
     def flush(self) -> None:
         """Run every waiting item now (a full group, or the wait is over)."""

@@ -228,9 +228,10 @@ def test_rows_gathered_together_share_one_run_and_errors_stay_with_their_row() -
     assert groups == [[1, 2, 13], [5, -1], [7, 8]] and waited < 1.0
 
 
-def test_rows_wait_for_their_group_up_to_the_wait() -> None:
-    """With a wait, a lone row runs after ``wait_s`` (not before, not never); rows arriving
-    within it join the same group; a caller that went away does not stop its group."""
+def test_a_group_closes_when_rows_stop_arriving_or_at_the_wait() -> None:
+    """A lone row runs after one pass of the loop, not after the wait; rows that keep
+    arriving pass after pass keep the group open, up to ``wait_s`` after its first row; a
+    caller that went away does not stop its group."""
     from qkan_pack.serve._gather import RowGatherer
 
     groups: list[list[str]] = []
@@ -239,21 +240,45 @@ def test_rows_wait_for_their_group_up_to_the_wait() -> None:
         groups.append(list(items))
         return [i.upper() for i in items]
 
-    async def scenario() -> tuple[str, float, list[str]]:
-        gatherer, loop = RowGatherer(run, max_rows=8, wait_s=0.1), asyncio.get_running_loop()
-        started = loop.time()
-        alone = await gatherer.submit("a")
-        waited = loop.time() - started
-        first = asyncio.create_task(gatherer.submit("b"))
-        gone = asyncio.create_task(gatherer.submit("c"))
-        await asyncio.sleep(0.02)
-        gone.cancel()
-        late = await gatherer.submit("d")
-        return alone, waited, [await first, late]
+    async def trickle(gatherer: RowGatherer, names: str, gap_passes: int) -> list[object]:
+        tasks = []
+        for name in names:
+            tasks.append(asyncio.create_task(gatherer.submit(name)))
+            for _ in range(gap_passes):
+                await asyncio.sleep(0)
+        return await asyncio.gather(*tasks, return_exceptions=True)
 
-    alone, waited, rest = asyncio.run(scenario())
-    assert alone == "A" and 0.09 <= waited < 5.0
-    assert rest == ["B", "D"] and groups == [["a"], ["b", "c", "d"]]
+    async def scenario() -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        slow = RowGatherer(run, max_rows=64, wait_s=30.0)
+        started = loop.time()
+        alone = await slow.submit("a")
+        alone_s = loop.time() - started
+        steady = await trickle(slow, "bcdef", 1)  # a new row every pass: one group
+        gappy = await trickle(slow, "gh", 3)  # passes with no new row between: two groups
+        bounded = RowGatherer(run, max_rows=10_000, wait_s=0.05)
+        started = loop.time()
+        stop = loop.time() + 0.5
+        tasks = []
+        while loop.time() < stop and not groups[-1][0].startswith("r"):
+            tasks.append(asyncio.create_task(bounded.submit(f"r{len(tasks)}")))
+            await asyncio.sleep(0)
+        bounded_s = loop.time() - started
+        await asyncio.gather(*tasks)
+        gone_gatherer = RowGatherer(run, max_rows=8, wait_s=30.0)
+        first = asyncio.create_task(gone_gatherer.submit("x"))
+        gone = asyncio.create_task(gone_gatherer.submit("y"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        return {"alone": alone, "alone_s": alone_s, "steady": steady, "gappy": gappy,
+                "bounded_s": bounded_s, "first": await first}
+
+    got = asyncio.run(scenario())
+    assert got["alone"] == "A" and got["alone_s"] < 1.0
+    assert got["steady"] == ["B", "C", "D", "E", "F"] and ["b", "c", "d", "e", "f"] in groups
+    assert got["gappy"] == ["G", "H"] and ["g"] in groups and ["h"] in groups
+    assert 0.04 <= got["bounded_s"] < 0.5  # rows never stopped: the wait closed the group
+    assert got["first"] == "X" and ["x", "y"] in groups
 
 
 def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
