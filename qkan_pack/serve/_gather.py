@@ -90,13 +90,21 @@ class RowGatherer(Generic[Item]):
         self._items, self._futures = [], []
         if not items:
             return
+        results: Sequence[Any] = []
         try:
-            results = self._run(items)
-        except Exception as exc:  # never leave a caller waiting
+            results = list(self._run(items))
+            if len(results) != len(items):
+                raise RuntimeError(f"the batch body gave {len(results)} results for "
+                                   f"{len(items)} rows")
+        except BaseException as exc:  # never leave a caller waiting, whatever was raised
             results = [exc] * len(items)
-        if len(results) != len(items):
-            results = [RuntimeError(f"the batch body gave {len(results)} results for "
-                                    f"{len(items)} rows")] * len(items)
+            if not isinstance(exc, Exception):
+                self._answer(futures, results)
+                raise
+        self._answer(futures, results)
+
+    @staticmethod
+    def _answer(futures: Sequence[asyncio.Future[Any]], results: Sequence[Any]) -> None:
         for future, result in zip(futures, results):
             if not future.done():  # a caller that went away (cancelled) is skipped
                 future.set_result(result)

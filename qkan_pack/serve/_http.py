@@ -124,6 +124,7 @@ class BodyDeadline:
         self._reading: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def read(self, work: Awaitable[Any]) -> Any:
         """``work``'s result, or ``asyncio.TimeoutError`` once the deadline passed."""
@@ -131,6 +132,10 @@ class BodyDeadline:
         if task is None:  # not in a task (no request is served so): nothing to cancel
             return await work
         loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop: the old one's timer and reads are gone
+            self._loop, self._timer = loop, None
+            self._reading.clear()
+            self._expired.clear()
         deadline = loop.time() + self.seconds
         self._reading[task] = deadline
         if self._timer is None:
@@ -141,8 +146,8 @@ class BodyDeadline:
             if task not in self._expired:
                 raise
             self._expired.discard(task)
-            if hasattr(task, "uncancel"):  # 3.11+: the cancel was ours, not the caller's
-                task.uncancel()
+            if hasattr(task, "uncancel") and task.uncancel() > 0:
+                raise  # the caller cancelled too, in the same pass: its cancel wins
             raise asyncio.TimeoutError from None
         finally:
             self._reading.pop(task, None)
@@ -280,11 +285,17 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
 
 def _content_length(scope: Mapping[str, Any]) -> int | None:
     """The declared body size, read from the raw ASGI headers (``request.headers`` would
-    build a header map for this one lookup); None when absent or not a number."""
+    build a header map for this one lookup); None when absent, not a number, or beside a
+    ``Transfer-Encoding`` (a server may frame such a body as chunked and pass the
+    Content-Length on: the body is then counted as it streams)."""
+    declared = None
     for key, value in scope.get("headers", ()):
-        if key.lower() == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+        key = key.lower()
+        if key == b"transfer-encoding":
+            return None
+        if key == b"content-length":
+            declared = int(value) if value.isdigit() else None
+    return declared
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:

