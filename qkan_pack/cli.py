@@ -611,10 +611,10 @@ def _read_token(path: Path | None) -> str | None:
               "uses it when its binary is installed) or its Python proxy.")
 @click.option("--max-batch-size", type=click.IntRange(min=1),
               help="Rows gathered per replay [default: the largest captured batch].")
-@click.option("--max-batch-wait-ms", default=10.0, show_default=True,  # = ServeOptions default
-              type=click.FloatRange(min=0),
-              help="Longest a row waits for more rows; a batch runs sooner once no more rows "
-              "are arriving (a lone row waits for nothing).")
+@click.option("--max-batch-wait-ms", type=click.FloatRange(min=0),
+              help="Every batch waits this long for more rows after its first (a fixed "
+              "wait, as Ray's @serve.batch). [default: adaptive: a batch runs once rows stop "
+              "arriving, at most 10 ms after its first; a lone row does not wait]")
 @click.option("--exact", is_flag=True,
               help="Replay each row alone: bit-identical answers whatever else is in flight "
               "(batching changes the last bits, about 1e-7 relative).")
@@ -644,7 +644,7 @@ def _read_token(path: Path | None) -> str | None:
               help="Serve a fixed reply without the model (the load test's baseline).")
 def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica: float | None,
           cpus_per_replica: float | None, ingress: str, max_batch_size: int | None,
-          max_batch_wait_ms: float, exact: bool, max_ongoing_requests: int | None,
+          max_batch_wait_ms: float | None, exact: bool, max_ongoing_requests: int | None,
           max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
           auth_token_file: Path | None, grace_s: float, device: str, address: str | None,
           verbose: bool, noop: bool) -> None:

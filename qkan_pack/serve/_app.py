@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
 from ..format import check_device_text
+from ._gather import QUIET_BOUND_MS
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._rows import describe_artifact, largest_batch, row_plan
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
     from ..format import Manifest
     from ..runtime import VerifiedArtifact
 
-#: The longest a row waits for more rows by default. A batch closes sooner once a pass of
-#: the replica's event loop brings no new row (``_gather``), so only a busy replica waits.
-DEFAULT_BATCH_WAIT_MS = 10.0
-
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
 
@@ -60,7 +57,7 @@ class ServeOptions:
     gpus_per_replica: float = 0.0
     cpus_per_replica: float = 1.0
     max_batch_size: int | None = None
-    max_batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS
+    max_batch_wait_ms: float | None = None  # None: groups close once rows stop arriving
     exact: bool = False
     device: str = "auto"
     grace_s: float = 10.0
@@ -71,7 +68,9 @@ class ServeOptions:
             ("replicas >= 1", self.replicas >= 1), ("gpus_per_replica >= 0", self.gpus_per_replica >= 0),
             ("cpus_per_replica >= 0", self.cpus_per_replica >= 0),
             ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
-            ("max_batch_wait_ms >= 0", self.max_batch_wait_ms >= 0), ("grace_s >= 0", self.grace_s >= 0),
+            ("max_batch_wait_ms >= 0",
+             self.max_batch_wait_ms is None or self.max_batch_wait_ms >= 0),
+            ("grace_s >= 0", self.grace_s >= 0),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
             ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),
             ("max_queued_requests >= 0", self.limits.max_queued is None or self.limits.max_queued >= 0),
@@ -108,6 +107,9 @@ class ArtifactServer:
         self._description["serving"] = {
             "exact": options.exact, "max_batch_size": self.core.max_batch_size,
             "max_batch_wait_ms": options.max_batch_wait_ms,
+            "batch_closes": ("when rows stop arriving, at most "
+                             f"{QUIET_BOUND_MS:g} ms after the first" if options.max_batch_wait_ms is None
+                             else "max_batch_wait_ms after the first row"),
             **{k: v for k, v in asdict(options.limits).items() if k != "token_sha256"},
             "auth": options.limits.token_sha256 is not None,
         }

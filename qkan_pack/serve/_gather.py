@@ -1,10 +1,12 @@
 """Single rows gathered into one replay: the replica's batcher.
 
-A group of rows runs when it holds ``max_rows`` rows, when ``QUIET_PASSES`` passes of the
-event loop brought it no new row (every request that was on its way has joined: nothing is
-gained by waiting, so a lone row waits only those few passes, microseconds), or ``wait_s``
-after its first row, whichever comes first. Two passes, not one: a request that arrives in a
-pass joins in the next (its task's first step is scheduled, not run).
+A group of rows runs when it holds ``max_rows`` rows, or ``wait_s`` after its first row, or
+(``until_quiet``, serve's default) as soon as ``QUIET_PASSES`` passes of the event loop
+brought it no new row, whichever comes first. Until quiet, every request that was on its
+way has joined and nothing is gained by waiting, so a lone row waits only those few passes
+(microseconds); two passes, not one, because a request that arrives in a pass joins in the
+next (its task's first step is scheduled, not run). Without ``until_quiet`` a group always
+waits ``wait_s`` for company, as Ray Serve's ``@serve.batch`` does (``--max-batch-wait-ms``).
 The whole group is handed to ``run`` at once, on the event loop: a GPU replay takes
 microseconds and a thread hop would cost more.
 
@@ -32,8 +34,10 @@ from ..errors import ServeError
 
 Item = TypeVar("Item")
 
-#: Passes of the event loop without a new row after which a group runs.
+#: Passes of the event loop without a new row after which a group runs (``until_quiet``).
 QUIET_PASSES = 2
+#: The longest a row waits for company when groups close once quiet (serve's default).
+QUIET_BOUND_MS = 10.0
 
 
 class RowGatherer(Generic[Item]):
@@ -41,13 +45,14 @@ class RowGatherer(Generic[Item]):
     a result that is an exception is raised to that item's caller alone)."""
 
     def __init__(self, run: Callable[[list[Item]], Sequence[Any]], *, max_rows: int,
-                 wait_s: float) -> None:
+                 wait_s: float, until_quiet: bool = False) -> None:
         if max_rows < 1 or wait_s < 0:
             raise ServeError(f"a row gatherer needs max_rows >= 1 and wait_s >= 0, got "
                              f"{max_rows} and {wait_s}")
         self._run = run
         self.max_rows = max_rows
         self.wait_s = wait_s
+        self.until_quiet = until_quiet
         self._items: list[Item] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._timer: asyncio.Handle | None = None
@@ -63,15 +68,22 @@ class RowGatherer(Generic[Item]):
         if len(self._items) >= self.max_rows:
             self.flush()
         elif self._timer is None:
-            loop = future.get_loop()
-            self._deadline = loop.time() + self.wait_s
-            self._seen = len(self._items)
-            self._quiet = 0
-            self._timer = loop.call_soon(self._close_when_quiet)
+            self._timer = self._arm(future.get_loop())
         result = await future
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> asyncio.Handle:
+        """What runs the group that the first row just opened."""
+        if self.until_quiet:
+            self._deadline = loop.time() + self.wait_s
+            self._seen = len(self._items)
+            self._quiet = 0
+            return loop.call_soon(self._close_when_quiet)
+        if self.wait_s > 0:
+            return loop.call_later(self.wait_s, self.flush)
+        return loop.call_soon(self.flush)
 
     def _close_when_quiet(self) -> None:
         """After each pass of the loop: run the group once it has been quiet for

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ServeError
-from ._gather import RowGatherer
+from ._gather import QUIET_BOUND_MS, RowGatherer
 from ._rows import Tail, captured_batch, route, row_plan, unrouted
 from ._stats import ReplicaStats
 from ._wire import (
@@ -43,8 +43,10 @@ class _Row:
 class ModelCore:
     """Fit, route, batch and replay; counts what it did in ``stats``."""
 
-    def __init__(self, predictor: Predictor, *, max_batch_size: int, max_batch_wait_ms: float,
-                 exact: bool) -> None:
+    def __init__(self, predictor: Predictor, *, max_batch_size: int,
+                 max_batch_wait_ms: float | None, exact: bool) -> None:
+        """``max_batch_wait_ms`` None: groups close once rows stop arriving (at most
+        ``QUIET_BOUND_MS``); a number: every group waits that long for company."""
         manifest = predictor.manifest
         self.predictor = predictor
         self.names = manifest.input_names
@@ -57,8 +59,10 @@ class ModelCore:
         self.max_batch_size = 1 if exact else max_batch_size
         self.stats = ReplicaStats([label for sizes in self.plan.values() for _, label in sizes])
         self.fault: str | None = None
+        quiet = max_batch_wait_ms is None
         self._gatherer = None if exact else RowGatherer(
-            self._run_rows, max_rows=self.max_batch_size, wait_s=max_batch_wait_ms / 1000)
+            self._run_rows, max_rows=self.max_batch_size, until_quiet=quiet,
+            wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000)
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""

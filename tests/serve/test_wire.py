@@ -251,13 +251,13 @@ def test_a_group_closes_when_rows_stop_arriving_or_at_the_wait() -> None:
 
     async def scenario() -> dict[str, object]:
         loop = asyncio.get_running_loop()
-        slow = RowGatherer(run, max_rows=64, wait_s=30.0)
+        slow = RowGatherer(run, max_rows=64, wait_s=30.0, until_quiet=True)
         started = loop.time()
         alone = await slow.submit("a")
         alone_s = loop.time() - started
         steady = await trickle(slow, "bcdef", 1)  # a new row every pass: one group
         gappy = await trickle(slow, "gh", 3)  # passes with no new row between: two groups
-        bounded = RowGatherer(run, max_rows=10_000, wait_s=0.05)
+        bounded = RowGatherer(run, max_rows=10_000, wait_s=0.05, until_quiet=True)
         started = loop.time()
         stop = loop.time() + 0.5
         tasks = []
@@ -266,7 +266,7 @@ def test_a_group_closes_when_rows_stop_arriving_or_at_the_wait() -> None:
             await asyncio.sleep(0)
         bounded_s = loop.time() - started
         await asyncio.gather(*tasks)
-        gone_gatherer = RowGatherer(run, max_rows=8, wait_s=30.0)
+        gone_gatherer = RowGatherer(run, max_rows=8, wait_s=30.0, until_quiet=True)
         first = asyncio.create_task(gone_gatherer.submit("x"))
         gone = asyncio.create_task(gone_gatherer.submit("y"))
         await asyncio.sleep(0)
@@ -280,6 +280,36 @@ def test_a_group_closes_when_rows_stop_arriving_or_at_the_wait() -> None:
     assert got["gappy"] == ["G", "H"] and ["g"] in groups and ["h"] in groups
     assert 0.04 <= got["bounded_s"] < 0.5  # rows never stopped: the wait closed the group
     assert got["first"] == "X" and ["x", "y"] in groups
+
+
+def test_a_fixed_wait_keeps_every_group_open_for_company() -> None:
+    """``--max-batch-wait-ms`` set: a lone row waits the whole wait (as with Ray's
+    ``@serve.batch``), and rows that trickle in with quiet passes between join its group
+    (the serve test with 8 clients and 20 ms saw 8 one-row replays when the quiet rule
+    applied to an explicit wait too)."""
+    from qkan_pack.serve._gather import RowGatherer
+
+    groups: list[list[str]] = []
+
+    def run(items: list[str]) -> list[str]:
+        groups.append(list(items))
+        return [i.upper() for i in items]
+
+    async def scenario() -> tuple[str, float, list[object]]:
+        gatherer, loop = RowGatherer(run, max_rows=8, wait_s=0.1), asyncio.get_running_loop()
+        started = loop.time()
+        alone = await gatherer.submit("a")
+        waited = loop.time() - started
+        tasks = []
+        for name in "bcd":
+            tasks.append(asyncio.create_task(gatherer.submit(name)))
+            for _ in range(5):  # quiet passes between arrivals
+                await asyncio.sleep(0)
+        return alone, waited, await asyncio.gather(*tasks)
+
+    alone, waited, rest = asyncio.run(scenario())
+    assert alone == "A" and 0.09 <= waited < 5.0
+    assert rest == ["B", "C", "D"] and groups == [["a"], ["b", "c", "d"]]
 
 
 def test_a_taken_port_is_refused_even_with_so_reuseport() -> None:
