@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from qkan_pack.serve._launch import (
@@ -26,6 +27,16 @@ def _dead_pid() -> int:
     return child.pid
 
 
+def _wait_for_command_line(pid: int, marker: str) -> None:
+    """Until the new process's command line is readable: right after ``Popen`` returns,
+    ``/proc/PID/cmdline`` read empty in 28 of 30 tries on the CI machine, and the sweep then
+    missed the stand-in orphan (the flaky failure; a real orphan HAProxy has long started)."""
+    deadline = time.monotonic() + 10
+    while marker.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the stand-in orphan never showed its command line"
+        time.sleep(0.01)
+
+
 def test_a_killed_serves_workdir_and_its_orphan_are_removed(tmp_path: Path) -> None:
     stale = tmp_path / f"{WORKDIR_PREFIX}killed"
     stale.mkdir()
@@ -34,6 +45,7 @@ def test_a_killed_serves_workdir_and_its_orphan_are_removed(tmp_path: Path) -> N
     # stands in for the HAProxy that outlived its manager: its command line names the dir
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
                                str(stale / "haproxy.cfg")])
+    _wait_for_command_line(orphan.pid, str(stale))
     running = tmp_path / f"{WORKDIR_PREFIX}running"
     running.mkdir()
     owned_workdir(running)  # this process: alive
