@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
 from ..format import check_device_text
-from ._gather import QUIET_BOUND_MS
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._rows import describe_artifact, largest_batch, row_plan
@@ -107,9 +106,7 @@ class ArtifactServer:
         self._description["serving"] = {
             "exact": options.exact, "max_batch_size": self.core.max_batch_size,
             "max_batch_wait_ms": options.max_batch_wait_ms,
-            "batch_closes": ("when rows stop arriving, at most "
-                             f"{QUIET_BOUND_MS:g} ms after the first" if options.max_batch_wait_ms is None
-                             else "max_batch_wait_ms after the first row"),
+            "batch_closes": self.core.batch_rule,
             **{k: v for k, v in asdict(options.limits).items() if k != "token_sha256"},
             "auth": options.limits.token_sha256 is not None,
         }

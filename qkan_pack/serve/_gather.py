@@ -114,12 +114,15 @@ class RowGatherer(Generic[Item]):
         except BaseException as exc:  # never leave a caller waiting, whatever was raised
             results = [exc] * len(items)
             if not isinstance(exc, Exception):
-                self._answer(futures, results)
-                raise
-        self._answer(futures, results)
+                raise  # (KeyboardInterrupt, ...) after the callers are answered, below
+        finally:
+            for future, result in zip(futures, results):
+                if not future.done():  # a caller that went away (cancelled) is skipped
+                    future.set_result(result)
 
-    @staticmethod
-    def _answer(futures: Sequence[asyncio.Future[Any]], results: Sequence[Any]) -> None:
-        for future, result in zip(futures, results):
-            if not future.done():  # a caller that went away (cancelled) is skipped
-                future.set_result(result)
+    @property
+    def rule(self) -> str:
+        """When a group runs, as ``GET /`` says it."""
+        if self.until_quiet:
+            return f"when rows stop arriving, at most {self.wait_s * 1000:g} ms after the first"
+        return "max_batch_wait_ms after the first row"

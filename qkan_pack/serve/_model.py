@@ -63,6 +63,8 @@ class ModelCore:
         self._gatherer = None if exact else RowGatherer(
             self._run_rows, max_rows=self.max_batch_size, until_quiet=quiet,
             wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000)
+        self.batch_rule = ("never: each row replays alone (exact)" if self._gatherer is None
+                           else self._gatherer.rule)
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""

@@ -255,15 +255,11 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np
     elif given.dtype is None:
         array = _fit_numbers(array, name, want, accepted)
     with np.errstate(over="ignore", invalid="ignore"):
-        array = np.array(array, dtype=_host_dtype(want))
+        array = np.array(array, dtype=_HOST_DTYPES[want])
     return check_finite(array, name, want, accepted)
 
 
-def _host_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype a host array of manifest dtype ``dtype`` has (bfloat16: uint16 bits)."""
-    return _HOST_DTYPES[dtype]
-
-
+#: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
 _HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
                 for name, spec in DTYPES.items()}
 
