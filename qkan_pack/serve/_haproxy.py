@@ -34,6 +34,13 @@ binary. Ray 2.60 offers no setting for these:
   ``maxconn`` (its at-work limit) and a request that finds every replica at its limit and the
   backend's queue full (per replica, ``avg_queue``) gets the JSON 503 with ``Retry-After``
   from HAProxy itself, without reaching a replica;
+- Ray's replica watches every request for a client disconnect (a receive proxy, a task
+  that reads until the disconnect, a second task for the handler and an ``asyncio.wait``
+  on both): about 10% of a replica's CPU per request (py-spy, 2-core CPU). A prediction
+  takes microseconds, so cancelling one whose client went away saves nothing; each app
+  backend sets Ray's own ``x-request-disconnect-disabled: ?1`` on every request (a value
+  a client sent is overwritten) and Ray awaits the handler directly. A body the client
+  abandons ends in the handler's body read instead (``_http``: a 400 that nobody reads);
 - replicas on this node are addressed as ``127.0.0.1`` whatever ``--host`` is, but a replica
   binds its direct ingress where ``--host`` says: with ``--host ::1`` (or ``127.0.0.2``)
   HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
@@ -56,6 +63,8 @@ HEADER_TIMEOUT_S = 10
 ERROR_CODES = (502, 503, 504)
 TIMEOUT_CODE = 408
 SIDE_SECTIONS = ("frontend prometheus", "listen stats")
+#: Ray Serve's header that stops a replica watching for client disconnects (see above).
+NO_DISCONNECT_WATCH = "    http-request set-header x-request-disconnect-disabled ?1"
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
 
@@ -115,18 +124,20 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                       replica_host: str | None) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
-    no-route reply as JSON 503; each app backend's admission (``IngressAdmission``)."""
+    no-route reply as JSON 503; each app backend's admission (``IngressAdmission``) and
+    ``NO_DISCONNECT_WATCH``."""
     section = ""
     out = []
-    rule = admission.refusal_rule() if admission else None
+    added = [admission.refusal_rule()] if admission else []
+    added.append(NO_DISCONNECT_WATCH)
     for line in lines:
         if line and not line[0].isspace():
             section = line.strip()
             out.append(line)
-            if rule and _is_app_backend(section):
-                out.append(rule)
+            if _is_app_backend(section):
+                out.extend(added)
             continue
-        if rule and line == rule:
+        if line in added:
             continue  # added above (a rewritten config rewrites to itself)
         if section in SIDE_SECTIONS:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)

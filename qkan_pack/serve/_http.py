@@ -238,6 +238,12 @@ class HttpApi:
         except asyncio.TimeoutError:
             return json_response(408, {"error": "request body not received within "
                                        f"{self.limits.body_timeout_s:g} s"})
+        except Exception as exc:
+            if not _client_went_away(exc):
+                raise
+            self.core.stats.request("abandoned")
+            return json_response(400, {"error": "the client went away before sending the "
+                                       "whole body"})
         if body is None:
             return json_response(413, {"error": f"request body exceeds {limit} bytes; send "
                                        "fewer rows per request or base64 buffers"})
@@ -281,6 +287,15 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _client_went_away(exc: Exception) -> bool:
+    """The body read ended in a client disconnect: behind HAProxy, Ray does not watch for one
+    (``_haproxy.NO_DISCONNECT_WATCH``), so the read itself sees it (imported only here:
+    starlette comes with Ray)."""
+    from starlette.requests import ClientDisconnect
+
+    return isinstance(exc, ClientDisconnect)
 
 
 def _content_length(scope: Mapping[str, Any]) -> int | None:

@@ -359,7 +359,8 @@ class _RaySession:
                              hint="choose another --port, or start again (side ports are "
                              "picked anew each start)") from None
         self._serve_started = True
-        return _run_with_deadline(app, self.listen.deploy_timeout_s, stopping)
+        return _run_with_deadline(app, self.listen.deploy_timeout_s, stopping,
+                                  replica_log_level="INFO" if self.listen.verbose else "WARNING")
 
     def close(self) -> None:
         """Drain and delete the app; stop a local Ray (silently: ``serve.shutdown`` would print
@@ -442,11 +443,16 @@ def _alive(pid: int) -> bool:
 
 
 def _run_with_deadline(app: Any, timeout_s: float,
-                       stopping: Callable[[], bool] = lambda: False) -> Any:
+                       stopping: Callable[[], bool] = lambda: False,
+                       replica_log_level: str = "WARNING") -> Any:
     """``serve.run`` (which waits forever for replicas it cannot place) in a thread, watched:
     a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or a failed deployment raises ServeError;
     ``stopping()`` turning true returns None at once (the caller then closes the session:
-    a Ctrl-C while replicas load was only seen after they had loaded)."""
+    a Ctrl-C while replicas load was only seen after they had loaded).
+
+    Replicas log at ``replica_log_level``: at INFO, Ray Serve builds a log record for every
+    request (its access line, then dropped when access logs are off), about 4% of a
+    replica's CPU per request (py-spy, ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``)."""
     from ray import serve
 
     result: list[Any] = []
@@ -455,7 +461,8 @@ def _run_with_deadline(app: Any, timeout_s: float,
     def run() -> None:
         try:
             result.append(serve.run(app, name=APP_NAME, route_prefix="/",
-                                    logging_config={"enable_access_log": False}))
+                                    logging_config={"enable_access_log": False,
+                                                    "log_level": replica_log_level}))
         except BaseException as exc:
             errors.append(exc)
 

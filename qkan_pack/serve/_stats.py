@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-REQUEST_KINDS = ("rows", "direct", "rejected", "overloaded", "unauthorized")
+REQUEST_KINDS = ("rows", "direct", "rejected", "overloaded", "unauthorized", "abandoned")
 
 
 class ReplicaStats:
