@@ -689,4 +689,13 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    cli.main(args=list(argv) if argv is not None else None, prog_name="qkan-pack")
+    args = list(argv) if argv is not None else sys.argv[1:]
+    if args[:1] == ["serve"] and not {"-h", "--help"} & set(args):
+        # the server runs as a child in a session of its own: a SIGTERM to this command's
+        # process group then stops it in order (serve/_session.py says why)
+        from .serve import run_in_own_session
+
+        status = run_in_own_session(args)
+        if status is not None:
+            sys.exit(status)
+    cli.main(args=args, prog_name="qkan-pack")
