@@ -692,10 +692,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(argv) if argv is not None else sys.argv[1:]
     if args[:1] == ["serve"] and not {"-h", "--help"} & set(args):
         # the server runs as a child in a session of its own: a SIGTERM to this command's
-        # process group then stops it in order (serve/_session.py says why)
-        from .serve import run_in_own_session
+        # process group then stops it in order (_session.py says why); the child is started
+        # the way this process was (interpreter flags, console script or -m)
+        from ._session import run_in_own_session
 
-        status = run_in_own_session(args)
+        started_as = getattr(sys, "orig_argv", None) if argv is None else None
+        status = run_in_own_session(args, [sys.executable, *started_as[1:]] if started_as else None)
         if status is not None:
             sys.exit(status)
     cli.main(args=args, prog_name="qkan-pack")

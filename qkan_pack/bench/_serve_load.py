@@ -142,7 +142,11 @@ class ServerProcess:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                # the command, and the server it runs in a session of its own (its group
+                # holds neither the server nor Ray's processes), and all they started
+                for pid in [*descendants(self.process.pid), self.process.pid]:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
                 self.process.wait()
         return self.process.returncode
 

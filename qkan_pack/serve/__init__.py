@@ -6,11 +6,10 @@ from ._app import ArtifactServer, NoopServer, ServeOptions, build_app
 from ._http import DEFAULT_MAX_BODY_BYTES, HttpLimits, token_digest
 from ._launch import INGRESSES, Listen, replica_device_text, serve_forever
 from ._rows import describe_artifact, row_plan, signature_text
-from ._session import run_in_own_session
 from ._wire import encode_outputs, fit, parse_request, parse_tensor
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits", "Listen",
            "NoopServer", "ServeOptions", "build_app", "describe_artifact", "encode_outputs",
            "fit", "parse_request", "parse_tensor", "replica_device_text", "row_plan",
-           "run_in_own_session", "serve_forever",
+           "serve_forever",
            "signature_text", "token_digest"]

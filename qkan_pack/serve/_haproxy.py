@@ -40,7 +40,9 @@ binary. Ray 2.60 offers no setting for these:
   takes microseconds, so cancelling one whose client went away saves nothing; each app
   backend sets Ray's own ``x-request-disconnect-disabled: ?1`` on every request (a value
   a client sent is overwritten) and Ray awaits the handler directly. A body the client
-  abandons ends in the handler's body read instead (``_http``: a 400 that nobody reads);
+  abandons ends in the handler's body read instead (``_http``: a 400 that nobody reads).
+  Ray's ``x-request-timeout-seconds`` is removed from requests: a client that sent one got
+  Ray's plain-text 408 (every reply here is JSON; the body deadline bounds slow bodies);
 - replicas on this node are addressed as ``127.0.0.1`` whatever ``--host`` is, but a replica
   binds its direct ingress where ``--host`` says: with ``--host ::1`` (or ``127.0.0.2``)
   HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
@@ -63,8 +65,10 @@ HEADER_TIMEOUT_S = 10
 ERROR_CODES = (502, 503, 504)
 TIMEOUT_CODE = 408
 SIDE_SECTIONS = ("frontend prometheus", "listen stats")
-#: Ray Serve's header that stops a replica watching for client disconnects (see above).
-NO_DISCONNECT_WATCH = "    http-request set-header x-request-disconnect-disabled ?1"
+#: Ray Serve's request headers as HAProxy sets them for the app (see above): no watch for
+#: client disconnects, no client-chosen timeout.
+APP_REQUEST_RULES = ("    http-request set-header x-request-disconnect-disabled ?1",
+                     "    http-request del-header x-request-timeout-seconds")
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
 
@@ -125,11 +129,11 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
     no-route reply as JSON 503; each app backend's admission (``IngressAdmission``) and
-    ``NO_DISCONNECT_WATCH``."""
+    ``APP_REQUEST_RULES``."""
     section = ""
     out = []
     added = [admission.refusal_rule()] if admission else []
-    added.append(NO_DISCONNECT_WATCH)
+    added.extend(APP_REQUEST_RULES)
     for line in lines:
         if line and not line[0].isspace():
             section = line.strip()

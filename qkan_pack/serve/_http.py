@@ -291,7 +291,7 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
 
 def _client_went_away(exc: Exception) -> bool:
     """The body read ended in a client disconnect: behind HAProxy, Ray does not watch for one
-    (``_haproxy.NO_DISCONNECT_WATCH``), so the read itself sees it (imported only here:
+    (``_haproxy.APP_REQUEST_RULES``), so the read itself sees it (imported only here:
     starlette comes with Ray)."""
     from starlette.requests import ClientDisconnect
 

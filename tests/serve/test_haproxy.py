@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from qkan_pack.serve._haproxy import (
-    NO_DISCONNECT_WATCH,
+    APP_REQUEST_RULES,
     IngressAdmission,
     error_response,
     install_wrapper,
@@ -50,9 +50,10 @@ def test_haproxy_config_rewrite() -> None:
     assert "option http-buffer-request" in out and "errorfile 408 /E/408.http" in out
     assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
     assert "    http-reuse safe" in out and "http-reuse always" not in out
-    lines = out.split("\n")  # Ray's disconnect watch off for the app's requests, only there
-    assert lines[lines.index("backend app_1") + 1] == NO_DISCONNECT_WATCH
-    assert lines.count(NO_DISCONNECT_WATCH) == 1
+    lines = out.split("\n")  # Ray's disconnect watch off, no client timeout: the app only
+    at = lines.index("backend app_1") + 1
+    assert tuple(lines[at:at + 2]) == APP_REQUEST_RULES
+    assert all(lines.count(rule) == 1 for rule in APP_REQUEST_RULES)
     assert rewrite(out, "/E", 7) == out
     head, body = error_response().split(b"\r\n\r\n")
     assert b"503" in head and b"Retry-After: 1" in head and strict_json(body)["error"]
@@ -72,7 +73,7 @@ def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
     lines = out.split("\n")
     assert lines.count(admission.refusal_rule()) == 1
     assert lines[lines.index("backend app_1") + 1] == admission.refusal_rule()
-    assert lines.count(NO_DISCONNECT_WATCH) == 1  # the router's backend and the default: none
+    assert all(lines.count(rule) == 1 for rule in APP_REQUEST_RULES)  # not the router's
     assert "    server r1 127.0.0.1:30000 check maxconn 24" in lines
     assert "    server r2 127.0.0.1:30001 check maxconn 24" in lines
     assert "    server r1 127.0.0.1:30000 track app_1/r1" in lines  # tracks, no own limit

@@ -154,7 +154,7 @@ def _group_sigterm_stops_in_order(server: Server) -> None:
     """SIGTERM to the serve's whole process group (``kill -TERM -PGID``, GNU ``timeout``)
     killed the local Ray's control store and raylet with it: the serve waited ~60 s for the
     control store, exited 1 without cleaning up and left HAProxy on the port. The server now
-    runs in a session of its own (``serve/_session.py``): the group is the supervisor alone."""
+    runs in a session of its own (``qkan_pack/_session.py``): the group is the supervisor alone."""
     started = time.monotonic()
     os.killpg(server.process.pid, signal.SIGTERM)
     _, stderr = server.process.communicate(timeout=45)

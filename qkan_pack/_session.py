@@ -1,0 +1,113 @@
+"""``qkan-pack serve`` in a session of its own, so that a signal to its process group stops
+it in order.
+
+Ray starts its own processes (control store, raylet, agents) as children of the process that
+calls ``ray.init``, in that process's group. Ray makes them ignore SIGINT, so a terminal's
+Ctrl-C (SIGINT to the whole foreground group) reaches only the serve, which drains and stops
+Ray itself. SIGTERM to the whole group does not: ``kill -TERM -PGID``, GNU ``timeout`` and
+process managers that stop a group kill Ray's control store and raylet at once. The serve
+then waited ~60 s for the control store, exited 1 without its cleanup and left HAProxy
+holding the port (measured on the CPU: exit 1 after 60.6 s).
+
+So the command runs as two processes. The one started (the supervisor) only starts the real
+serve as a child in a new session, passes SIGINT on as SIGINT and SIGTERM or SIGHUP as
+SIGTERM, and exits with the child's exit status. A signal to the supervisor's group reaches
+the supervisor alone; Ray's processes live in the child's session and are stopped by the
+child, in order. The child gets SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``, Linux),
+so killing the supervisor still stops the server, with its drain.
+
+Ctrl-\\ (SIGQUIT) is the force-quit: the supervisor kills the child's process group at once
+(Ray's processes follow the child). A signal the supervisor was started ignoring (SIGHUP
+under ``nohup``) stays ignored. The supervisor's handlers are installed before the child
+starts; a signal that arrives before the child exists is passed on as soon as it does.
+
+Standard library only, and outside the ``serve`` package (whose import pulls in numpy): the
+supervisor stays a small process that forks nothing but the child.
+
+What this does not cover: a process manager that signals every process of a cgroup
+(systemd's default ``KillMode=control-group``) reaches Ray's processes anyway; use
+``KillMode=mixed`` (SIGTERM to the main process, the supervisor, only). Ctrl-Z stops the
+supervisor, not the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+#: Set (to the supervisor's process id) in the child's environment: run the command here.
+CHILD_ENV = "QKAN_PACK_SERVE_SUPERVISOR"
+#: What the supervisor does with each signal it receives: pass it on as this signal, or
+#: (SIGKILL) kill the child's whole process group.
+FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
+             signal.SIGHUP: signal.SIGTERM, signal.SIGQUIT: signal.SIGKILL}
+_PR_SET_PDEATHSIG = 1
+
+
+def run_in_own_session(args: Sequence[str], command: Sequence[str] | None = None) -> int | None:
+    """Run the ``serve`` command line ``args`` as a child in a new session and return its exit
+    status; None when this process is that child (run the command here). ``command``: the
+    child's full command line (default: ``python -m qkan_pack ARGS``; the CLI passes the way
+    it was itself started, interpreter flags and entry point included)."""
+    parent = os.environ.pop(CHILD_ENV, None)
+    if parent is not None:
+        _die_with_parent()
+        if parent != str(os.getppid()):  # the supervisor died before the death signal was set
+            raise SystemExit(128 + signal.SIGTERM)
+        return None
+    return _Supervisor().run(command or [sys.executable, "-m", "qkan_pack", *args])
+
+
+class _Supervisor:
+    """Starts the child and passes signals on; a signal caught before the child exists is
+    held and passed on once it does."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[signal.Signals] = []
+
+    def run(self, command: Sequence[str]) -> int:
+        saved = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED
+                 if signal.getsignal(sig) is not signal.SIG_IGN}
+        try:
+            self.child = subprocess.Popen(list(command), start_new_session=True,
+                                          env={**os.environ, CHILD_ENV: str(os.getpid())})
+            for sig in self.pending:
+                self._pass_on(sig)
+            status = self.child.wait()
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+        return status if status >= 0 else 128 - status
+
+    def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        if self.child is None:
+            self.pending.append(signal.Signals(number))
+        else:
+            self._pass_on(signal.Signals(number))
+
+    def _pass_on(self, sig: signal.Signals) -> None:
+        assert self.child is not None
+        if self.child.poll() is not None:
+            return
+        if FORWARDED[sig] is signal.SIGKILL:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+        else:
+            self.child.send_signal(FORWARDED[sig])
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to this process when its parent (the supervisor) exits: Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere nothing (the parent check above still runs)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
