@@ -244,6 +244,20 @@ def quiet_ray(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def without_auto_init() -> None:
+    """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
+    at import, so the flag is set on its module). A stop while the replicas load leaves
+    ``serve.run`` polling in its thread (it keeps polling while the deleted app drains); its
+    first Ray call after ``ray.shutdown`` started a new local Ray from that thread (seen on the
+    CPU: "SIGTERM handler is not set because current thread is not the main thread" while
+    the serve stopped, and a 10 s join did not outlast the poll). Now that call fails in the
+    daemon thread, which nothing waits for."""
+    with suppress(ImportError, AttributeError):
+        from ray._private import auto_init_hook
+
+        auto_init_hook.enable_auto_connect = False
+
+
 class StopSignal:
     """SIGINT and SIGTERM set an event (the main thread then drains); restored on exit."""
 
@@ -339,6 +353,7 @@ class _RaySession:
                  logging_level=logging.INFO if listen.verbose else logging.WARNING,
                  log_to_driver=listen.verbose)
         quiet_ray(listen.verbose)  # ray.init configured its loggers anew
+        without_auto_init()
         self._serve_started = False
 
     def resources(self) -> dict[str, float]:

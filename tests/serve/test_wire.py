@@ -442,6 +442,23 @@ def test_replicas_log_at_warning_unless_verbose(monkeypatch, verbose: bool) -> N
                                       "log_level": "INFO" if verbose else "WARNING"}
 
 
+def test_ray_does_not_start_anew_from_a_cut_short_deploy(monkeypatch) -> None:
+    """A stop while the replicas loaded left ``serve.run`` polling in its thread; its first
+    Ray call after ``ray.shutdown`` started a new local Ray from there (Ray's auto-init; seen
+    on the CPU as "SIGTERM handler is not set because current thread is not the main
+    thread"). The serve's session turns auto-init off once Ray is up."""
+    import ray
+    from ray._private import auto_init_hook
+
+    from qkan_pack.serve._launch import without_auto_init
+
+    monkeypatch.setattr(auto_init_hook, "enable_auto_connect", True)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started anew"))
+    without_auto_init()
+    assert not ray.is_initialized()
+    auto_init_hook.auto_init_ray()  # what a Ray call from that thread runs first
+
+
 def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path) -> None:
     from qkan_pack.serve._launch import ephemeral_port_range
 
