@@ -244,6 +244,19 @@ def quiet_ray(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def refresh_ray_config() -> None:
+    """Have Ray's core read the environment again. It caches its config (``RAY_AUTH_MODE``
+    among it, set by ``ingress_env``) when ray is first imported: a caller that imported ray
+    before ``serve_forever`` left it 'disabled', and the driver could not authenticate to the
+    control store it had just started with tokens (``AuthenticationError`` after a minute of
+    retries, CPU). Ray refreshes the same cache itself when it turns token auth on
+    (``ray._private.authentication``)."""
+    with suppress(ImportError, AttributeError):
+        from ray._raylet import Config
+
+        Config.initialize("")
+
+
 def without_auto_init() -> None:
     """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
     at import, so the flag is set on its module). A stop while the replicas load leaves
@@ -349,6 +362,7 @@ class _RaySession:
         self.listen, self.workdir = listen, workdir
         self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
         quiet_ray(listen.verbose)
+        refresh_ray_config()
         ray.init(address=listen.address, include_dashboard=False if self.local else None,
                  logging_level=logging.INFO if listen.verbose else logging.WARNING,
                  log_to_driver=listen.verbose)

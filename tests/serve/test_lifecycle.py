@@ -161,3 +161,22 @@ def _group_sigterm_stops_in_order(server: Server) -> None:
     assert server.process.returncode == 0 and time.monotonic() - started < 30, stderr
     assert stderr.rstrip().endswith("stopped"), stderr
     assert _wait_gone(server.tag) == []
+
+
+def test_serve_forever_works_after_the_caller_imported_ray(artifact: Path) -> None:
+    """Audit: Ray caches RAY_AUTH_MODE when first imported, so with ``import ray`` before
+    ``serve_forever`` the driver stayed 'disabled' against the control store it started
+    with tokens: AuthenticationError after a minute of retries, exit 1. The session now has
+    Ray read its environment again before ``ray.init``."""
+    script = (
+        "import sys, threading, ray\n"
+        "from qkan_pack.serve import Listen, ServeOptions, serve_forever\n"
+        "stop = threading.Event()\n"
+        "def ready(url, description):\n"
+        "    print('READY', description['digest'], flush=True)\n"
+        "    stop.set()\n"
+        "serve_forever(sys.argv[1], ServeOptions(device='cpu', grace_s=1),\n"
+        "              Listen(port=int(sys.argv[2])), on_ready=ready, stop=stop)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(artifact), str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("READY sha256:"), done.stderr[-2000:]
