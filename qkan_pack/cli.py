@@ -696,8 +696,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # the way this process was (interpreter flags, console script or -m)
         from ._session import run_in_own_session
 
-        started_as = getattr(sys, "orig_argv", None) if argv is None else None
-        status = run_in_own_session(args, [sys.executable, *started_as[1:]] if started_as else None)
+        command = [sys.executable, *sys.orig_argv[1:]] if argv is None else None
+        status = run_in_own_session(args, command)
         if status is not None:
             sys.exit(status)
     cli.main(args=args, prog_name="qkan-pack")
