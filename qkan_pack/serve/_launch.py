@@ -39,6 +39,7 @@ APP_NAME = "qkan-pack"
 INGRESSES = ("auto", "haproxy", "python")
 #: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
 PLACEMENT_TIMEOUT_S = 20.0
+DEPLOY_POLL_S = 0.25  # how often the deploy wait asks Serve for the app's status
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Notice = Callable[[str], None]
@@ -474,59 +475,62 @@ def _alive(pid: int) -> bool:
 def _run_with_deadline(app: Any, timeout_s: float,
                        stopping: Callable[[], bool] = lambda: False,
                        replica_log_level: str = "WARNING") -> Any:
-    """``serve.run`` (which waits forever for replicas it cannot place) in a thread, watched:
-    a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or a failed deployment raises ServeError;
-    ``stopping()`` turning true returns None at once (the caller then closes the session:
-    a Ctrl-C while replicas load was only seen after they had loaded).
+    """Deploy ``app`` without waiting (``serve.run`` would wait forever for replicas it cannot
+    place), then watch it from this thread: a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or
+    a failed deployment raises ServeError; ``stopping()`` turning true returns None at once
+    (the caller then closes the session: a Ctrl-C while replicas load was only seen after
+    they had loaded). Returns the app's handle once it runs.
+
+    No thread of ours calls Ray while the caller shuts it down: the wait used to be
+    ``serve.run`` in a daemon thread, whose next poll after ``ray.shutdown`` made Ray end the
+    process ("The core worker has already been shutdown ... The process will exit") before the
+    error that stopped the serve was printed (CI, 2026-12-04).
 
     Replicas log at ``replica_log_level``: at INFO, Ray Serve builds a log record for every
     request (its access line, then dropped when access logs are off), about 4% of a
     replica's CPU per request (py-spy, ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``)."""
     from ray import serve
 
-    result: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(serve.run(app, name=APP_NAME, route_prefix="/",
-                                    logging_config={"enable_access_log": False,
-                                                    "log_level": replica_log_level}))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="qkan-pack-deploy", daemon=True)
-    thread.start()
+    try:
+        handle = serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/",
+                            logging_config={"enable_access_log": False,
+                                            "log_level": replica_log_level})
+    except Exception as exc:
+        raise ServeError(f"the deployment failed: {_last_line(exc)}") from None
     started = time.monotonic()
     unplaced_since: float | None = None
-    while thread.is_alive() and time.monotonic() - started < timeout_s:
+    while True:
         if stopping():
             return None
-        thread.join(0.25)
-        unplaced_since = _check_deploying(unplaced_since)
-    if errors:
-        raise ServeError(f"the deployment failed: {_last_line(errors[0])}") from None
-    if not result:
-        raise ServeError(f"replicas not ready after {timeout_s:g} s")
-    return result[0]
+        running, unplaced_since = _check_deploying(unplaced_since)
+        if running:
+            return handle
+        if time.monotonic() - started > timeout_s:
+            raise ServeError(f"replicas not ready after {timeout_s:g} s")
+        time.sleep(DEPLOY_POLL_S)
 
 
-def _check_deploying(unplaced_since: float | None) -> float | None:
+def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
+    """(whether the app runs, since when a replica waits to be placed); raises ServeError
+    for a deployment that failed or replicas unplaced for ``PLACEMENT_TIMEOUT_S``."""
     from ray import serve
 
     app = serve.status().applications.get(APP_NAME)
     if app is None:
-        return unplaced_since
+        return False, unplaced_since
+    status = str(app.status.value)
+    if status == "RUNNING":
+        return True, None
     messages = [d.message for d in app.deployments.values() if d.message]
-    if str(app.status.value) == "DEPLOY_FAILED":
+    if status == "DEPLOY_FAILED":
         raise ServeError("no replica could load the artifact: "
                          + _last_line("\n".join(messages) or app.message))
     if not any("to be scheduled" in m for m in messages):
-        return None
+        return False, None
     now = time.monotonic()
     if unplaced_since is not None and now - unplaced_since > PLACEMENT_TIMEOUT_S:
         raise ServeError("the cluster cannot place the replicas: " + " ".join(messages)[:600])
-    return unplaced_since or now
+    return False, unplaced_since or now
 
 
 def _last_line(error: BaseException | str) -> str:

@@ -414,12 +414,44 @@ def test_a_stop_while_replicas_load_ends_the_wait_at_once(monkeypatch) -> None:
 
     from qkan_pack.serve import _launch
 
-    monkeypatch.setattr(serve, "run", lambda *a, **k: time.sleep(30))  # replicas loading
-    monkeypatch.setattr(_launch, "_check_deploying", lambda since: since)
+    monkeypatch.setattr(serve, "_run", lambda *a, **k: "handle")
+    monkeypatch.setattr(_launch, "_check_deploying", lambda since: (False, since))  # loading
     asked = time.monotonic() + 0.3
     started = time.monotonic()
     assert _launch._run_with_deadline(object(), 60.0, lambda: time.monotonic() > asked) is None
     assert time.monotonic() - started < 5
+
+
+def test_a_failed_deploy_leaves_no_thread_calling_ray(monkeypatch) -> None:
+    """CI: the serve of an artifact no replica could load exited 1 printing only Ray's "The
+    core worker has already been shutdown ... The process will exit": ``serve.run`` still
+    polled in a daemon thread after ``ray.shutdown``, and Ray ended the process before the
+    error was printed. The deploy now returns at once and is watched from the caller's thread."""
+    import threading
+
+    from ray import serve
+
+    from qkan_pack.serve import _launch
+
+    callers: list[threading.Thread] = []
+
+    def deploy(*args, **kwargs) -> str:
+        callers.append(threading.current_thread())
+        if kwargs.get("_blocking", True):
+            time.sleep(5)  # serve.run waits for the replicas
+        return "handle"
+
+    def failed(since):
+        raise ServeError("no replica could load the artifact: boom")
+
+    monkeypatch.setattr(serve, "run", deploy)
+    monkeypatch.setattr(serve, "_run", deploy)
+    monkeypatch.setattr(_launch, "_check_deploying", failed)
+    before = set(threading.enumerate())
+    with pytest.raises(ServeError, match="no replica could load"):
+        _launch._run_with_deadline(object(), 60.0)
+    assert callers == [threading.current_thread()]
+    assert set(threading.enumerate()) <= before
 
 
 @pytest.mark.parametrize("verbose", [False, True])
@@ -432,9 +464,9 @@ def test_replicas_log_at_warning_unless_verbose(monkeypatch, verbose: bool) -> N
     from qkan_pack.serve import _launch
 
     seen: dict = {}
-    monkeypatch.setattr(serve, "run", lambda *a, **k: seen.update(k) or "handle")
+    monkeypatch.setattr(serve, "_run", lambda *a, **k: seen.update(k) or "handle")
     monkeypatch.setattr(serve, "start", lambda **k: None)
-    monkeypatch.setattr(_launch, "_check_deploying", lambda since: since)
+    monkeypatch.setattr(_launch, "_check_deploying", lambda since: (True, None))
     session = object.__new__(_launch._RaySession)
     session.listen = _launch.Listen(verbose=verbose, deploy_timeout_s=10)
     assert session.deploy(object()) == "handle"
