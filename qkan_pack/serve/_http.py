@@ -8,6 +8,7 @@ predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` ze
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -318,7 +319,29 @@ def json_response(status: int, payload: Any, headers: dict[str, str] | None = No
 
 
 def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return _json_reply_type()(status, body, headers)
+
+
+@functools.cache
+def _json_reply_type() -> type[Response]:
+    """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
+    written out directly: starlette's constructor re-derives them from the media type for
+    every reply (1.4 µs, against 0.3 µs here, timeit on the 2-core VM). Made on first use, so
+    that this module loads without starlette."""
     from starlette.responses import Response
 
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+    class JsonReply(Response):
+        media_type = "application/json"
+
+        def __init__(self, status: int, body: bytes, headers: dict[str, str] | None) -> None:
+            self.status_code = status
+            self.body = body
+            self.background = None
+            self.raw_headers = [(b"content-length", str(len(body)).encode()),
+                                (b"content-type", b"application/json")]
+            if headers:
+                self.raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                                     for k, v in headers.items()]
+
+    return JsonReply
 
