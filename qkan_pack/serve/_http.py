@@ -276,18 +276,29 @@ def encode_reply(outputs: Any, encoding: str) -> bytes:
 
 async def read_limited(request: Request, limit: int) -> bytes | None:
     """The body, or None once it exceeds ``limit`` bytes (by Content-Length, before reading
-    anything, or while streaming a body sent without one)."""
+    anything, else counted as it arrives: a server may frame a body as chunked and pass a
+    smaller Content-Length on). Read from the ASGI messages themselves: starlette's
+    ``request.body()`` runs an async generator per request for what is, behind HAProxy,
+    a single message."""
     declared = _content_length(request.scope)
-    if declared is not None:
-        # the server frames the body by Content-Length: starlette's own read, as the no-op's
-        return None if declared > limit else await request.body()
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    if declared is not None and declared > limit:
+        return None
+    receive = request.receive
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            from starlette.requests import ClientDisconnect
+
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             return None
+        if not message.get("more_body", False):
+            return b"".join((*chunks, chunk)) if chunks else chunk
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _client_went_away(exc: Exception) -> bool:
@@ -302,8 +313,7 @@ def _client_went_away(exc: Exception) -> bool:
 def _content_length(scope: Mapping[str, Any]) -> int | None:
     """The declared body size, read from the raw ASGI headers (``request.headers`` would
     build a header map for this one lookup); None when absent, not a number, or beside a
-    ``Transfer-Encoding`` (a server may frame such a body as chunked and pass the
-    Content-Length on: the body is then counted as it streams)."""
+    ``Transfer-Encoding``."""
     declared = None
     for key, value in scope.get("headers", ()):
         key = key.lower()

@@ -50,6 +50,7 @@ class ModelCore:
         manifest = predictor.manifest
         self.predictor = predictor
         self.names = manifest.input_names
+        self._name_set = frozenset(self.names)
         self._dtypes = tuple(d.dtype for d in manifest.inputs)
         self._bounds = tuple(d.index_bounds for d in manifest.inputs)
         self.plan = row_plan(manifest)
@@ -109,9 +110,9 @@ class ModelCore:
         return map_leaves(lambda t: t[0, ...], out) if way.squeezed else out
 
     def _fit(self, given: Mapping[str, Given]) -> list[np.ndarray]:
-        unknown = sorted(set(given) - set(self.names))
-        missing = [n for n in self.names if n not in given]
-        if unknown or missing:
+        if given.keys() != self._name_set:
+            unknown = sorted(set(given) - self._name_set)
+            missing = [n for n in self.names if n not in given]
             raise InputError(f"inputs must be exactly {list(self.names)}; "
                              f"unknown {unknown}, missing {missing}", accepted=self.accepted)
         return [check_index_bounds(fit(given[n], n, d, self.accepted), n, bounds, self.accepted)

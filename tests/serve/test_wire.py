@@ -658,6 +658,9 @@ def test_a_body_with_transfer_encoding_is_counted_even_beside_a_small_content_le
     assert asyncio.run(read_limited(request([(b"transfer-encoding", b"chunked")], big), 100)) is None
     assert asyncio.run(read_limited(request([(b"content-length", b"1000")], big), 100)) is None
     assert asyncio.run(read_limited(request([(b"content-length", b"5")], [b"hello"]), 100)) == b"hello"
+    chunked = [(b"transfer-encoding", b"chunked")]
+    assert asyncio.run(read_limited(request(chunked, [b"he", b"", b"llo"]), 5)) == b"hello"
+    assert asyncio.run(read_limited(request(chunked, [b"he", b"llo!"]), 5)) is None
 
 
 def test_a_client_that_leaves_mid_body_gets_a_json_reply_and_a_count(multi_server: Any) -> None:
