@@ -24,6 +24,7 @@ Ray is imported only where a deployment is built or run: ``import qkan_pack`` st
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from ..format import check_device_text
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._rows import describe_artifact, largest_batch, row_plan
+from ._whole_replies import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
 #: The replica's youngest-generation collection threshold (CPython's default: 700).
 REPLICA_GC_THRESHOLD = 7000
+logger = logging.getLogger(__name__)
 
 
 def raise_young_gc_threshold() -> None:
@@ -66,6 +69,15 @@ def raise_young_gc_threshold() -> None:
     was already unaffected."""
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(REPLICA_GC_THRESHOLD, older, oldest)
+
+
+def tune_replica_process() -> None:
+    """What every replica's process gets, a model's and the no-op's alike (the no-op stays
+    the same server without the model): rare young collections, and replies written whole
+    (``_whole_replies``)."""
+    raise_young_gc_threshold()
+    for reason in write_replies_whole():
+        logger.warning("replies are written in two pieces here: %s", reason)
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ class ArtifactServer:
         from ..runtime import Predictor
 
         options = options or ServeOptions()
-        raise_young_gc_threshold()
+        tune_replica_process()
         predictor = Predictor.load(path, options.device, expected_digest=digest, pad_batch=True,
                                    progress=False, **dict(predictor_options or {}))
         plan = row_plan(predictor.manifest)
@@ -173,7 +185,7 @@ class NoopServer:
     on a host, whatever the model (``qkan-pack serve --noop``, the load test's baseline)."""
 
     def __init__(self, max_body_bytes: int = 8 * 2**20) -> None:
-        raise_young_gc_threshold()  # the same process settings as a model replica
+        tune_replica_process()
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, request: Request) -> Response:

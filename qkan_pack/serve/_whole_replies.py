@@ -1,0 +1,147 @@
+"""Each reply leaves a replica in one socket write: status line, headers and body together.
+
+uvicorn (the HTTP server inside every Ray Serve replica) writes a reply's status line and
+headers when the app sends ``http.response.start`` and its body when the app sends
+``http.response.body``: two ``transport.write`` calls, two ``send`` system calls, two TCP
+segments. Ray's replica passes the two ASGI messages through a queue, so other work on the
+event loop (a batch's replay) can run between them. That costs twice:
+
+- CPU: the two writes were the largest single item of a replica's per-request time (py-spy,
+  ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``: 18.8% of the no-op's
+  samples, 13.7% of the model's);
+- lost replies: a replica killed between the two writes leaves the client a 200 whose body
+  never comes, which HAProxy has already passed on and can neither retry nor replace
+  (``benchmarks/results/2026-12-04_cpu_serve_kill-loop_truncated-replies.txt``).
+
+``write_replies_whole`` makes uvicorn hold a reply's head until the first body write and send
+both in one write. A replica that dies in between has sent nothing, which HAProxy retries on
+another replica (``retry-on empty-response``); an app that fails after starting its reply has
+its connection closed with nothing sent, where the client used to get headers and no body.
+Streamed replies are unchanged after their first chunk. The change is to uvicorn's two
+protocol classes, in the replica's process only (each replica calls it once at start), and is
+skipped, with the reason, if their ``send`` is not what this was written against.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+#: Marks a protocol class whose ``send`` already holds reply heads.
+_MARK = "_qkan_pack_whole_replies"
+_HELD = "_qkan_pack_held_head"
+
+
+class _HeldWrites:
+    """The connection's transport while uvicorn writes a reply's head: writes are kept."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _HeadFirst:
+    """The connection's transport while uvicorn writes a body: the held head goes out with
+    the first write, or on its own before a close or once the body's send returned. A send
+    that raised sends nothing (uvicorn then closes the connection: an empty reply, which
+    HAProxy may retry, rather than headers without their body)."""
+
+    def __init__(self, transport: Any, head: list[bytes]) -> None:
+        self._transport = transport
+        self._head: list[bytes] | None = head
+
+    def write(self, data: bytes) -> None:
+        head, self._head = self._head, None
+        self._transport.write(b"".join((*head, data)) if head else data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def flush(self) -> None:
+        head, self._head = self._head, None
+        if head:
+            self._transport.write(b"".join(head))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+Send = Callable[[Any, dict[str, Any]], Awaitable[None]]
+
+
+def _holding_heads(send: Send) -> Send:
+    """uvicorn's ``RequestResponseCycle.send`` with the head held for the first body write."""
+
+    @functools.wraps(send)
+    async def send_whole(self: Any, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            transport, held = self.transport, _HeldWrites(self.transport)
+            self.transport = held
+            try:
+                await send(self, message)
+            finally:
+                self.transport = transport
+            if held.chunks:
+                setattr(self, _HELD, held.chunks)
+            return
+        head = self.__dict__.pop(_HELD, None)
+        if head is None:
+            await send(self, message)
+            return
+        transport, joined = self.transport, _HeadFirst(self.transport, head)
+        self.transport = joined
+        try:
+            await send(self, message)
+        finally:
+            self.transport = transport
+        if not getattr(self, "disconnected", False):
+            joined.flush()  # a reply without body bytes (HEAD): its head alone
+
+    return send_whole
+
+
+def write_replies_whole() -> list[str]:
+    """Make this process's uvicorn write each reply in one piece (idempotent). Returns why
+    an installed protocol class was left alone, one line each (nothing when all changed)."""
+    skipped = []
+    for module_name in ("uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # httptools is optional for uvicorn (it then uses h11)
+            continue
+        cycle = getattr(module, "RequestResponseCycle", None)
+        problem = _unexpected(cycle)
+        if problem:
+            skipped.append(f"{module_name}: {problem}")
+        elif not getattr(cycle, _MARK, False):
+            cycle.send = _holding_heads(cycle.send)
+            setattr(cycle, _MARK, True)
+    return skipped
+
+
+def _unexpected(cycle: Any) -> str | None:
+    """Why ``cycle`` is not the uvicorn class this was written against, else None."""
+    if cycle is None or hasattr(cycle, "__slots__"):
+        return "no RequestResponseCycle without __slots__"
+    if getattr(cycle, _MARK, False):
+        return None
+    send = getattr(cycle, "send", None)
+    if not inspect.iscoroutinefunction(send):
+        return "its send is not a coroutine function"
+    try:
+        source = inspect.getsource(send)
+    except (OSError, TypeError):
+        return "the source of its send is not available"
+    if "self.transport.write(" not in source or "self.response_started" not in source:
+        return "its send does not write through self.transport"
+    return None

@@ -1,0 +1,156 @@
+"""A replica's uvicorn writes each reply in one piece (``serve/_whole_replies``): nothing of a
+reply reaches the client before its body is ready, the bytes are the same as before, and a
+reply that fails after its start sends nothing at all. A real uvicorn server on loopback,
+for each of its two HTTP implementations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ._server import free_port
+
+uvicorn = pytest.importorskip("uvicorn", reason="uvicorn comes with Ray Serve")
+
+
+def _app(body_gate: asyncio.Event, fail_after_start: bool = False) -> Callable:
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", b"11")]})
+        await body_gate.wait()
+        if fail_after_start:
+            raise RuntimeError("the model failed after the reply started")
+        await send({"type": "http.response.body", "body": b'{"ok":true}'})
+
+    return app
+
+
+async def _with_server(http: str, app: Callable, client: Callable) -> Any:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=http, lifespan="off",
+                            log_level="critical", access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        return await client(port)
+    finally:
+        server.should_exit = True
+        await task
+
+
+REQUEST = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+HEAD_REQUEST = b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _http_kinds() -> list[str]:
+    kinds = ["h11"]
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return kinds
+    return ["httptools", *kinds]
+
+
+@pytest.fixture(autouse=True)
+def _whole_replies() -> None:
+    from qkan_pack.serve._whole_replies import write_replies_whole
+
+    assert write_replies_whole() == []
+
+
+@pytest.mark.parametrize("http", _http_kinds())
+def test_nothing_of_a_reply_leaves_before_its_body(http: str) -> None:
+    """Before: the status line and headers left at once, the body when it was ready (a
+    replica killed in between left the client a 200 without its body)."""
+
+    async def scenario() -> tuple[bytes, bytes, bytes]:
+        gate = asyncio.Event()
+
+        async def client(port: int) -> tuple[bytes, bytes, bytes]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(REQUEST)
+            try:
+                early = await asyncio.wait_for(reader.read(4096), 0.3)
+            except asyncio.TimeoutError:
+                early = b""
+            gate.set()
+            reply = await asyncio.wait_for(reader.readuntil(b'{"ok":true}'), 5)
+            writer.write(REQUEST)  # the connection stays usable (keep-alive)
+            again = await asyncio.wait_for(reader.readuntil(b'{"ok":true}'), 5)
+            writer.close()
+            return early, reply, again
+
+        return await _with_server(http, _app(gate), client)
+
+    early, reply, again = asyncio.run(scenario())
+    assert early == b""
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 11\r\n" in reply
+    assert reply.endswith(b'\r\n\r\n{"ok":true}')
+    assert again.startswith(b"HTTP/1.1 200 OK\r\n") and again.endswith(b'\r\n\r\n{"ok":true}')
+
+
+@pytest.mark.parametrize("http", _http_kinds())
+def test_a_reply_that_fails_after_its_start_sends_nothing(http: str) -> None:
+    """Before: the client got the headers of a 200 and then a closed connection."""
+
+    async def scenario() -> bytes:
+        gate = asyncio.Event()
+        gate.set()
+
+        async def client(port: int) -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(REQUEST)
+            received = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+            writer.close()
+            return received
+
+        return await _with_server(http, _app(gate, fail_after_start=True), client)
+
+    assert asyncio.run(scenario()) == b""
+
+
+@pytest.mark.parametrize("http", _http_kinds())
+def test_a_head_reply_still_sends_its_headers(http: str) -> None:
+    async def scenario() -> bytes:
+        async def app(scope: dict, receive: Callable, send: Callable) -> None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"11")]})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def client(port: int) -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(HEAD_REQUEST)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            writer.close()
+            return head
+
+        return await _with_server(http, app, client)
+
+    head = asyncio.run(scenario())
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 11\r\n" in head
+
+
+def test_a_uvicorn_this_was_not_written_for_is_left_alone() -> None:
+    from qkan_pack.serve._whole_replies import _unexpected
+
+    class Slotted:
+        __slots__ = ()
+
+    class Plain:
+        def send(self, message: dict) -> None:  # not a coroutine
+            pass
+
+    class Elsewhere:
+        async def send(self, message: dict) -> None:
+            await self.writer.write(message)
+
+    assert "__slots__" in _unexpected(Slotted)
+    assert "coroutine" in _unexpected(Plain)
+    assert "self.transport" in _unexpected(Elsewhere)
