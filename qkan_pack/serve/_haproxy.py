@@ -34,6 +34,11 @@ binary. Ray 2.60 offers no setting for these:
   ``maxconn`` (its at-work limit) and a request that finds every replica at its limit and the
   backend's queue full (per replica, ``avg_queue``) gets the JSON 503 with ``Retry-After``
   from HAProxy itself, without reaching a replica;
+- a request whose client gives up while it waits in HAProxy's queue must not be sent on
+  once a slot frees (a replica's slot and time for a reply nobody reads, under overload,
+  when clients are most likely to leave): ``option abortonclose`` drops it. Ray 2.60's
+  template sets it; the rewrite keeps it set whatever the template says (a client that
+  half-closes its connection after sending, rare for HTTP/1.1, is treated as gone too);
 - Ray's replica watches every request for a client disconnect (a receive proxy, a task
   that reads until the disconnect, a second task for the handler and an ``asyncio.wait``
   on both): about 10% of a replica's CPU per request (py-spy, 2-core CPU). A prediction
@@ -119,6 +124,7 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
     own ``timeout http-request``; that one is kept)."""
     wanted = {"timeout http-request": f"timeout http-request {timeout_s}s",
               "option http-buffer-request": "option http-buffer-request",
+              "option abortonclose": "option abortonclose",
               f"errorfile {TIMEOUT_CODE}": f"errorfile {TIMEOUT_CODE} {error_dir}/{TIMEOUT_CODE}.http"}
     return [f"    {line}" for key, line in wanted.items()
             if not re.search(rf"(?m)^\s*{key}\b", config)]

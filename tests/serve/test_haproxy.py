@@ -48,6 +48,7 @@ def test_haproxy_config_rewrite() -> None:
     assert "errorfile 502 /E/502.http" in out and "500.http" not in out
     assert "timeout http-request 7s" in out and "status 404" not in out
     assert "option http-buffer-request" in out and "errorfile 408 /E/408.http" in out
+    assert "option abortonclose" in out
     assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
     assert "    http-reuse safe" in out and "http-reuse always" not in out
     lines = out.split("\n")  # Ray's disconnect watch off, no client timeout: the app only
@@ -340,6 +341,51 @@ def test_haproxy_refuses_beyond_the_bounds_without_reaching_the_replica(tmp_path
                 sender.join(30)
             assert sorted(status for status, _, _ in replies) == [200, 200, 200, 503, 503, 503]
             assert Replica.arrived == 3
+    finally:
+        Replica.release.set()
+        server.shutdown()
+
+
+def test_a_request_whose_client_left_while_queued_never_reaches_the_replica(tmp_path: Path) -> None:
+    """Overload: a client that gives up while its request waits in HAProxy's queue (a
+    timeout, a retry elsewhere) must not have it sent on once a slot frees, taking a
+    replica's slot for a reply nobody reads. The fixture's config, like Ray's template
+    without its ``option abortonclose``, sent it on (3 arrived); the rewrite now sets the
+    option itself. With 1 at work and 2 waiting: the one that left is dropped, the one that
+    stayed is served."""
+    class Replica(_Holds):
+        arrived = 0
+        release = threading.Event()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    statuses: list[int] = []
+
+    def post(port: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/", b'{"inputs": [[0.1, 0.2]]}')
+        statuses.append(conn.getresponse().status)
+        conn.close()
+
+    admission = IngressAdmission(ongoing=1, queued=2, retry_after_s=1)
+    try:
+        for port in _haproxy_over(tmp_path, {"only": server.server_address[1]}, admission):
+            at_work = threading.Thread(target=post, args=(port,))
+            at_work.start()
+            time.sleep(0.2)
+            leaving = socket.create_connection(("127.0.0.1", port))
+            leaving.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            time.sleep(0.2)
+            staying = threading.Thread(target=post, args=(port,))
+            staying.start()
+            time.sleep(0.2)
+            leaving.close()  # gives up while queued
+            time.sleep(0.3)
+            Replica.release.set()
+            for sender in (at_work, staying):
+                sender.join(30)
+            assert statuses == [200, 200]
+            assert Replica.arrived == 2
     finally:
         Replica.release.set()
         server.shutdown()
