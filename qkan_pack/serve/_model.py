@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError, ServeError
 from ._gather import QUIET_BOUND_MS, RowGatherer
-from ._rows import Tail, captured_batch, route, row_plan, unrouted
+from ._rows import Tail, captured_batch, route_table, row_plan, unrouted
 from ._stats import ReplicaStats
 from ._wire import (
     Given,
@@ -55,6 +55,7 @@ class ModelCore:
         self._bounds = tuple(d.index_bounds for d in manifest.inputs)
         self.plan = row_plan(manifest)
         self._exact_shapes = {tuple(s for _, s in e.inputs): e.label for e in manifest.shapes}
+        self._routes = route_table(self.plan, self._exact_shapes)
         self.accepted = manifest.signatures()
         self.exact = exact
         self.max_batch_size = 1 if exact else max_batch_size
@@ -86,7 +87,7 @@ class ModelCore:
         try:
             arrays = self._fit(given)
             shapes = tuple(a.shape for a in arrays)
-            way = route(shapes, self.plan, self._exact_shapes)
+            way = self._routes.get(shapes)
             if way is None:
                 raise unrouted(shapes, self.plan, self.names, self.accepted)
         except InputError:

@@ -5,8 +5,7 @@ shows. The padding rule is the predictor's (``format.padding_table``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InputError
 from ..format import Manifest, Shape, Signature, format_shape, padding_table
@@ -26,8 +25,7 @@ def largest_batch(plan: Mapping[Tail, Sequence[tuple[int, str]]]) -> int:
     return max((b for sizes in plan.values() for b, _ in sizes), default=1)
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """How one request is served: as a row (``tail`` set) or passed through unbatched."""
 
     tail: Tail | None
@@ -46,6 +44,15 @@ def route(shapes: Tail, plan: Mapping[Tail, Any], exact: Mapping[Tail, str]) -> 
     if shapes in exact:
         return Route(None)
     return None
+
+
+def route_table(plan: Mapping[Tail, Any], exact: Mapping[Tail, str]) -> dict[Tail, Route]:
+    """``route`` for every shape that has one, decided once: the shapes a request can take
+    are few and known from the manifest, and a dict lookup is what a request then pays.
+    A shape missing here has no route."""
+    candidates = [*plan, *(tuple((1, *t) for t in tail) for tail in plan), *exact]
+    table = {shapes: route(shapes, plan, exact) for shapes in candidates}
+    return {shapes: way for shapes, way in table.items() if way is not None}
 
 
 def captured_batch(sizes: Sequence[tuple[int, str]], rows: int) -> tuple[int, str]:

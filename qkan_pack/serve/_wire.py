@@ -21,8 +21,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -39,9 +38,10 @@ _REQUEST_KEYS = frozenset({"inputs", "encoding"})
 
 
 
-@dataclass(frozen=True)
-class Given:
-    """One input as sent: an array, and its declared dtype (None: JSON numbers, inferred)."""
+class Given(NamedTuple):
+    """One input as sent: an array, and its declared dtype (None: JSON numbers, inferred).
+    A named tuple: one is made per input of every request (a frozen dataclass's fields are
+    each set through ``object.__setattr__``)."""
 
     array: Any
     dtype: str | None
@@ -53,8 +53,8 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     if not isinstance(request, dict) or "inputs" not in request:
         raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
                                     '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
-    unknown = sorted(set(request) - _REQUEST_KEYS)
-    if unknown:
+    if not request.keys() <= _REQUEST_KEYS:
+        unknown = sorted(set(request) - _REQUEST_KEYS)
         raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(_REQUEST_KEYS)}")
     encoding = request.get("encoding", "list")
     if encoding not in ENCODINGS:

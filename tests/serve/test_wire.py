@@ -807,3 +807,20 @@ def test_replies_carry_their_length_type_and_extra_headers() -> None:
                                  (b"retry-after", b"1")]},
                     {"type": "http.response.body", "body": body}]
     assert reply.headers["content-type"] == "application/json"
+
+
+def test_the_route_table_routes_every_shape_as_route_does(multi_server: Any) -> None:
+    """Requests look their route up in a table made once from the manifest; it must agree
+    with ``route`` for every shape, routable or not."""
+    from qkan_pack.serve._rows import route, route_table
+
+    core = multi_server.core
+    plan, exact = core.plan, core._exact_shapes
+    table = route_table(plan, exact)
+    tails = list(plan)
+    shapes = [*tails, *exact, *(tuple((1, *t) for t in tail) for tail in tails),
+              *(tuple((2, *t) for t in tail) for tail in tails), ((3,), (5,)), ((1, 3),),
+              (), ((1, 3), (1, 4), (1,)), ((8, 3), (1, 4))]
+    assert table  # rows and captured shapes
+    for shape in shapes:
+        assert table.get(shape) == route(shape, plan, exact), shape
