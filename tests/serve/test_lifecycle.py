@@ -1,7 +1,7 @@
 """``qkan-pack serve`` lifecycle, each test with a server of its own: one server per port,
 exposure warning, placement shortfall, a replica that cannot load, the one-replica gap,
-Ctrl-C (SIGINT to the process group) draining and stopping everything, and SIGTERM to the
-whole process group doing the same."""
+Ctrl-C (SIGINT to the process group) draining and stopping everything, SIGTERM to the
+whole process group doing the same, and the Python ingress."""
 
 from __future__ import annotations
 
@@ -145,6 +145,21 @@ def test_a_specific_host_serves_through_haproxy(artifact: Path, host: str) -> No
         request = urllib.request.Request(url, data=b'{"inputs": [[0.1, 0.2]]}')
         with urllib.request.urlopen(request, timeout=30) as reply:
             assert reply.status == 200 and len(strict_json(reply.read())["outputs"][0]) == 2
+        _group_sigterm_stops_in_order(server)
+    finally:
+        server.kill()
+
+
+def test_the_python_ingress_serves_json_replies_and_stops(artifact: Path) -> None:
+    """``--ingress python`` (Ray's proxy actor in front, no HAProxy): replies travel from the
+    replica to the proxy as ASGI messages, so the replica's own reply type and its one-write
+    replies (``serve/_whole_replies``) must not change what a client gets."""
+    server = Server(artifact, ["--ingress", "python", "--grace-s", "1"]).start(timeout_s=120)
+    try:
+        status, reply = server.json("/", {"inputs": [[0.1, 0.2]]})
+        assert status == 200 and len(reply["outputs"][0]) == 2
+        status, reply = server.json("/", {"inputs": [[0.1, 0.2, 0.3]]})
+        assert status == 422 and "not accepted" in reply["error"]
         _group_sigterm_stops_in_order(server)
     finally:
         server.kill()
