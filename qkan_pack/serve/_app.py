@@ -121,7 +121,10 @@ class ArtifactServer:
     """Ray Serve replica body: the model (``ModelCore``), the HTTP API, handle methods.
 
     Wrap with ``build_app`` (which sets the deployment options); the class stays importable
-    without Ray so that replicas pickle it by reference.
+    without Ray so that replicas pickle it by reference. Constructing one tunes its process
+    for serving (``tune_replica_process``: the young-generation GC threshold, uvicorn writing
+    replies whole): meant for a replica's own process, it applies to any process that builds
+    one (Ray's local testing mode, a benchmark).
     """
 
     def __init__(self, path: str, *, digest: str | None = None, options: ServeOptions | None = None,

@@ -37,8 +37,9 @@ binary. Ray 2.60 offers no setting for these:
 - a request whose client gives up while it waits in HAProxy's queue must not be sent on
   once a slot frees (a replica's slot and time for a reply nobody reads, under overload,
   when clients are most likely to leave): ``option abortonclose`` drops it. Ray 2.60's
-  template sets it; the rewrite keeps it set whatever the template says (a client that
-  half-closes its connection after sending, rare for HTTP/1.1, is treated as gone too);
+  template sets it; the rewrite sets it in ``defaults`` and drops a ``no option
+  abortonclose`` (a client that half-closes its connection after sending, rare for
+  HTTP/1.1, is treated as gone too);
 - Ray's replica watches every request for a client disconnect (a receive proxy, a task
   that reads until the disconnect, a second task for the handler and an ``asyncio.wait``
   on both): about 10% of a replica's CPU per request (py-spy, 2-core CPU). A prediction
@@ -74,6 +75,10 @@ SIDE_SECTIONS = ("frontend prometheus", "listen stats")
 #: client disconnects, no client-chosen timeout.
 APP_REQUEST_RULES = ("    http-request set-header x-request-disconnect-disabled ?1",
                      "    http-request del-header x-request-timeout-seconds")
+#: Options the ingress relies on (above): set in ``defaults``, and a template's ``no option``
+#: line for either is dropped wherever it is.
+REQUIRED_OPTIONS = ("http-buffer-request", "abortonclose")
+_DISABLES_REQUIRED = re.compile(rf"\s*no\s+option\s+({'|'.join(REQUIRED_OPTIONS)})\s*")
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
 
@@ -120,14 +125,15 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
 
 
 def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
-    """The ``defaults`` lines added here that the config does not set yet (Ray may set its
-    own ``timeout http-request``; that one is kept)."""
+    """The ``defaults`` lines added here that the ``defaults`` section does not set yet (Ray
+    may set its own ``timeout http-request``; that one is kept)."""
     wanted = {"timeout http-request": f"timeout http-request {timeout_s}s",
-              "option http-buffer-request": "option http-buffer-request",
-              "option abortonclose": "option abortonclose",
+              **{f"option {name}": f"option {name}" for name in REQUIRED_OPTIONS},
               f"errorfile {TIMEOUT_CODE}": f"errorfile {TIMEOUT_CODE} {error_dir}/{TIMEOUT_CODE}.http"}
+    defaults = re.search(r"(?ms)^defaults[ \t]*$(.*?)(?=^\S|\Z)", config)
+    present = defaults[1] if defaults else ""
     return [f"    {line}" for key, line in wanted.items()
-            if not re.search(rf"(?m)^\s*{key}\b", config)]
+            if not re.search(rf"(?m)^\s*{key}\b", present)]
 
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
@@ -147,8 +153,8 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             if _is_app_backend(section):
                 out.extend(added)
             continue
-        if line in added:
-            continue  # added above (a rewritten config rewrites to itself)
+        if line in added or _DISABLES_REQUIRED.fullmatch(line):
+            continue  # added above (a rewritten config rewrites to itself); or undoes one we need
         if section in SIDE_SECTIONS:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):

@@ -52,8 +52,8 @@ class _HeldWrites:
 class _HeadFirst:
     """The connection's transport while uvicorn writes a body: the held head goes out with
     the first write, or on its own before a close or once the body's send returned. A send
-    that raised sends nothing (uvicorn then closes the connection: an empty reply, which
-    HAProxy may retry, rather than headers without their body)."""
+    that raised sends nothing and the head stays held (uvicorn then closes the connection:
+    an empty reply, which HAProxy may retry, rather than headers without their body)."""
 
     def __init__(self, transport: Any, head: list[bytes]) -> None:
         self._transport = transport
@@ -71,6 +71,11 @@ class _HeadFirst:
         head, self._head = self._head, None
         if head:
             self._transport.write(b"".join(head))
+
+    @property
+    def unwritten(self) -> list[bytes] | None:
+        """The head, while it has not been written."""
+        return self._head
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -102,6 +107,10 @@ def _holding_heads(send: Send) -> Send:
         self.transport = joined
         try:
             await send(self, message)
+        except BaseException:
+            if joined.unwritten:  # an app that catches the error and sends on keeps its head
+                setattr(self, _HELD, joined.unwritten)
+            raise
         finally:
             self.transport = transport
         if not getattr(self, "disconnected", False):

@@ -86,6 +86,22 @@ def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
     assert "maxconn" not in rewrite(config, "/E", 7)  # no admission: the replicas' own
 
 
+def test_the_options_the_ingress_needs_stay_on_whatever_the_template_says() -> None:
+    """Audit: a template's ``no option abortonclose`` in ``defaults`` came after the line the
+    rewrite added, so HAProxy kept it off; and the option set in a backend only counted as
+    set, so ``defaults`` went without it."""
+    config = "\n".join(["defaults", "    mode http", "    no option abortonclose",
+                         "    no  option http-buffer-request", "backend other",
+                         "    option abortonclose", "backend app_1",
+                         "    server r1 127.0.0.1:30000 check"])
+    out = rewrite(config, "/E", 7)
+    assert "no option" not in out and "no  option" not in out
+    lines = out.split("\n")
+    defaults = lines[1:lines.index("backend other")]
+    assert "    option abortonclose" in defaults and "    option http-buffer-request" in defaults
+    assert rewrite(out, "/E", 7) == out
+
+
 def test_a_specific_host_addresses_local_replicas_where_they_bind() -> None:
     from qkan_pack.serve._launch import _replica_address
 

@@ -154,3 +154,29 @@ def test_a_uvicorn_this_was_not_written_for_is_left_alone() -> None:
     assert "__slots__" in _unexpected(Slotted)
     assert "coroutine" in _unexpected(Plain)
     assert "self.transport" in _unexpected(Elsewhere)
+
+
+@pytest.mark.parametrize("http", _http_kinds())
+def test_an_app_that_catches_a_failed_send_keeps_its_head(http: str) -> None:
+    """Audit: the held head was taken before the body's send ran; when that send raised (a
+    second start) and the app caught it and sent its body, the client got the body alone."""
+
+    async def scenario() -> bytes:
+        async def app(scope: dict, receive: Callable, send: Callable) -> None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"2")]})
+            with pytest.raises(RuntimeError):
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        async def client(port: int) -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+            writer.close()
+            return reply
+
+        return await _with_server(http, app, client)
+
+    reply = asyncio.run(scenario())
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"\r\n\r\nok")
