@@ -260,12 +260,12 @@ def refresh_ray_config() -> None:
 
 def without_auto_init() -> None:
     """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
-    at import, so the flag is set on its module). A stop while the replicas load leaves
-    ``serve.run`` polling in its thread (it keeps polling while the deleted app drains); its
-    first Ray call after ``ray.shutdown`` started a new local Ray from that thread (seen on the
-    CPU: "SIGTERM handler is not set because current thread is not the main thread" while
-    the serve stopped, and a 10 s join did not outlast the poll). Now that call fails in the
-    daemon thread, which nothing waits for."""
+    at import, so the flag is set on its module): a Ray call after ``ray.shutdown`` must fail,
+    not start a new local Ray. Seen when the deploy wait was ``serve.run`` in a thread: a stop
+    while the replicas loaded left it polling, and its first call after the shutdown started
+    a Ray from that thread ("SIGTERM handler is not set because current thread is not the
+    main thread"). The wait now polls from the caller's thread (``_run_with_deadline``); this
+    stays for any other late call (a caller's own handle, Ray's callbacks)."""
     with suppress(ImportError, AttributeError):
         from ray._private import auto_init_hook
 
