@@ -520,7 +520,8 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
 @click.option("--kill-clients", default=32, show_default=True, type=click.IntRange(min=1),
               help="Clients during the replica kill.")
 @click.option("--large-body-mb", type=click.FloatRange(min=0.001),
-              help="Also measure single-row latency while bodies of this size arrive.")
+              help="Also measure single-row latency while two clients send bodies of this "
+                   "many MB of numbers (rows; a 422 unless that row count is captured).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
               help="Port the server under test listens on (loopback).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),

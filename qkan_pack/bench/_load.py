@@ -65,10 +65,19 @@ BODIES_PER_CLIENT = 8
 
 def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
     """A single-row request (a batch of one): ``{"inputs": [row]}`` for one input, by name
-    for several; ``size`` pads it (whitespace) to about that many bytes."""
-    values = {row.name: [_draw(row, row.shape, rng)] for row in rows}
-    body = orjson.dumps({"inputs": values if len(rows) > 1 else values[rows[0].name]})
-    return body + b" " * max(0, size - len(body))
+    for several. ``size``: as many rows as fit in about that many bytes, padded with
+    whitespace to exactly ``size`` -- numbers, which is what makes a large body costly to
+    parse (whitespace padding alone parses in microseconds and hid that cost)."""
+    count = 1
+    if size:
+        one = len(request_body(rows, rng))
+        count = max(1, size // max(1, one - len('{"inputs":[]}')))
+    while True:
+        values = {row.name: [_draw(row, row.shape, rng) for _ in range(count)] for row in rows}
+        body = orjson.dumps({"inputs": values if len(rows) > 1 else values[rows[0].name]})
+        if len(body) <= size or count == 1:
+            return body + b" " * max(0, size - len(body))
+        count = max(1, count * 9 // 10)
 
 
 def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:
@@ -87,7 +96,10 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
     if spec.token:
         headers["Authorization"] = f"Bearer {spec.token}"
     conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
-    count = 1 if spec.body_bytes else BODIES_PER_CLIENT  # a padded large body: one copy
+    count = 1 if spec.body_bytes else BODIES_PER_CLIENT  # a large body: one copy
+    # A large body's row count is rarely a captured shape: its 422 comes after the parse,
+    # which is the load it exists to make, so it counts as answered (no back-off).
+    answered = (200, 422) if spec.body_bytes else (200,)
     bodies = [request_body(spec.rows, rng, spec.body_bytes) for _ in range(count)]
     stop_at = start_at + spec.warmup + spec.seconds
     sent = 0
@@ -108,9 +120,9 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
         elapsed = 1000 * (time.perf_counter() - began)
         if now >= start_at + spec.warmup:
             result.statuses[status] += 1
-            if status == 200:
+            if status in answered:
                 result.latencies_ms.append(elapsed)
-        if status != 200:
+        if status not in answered:
             time.sleep(wait)
     conn.close()
 

@@ -370,8 +370,12 @@ def render_serve_load(report: ServeLoadReport) -> str:
         lb = report.large_bodies
         lines += ["", f"single-row p99 at {lb['clients']} clients: {lb['alone']['p99_ms']} ms alone, "
                   f"{lb['during']['p99_ms']} ms while {lb['body_mb']:g} MB bodies arrive "
-                  f"({lb['large']['ok']} large bodies served)"]
+                  f"({lb['large']['ok']} large bodies answered: {_statuses(lb['large'])})"]
     return "\n".join(lines)
+
+
+def _statuses(point: dict[str, Any]) -> str:
+    return ", ".join(f"{count} x {status}" for status, count in point["statuses"].items())
 
 
 def write_serve_json(report: ServeLoadReport, path: str | Path) -> Path:

@@ -16,8 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import InputError, MalformedRequestError, OverloadedError
-from ._wire import dumps, encode_outputs, parse_request
+from ._offload import WireHelper
+from ._wire import dumps, encode_reply, output_nbytes, parse_request
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -26,9 +29,11 @@ if TYPE_CHECKING:
     from ._model import ModelCore
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-#: Bodies at least this large are parsed and their replies encoded in a worker thread, so a
+#: Bodies at least this large are parsed in the replica's helper process (``_offload``), so a
 #: big body never holds the event loop that every small request needs.
 INLINE_PARSE_BYTES = 64 * 1024
+#: Outputs at least this large (numpy bytes; their JSON is ~3x) are encoded there too.
+INLINE_ENCODE_BYTES = 16 * 1024
 logger = logging.getLogger(__name__)
 
 
@@ -179,6 +184,7 @@ class HttpApi:
         self._accepted = accepted
         self._admission = Admission(*limits.admission_bounds(core.max_batch_size))
         self._body_deadline = BodyDeadline(limits.body_timeout_s)
+        self._helper = WireHelper()
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("", "POST"): self._predict, ("", "GET"): self._get_description,
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
@@ -248,17 +254,12 @@ class HttpApi:
         if body is None:
             return json_response(413, {"error": f"request body exceeds {limit} bytes; send "
                                        "fewer rows per request or base64 buffers"})
-        large = len(body) >= INLINE_PARSE_BYTES
         try:
-            if large:
-                given, encoding = await asyncio.to_thread(parse_request, body, self.core.names)
+            if len(body) >= INLINE_PARSE_BYTES:
+                given, encoding = await self._helper.parse(body, self.core.names)
             else:
                 given, encoding = parse_request(body, self.core.names)
-            outputs = await self.core.infer(given)
-            if large:
-                payload = await asyncio.to_thread(encode_reply, outputs, encoding)
-            else:
-                payload = encode_reply(outputs, encoding)
+            payload = await self._encode(await self.core.infer(given), encoding)
         except MalformedRequestError as exc:
             return json_response(400, {"error": str(exc)})
         except InputError as exc:
@@ -268,10 +269,17 @@ class HttpApi:
             return json_response(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
         return raw_response(200, payload)
 
-
-def encode_reply(outputs: Any, encoding: str) -> bytes:
-    """A prediction's reply body."""
-    return dumps({"outputs": encode_outputs(outputs, encoding)})
+    async def _encode(self, outputs: Any, encoding: str) -> bytes:
+        """The reply body: small outputs here; a large array in the helper; large structured
+        outputs (tuples, dicts, a model's output class: walking them takes torch, which the
+        helper does not load) in a worker thread."""
+        if type(outputs) is np.ndarray:  # the common reply: one output
+            if outputs.nbytes < INLINE_ENCODE_BYTES:
+                return encode_reply(outputs, encoding)
+            return await self._helper.encode(outputs, encoding)
+        if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
+            return encode_reply(outputs, encoding)
+        return await asyncio.to_thread(encode_reply, outputs, encoding)
 
 
 async def read_limited(request: Request, limit: int) -> bytes | None:

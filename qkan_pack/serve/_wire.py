@@ -187,6 +187,20 @@ def encode_outputs(tree: Any, encoding: str) -> Any:
     return map_leaves(lambda t: _encode_leaf(t, encoding), tree)
 
 
+def encode_reply(outputs: Any, encoding: str) -> bytes:
+    """A prediction's reply body."""
+    return dumps({"outputs": encode_outputs(outputs, encoding)})
+
+
+def output_nbytes(tree: Any) -> int:
+    """Bytes of the outputs' arrays (numpy, or bfloat16 tensors): what their reply's size
+    follows (about 3x in list encoding)."""
+    sizes: list[int] = []
+    map_leaves(lambda leaf: sizes.append(
+        leaf.numel() * leaf.element_size() if is_tensor(leaf) else leaf.nbytes), tree)
+    return sum(sizes)
+
+
 def _encode_leaf(leaf: np.ndarray | torch.Tensor, encoding: str) -> Any:
     """One output: a numpy array (``host_outputs``) or a tensor (bfloat16, which numpy lacks)."""
     if not is_tensor(leaf):
