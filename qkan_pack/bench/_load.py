@@ -69,15 +69,19 @@ def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
     whitespace to exactly ``size`` -- numbers, which is what makes a large body costly to
     parse (whitespace padding alone parses in microseconds and hid that cost)."""
     count = 1
-    if size:
-        one = len(request_body(rows, rng))
-        count = max(1, size // max(1, one - len('{"inputs":[]}')))
+    if size:  # bytes per row: two rows' body less one row's (names and brackets cancel)
+        per_row = max(1, len(_body(rows, rng, 2)) - len(_body(rows, rng, 1)))
+        count = max(1, (size - len(_body(rows, rng, 1))) // per_row + 1)
     while True:
-        values = {row.name: [_draw(row, row.shape, rng) for _ in range(count)] for row in rows}
-        body = orjson.dumps({"inputs": values if len(rows) > 1 else values[rows[0].name]})
+        body = _body(rows, rng, count)
         if len(body) <= size or count == 1:
             return body + b" " * max(0, size - len(body))
-        count = max(1, count * 9 // 10)
+        count = max(1, count * 49 // 50)
+
+
+def _body(rows: Rows, rng: random.Random, count: int) -> bytes:
+    values = {row.name: [_draw(row, row.shape, rng) for _ in range(count)] for row in rows}
+    return orjson.dumps({"inputs": values if len(rows) > 1 else values[rows[0].name]})
 
 
 def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:

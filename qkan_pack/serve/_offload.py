@@ -11,7 +11,8 @@ numpy arrays out (pickle protocol 5: ~3 ms for 5 MB of arrays).
 
 One helper per replica (``HELPER_MAIN``: numpy and orjson, no torch), started on first use,
 one job at a time. It exits when its socket closes, so it never outlives the replica. A job
-whose helper died (killed, out of memory) runs in the calling thread instead, the old way,
+whose helper died (killed, out of memory) or went silent past ``job_timeout_s`` runs in the
+calling thread instead, the old way,
 and the next job starts a fresh helper.
 """
 
@@ -38,6 +39,12 @@ logger = logging.getLogger(__name__)
 HELPER_MAIN = "from qkan_pack.serve._offload import main; main()"
 #: Helper failures in a row after which a replica stops starting new ones.
 MAX_FAILURES = 3
+def job_timeout_s(payload_bytes: int) -> float:
+    """How long a job may take in the helper: 10 s, plus 2 s per MB (a 7 MB body of numbers
+    parses in ~0.25 s on the 2-core CPU VM)."""
+    return 10.0 + 2.0 * payload_bytes / 2**20
+
+
 #: What the helper does, by name (the parent sends the name and the arguments).
 JOBS: dict[str, Callable[..., Any]] = {"parse": parse_request, "encode": encode_reply}
 
@@ -64,19 +71,30 @@ class WireHelper:
         """``JOBS[job](*args)`` in the helper (blocking; call it off the event loop); its
         exception is raised here. Done here instead when the helper cannot be reached."""
         with self._lock:
-            if self._failures >= MAX_FAILURES:
-                return JOBS[job](*args)
-            try:
-                connection = self._connected()
-                connection.send_bytes(pickle.dumps((job, args), protocol=5))
-                ok, value = pickle.loads(connection.recv_bytes())
-                self._failures = 0
-            except (OSError, EOFError) as exc:  # it died, or could not start
-                self._failed(exc)
-                return JOBS[job](*args)
+            if self._failures < MAX_FAILURES:
+                try:
+                    ok, value = self._exchange(job, args)
+                    self._failures = 0
+                except (OSError, EOFError) as exc:  # it died, hung, or could not start
+                    self._failed(exc)
+                    ok = None
+            else:
+                ok = None
+        if ok is None:  # outside the lock: the next job need not wait for this one
+            return JOBS[job](*args)
         if ok:
             return value
         raise value
+
+    def _exchange(self, job: str, args: tuple) -> tuple[bool, Any]:
+        """Send one job, wait for its reply; a helper silent past ``job_timeout_s`` is
+        treated as dead (``TimeoutError``), so a stopped or stuck helper holds no request."""
+        connection = self._connected()
+        payload = pickle.dumps((job, args), protocol=5)
+        connection.send_bytes(payload)
+        if not connection.poll(job_timeout_s(len(payload))):
+            raise TimeoutError(f"no reply from the helper in {job_timeout_s(len(payload)):g} s")
+        return pickle.loads(connection.recv_bytes())
 
     @property
     def pid(self) -> int | None:

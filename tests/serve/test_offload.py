@@ -185,3 +185,24 @@ def test_the_helper_exits_with_its_replica(tmp_path: Path) -> None:
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(pid)
+
+
+def test_a_stuck_helper_holds_no_job(helper: Any, monkeypatch: Any) -> None:
+    """Audit: a helper that stopped answering (here SIGSTOP) held every large request, and
+    the lock, forever; now it is given up after the job's time limit and the job is done
+    in the replica."""
+    from qkan_pack.serve import _offload
+
+    body = orjson.dumps({"inputs": _rows(50).tolist()})
+    helper.run("parse", body, ("x",))
+    stuck = helper.pid
+    monkeypatch.setattr(_offload, "job_timeout_s", lambda size: 0.5)
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        given, _ = helper.run("parse", body, ("x",))
+    finally:
+        if not _gone(stuck):
+            os.kill(stuck, signal.SIGKILL)
+    assert given["x"].array.shape == (50, 2)
+    helper.run("parse", body, ("x",))
+    assert helper.pid not in (None, stuck)
