@@ -12,8 +12,7 @@ numpy arrays out (pickle protocol 5: ~3 ms for 5 MB of arrays).
 One helper per replica (``HELPER_MAIN``: numpy and orjson, no torch), started on first use,
 one job at a time. It exits when its socket closes, so it never outlives the replica. A job
 whose helper died (killed, out of memory) or went silent past ``job_timeout_s`` runs in the
-calling thread instead, the old way,
-and the next job starts a fresh helper.
+calling thread instead, the old way, and the next job starts a fresh helper.
 """
 
 from __future__ import annotations
