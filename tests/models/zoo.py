@@ -10,6 +10,10 @@ def build_model(family: str = "torchvision", name: str = "resnet18") -> torch.nn
         import torchvision
 
         return getattr(torchvision.models, name)(weights=None)
+    if family == "detection":
+        import torchvision
+
+        return getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None)
     if family == "timm":
         import timm
 
