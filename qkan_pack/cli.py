@@ -204,13 +204,21 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--input-range", callback=_range_option, metavar="LOW,HIGH",
               help="Range of reference inputs (uniform; ints in [LOW, HIGH)).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the reference inputs.")
+@click.option("--reference-inputs", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              metavar="FILE", help="Inputs that exercise the model (.npz/.npy/.safetensors, "
+              "arrays named after the inputs, x for a single one): used for the declared shapes "
+              "they fit, e.g. a detector's real image.")
+@click.option("--allow-constant-references", is_flag=True,
+              help="Build even if a reference output is empty or all outputs are constant "
+              "(the load self-test then proves nothing for them).")
 @click.option("--force", is_flag=True, help="Replace an existing artifact at the output path.")
 @click.option("--warm", "warm_device", is_flag=False, flag_value="cuda", default=None,
               metavar="[DEVICE]", help="Then ship compiled GPU kernels (needs a GPU here; "
               "DEVICE defaults to cuda). See `qkan-pack warm`.")
 def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None,
           dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
-          capture: str, submodules: tuple, input_range: Any, seed: int, force: bool,
+          capture: str, submodules: tuple, input_range: Any, seed: int,
+          reference_inputs: Path | None, allow_constant_references: bool, force: bool,
           warm_device: str | None) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
@@ -225,7 +233,10 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
         result = build_artifact(model_py, declared, output=output, dtype=dtypes, entry=entry,
                                 config=config, weights=weights, includes=include,
                                 capture=capture, submodules=submodules,
-                                input_range=input_range, seed=seed, force=force)
+                                input_range=input_range, seed=seed,
+                                reference_inputs=reference_inputs,
+                                allow_constant_references=allow_constant_references,
+                                force=force)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)

@@ -11,15 +11,24 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   │                                   symlink, path leaving the directory  [.path]
     │   ├── DigestMismatchError             the artifact digest differs from the pinned one
     │   │                                   [.actual, .expected]
-    │   └── ArtifactSignatureError          signature missing, invalid, untrusted or not
-    │                                       covering these files  [.problem, .detail]
+    │   └── ArtifactSignatureError          signature missing, invalid, untrusted, not
+    │                                       covering these files, or by a certificate that
+    │                                       may not sign code  [.problem, .detail]
     ├── ModelSourceError (ImportError)      model file, entry point, or model code failing
-    │                                       [.stage: import/factory/build forward/load
-    │                                        forward/call, .path; original as __cause__]
+    │   │                                   [.stage: import/factory/build forward/load
+    │   │                                    forward/call, .path; original as __cause__]
+    │   └── FactoryNotReproducibleError     two factory calls give different models
+    │                                       [.differs: the buffers/outputs that differ]
+    ├── WeakReferencesError (ValueError)    references that cannot tell a right model from
+    │                                       a wrong one (empty or constant outputs)
+    │                                       [.shape, .outputs]
+    ├── ReferenceInputsError (ValueError)   a --reference-inputs file that cannot be used
+    │                                       [.path, .problem]
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
     ├── SelfTestError (RuntimeError)        outputs disagree with eager or the build references
-    │                                       [.shape, .max_abs, .max_rel, .tolerance]
+    │                                       [.shape, .max_abs, .max_rel, .tolerance,
+    │                                        .problem: a structural difference, or None]
     ├── CaptureError (RuntimeError)         a graph that could not be captured
     │                                       [.shape, .module, .op]
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
@@ -54,6 +63,7 @@ __all__ = [
     "CaptureError",
     "DeviceError",
     "DigestMismatchError",
+    "FactoryNotReproducibleError",
     "IncompatibleArtifactError",
     "InputError",
     "KernelCacheError",
@@ -64,9 +74,11 @@ __all__ = [
     "OverloadedError",
     "PredictorClosedError",
     "QkanPackError",
+    "ReferenceInputsError",
     "SelfTestError",
     "ServeError",
     "ShapeSpecError",
+    "WeakReferencesError",
     "WeightsMismatchError",
 ]
 
@@ -137,13 +149,21 @@ class ArtifactSignatureError(ArtifactError):
         "unavailable": "cannot be signed or verified here: that needs the signing extra, "
                        "pip install 'qkan-pack[sign]' ({detail})",
         "signing key": "cannot be signed: {detail}",
+        "certificate use": "is signed with a certificate that may not sign code ({detail}): "
+                           "the signer needs {code_signing_leaf}",
     }
+    #: What a signing certificate must be (one text for ``sign`` and the load's refusals).
+    CODE_SIGNING_LEAF: ClassVar[str] = (
+        "a leaf certificate with extendedKeyUsage codeSigning and basicConstraints CA:FALSE "
+        "(keyUsage, if present, digitalSignature and no keyCertSign), issued under a trusted "
+        "root; SECURITY.md, \"Issuing a code-signing certificate\", shows how")
 
     def __init__(self, *, path: str, problem: str, detail: str = "",
                  name: str = "model.sig") -> None:
         self.problem = problem
         self.detail = detail
-        reason = self.PROBLEMS[problem].format(name=name, detail=detail)
+        reason = self.PROBLEMS[problem].format(name=name, detail=detail,
+                                               code_signing_leaf=self.CODE_SIGNING_LEAF)
         super().__init__(f"artifact {path} {reason}; refusing it", path=path)
 
 
@@ -160,6 +180,48 @@ class ModelSourceError(QkanPackError, ImportError):
         super().__init__(message)
         self.stage = stage
         self.path = path
+
+
+class FactoryNotReproducibleError(ModelSourceError):
+    """Calling the factory twice gives two different models: a load rebuilds the model with
+    the factory, so it would not be the model that was built. ``differs`` names the buffers
+    or outputs that differ."""
+
+    def __init__(self, *, path: str, entry: str, differs: Sequence[str]) -> None:
+        self.differs = tuple(differs)
+        super().__init__(
+            f"{path}: {entry}() is not reproducible: two calls give models whose "
+            f"{', '.join(self.differs[:5])} differ (with the same weights loaded). A load "
+            f"rebuilds the model by calling {entry}() again, so it would not be the model "
+            "built here: seed your factory (torch.manual_seed at its start), or make such "
+            "state a persistent buffer so that it is saved with the weights",
+            stage="factory", path=path)
+
+
+class WeakReferencesError(QkanPackError, ValueError):
+    """Reference outputs that cannot tell a right model from a wrong one: ``outputs`` of
+    shape ``shape`` are empty or hold one value throughout (a detector that detects nothing
+    on random inputs). A self-test against them passes whatever the weights."""
+
+    def __init__(self, *, shape: str, outputs: Sequence[str], problem: str) -> None:
+        self.shape = shape
+        self.outputs = tuple(outputs)
+        self.problem = problem
+        super().__init__(
+            f"the reference outputs of shape {shape} cannot tell a right model from a wrong "
+            f"one: {problem}. Give inputs that exercise the model (--reference-inputs FILE, "
+            "or example_input() in the model file: a detector needs a real image), or pass "
+            "--allow-constant-references to build anyway (the load then warns that its "
+            "self-test proves nothing for these outputs)")
+
+
+class ReferenceInputsError(QkanPackError, ValueError):
+    """A ``--reference-inputs`` file that cannot be used: ``path`` and what is wrong."""
+
+    def __init__(self, *, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"reference inputs {path}: {problem}")
 
 
 class WeightsMismatchError(QkanPackError, ValueError):
@@ -179,13 +241,19 @@ class SelfTestError(QkanPackError, RuntimeError):
     """Outputs that disagree with eager execution or the build-time references."""
 
     def __init__(self, *, shape: str, compared: str, max_abs: float,
-                 tolerance: tuple[float, float], hint: str, max_rel: float | None = None) -> None:
+                 tolerance: tuple[float, float], hint: str, max_rel: float | None = None,
+                 problem: str | None = None) -> None:
         self.shape = shape
         self.compared = compared
         self.max_abs = max_abs
         self.max_rel = max_rel
         self.tolerance = tuple(tolerance)
+        self.problem = problem  # a difference no tolerance could accept (a changed shape)
         rtol, atol = self.tolerance
+        if problem is not None:
+            super().__init__(f"self-test failed for shape {shape}: {compared} differ: "
+                             f"{problem}; {hint}")
+            return
         relative = f", {max_rel:.3g} of the output's scale" if max_rel is not None else ""
         super().__init__(
             f"self-test failed for shape {shape}: {compared} differ by up to {max_abs:.3g}"

@@ -49,6 +49,8 @@ from ..runtime import (
     referenced_modules,
     resolve_output_classes,
 )
+from ._checks import check_informative, check_reproducible
+from ._given import Given, given_of_shape, read_reference_inputs
 from ._inputs import (
     EXAMPLE_INPUT_HOOK,
     DeclaredInputs,
@@ -88,6 +90,8 @@ def build(
     submodules: Sequence[str] = (),
     input_range: tuple[float, float] | None = None,
     seed: int = 0,
+    reference_inputs: str | Path | None = None,
+    allow_constant_references: bool = False,
     force: bool = False,
     progress: bool | None = None,
 ) -> BuildResult:
@@ -96,6 +100,10 @@ def build(
     ``shapes`` is ``"1x128,8x128"`` or a list of shapes (one input, passed positionally), or
     a list of ``{input_name: shape}`` dicts (named inputs, passed to forward by keyword).
     ``dtype`` is one dtype for every input or a ``{input_name: dtype}`` mapping.
+    ``reference_inputs`` is an .npz/.npy/.safetensors file of inputs that exercise the model
+    (arrays named after the inputs; ``builder._given``), used where they fit a declared
+    shape. References with an empty output, or only constant ones, are refused
+    (``WeakReferencesError``) unless ``allow_constant_references``.
     """
     model_path = Path(model_path)
     policy = _capture_policy(capture, submodules)
@@ -106,8 +114,11 @@ def build(
     input_range = check_range(input_range, list(declared.dtypes.values()))
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    entries = _record_references(user.model, declared, decls, hook, model_path, seed, files,
-                                 progress)
+    given = (read_reference_inputs(Path(reference_inputs), declared.dtypes, declared.per_shape)
+             if reference_inputs is not None else None)
+    entries, reference_notes = _record_references(
+        user, declared, decls, _Sources(hook, given, seed), model_path, files, progress,
+        allow_constant=allow_constant_references)
     info = user.info()
     manifest = Manifest(
         producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
@@ -119,6 +130,7 @@ def build(
     final, digest = write_artifact(target, manifest, files, force=force,
                                   protect=(model_path.parent,))
     notes = tuple(_range_note(d) for d in decls if d.range_source == "default")
+    notes += tuple(reference_notes)
     notes += tuple(_unresolved_output_classes(entries, user))
     notes += _unmeasured_noise_note(entries)
     for note in notes:
@@ -165,27 +177,60 @@ def _range_note(decl: InputDecl) -> str:
             "in the model file")
 
 
-def _record_references(model: torch.nn.Module, declared: DeclaredInputs,
-                       decls: list[InputDecl], hook: Any, model_path: Path, seed: int,
-                       files: dict[str, bytes], progress: bool | None) -> list[ShapeEntry]:
-    """Run the model once per declared shape; add each reference file to ``files``; then
-    measure each reference's float32 rounding noise, which sets how far a load may drift
-    from it (``runtime.float64_noise``)."""
+@dataclass(frozen=True)
+class _Sources:
+    """Where reference inputs come from: the model file's ``example_input`` hook, the user's
+    ``--reference-inputs`` arrays, and the seed of the random ones."""
+
+    hook: Any
+    given: Given | None
+    seed: int
+
+
+def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[InputDecl],
+                       sources: _Sources, model_path: Path, files: dict[str, bytes],
+                       progress: bool | None, *, allow_constant: bool
+                       ) -> tuple[list[ShapeEntry], list[str]]:
+    """Run the model once per declared shape; add each reference file to ``files``; check
+    that the references can tell a wrong model from this one and that the factory rebuilds
+    this model (``_checks``); then measure each reference's rounding noise, which sets how
+    far a load may drift from it (``runtime.float64_noise``). Returns the entries and notes."""
+    model = user.model
     forward = bind_forward(model, declared.names, declared.call)
-    entries, samples, outputs = [], [], []
+    entries, samples, outputs, notes = [], [], [], []
     for index, shape_map in enumerate(
         progress_bar(declared.per_shape, desc="reference outputs", enabled=progress)
     ):
         reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
-        inputs = reference_inputs(shape_map, decls, seed + index, hook, model_path)
-        result = run_reference(forward, inputs, shape_map, model_path)
+        inputs = reference_inputs(shape_map, decls, sources.seed + index, sources.hook,
+                                  model_path, sources.given)
+        result = run_reference(forward, inputs, shape_map, model_path, declared.dtypes)
         files[reference] = reference_bytes(inputs, result)
-        entries.append(ShapeEntry(tuple(shape_map.items()), describe_output(result), reference))
+        entry = ShapeEntry(tuple(shape_map.items()), describe_output(result), reference)
+        notes += check_informative(entry.label, flatten(result), list(entry.outputs.leaf_names()),
+                                   allow=allow_constant)
+        entries.append(entry)
         samples.append(list(inputs.values()))
         outputs.append(flatten(result))
+    if sources.given is not None:
+        notes += _ungiven_note(entries, sources.given)
+    check_reproducible(model, user.module, user.entry, user.config, files, user.tied,
+                       partial(bind_forward, names=declared.names, call=declared.call),
+                       samples[0], outputs[0], list(entries[0].outputs.leaf_names()),
+                       model_path)
     noises = float64_noise(model, declared.names, declared.call, samples, outputs,
                            progress=progress)
-    return [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)]
+    return [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)], notes
+
+
+def _ungiven_note(entries: Sequence[ShapeEntry], given: Given) -> list[str]:
+    """Shapes for which --reference-inputs held no array: their inputs were drawn at random."""
+    missing = [entry.label for entry in entries
+               if any(given_of_shape(given, name, shape) is None for name, shape in entry.inputs)]
+    if not missing:
+        return []
+    return [f"--reference-inputs holds no array for shape(s) {', '.join(missing)}: their "
+            "reference inputs were drawn at random"]
 
 
 @dataclass

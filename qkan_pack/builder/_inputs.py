@@ -30,6 +30,7 @@ from ..format import (
     parse_shapes,
 )
 from ..runtime import describe, torch_dtype
+from ._given import Given, given_of_shape
 
 ShapesArg = str | Sequence[Sequence[int]] | Sequence[Mapping[str, Sequence[int]]]
 EXAMPLE_INPUT_HOOK = "example_input"
@@ -198,15 +199,20 @@ def _embedding_ranges(declared: DeclaredInputs, integers: list[str],
 
 
 def reference_inputs(shape_map: Mapping[str, Shape], decls: Sequence[InputDecl], seed: int,
-                     hook: Any, model_path: Path) -> dict[str, torch.Tensor]:
-    """Reference values for one declared shape, seeded by ``seed``."""
+                     hook: Any, model_path: Path,
+                     given: Given | None = None) -> dict[str, torch.Tensor]:
+    """Reference values for one declared shape: the user's own (``given``, from
+    ``--reference-inputs``) where they have this shape, else from the model file's
+    ``example_input`` hook, else drawn at random seeded by ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     by_name = {d.name: d for d in decls}
     inputs = {}
     for name, shape in shape_map.items():
         decl = by_name[name]
         dtype = torch_dtype(decl.dtype)
-        if hook is not None:
+        if (chosen := given_of_shape(given, name, shape)) is not None:
+            inputs[name] = chosen
+        elif hook is not None:
             inputs[name] = _from_hook(hook, name, shape, dtype, generator, model_path)
         else:
             bounds = (decl.low, decl.high) if decl.low is not None else None

@@ -6,6 +6,7 @@ tell a wrong model from a right one)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,16 @@ from ..errors import ModelSourceError
 from ..format import Shape, format_shape
 from ..runtime import describe_output, flatten, model_code_failed
 
+#: Words of a failure caused by an input's dtype (an embedding given floats, a half-precision
+#: model given float32): such a failure gets a word on how dtypes are declared.
+_DTYPE_FAILURE = re.compile(r"dtype|scalar type|Input type|Expected tensor for argument|"
+                            r"(Half|BFloat16|Float|Double|Long|Int)Tensor|"
+                            r"c10::(Half|BFloat16|Float|Double|Long)")
+
 
 def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor],
-                  shape_map: Mapping[str, Shape], model_path: Path) -> Any:
+                  shape_map: Mapping[str, Shape], model_path: Path,
+                  dtypes: Mapping[str, str] | None = None) -> Any:
     """The forward's output on ``inputs`` (declared order), after the two checks."""
     label = ",".join(format_shape(s) for s in shape_map.values())
     try:
@@ -27,8 +35,12 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
             first = forward(*inputs.values())
             second = forward(*inputs.values())
     except Exception as exc:
-        raise model_code_failed("build forward", str(model_path), f"forward on shape {label}",
-                                exc) from exc
+        error = model_code_failed("build forward", str(model_path), f"forward on shape {label}",
+                                  exc)
+        if dtypes and _DTYPE_FAILURE.search(str(exc)):
+            error = ModelSourceError(f"{error}. {dtype_hint(dtypes)}", stage=error.stage,
+                                     path=error.path)
+        raise error from exc
     describe_output(first)  # refuses caches and other non-tensor state with a fix to try
     for index, (a, b) in enumerate(zip(flatten(first), flatten(second))):
         if a.is_floating_point() and not torch.isfinite(a).all():
@@ -42,6 +54,15 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
                 f"(output {index} differs between two runs): remove dropout/sampling from eval"
             )
     return first
+
+
+def dtype_hint(dtypes: Mapping[str, str]) -> str:
+    """How input dtypes are declared, for a forward that failed on one."""
+    declared = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+    return (f"The inputs were declared as {declared}: --dtype (or --input NAME:SHAPE:DTYPE, "
+            "dtype={name: dtype} in Python) sets the input dtypes only, e.g. int64 for token "
+            "ids; a model whose weights have another dtype is cast in its build_model "
+            "(model.to(torch.float16))")
 
 
 def reference_bytes(inputs: Mapping[str, torch.Tensor], outputs: Any) -> bytes:

@@ -2,10 +2,14 @@
 
 The artifact is read back verified first (a damaged artifact is never signed), then
 rewritten through the atomic writer with the same bytes, its manifest and so its digest
-unchanged, plus ``model.sig``. The signature is made by the library's public signing API
-(``model_signing.signing.Config``) over the staged directory, so what is signed is exactly
-what is installed; the writer then fsyncs it with the rest and swaps the directory in. Key
-and certificate are loaded before anything on disk changes. Needs ``qkan-pack[sign]``.
+unchanged, plus ``model.sig``. The read and the write happen under the target's writer
+lock: a concurrent ``build --force`` installs either before (and is what gets signed) or
+after (and stays unsigned), never in between, where the old artifact would overwrite it.
+The signature is made by the library's public signing API (``model_signing.signing.Config``)
+over the staged directory, so what is signed is exactly what is installed; the writer then
+fsyncs it with the rest and swaps the directory in. Key and certificate are loaded, and the
+certificate must be a code-signing leaf (what a load with trusted keys demands), before
+anything on disk changes. Needs ``qkan-pack[sign]``.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from typing import Any
 
 from ..errors import ArtifactSignatureError
 from ..format import MANIFEST_NAME, SIGNATURE_NAME
-from ..runtime import read_artifact
-from ._writer import install_artifact
+from ..runtime import code_signing_problem, read_artifact
+from ._writer import install_artifact, locked_target
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,11 @@ def sign(path: str | os.PathLike[str], private_key: str | os.PathLike[str], *,
     or ``qkan-pack verify --key``: the public key, or the root certificate.
     """
     config = _signing_config(str(path), private_key, certificate, chain, password)
-    artifact = read_artifact(path)
-    files = {**artifact.files, MANIFEST_NAME: artifact.manifest_bytes}
-    install_artifact(path, files, force=True,
-                     derived=lambda staging: {SIGNATURE_NAME: _signature(config, staging)})
+    with locked_target(path):
+        artifact = read_artifact(path)
+        files = {**artifact.files, MANIFEST_NAME: artifact.manifest_bytes}
+        install_artifact(path, files, force=True,
+                         derived=lambda staging: {SIGNATURE_NAME: _signature(config, staging)})
     signer = f"certificate {certificate}" if certificate is not None else f"key {private_key}"
     return SignResult(path=Path(path), digest=artifact.digest, signer=signer)
 
@@ -71,6 +76,7 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
             if not chain:
                 raise ArtifactSignatureError(path=where, problem="signing key", detail=(
                     "--chain: give the intermediate (or root) certificate(s)"))
+            _check_signing_certificate(where, Path(certificate))
             config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
                                           certificate_chain=list(chain))
     except (ValueError, TypeError, OSError, AttributeError) as exc:
@@ -78,6 +84,25 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
         raise ArtifactSignatureError(path=where, problem="signing key",
                                      detail=f"{private_key}: {reason}") from None
     return config
+
+
+def _check_signing_certificate(where: str, certificate: Path) -> None:
+    """Refuse, before anything is signed, a certificate that a load would refuse: one that
+    is not a code-signing leaf (a TLS server's, a CA's)."""
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificate(certificate.read_bytes())
+        problem = code_signing_problem(leaf)
+    except (ValueError, OSError, x509.DuplicateExtension) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ArtifactSignatureError(path=where, problem="signing key",
+                                     detail=f"{certificate}: {reason}") from None
+    if problem is not None:
+        raise ArtifactSignatureError(
+            path=where, problem="signing key",
+            detail=f"{certificate} ({leaf.subject.rfc4514_string()}) may not sign code: "
+                   f"{problem}; sign with {ArtifactSignatureError.CODE_SIGNING_LEAF}")
 
 
 def _signature(config: Any, staging: Path) -> bytes:

@@ -8,6 +8,7 @@ The child also records Triton's installation key (``runtime/_triton_key``) so th
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
 inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
 ``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.
+The whole read-compile-write holds the target's writer lock (a concurrent build waits).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ..runtime import (
     resolve_device,
     triton_key_file,
 )
-from ._writer import write_artifact
+from ._writer import locked_target, write_artifact
 
 if TYPE_CHECKING:
     import torch
@@ -72,11 +73,25 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
     (with ``compiled``, inductor's cache for compiled mode as well)."""
     target = check_warm_device(device)
     root = Path(path)
-    artifact = read_artifact(root)
-    key, details = kernel_key(target.index or 0)
+    # from the read to the write, under the writer lock: a build --force installing in
+    # between would otherwise be undone by the old artifact plus kernels (it waits instead,
+    # then replaces the warmed artifact, as --force says)
+    with locked_target(root):
+        artifact = read_artifact(root)
+        key, details = kernel_key(target.index or 0)
+        details, shipped = _compile_kernels(root, target, key, details,
+                                            config_overrides or {}, compiled)
+        return _store(root, artifact, key, details, shipped)
+
+
+def _compile_kernels(root: Path, target: torch.device, key: str, details: Mapping[str, str],
+                     overrides: Mapping[str, object], compiled: bool
+                     ) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Load ``root`` in a child with empty caches; the kernel set's details and files."""
+    details = dict(details)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
         cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
-        _compile_in_child(root, str(target), Path(scratch), config_overrides or {}, compiled)
+        _compile_in_child(root, str(target), Path(scratch), overrides, compiled)
         shipped = {f"{KERNELS_DIR}/{key}/{name}": data
                    for name, data in collect_kernel_cache(cache).items()}
         if not shipped:
@@ -85,14 +100,14 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
                 "(the model uses only precompiled torch kernels, so cold starts are already warm)"
             )
         if compiled:
-            details = {**details, "inductor": inductor_file(f"{KERNELS_DIR}/{key}"),
-                       "inductor_mode": INDUCTOR_MODE}
+            details.update(inductor=inductor_file(f"{KERNELS_DIR}/{key}"),
+                           inductor_mode=INDUCTOR_MODE)
             shipped[details["inductor"]] = _inductor_bytes(inductor, root)
         record = Path(scratch) / "triton-key.json"
         if record.exists():  # Triton's installation key, so loads can skip hashing it
-            details = {**details, "triton_key": triton_key_file(f"{KERNELS_DIR}/{key}")}
+            details["triton_key"] = triton_key_file(f"{KERNELS_DIR}/{key}")
             shipped[details["triton_key"]] = record.read_bytes()
-    return _store(root, artifact, key, details, shipped)
+    return details, shipped
 
 
 def _inductor_bytes(path: Path, root: Path) -> bytes:

@@ -19,6 +19,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -62,12 +63,41 @@ def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes],
     """
     target = output_path(target)
     refuse_unsafe_output(target, protect)
-    try:
+    with _write_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         with _target_lock(target):
             _sweep_partials(target)  # first: it may put back an artifact a killed build moved aside
             _refuse_existing(target, force)
             _stage_and_install(target, files, derived)
+    return target
+
+
+@contextlib.contextmanager
+def locked_target(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold ``target``'s writer lock across a read-modify-write (``sign``, ``warm``): read the
+    artifact inside, then install (``install_artifact`` re-enters the held lock). Without it
+    a ``build --force`` installing between the read and the write was silently undone by
+    the old artifact. Yields the absolute output path.
+
+    Where the folder does not exist there is nothing to lock against: the read that follows
+    says what is missing (the lock file would have to create the folder first).
+    """
+    path = output_path(target)
+    if not path.parent.is_dir():
+        yield path
+        return
+    with contextlib.ExitStack() as held:
+        with _write_errors(path):  # only taking the lock: the caller's own errors are its own
+            held.enter_context(_target_lock(path))
+        yield path
+
+
+@contextlib.contextmanager
+def _write_errors(target: Path) -> Iterator[None]:
+    """Any OS failure (read-only file system, permissions, full disk) as one ``ArtifactError``
+    naming the path that failed."""
+    try:
+        yield
     except OSError as exc:
         if isinstance(exc, ArtifactError):
             raise
@@ -78,7 +108,6 @@ def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes],
         raise ArtifactError(
             f"cannot write artifact {target}: {exc.strerror or exc}{where}; free space or fix "
             "permissions and build again", path=failed) from exc
-    return target
 
 
 def _stage_and_install(target: Path, files: Mapping[str, bytes],
@@ -152,14 +181,33 @@ def _refuse_existing(target: Path, force: bool) -> None:
 
 @contextlib.contextmanager
 def _target_lock(target: Path) -> Iterator[None]:
-    """Serialise concurrent builds to one target (advisory flock beside it)."""
-    lock_path = target.parent / f".{target.name}.lock"
+    """Serialise writers of one target (advisory flock beside it): builds, and ``sign`` and
+    ``warm`` from their read to their write. Re-entrant within a thread (a held lock is not
+    taken again: a second flock on a new descriptor would wait for itself); another thread
+    or process waits."""
+    lock_path = str(target.parent / f".{target.name}.lock")
+    held = _held_locks()
+    if lock_path in held:
+        yield
+        return
     with open(lock_path, "a+") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        held.add(lock_path)
         try:
             yield
         finally:
+            held.discard(lock_path)
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+_THREAD = threading.local()
+
+
+def _held_locks() -> set[str]:
+    """The target locks this thread holds."""
+    if not hasattr(_THREAD, "held"):
+        _THREAD.held = set()
+    return _THREAD.held
 
 
 def _sweep_partials(target: Path) -> None:

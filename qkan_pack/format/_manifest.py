@@ -93,6 +93,14 @@ class OutputNode:
         for item in self.items:
             yield from item.leaves()
 
+    def leaf_names(self, prefix: str = "output") -> Iterator[str]:
+        """Each tensor leaf's place, in ``leaves()`` order: ``output``, ``output[0].boxes``."""
+        if self.kind == "tensor" and self.tensor is not None:
+            yield prefix
+        for index, item in enumerate(self.items):
+            step = f".{self.keys[index]}" if self.kind == "dict" else f"[{index}]"
+            yield from item.leaf_names(prefix + step)
+
     @property
     def label(self) -> str:
         if self.kind == "tensor" and self.tensor is not None:

@@ -27,6 +27,7 @@ from ._options import (
     LoadOptions,
     Tolerance,
 )
+from ._signature import code_signing_problem
 from ._source import (
     accepts_device,
     call_factory,
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from ._progress import progress_bar
     from ._report import LoadReport, ShapeRecord
     from ._runners import EagerRunner, GraphRunner
-    from ._selftest import check_outputs, compare, float64_noise
+    from ._selftest import check_outputs, compare, float64_noise, uninformative_outputs
     from ._submodules import SubmoduleGraphs, select_submodules
     from ._tree import (
         ClassTable,
@@ -99,7 +100,7 @@ _LAZY = {
     "LoadReport": "_report", "ShapeRecord": "_report",
     "EagerRunner": "_runners", "GraphRunner": "_runners",
     "check_outputs": "_selftest", "compare": "_selftest",
-    "float64_noise": "_selftest",
+    "float64_noise": "_selftest", "uninformative_outputs": "_selftest",
     "SubmoduleGraphs": "_submodules", "select_submodules": "_submodules",
     "describe_output": "_tree", "dtype_name": "_tree", "flatten": "_tree",
     "map_leaves": "_tree", "torch_dtype": "_tree", "unflatten": "_tree",
@@ -141,6 +142,7 @@ __all__ = [
     "check_entry_named",
     "check_outputs",
     "clear_cublas_workspaces",
+    "code_signing_problem",
     "collect_kernel_cache",
     "compare",
     "content_name",
@@ -181,6 +183,7 @@ __all__ = [
     "torch_dtype",
     "triton_key_file",
     "unflatten",
+    "uninformative_outputs",
     "warm_up",
 ]
 

@@ -15,7 +15,7 @@ import os
 import stat
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from ..format import (
     parse_manifest,
 )
 from ._options import normalise_digest
-from ._source import check_entry_named
+from ._source import SourceLines, check_entry_named
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
 
@@ -54,6 +54,9 @@ class VerifiedArtifact:
     files: Mapping[str, bytes]
     signed_by: str | None = None
     manifest_bytes: bytes = b""
+    #: The model source's lines in ``linecache`` while it is imported and rebuilt from this
+    #: artifact; a ``Predictor`` takes it over and releases it at close.
+    source_lines: SourceLines = field(default_factory=SourceLines, compare=False, repr=False)
 
 
 def sha256_hex(data: bytes) -> str:

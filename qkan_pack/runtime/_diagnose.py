@@ -6,7 +6,8 @@ same call runs once more, eagerly, under a dispatch mode that watches for what a
 cannot hold: values read back to the host (``.item()``, ``bool(tensor)``, ``.tolist()``:
 ``aten::_local_scalar_dense``), ops whose output size depends on data (``nonzero``,
 ``masked_select``, ``unique``), and copies between the host and the device (a tensor made on
-the CPU inside ``forward`` and moved to the GPU). The first one found is reported with the
+the CPU inside ``forward`` and moved to the GPU), nested tensors (sized from data on the
+host), and any op torch tags as data-dependent. The first one found is reported with the
 innermost frame of user code that issued it.
 """
 
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._source import shown_path
 
 _HOST_SYNC = {
     "aten::_local_scalar_dense": ".item(), bool(), int() or .tolist() reads a value back to "
@@ -57,6 +60,12 @@ def _unsafe(func: Any, args: tuple, kwargs: dict, device: torch.device) -> str |
     name = func._schema.name
     if name in _HOST_SYNC:
         return f"{name} ({_HOST_SYNC[name]})"
+    if name.startswith("aten::_nested_tensor_from_mask") or any(
+            t.is_nested for t in _tensors(args, kwargs)):
+        return (f"{name} (nested tensors take their sizes from the data "
+                "on the host: nn.TransformerEncoder's fast path with a padding mask builds "
+                "them; construct it with enable_nested_tensor=False)")
+
     if name in ("aten::index", "aten::index_put", "aten::index_put_") and any(
             t.dtype == torch.bool for t in _tensors(tuple(args[1]) if len(args) > 1 and
                                                     isinstance(args[1], (list, tuple)) else (), {})):
@@ -69,6 +78,11 @@ def _unsafe(func: Any, args: tuple, kwargs: dict, device: torch.device) -> str |
         if "cpu" in devices and device.type in devices:
             return f"{name} (a copy between the host and {device.type}: make tensors on the " \
                    "device inside forward, or register them as buffers)"
+    tags = getattr(func, "tags", ())
+    if torch.Tag.data_dependent_output in tags:
+        return f"{name} (its result is read back to the host)"
+    if torch.Tag.dynamic_output_shape in tags and not name.startswith("aten::index"):
+        return f"{name} (its output size depends on the data)"  # index: only a bool mask
     return None
 
 
@@ -81,7 +95,7 @@ def _user_frame() -> str:
     for frame in reversed(traceback.extract_stack()):
         filename = os.path.abspath(frame.filename)
         if not filename.startswith(_SKIPPED_ROOTS) and "<frozen" not in frame.filename:
-            return f" at {frame.filename}:{frame.lineno}"
+            return f" at {shown_path(frame.filename)}:{frame.lineno}"
     return ""
 
 

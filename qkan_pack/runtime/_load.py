@@ -41,7 +41,14 @@ from ._options import (
 )
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
-from ._selftest import ReferenceCheck, check_outputs, check_reference, float64_noise
+from ._selftest import (
+    ReferenceCheck,
+    check_outputs,
+    check_reference,
+    float64_forward,
+    float64_outputs,
+    uninformative_outputs,
+)
 from ._source import (
     call_factory,
     entry_function,
@@ -52,6 +59,9 @@ from ._source import (
 from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
 
+#: Solvers whose arithmetic is the plain PyTorch one a float32 build ran (QKAN's ``exact``):
+#: another solver on the loading host is other arithmetic, whatever the manifest records.
+EXACT_SOLVERS = ("exact",)
 _REFERENCE_HINT = ("The model, weights or runtime differ from the build host; if the difference "
                    "is expected (another solver or device), pass reference_tolerance=(rtol, atol)")
 _REPLAY_HINT = ("The captured graph is wrong; report a bug with the artifact, or use "
@@ -259,32 +269,56 @@ def _check_references(model: torch.nn.Module, forward: Any, samples: list[Sample
         with full_float32(target):
             outputs = _eager_outputs(forward, samples, manifest.model.source)
     checks = []
-    for (label, inputs), got, want, noise in zip(samples, outputs, expected, noises, strict=True):
-        measure = partial(_device_noise, model, manifest, inputs, got)
+    for (label, inputs), got, want, noise, entry in zip(samples, outputs, expected, noises,
+                                                        manifest.shapes, strict=True):
+        _warn_if_uninformative(label, want, list(entry.outputs.leaf_names()), report)
+        measure = partial(_device_float64, model, manifest, inputs)
         checks.append(check_reference(label, got, want, noise=noise,
-                                      ceiling=report.reference_tolerance, device_noise=measure,
-                                      warn=report.warn, hint=_REFERENCE_HINT))
+                                      ceiling=report.reference_tolerance, device_float64=measure,
+                                      warn=report.warn, hint=_REFERENCE_HINT,
+                                      names=list(entry.outputs.leaf_names())))
     return checks
 
 
-def _device_noise(model: torch.nn.Module, manifest: Manifest, inputs: list[torch.Tensor],
-                  outputs: list[torch.Tensor]) -> float | None:
-    """This device's float32 rounding noise on one sample (``float64_noise``); None when the
-    float64 copy does not fit or fails."""
-    return float64_noise(model, manifest.input_names, manifest.call, [inputs], [outputs])[0]
+def _warn_if_uninformative(label: str, want: list[torch.Tensor], names: list[str],
+                           report: LoadReport) -> None:
+    """Say so when a reference cannot tell models apart (built with
+    ``--allow-constant-references``): the self-test passed, but proves nothing for it."""
+    empty, constant = uninformative_outputs(want, names)
+    if empty or (constant and len(constant) == len(want)):
+        report.warn(f"shape {label}: the build references {', '.join([*empty, *constant])} "
+                    "carry no information, so the self-test cannot tell this model from an "
+                    "edited one: rely on the pinned digest or the signature")
+
+
+def _device_float64(model: torch.nn.Module, manifest: Manifest,
+                    inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The model's outputs in float64 on this device for one sample; None when a float64
+    copy does not fit or fails. The copy is freed before returning."""
+    forward = float64_forward(model, manifest.input_names, manifest.call)
+    return None if forward is None else float64_outputs(forward, inputs)
 
 
 def default_tolerance(manifest: Manifest, target: torch.device, overrides: Mapping[str, Any],
                       solvers: list[str]) -> Tolerance:
     """How far this load may be from the build references: the same arithmetic on the same
-    device type, on another device type, or other arithmetic altogether."""
-    same_device = manifest.reference_device == target.type
-    recorded = manifest.model.solvers or None  # format 1 did not record them
-    if overrides or (recorded is not None and list(recorded) != solvers):
+    device type, on another device type, or other arithmetic altogether.
+
+    The class comes from what this host runs: the loader's own config overrides, or a solver
+    other than QKAN's exact one that differs from what the build recorded (QKAN's fused GPU
+    solver on a host where the build ran the exact one). Manifest fields can only tighten
+    it: recorded solvers that differ from an exact solver running here do not loosen the
+    check, so a re-hashed ``model.solvers`` cannot widen the bound a weight edit must pass.
+    """
+    if overrides:
         return CROSS_SOLVER_TOLERANCE
-    if same_device:
+    recorded = manifest.model.solvers or None  # format 1 did not record them
+    other_arithmetic = [s for s in solvers if s not in EXACT_SOLVERS]
+    if other_arithmetic and (recorded is None or list(recorded) != solvers):
+        return CROSS_SOLVER_TOLERANCE
+    if manifest.reference_device == target.type:
         return SAME_HOST_TOLERANCE
-    return CROSS_DEVICE_TOLERANCE if recorded is not None or not solvers else CROSS_SOLVER_TOLERANCE
+    return CROSS_DEVICE_TOLERANCE
 
 
 def model_solvers(model: torch.nn.Module) -> list[str]:
@@ -314,10 +348,10 @@ def rebuild_model(artifact: VerifiedArtifact, target: torch.device, config: Mapp
 
 def source_module(artifact: VerifiedArtifact) -> ModuleType:
     """The artifact's verified model source as a module (imported once per process: the
-    module is named after its content)."""
+    module is named after its content), its lines held by the artifact's ``source_lines``."""
     info = artifact.manifest.model
     sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
-    return import_model_source(info.source, sources)
+    return import_model_source(info.source, sources, lines=artifact.source_lines)
 
 
 def reference_samples(artifact: VerifiedArtifact, target: torch.device

@@ -46,6 +46,7 @@ class Predictor:
         self._model = loaded.model
         self._classes = loaded.classes
         self._runner: EagerRunner | GraphRunner | None = loaded.runner
+        self._source_lines = loaded.artifact.source_lines  # the model's lines, until close
         self._lock = threading.Lock()
         self._inputs = InputMatcher(manifest, self.device, options.pad_batch)
         self._fast = self._inputs.fast
@@ -124,12 +125,14 @@ class Predictor:
 
     def close(self) -> None:
         """Free captured graphs and their memory pool, after any call in flight has finished;
-        later calls (and calls that were waiting) raise ``PredictorClosedError``."""
+        later calls (and calls that were waiting) raise ``PredictorClosedError``. The model
+        source's lines leave ``linecache`` when no other predictor of them is open."""
         with self._lock:
             if self._runner is not None:
                 self._runner.close()
             self._runner = None
             self._model = None  # type: ignore[assignment]
+            self._source_lines.release()
 
     def __enter__(self) -> Predictor:
         return self

@@ -5,12 +5,18 @@ this the model that was built?), and replayed outputs against eager outputs on t
 device (is the captured graph right?). Tolerances say how far each may drift.
 
 How far a sound model may drift from its references depends on the model: a deep network
-accumulates more float32 rounding than a shallow one. Build measures each reference's own
-rounding noise (its float32 outputs against the same model run in float64) and a load
-allows a multiple of it, within the fixed tolerance: tight enough to refuse a one-channel
-edit of a transformer, loose enough for another device's summation order. Measured on an
-H200 for 7 torchvision/timm/transformers models built on a CPU: cross-device differences
-were at most 4.5x the build's noise (``benchmarks/results/*noise*``).
+accumulates more float32 rounding than a shallow one, a bfloat16 one far more. Build
+measures each reference's own rounding noise (its outputs against the same model run in
+float64) and a load allows a multiple of it, within the fixed tolerance: tight enough to
+refuse a one-channel edit of a transformer, loose enough for another device's summation
+order (``benchmarks/results/*noise*`` has the cross-device figures). Past that multiple,
+the model runs in float64 on the loading device, which must reproduce the recorded noise
+itself: that tells another device's rounding from an edit even for half-precision models,
+whose own rounding exceeds the fixed tolerance.
+
+What the self-test cannot do: see an edit smaller than the model's own rounding, or notice
+references regenerated together with the edit (a re-signed artifact). Digests pinned out of
+band and signatures are the defence against those.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,10 +42,15 @@ NOISE_FACTOR = 16.0
 #: ... and the bound is never below this share of the output's scale (float32 outputs
 #: that happen to be exact still reassociate on another host).
 NOISE_FLOOR = 1e-6
-#: A refusal under the noise bound that the fixed tolerance would accept is looked at again
-#: with this device's own noise: a sound model is within the sum of both noises (triangle
-#: inequality through the two float64 results), this factor is the margin.
-LOAD_NOISE_FACTOR = 4.0
+#: A refusal under the noise bound is looked at again with the model in float64 on this
+#: device: float64 results of one model agree across devices to ~1e-15 of their scale, so
+#: the references' distance from them is the recorded noise again, up to its two-digit
+#: rounding (this margin) and this floor.
+FLOAT64_MARGIN = 1.25
+FLOAT64_FLOOR = 1e-9
+#: The most a half-precision output's recorded noise may loosen the reference check to:
+#: four units in the last place of the dtype (bfloat16 2**-7, float16 2**-10).
+HALF_CEILING = {torch.bfloat16: 4 * 2.0**-7, torch.float16: 4 * 2.0**-10}
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,19 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     return Agreement(worst_abs, worst_rel, ok)
 
 
+def uninformative_outputs(outputs: Sequence[torch.Tensor],
+                          names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(empty outputs, constant outputs) among one reference's flat outputs, as
+    ``name (why)`` texts: outputs by which no self-test can tell one model from another."""
+    empty, constant = [], []
+    for name, tensor in zip(names, outputs):
+        if tensor.numel() == 0:
+            empty.append(f"{name} (empty, {'x'.join(map(str, tensor.shape))})")
+        elif tensor.numel() > 1 and bool((tensor == tensor.reshape(-1)[0]).all()):
+            constant.append(f"{name} (every element {tensor.reshape(-1)[0].item():g})")
+    return empty, constant
+
+
 def check_outputs(label: str, compared: str, got: Sequence[torch.Tensor],
                   want: Sequence[torch.Tensor], tolerance: Tolerance, hint: str) -> float:
     """``compare``, raising ``SelfTestError`` when outside tolerance; the worst difference."""
@@ -118,6 +143,25 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
     and buffers), a floating output is computed in float32 even there (a constant float32
     output, the same in both runs, is skipped), or a non-float output differs. The copy is
     freed before returning; ``progress`` as ``progress_bar``'s."""
+    forward = float64_forward(model, names, call)
+    if forward is None:
+        return [None] * len(samples)
+    noises: list[float | None] = []
+    try:
+        for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
+                                           desc="reference noise (float64)",
+                                           total=len(samples), enabled=progress):
+            wide = float64_outputs(forward, inputs)
+            noise = None if wide is None else deviation(narrow, wide)
+            noises.append(None if noise is None else float(f"{noise:.2g}"))
+    finally:
+        del forward
+    return noises
+
+
+def float64_forward(model: torch.nn.Module, names: Sequence[str],
+                    call: str) -> Callable[..., Any] | None:
+    """A float64 copy of ``model``, bound like its forward; None when it cannot be made."""
     try:
         # eval() again after the cast: modules that fold weights into eval-time caches
         # (QKAN) rebuild them from the float64 parameters
@@ -125,29 +169,29 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
             warnings.simplefilter("ignore")
             wide = copy.deepcopy(model).double().train(model.training)
     except Exception:
-        return [None] * len(samples)
-    forward = bind_forward(wide, names, call)
-    noises: list[float | None] = []
-    try:
-        for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
-                                           desc="reference noise (float64)",
-                                           total=len(samples), enabled=progress):
-            noises.append(_noise(forward, inputs, narrow))
-    finally:
-        del forward, wide
-    return noises
+        return None
+    return bind_forward(wide, names, call)
 
 
-def _noise(forward: object, inputs: Sequence[torch.Tensor],
-           narrow: Sequence[torch.Tensor]) -> float | None:
+def float64_outputs(forward: Callable[..., Any],
+                    inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The float64 copy's flat outputs on ``inputs`` (floating inputs widened); None when
+    its forward fails."""
     widened = [t.double() if t.is_floating_point() else t for t in inputs]
     try:
         # the float32 run already showed the model code's warnings; this is a measurement
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            wide = flatten(forward(*widened))  # type: ignore[operator]
+            return flatten(forward(*widened))
     except Exception:
         return None
+
+
+def deviation(narrow: Sequence[torch.Tensor], wide: Sequence[torch.Tensor]) -> float | None:
+    """How far ``narrow`` outputs are from the float64 ones, as a share of each output's
+    scale (``compare``'s ``max_rel``); None when that means nothing: a different number
+    of outputs, a floating output the float64 copy still computes in another dtype (unless
+    it is the same constant in both), or a non-float output that differs."""
     if len(wide) != len(narrow):
         return None
     pairs = []
@@ -157,8 +201,8 @@ def _noise(forward: object, inputs: Sequence[torch.Tensor],
                 return None  # computed in float32 even here: no float64 to measure against
             continue  # a constant (``torch.zeros(2)``, a placeholder loss): nothing to measure
         pairs.append((a.double() if a.is_floating_point() else a, b))
-    noise = compare([a for a, _ in pairs], [b for _, b in pairs], (0.0, 0.0)).max_rel
-    return float(f"{noise:.2g}") if noise < float("inf") else None
+    found = compare([a for a, _ in pairs], [b for _, b in pairs], (0.0, 0.0)).max_rel
+    return found if found < float("inf") else None
 
 
 @dataclass(frozen=True)
@@ -170,41 +214,101 @@ class ReferenceCheck:
     tolerance: Tolerance
 
 
+def half_ceiling(outputs: Sequence[torch.Tensor]) -> float | None:
+    """The loosest bound a half-precision model's references may be held to, from the dtypes
+    its outputs have on this host (None: no half-precision output). Derived from what runs
+    here, never from the manifest: a re-hashed noise figure cannot loosen a float32 model."""
+    bounds = [HALF_CEILING[t.dtype] for t in outputs if t.dtype in HALF_CEILING]
+    return max(bounds) if bounds else None
+
+
+def structure_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                         names: Sequence[str] = ()) -> str | None:
+    """What differs in the outputs' structure (count, a leaf's shape or dtype), in words;
+    None when only values may differ. A detector's number of detections, say, follows its
+    weights: such a change is no rounding, and no tolerance could accept it."""
+    if len(got) != len(want):
+        return f"the model returns {len(got)} tensors here, {len(want)} at build"
+    for index, (a, b) in enumerate(zip(got, want)):
+        name = names[index] if index < len(names) else f"output {index}"
+        if a.shape != b.shape:
+            return (f"{name} is {_dims(a)} here, {_dims(b)} at build")
+        if a.dtype != b.dtype:
+            return f"{name} is {str(a.dtype).removeprefix('torch.')} here, " \
+                   f"{str(b.dtype).removeprefix('torch.')} at build"
+    return None
+
+
+def _dims(tensor: torch.Tensor) -> str:
+    return "x".join(map(str, tensor.shape)) or "a scalar"
+
+
 def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], *,
                     noise: float | None, ceiling: Tolerance,
-                    device_noise: Callable[[], float | None], warn: Callable[[str], None],
-                    hint: str) -> ReferenceCheck:
+                    device_float64: Callable[[], list[torch.Tensor] | None],
+                    warn: Callable[[str], None], hint: str,
+                    names: Sequence[str] = ()) -> ReferenceCheck:
     """Outputs on this host against the build references, held to the model's own rounding
     noise (``noise_tolerance``; ``noise`` None: to ``ceiling``).
 
-    Outside the noise bound but within ``ceiling``, the difference is weighed against this
-    device's own noise too (``device_noise``, measured only then): a sound model is within
-    the sum of the two noises, whatever this device's summation order; a changed model is
-    not. Where this device's noise cannot be measured, ``ceiling`` decides, with a warning.
+    Beyond that bound, the model is run once more in float64 on this device
+    (``device_float64``, only then): the same model reproduces the references' recorded
+    distance from float64 (``noise``) whatever this device's summation order or precision,
+    an edited one does not. Float32 outputs stay within ``ceiling``; half-precision ones
+    (whose own rounding exceeds it) within ``half_ceiling``. Where no float64 copy runs
+    here, ``ceiling`` decides, with a warning.
     """
     compared = "outputs on this host and the build-time references"
+    problem = structure_difference(got, want, names)
+    if problem is not None:
+        raise SelfTestError(shape=label, compared=compared, max_abs=float("inf"),
+                            tolerance=ceiling, problem=problem,
+                            hint="the model, its weights or the runtime differ from what was "
+                                 "built")
     tight = noise_tolerance(noise, ceiling)
     agreement = compare(got, want, tight)
     if agreement.ok:
         return ReferenceCheck(agreement.max_abs, tight)
-    if noise is None or tight == ceiling or not compare(got, want, ceiling).ok:
+    half = half_ceiling(got)
+    within_ceiling = compare(got, want, ceiling).ok
+    if noise is None or (half is None and not within_ceiling):
         raise SelfTestError(shape=label, compared=compared, max_abs=agreement.max_abs,
                             max_rel=agreement.max_rel, tolerance=ceiling, hint=hint)
-    here = device_noise()
-    if here is None:
+    wide = device_float64()
+    if wide is None and half is None:
         warn(f"shape {label}: outputs differ from the build references by "
              f"{agreement.max_rel:.2g} of their scale, more than {NOISE_FACTOR:g}x the "
-             f"model's float32 noise ({noise:.2g}), and this device's noise could not be "
-             "measured (no float64 copy of the model here): accepted under the fixed tolerance "
-             f"{ceiling}; pin the digest or sign the artifact to rule out an edit")
+             f"model's float32 noise ({noise:.2g}), and no float64 copy of the model runs "
+             f"here: accepted under the fixed tolerance {ceiling}; pin the digest or sign the "
+             "artifact to rule out an edit")
         return ReferenceCheck(agreement.max_abs, ceiling)
-    bound = LOAD_NOISE_FACTOR * (noise + here)
-    if agreement.max_rel <= bound:
+    limit = ceiling[1] if half is None else half
+    bound = min(limit, FLOAT64_MARGIN * noise + FLOAT64_FLOOR)
+    found = None if wide is None else deviation(want, wide)
+    if found is not None and found <= bound and agreement.max_rel <= limit:
         return ReferenceCheck(agreement.max_abs, (0.0, bound))
     raise SelfTestError(
         shape=label, compared=compared, max_abs=agreement.max_abs, max_rel=agreement.max_rel,
-        tolerance=(0.0, bound),
-        hint=(f"The model's float32 rounding noise is {noise:.2g} of the outputs' scale on "
-              f"the build host and {here:.2g} here (each against float64), so the same model "
-              f"stays within {bound:.2g}: the weights, model source or runtime differ from "
-              "what was built. If that is expected, pass reference_tolerance=(rtol, atol)"))
+        tolerance=(0.0, bound), hint=_float64_hint(noise, found, bound, limit, half, wide))
+
+
+def _float64_hint(noise: float, found: float | None, bound: float, limit: float,
+                  half: float | None, wide: list[torch.Tensor] | None) -> str:
+    """Why the float64 check refused, in the figures it compared."""
+    what = "bfloat16/float16" if half is not None else "float32"
+    if wide is None:
+        return (f"The model's {what} rounding noise ({noise:.2g} of the outputs' scale) is "
+                "above the fixed tolerance and no float64 copy of the model runs here to tell "
+                "rounding from an edit; pin the digest or sign the artifact, and pass "
+                "reference_tolerance=(rtol, atol) only if you trust it")
+    if found is None:
+        return ("The model in float64 here does not give outputs comparable with the "
+                "references: the weights, model source or runtime differ from what was built")
+    if noise * FLOAT64_MARGIN > limit:
+        return (f"The recorded {what} noise ({noise:.2g} of the outputs' scale) is above the "
+                f"most this host allows for {what} outputs ({limit:.2g}): the manifest was "
+                "edited, or the model is too imprecise to check")
+    return (f"The model computed in float64 here is {found:.2g} of the outputs' scale from the "
+            f"references; the build measured {noise:.2g} for the model it built, so the same "
+            f"model stays within {bound:.2g}: the weights, model source or runtime differ from "
+            "what was built")

@@ -11,6 +11,15 @@ library checks the signature itself (``Verifier.verify(Signature)``: DSSE envelo
 certificate chain) and returns the signed file digests; those are compared with the digests
 of what was read. The lower layer is private API, so ``model-signing`` is pinned exactly
 (``[sign]`` extra, ``==1.1.1``) and the tests exercise every path through it.
+
+What the library leaves to its caller is done here: the bundle's shape is checked before
+the library indexes into it (one signature, a non-empty certificate chain), so a malformed
+bundle is an ``ArtifactSignatureError`` and never a raw ``IndexError``; the unsigned key hint
+never picks the key (every trusted key is tried); and a certificate must be a code-signing
+leaf, not merely one whose key may sign (the library's only check), or any TLS server key
+under a trusted root could ship code. Nothing here lets the library print: its one
+``print`` (a bundle without key hint) is never reached, and a ``print`` to the process's
+stdout would corrupt ``inspect --json``.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ def verify_signature(root: Path, signature: bytes | None, manifest_bytes: bytes,
         raise ArtifactSignatureError(path=where, problem="missing", name=SIGNATURE_NAME)
     modules = _library("signature", where)[0]
     bundle = _parse_bundle(signature, modules, where)
+    _check_envelope(bundle.bundle, where)
     material = bundle.bundle.verification_material
     if material.public_key is not None:
         signed, signer = _verify_with_keys(bundle, trust, modules, where)
@@ -120,68 +130,199 @@ def _library(purpose: str, where: str) -> tuple[Any, Any]:
     modules = SimpleNamespace(ec=sign_ec_key, certificate=sign_certificate,
                               pb=sign_sigstore_pb, bundle=bundle_pb,
                               invalid=exceptions.InvalidSignature,
-                              chain_error=crypto.X509StoreContextError)
+                              chain_error=crypto.X509StoreContextError,
+                              malformed=(*_MALFORMED, crypto.Error,
+                                         exceptions.UnsupportedAlgorithm))
     pem = SimpleNamespace(load_pem_public_key=serialization.load_pem_public_key,
                           load_pem_x509_certificates=x509.load_pem_x509_certificates)
     return modules, pem
 
 
+#: What the library and the bundle model raise on malformed input (``IndexError`` and
+#: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
+_MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
+                                               AttributeError)
+
+
 def _parse_bundle(data: bytes, modules: Any, where: str) -> Any:
     """The bundle from the bytes read (strict JSON: a duplicate key is refused, never
-    resolved one way here and another way by some other verifier)."""
+    resolved one way here and another way by some other verifier), read as the library's
+    own ``Signature.read`` reads it: bundles of older model-signing versions lack the key
+    hint and the transparency-log list, and may carry key bytes that are ignored."""
     try:
         raw = loads_strict(data)
+        material = raw["verificationMaterial"]
+        material.setdefault("tlogEntries", [])
+        if isinstance(material.get("publicKey"), dict):
+            material["publicKey"].setdefault("hint", None)
+            for ignored in ("rawBytes", "keyDetails"):
+                material["publicKey"].pop(ignored, None)
         return modules.pb.Signature(modules.bundle.Bundle.from_dict(raw))
-    except (ManifestError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ManifestError, *_MALFORMED) as exc:
         raise ArtifactSignatureError(path=where, problem="invalid",
                                      detail=f"{SIGNATURE_NAME} is not a signature bundle: "
                                             f"{str(exc)[:120]}") from None
 
 
+def _check_envelope(bundle: Any, where: str) -> None:
+    """What the library takes for granted: a DSSE envelope with exactly one signature (it
+    checks ``signatures[0]`` and would ignore any other, so a second one vouches for
+    nothing), and a non-empty certificate chain when certificates are named."""
+    envelope = bundle.dsse_envelope
+    if envelope is None:
+        raise ArtifactSignatureError(path=where, problem="invalid",
+                                     detail="the bundle holds no DSSE envelope")
+    if len(envelope.signatures) != 1:
+        raise ArtifactSignatureError(
+            path=where, problem="invalid",
+            detail=f"the envelope holds {len(envelope.signatures)} signatures, not one")
+    chain = bundle.verification_material.x509_certificate_chain
+    if chain is not None and not chain.certificates:
+        raise ArtifactSignatureError(path=where, problem="invalid",
+                                     detail="the certificate chain is empty")
+
+
 def _verify_with_keys(bundle: Any, trust: Trust, modules: Any,
                       where: str) -> tuple[dict[str, str], str]:
-    """Try each trusted key; the bundle's key hint picks the one that signed (the library
-    checks the hint, then the ECDSA signature over the DSSE envelope)."""
-    hint = bundle.bundle.verification_material.public_key.hint or "none"
-    for key in trust.keys:
+    """Try every trusted key, in sorted order, until one verifies the ECDSA signature over
+    the DSSE envelope. The bundle's key hint is not signed, so it picks nothing: each key
+    is tried with the hint set to its own (the library then checks the signature alone,
+    and never reaches its ``print`` for a bundle without hint). The hint only names the
+    refusal: "invalid" when it claims a trusted key that does not verify (altered after
+    signing), else "untrusted"."""
+    fingerprints = {key: _fingerprint(key) for key in sorted(trust.keys)}
+    for key, fingerprint in fingerprints.items():
         try:
-            manifest = modules.ec.Verifier(key).verify(bundle)
-        except ValueError as exc:
-            if "Key mismatch" in str(exc):
-                continue
+            manifest = modules.ec.Verifier(key).verify(_hinted(bundle, fingerprint, modules))
+        except modules.invalid:
+            continue
+        except modules.malformed as exc:
             raise _invalid(where, exc) from None
-        except (modules.invalid, KeyError, AttributeError, TypeError) as exc:
-            raise _invalid(where, exc) from None
-        return _digests(manifest, where), f"key {key} (sha256 {hint[:16]}…)"
+        return _digests(manifest, where), f"key {key} (sha256 {fingerprint[:16]}…)"
+    claimed = bundle.bundle.verification_material.public_key.hint
+    named = [key for key, fingerprint in fingerprints.items() if fingerprint == claimed]
+    if named:
+        raise ArtifactSignatureError(path=where, problem="invalid",
+                                     detail=f"it names the trusted key {named[0]}, which does "
+                                            "not verify it")
     raise ArtifactSignatureError(path=where, problem="untrusted",
-                                 detail=f"signed by the key with sha256 {hint[:16]}…, which is "
-                                        f"not among {len(trust.keys)} trusted key(s)")
+                                 detail=f"signed by a key that is not among {len(trust.keys)} "
+                                        "trusted key(s): none of them verifies it")
+
+
+def _fingerprint(key: Path) -> str:
+    """The key's hint as model-signing writes it: sha256 of its SubjectPublicKeyInfo PEM."""
+    from cryptography.hazmat.primitives import serialization
+
+    public = serialization.load_pem_public_key(key.read_bytes())
+    return hashlib.sha256(public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
+def _hinted(bundle: Any, fingerprint: str, modules: Any) -> Any:
+    """A copy of ``bundle`` whose (unsigned) key hint names ``fingerprint``."""
+    material = bundle.bundle.verification_material
+    key = material.public_key.model_copy(update={"hint": fingerprint})
+    return modules.pb.Signature(bundle.bundle.model_copy(update={
+        "verification_material": material.model_copy(update={"public_key": key})}))
 
 
 def _verify_with_anchors(bundle: Any, trust: Trust, modules: Any,
                          where: str) -> tuple[dict[str, str], str]:
-    """A certificate-signed bundle: its chain must lead to one of the trusted root
-    certificates (never to the system's default roots)."""
+    """A certificate-signed bundle: the signing certificate must be a code-signing leaf
+    (checked first: what it may do does not depend on who issued it), and its chain must
+    lead to one of the trusted root certificates (never to the system's default roots)."""
     if not trust.anchors:
         raise ArtifactSignatureError(path=where, problem="untrusted",
                                      detail="signed with a certificate, and no trusted key is "
                                             "a certificate")
+    leaf = _leaf(bundle, where)
+    subject = leaf.subject.rfc4514_string()
+    problem = _code_signing_problem(leaf, where)
+    if problem is not None:
+        raise ArtifactSignatureError(path=where, problem="certificate use",
+                                     detail=f"{subject}: {problem}")
     try:
         manifest = modules.certificate.Verifier(list(trust.anchors)).verify(bundle)
     except modules.chain_error as exc:
         raise ArtifactSignatureError(path=where, problem="untrusted",
                                      detail=f"certificate chain: {exc}") from None
-    except (modules.invalid, ValueError, KeyError, AttributeError, TypeError) as exc:
+    except (modules.invalid, *modules.malformed) as exc:
         raise _invalid(where, exc) from None
-    return _digests(manifest, where), _subject(bundle)
+    return _digests(manifest, where), f"certificate {subject}"
 
 
-def _subject(bundle: Any) -> str:
+def _leaf(bundle: Any, where: str) -> Any:
+    """The signing certificate: the first of the chain (``_check_envelope`` saw one)."""
     from cryptography import x509
 
     chain = bundle.bundle.verification_material.x509_certificate_chain.certificates
-    leaf = x509.load_der_x509_certificate(chain[0].raw_bytes)
-    return f"certificate {leaf.subject.rfc4514_string()}"
+    try:
+        return x509.load_der_x509_certificate(chain[0].raw_bytes)
+    except ValueError as exc:
+        raise _invalid(where, exc) from None
+
+
+def _code_signing_problem(certificate: Any, where: str) -> str | None:
+    """``code_signing_problem``, a certificate whose extensions cannot be read being an
+    invalid signature."""
+    from cryptography import x509
+
+    try:
+        return code_signing_problem(certificate)
+    except (x509.DuplicateExtension, ValueError) as exc:
+        raise _invalid(where, exc) from None
+
+
+#: Extended key usages by the names openssl and RFC 5280 give them.
+_USAGE_NAMES = {"1.3.6.1.5.5.7.3.1": "serverAuth", "1.3.6.1.5.5.7.3.2": "clientAuth",
+                "1.3.6.1.5.5.7.3.3": "codeSigning", "1.3.6.1.5.5.7.3.4": "emailProtection",
+                "1.3.6.1.5.5.7.3.8": "timeStamping", "1.3.6.1.5.5.7.3.9": "OCSPSigning",
+                "2.5.29.37.0": "anyExtendedKeyUsage"}
+
+
+def code_signing_problem(certificate: Any) -> str | None:
+    """Why ``certificate`` (a ``cryptography`` ``x509.Certificate``) may not sign code, or
+    None when it may.
+
+    A code-signing identity is a leaf whose issuer said it is for code signing:
+    extendedKeyUsage names codeSigning (``anyExtendedKeyUsage`` or none at all says
+    nothing of the kind; a TLS server's certificate is a web server's identity);
+    basicConstraints is CA:FALSE, or absent, which RFC 5280 reads as not a CA; and
+    keyUsage, when present, allows digitalSignature and not keyCertSign (a key that may
+    sign certificates is a CA's, whatever basicConstraints says). model-signing 1.1.1
+    checks only that the key may make signatures, so an intermediate CA's key, or any TLS
+    server key under a trusted root, would otherwise pass.
+    """
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    problems = []
+    constraints = _extension(certificate, x509.BasicConstraints)
+    if constraints is not None and constraints.ca:
+        problems.append("it is a CA certificate (basicConstraints CA:TRUE)")
+    usage = _extension(certificate, x509.KeyUsage)
+    if usage is not None and not usage.digital_signature:
+        problems.append("its keyUsage does not allow digitalSignature")
+    if usage is not None and usage.key_cert_sign:
+        problems.append("its keyUsage allows keyCertSign (a CA's key)")
+    purposes = _extension(certificate, x509.ExtendedKeyUsage)
+    if purposes is None or not list(purposes):
+        problems.append("it has no extended key usage (codeSigning is required)")
+    elif ExtendedKeyUsageOID.CODE_SIGNING not in purposes:
+        names = ", ".join(_USAGE_NAMES.get(oid.dotted_string, oid.dotted_string)
+                          for oid in purposes)
+        problems.append(f"its extended key usage is {names}, not codeSigning")
+    return "; ".join(problems) or None
+
+
+def _extension(certificate: Any, kind: type) -> Any:
+    from cryptography import x509
+
+    try:
+        return certificate.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return None
 
 
 def _digests(manifest: Any, where: str) -> dict[str, str]:

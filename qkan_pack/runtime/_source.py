@@ -4,6 +4,10 @@ The bytes executed are exactly the bytes that were hashed (no re-read from disk)
 module is named ``qkan_pack_model_<sha256 prefix>`` so two artifacts never collide, and
 ``--include``d helper modules are served from memory while the model imports, then moved
 under the content-addressed name so a user's own modules of the same name are untouched.
+
+Each verified file is compiled under ``<qkan-pack sha256:HEX/PATH>`` (``source_filename``)
+and its lines are given to ``linecache`` under that name for as long as a ``SourceLines``
+holds them: tracebacks, ``inspect`` and TorchScript read the verified bytes, never a file.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import io
 import linecache
 import os
 import re
 import sys
 import threading
+import tokenize
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
@@ -29,9 +36,15 @@ from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
 
 _IMPORT_LOCK = threading.RLock()
-#: Source names given to ``linecache`` (``register_source_lines``) with their lines; None
-#: for a name dropped because two artifacts' sources shared it.
-_REGISTERED_LINES: dict[str, list[str] | None] = {}
+_LINES_LOCK = threading.Lock()  # not re-entrant: see ``_collected``
+#: ``linecache`` names of verified sources: (holders, the entry given to linecache).
+_HELD_LINES: dict[str, tuple[int, tuple[int, None, list[str], str]]] = {}
+#: Modules imported from verified bytes under ``source_filename`` names; only these serve
+#: a load (a build's module of the same name was compiled from the user's files).
+_VERIFIED_MODULES: weakref.WeakSet[ModuleType] = weakref.WeakSet()
+#: Names of holders the garbage collector took while the lock was held (``_collected``).
+_COLLECTED: list[set[str]] = []
+_SOURCE_NAME = re.compile(r"<qkan-pack sha256:[0-9a-f]{64}/(.*)>", re.DOTALL)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qkan_pack/
 
 
@@ -77,88 +90,200 @@ def content_name(sources: Mapping[str, bytes]) -> str:
     return f"qkan_pack_model_{digest.hexdigest()[:16]}"
 
 
-class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serve the artifact's include modules from verified bytes."""
+def source_filename(path: str, data: bytes) -> str:
+    """The name a verified file is compiled under and given to ``linecache`` by:
+    ``<qkan-pack sha256:HEX/PATH>``, HEX the sha256 of its bytes (as the manifest records it).
 
-    def __init__(self, modules: Mapping[str, tuple[str, bytes]]) -> None:
-        self.modules = modules  # module name -> (artifact path, source bytes)
+    Tracebacks, ``inspect`` and TorchScript look source up by this name. A plain artifact
+    path (``source/model.py``) is one every artifact of that file name shares, and
+    ``linecache`` falls back to reading it from the working directory or ``sys.path``; a
+    ``<...>`` name is never looked up on disk (``linecache.updatecache`` returns no lines
+    for it), and the digest makes it a name only these bytes have: never another
+    artifact's, nor a pseudo-file of the host such as ``<string>``.
+    """
+    return f"<qkan-pack sha256:{hashlib.sha256(data).hexdigest()}/{path}>"
+
+
+def shown_path(filename: str) -> str:
+    """A code object's filename as one-line messages show it: the artifact path for a
+    ``source_filename``, anything else as it is."""
+    match = _SOURCE_NAME.fullmatch(filename)
+    return match.group(1) if match else filename
+
+
+class SourceLines:
+    """A claim on the ``linecache`` entries of verified sources, for as long as their code
+    may run: the artifact's while it is rebuilt, then its ``Predictor``'s until ``close``.
+
+    Names are counted across holders: the last release of a name takes it out of
+    ``linecache``, and a holder collected unreleased (a predictor dropped without ``close``,
+    a failed load) gives back what it held then. The entries carry no mtime, which
+    ``linecache.checkcache`` keeps; ``linecache.clearcache`` drops them and the next hold of
+    those sources puts them back. Without an entry a source read finds no lines, never a
+    file: the names are ``<...>`` pseudo-files.
+    """
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        finalizer = weakref.finalize(self, _collected, self._names)
+        finalizer.atexit = False  # at exit there is nothing left to give back
+
+    def hold(self, sources: Mapping[str, bytes]) -> None:
+        """Give ``linecache`` each source's lines (again, after a ``clearcache``) and count
+        this holder once for each."""
+        entries = [_linecache_entry(path, data) for path, data in sources.items()]
+        with _LINES_LOCK:
+            for entry in entries:
+                name = entry[3]
+                count, kept = _HELD_LINES.get(name, (0, entry))
+                if name not in self._names:
+                    self._names.add(name)
+                    count += 1
+                _HELD_LINES[name] = (count, kept)
+                linecache.cache[name] = kept
+            _drop_collected()
+
+    def release(self) -> None:
+        """Give back every name held (a second call does nothing)."""
+        with _LINES_LOCK:
+            _drop(self._names)
+            _drop_collected()
+
+
+def _linecache_entry(path: str, data: bytes) -> tuple[int, None, list[str], str]:
+    """``(size, mtime, lines, name)`` as ``linecache`` keeps a file; lines split where the
+    compiler counts them (form feeds and other separators do not end a line) and decoded
+    as the compiler decodes the bytes (a coding declaration is honoured)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError:
+        encoding = "utf-8"
+    lines = io.StringIO(data.decode(encoding, errors="replace"), newline=None).readlines()
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return (len(data), None, lines, source_filename(path, data))
+
+
+def _drop(names: set[str]) -> None:
+    """Count one holder less for each name (under ``_LINES_LOCK``); the last one out
+    removes the entry, unless something else has replaced it in ``linecache`` since."""
+    for name in names:
+        count, entry = _HELD_LINES.pop(name)
+        if count > 1:
+            _HELD_LINES[name] = (count - 1, entry)
+        elif linecache.cache.get(name) is entry:
+            del linecache.cache[name]
+    names.clear()
+
+
+def _collected(names: set[str]) -> None:
+    """A holder's finalizer: the garbage collector may run it while this thread is inside
+    ``hold``/``release`` (the lock is not re-entrant), so it queues the names and drops
+    them now only if the lock is free; else its holder drops them before letting go."""
+    _COLLECTED.append(names)
+    if _LINES_LOCK.acquire(blocking=False):
+        try:
+            _drop_collected()
+        finally:
+            _LINES_LOCK.release()
+
+
+def _drop_collected() -> None:
+    while _COLLECTED:
+        _drop(_COLLECTED.pop())
+
+
+#: Holds the lines of sources imported without a holder of their own, for the process.
+_PROCESS_LINES = SourceLines()
+
+
+class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serve the artifact's include modules from their bytes."""
+
+    def __init__(self, modules: Mapping[str, tuple[str, str, bytes]]) -> None:
+        self.modules = modules  # module name -> (artifact path, compiled filename, bytes)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in self.modules:
             return None
-        origin, _ = self.modules[fullname]
+        origin, filename, _ = self.modules[fullname]
         is_package = origin.endswith("__init__.py")
-        return importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=is_package)
+        return importlib.machinery.ModuleSpec(fullname, self, origin=filename,
+                                              is_package=is_package)
 
     def create_module(self, spec: Any) -> None:
         return None
 
     def exec_module(self, module: ModuleType) -> None:
-        origin, data = self.modules[module.__name__]
+        origin, filename, data = self.modules[module.__name__]
         if origin.endswith("__init__.py"):
             module.__path__ = []  # type: ignore[attr-defined]
-        register_source_lines(origin, data)
-        exec(compile(data, origin, "exec", dont_inherit=True), module.__dict__)
-
-
-def register_source_lines(filename: str, source: bytes) -> None:
-    """Give ``linecache`` the verified source under the name its code objects carry: at
-    load that name (``source/model.py``) is no file on disk, and what reads source through
-    ``inspect`` — ``torch.jit.script`` in a factory, tracebacks — found nothing.
-
-    Two artifacts whose sources share a name but not their lines make the name ambiguous:
-    it is dropped for good, so that nothing ever reads one artifact's lines for another's
-    code (TorchScript would compile the wrong function); their source reads then fail as
-    before, loudly."""
-    lines = source.decode("utf-8", errors="replace").splitlines(keepends=True)
-    with _IMPORT_LOCK:
-        if filename in _REGISTERED_LINES and _REGISTERED_LINES[filename] != lines:
-            _REGISTERED_LINES[filename] = None  # ambiguous for good
-            linecache.cache.pop(filename, None)
-            return
-        _REGISTERED_LINES[filename] = lines
-        linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: kept
+        module.__file__ = filename  # what inspect finds a class's source by
+        exec(compile(data, filename, "exec", dont_inherit=True), module.__dict__)
 
 
 def import_model_source(source: str, sources: Mapping[str, bytes], *,
-                        display_path: str | None = None) -> ModuleType:
+                        display_path: str | None = None,
+                        lines: SourceLines | None = None) -> ModuleType:
     """Execute ``sources[source]`` as a fresh module; include modules resolve from ``sources``.
 
-    ``display_path`` names the file in error messages (the user's path at build time).
+    At load (no ``display_path``) every file is compiled under its ``source_filename`` and
+    ``lines`` holds their lines (the artifact's holder, which its ``Predictor`` releases;
+    without one they are held for the process). A load reuses only a module that a load
+    imported: a build's module of the same name was compiled under the user's paths, whose
+    files may have changed since.
+
+    ``display_path`` (a build: the user's path) names the file in error messages, and the
+    files are compiled under the user's own paths, which ``linecache`` reads as it reads
+    any module the user imports.
     """
     name = content_name(sources)
+    verified = display_path is None
     shown = display_path or source
+    base = source.rpartition("/")[0]  # includes import relative to the model file's folder
+    if display_path is None:
+        filenames = {p: source_filename(p, data) for p, data in sources.items()}
+        (lines if lines is not None else _PROCESS_LINES).hold(sources)
+    else:
+        filenames = {p: _user_path(p, base, display_path) for p in sources}
     with _IMPORT_LOCK:
-        if name in sys.modules:
-            return sys.modules[name]
-        base = source.rpartition("/")[0]  # includes import relative to the model file's folder
-        includes = {module_name_for(p.removeprefix(f"{base}/") if base else p): (p, data)
-                    for p, data in sources.items() if p != source}
-        refuse_shadowing(((m, p, data) for m, (p, data) in includes.items()), shown)
+        cached = sys.modules.get(name)
+        if cached is not None and (cached in _VERIFIED_MODULES) == verified:
+            return cached
+        includes = {module_name_for(p.removeprefix(f"{base}/") if base else p):
+                    (p, filenames[p], data) for p, data in sources.items() if p != source}
+        refuse_shadowing(((m, p, data) for m, (p, _, data) in includes.items()), shown)
         module = ModuleType(name)
-        module.__file__ = shown
+        module.__file__ = filenames[source]
         # in sys.modules while it runs, as importlib does: dataclasses, typing and pickle
         # look classes' modules up there
         sys.modules[name] = module
         try:
             with _serving(includes, name), deferred_imports():  # heavy unused imports wait
-                if display_path is None:  # at build the user's file is on disk as it is
-                    register_source_lines(shown, sources[source])
-                _execute(sources[source], shown, module)
+                _execute(sources[source], filenames[source], shown, module)
         except BaseException:
             for imported in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
                 del sys.modules[imported]  # the includes it re-homed under it go too
             raise
+        if verified:
+            _VERIFIED_MODULES.add(module)
         return module
 
 
-def _execute(source: bytes, shown: str, module: ModuleType) -> None:
-    """Run the model source in ``module``; what it raises (``sys.exit`` included) is a model
-    error naming the import, while Ctrl-C stays ``KeyboardInterrupt``."""
+def _user_path(path: str, base: str, display_path: str) -> str:
+    """Where a build read an artifact path from: beside the model file, as ``_read_sources``
+    keyed it."""
+    return os.path.join(os.path.dirname(display_path), path.removeprefix(f"{base}/"))
+
+
+def _execute(source: bytes, filename: str, shown: str, module: ModuleType) -> None:
+    """Run the model source in ``module``, compiled under ``filename``; what it raises
+    (``sys.exit`` included) is a model error naming the import, while Ctrl-C stays
+    ``KeyboardInterrupt``."""
     try:
         # dont_inherit: the user's file gets its own __future__ flags, not this one's
         # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
-        exec(compile(source, shown, "exec", dont_inherit=True), module.__dict__)
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
     except SyntaxError as exc:
         raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}",
                                stage="import", path=shown) from exc
@@ -167,7 +292,7 @@ def _execute(source: bytes, shown: str, module: ModuleType) -> None:
 
 
 @contextmanager
-def _serving(includes: Mapping[str, tuple[str, bytes]], owner: str) -> Iterator[None]:
+def _serving(includes: Mapping[str, tuple[str, str, bytes]], owner: str) -> Iterator[None]:
     """Expose include modules by plain name during import, then re-home them under owner."""
     if not includes:
         yield
@@ -251,7 +376,7 @@ def describe(exc: BaseException) -> str:
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         filename = os.path.abspath(frame.filename)
         if not filename.startswith(_PACKAGE_DIR) and "site-packages" not in filename:
-            where = f" (at {frame.filename}:{frame.lineno})"
+            where = f" (at {shown_path(frame.filename)}:{frame.lineno})"
             break
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ..errors import CaptureError, ModelSourceError
 from ._capture import GraphPool, ShapeGraph
 from ._options import REPLAY_TOLERANCE
 from ._progress import progress_bar
@@ -149,7 +149,13 @@ class SubmoduleGraphs:
             return
         shape_calls = self.calls.setdefault(self.recording, {})
         if key not in shape_calls:
-            outputs = [t.detach().clone() for t in flatten(output)]
+            try:
+                leaves = flatten(output)
+            except ModelSourceError:  # an ImageList, a custom object: not ours to replay
+                self.refusal = (f"returns a {type(output).__name__}, not tensors in tuples, "
+                                "lists or dicts: left eager")
+                return
+            outputs = [t.detach().clone() for t in leaves]
             shape_calls[key] = _Call([t.detach().clone() for t in tensors], rebuild, outputs)
 
     def try_capture(self, indices: list[int], pool: GraphPool, records: list[ShapeRecord]) -> bool:

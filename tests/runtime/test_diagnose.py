@@ -98,3 +98,55 @@ def test_graphs_of_a_discarded_submodule_are_not_counted() -> None:
     chosen = capture_submodules(model, model, RefusesFourRows(), samples, [0, 1], (), records,
                                 progress=False)
     assert sum(r.graphs for r in records) == sum(len(c.graphs) for c in chosen) > 0
+
+
+def test_the_nested_tensor_fast_path_is_named() -> None:
+    """nn.TransformerEncoder with a key padding mask (eval) builds nested tensors: the capture
+    failure read 'operation failed due to a previous error during capture', naming nothing."""
+    import sys
+
+    from ..conftest import MODELS
+
+    sys.path.insert(0, str(MODELS))
+    try:
+        import masked_encoder
+    finally:
+        sys.path.remove(str(MODELS))
+    model = masked_encoder.build_model().eval()
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[:, 12:] = 0
+    found = explain_capture_failure(model, [torch.randn(2, 16, 32), mask], torch.device("cuda"))
+    assert found is not None and "nested tensors" in found and "enable_nested_tensor=False" in found
+    assert "masked_encoder.py:" in found
+
+
+def test_ops_torch_tags_as_data_dependent_are_named() -> None:
+    found = explain_capture_failure(lambda x: torch.equal(x, x), [torch.randn(3)], CPU)
+    assert found is not None and "aten::equal (its result is read back to the host)" in found
+    found = explain_capture_failure(lambda x: torch.unique(x), [torch.randn(3)], CPU)
+    assert found is not None and "output size depends on the data" in found
+    index = torch.tensor([0, 2])  # integer indexing has a fixed size: not a suspect
+    assert explain_capture_failure(lambda x: x[index], [torch.randn(4)], CPU) is None
+
+
+def test_a_submodule_returning_a_non_tensor_tree_is_left_eager_not_a_load_failure() -> None:
+    """torchvision's detection transform returns an ImageList: recording its calls raised
+    'ModelSourceError: an output is a ImageList' and failed the whole GPU load."""
+    from qkan_pack.runtime import SubmoduleGraphs
+
+    class Boxed:
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor = tensor
+
+    class Wrap(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> Boxed:
+            return Boxed(x * 2)
+
+    recorder = SubmoduleGraphs("transform", Wrap())
+    recorder.recording = 0
+    handle = recorder.module.register_forward_hook(recorder.hook, with_kwargs=True)
+    try:
+        recorder.module(torch.randn(2))
+    finally:
+        handle.remove()
+    assert recorder.refusal.startswith("returns a Boxed") and not recorder.calls.get(0)

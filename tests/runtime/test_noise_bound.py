@@ -1,13 +1,14 @@
 """The reference self-test's bound comes from the model's own float32 rounding noise.
 
 Build measures each reference against the model run in float64; a load allows a multiple of
-that noise (never more than the fixed tolerance), and weighs a difference beyond it against
-its own device's noise before refusing. A re-signed one-channel edit of a transformer that
+that noise (never more than the fixed tolerance), and beyond it runs the model in float64
+on its own device, which must reproduce the recorded noise. A re-signed one-channel edit of a transformer that
 the fixed tolerance let through (4.8e-6 of the outputs' scale, below its 1e-5) is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -22,7 +23,9 @@ from qkan_pack.builder import write_artifact
 from qkan_pack.format import MANIFEST_NAME, WEIGHTS_NAME
 from qkan_pack.runtime import read_artifact
 from qkan_pack.runtime._selftest import (
-    LOAD_NOISE_FACTOR,
+    FLOAT64_FLOOR,
+    FLOAT64_MARGIN,
+    HALF_CEILING,
     NOISE_FACTOR,
     NOISE_FLOOR,
     check_reference,
@@ -146,41 +149,44 @@ def _near(want: torch.Tensor, share: float) -> torch.Tensor:
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, noise: float | None,
-           here: float | None, warnings: list[str], measured: list[bool]) -> tuple:
-    def device_noise() -> float | None:
+           wide: torch.Tensor | None, warnings: list[str], measured: list[bool]) -> tuple:
+    """``check_reference`` with ``wide`` as the model's float64 outputs on this device."""
+    def device_float64() -> list[torch.Tensor] | None:
         measured.append(True)
-        return here
+        return None if wide is None else [wide]
     check = check_reference("2x8", [got], [want], noise=noise, ceiling=CEILING,
-                            device_noise=device_noise, warn=warnings.append, hint="HINT")
+                            device_float64=device_float64, warn=warnings.append, hint="HINT")
     return check.tolerance
 
 
-def test_within_the_noise_bound_accepts_without_measuring_this_device() -> None:
+def test_within_the_noise_bound_accepts_without_running_float64() -> None:
     want = torch.randn(2, 8, dtype=torch.float64)
     measured: list[bool] = []
-    tolerance = _check(_near(want, 1e-6), want, 1e-7, 0.0, [], measured)
+    tolerance = _check(_near(want, 1e-6), want, 1e-7, want, [], measured)
     assert tolerance == noise_tolerance(1e-7, CEILING) == (1.6e-6, 1.6e-6) and not measured
 
 
-def test_beyond_the_noise_bound_this_devices_noise_decides() -> None:
-    want = torch.randn(2, 8, dtype=torch.float64)
-    got = _near(want, 4e-6)  # beyond 2 x 16 x 1e-7 at the largest element, within (1e-4, 1e-4)
-    noisy_here: list[bool] = []  # this device sums less accurately: the model is sound
-    assert _check(got, want, 1e-7, 1e-6, [], noisy_here) == (0.0, LOAD_NOISE_FACTOR * 1.1e-6)
-    assert noisy_here
-    with pytest.raises(SelfTestError, match=r"rounding noise is 1e-07 .* and 1e-08 here") as info:
-        _check(got, want, 1e-7, 1e-8, [], [])  # as exact as the build host: a changed model
-    assert info.value.max_rel == pytest.approx(4e-6, rel=1e-3)
-    warnings: list[str] = []  # not measurable here (float64 copy failed): the fixed bound
+def test_beyond_the_noise_bound_the_model_in_float64_here_decides() -> None:
+    truth = torch.randn(2, 8, dtype=torch.float64)
+    want = _near(truth, 1e-7)  # the build's float32 outputs: 1e-7 of scale from float64
+    got = _near(want, 4e-6)  # this device rounds differently: beyond 16 x 1e-7, within 1e-4
+    measured: list[bool] = []
+    bound = FLOAT64_MARGIN * 1e-7 + FLOAT64_FLOOR
+    assert _check(got, want, 1e-7, truth, [], measured) == (0.0, bound)  # the same model
+    assert measured
+    edited = _near(truth, 4e-6)  # another model: its float64 outputs moved too
+    with pytest.raises(SelfTestError, match=r"float64 here is 3.9e-06 .* build measured 1e-07"):
+        _check(got, want, 1e-7, edited, [], [])
+    warnings: list[str] = []  # no float64 copy runs here: the fixed bound, with a warning
     assert _check(got, want, 1e-7, None, warnings, []) == CEILING
-    assert "could not be measured" in warnings[0]
+    assert "no float64 copy" in warnings[0]
 
 
-def test_beyond_the_fixed_tolerance_is_refused_without_measuring() -> None:
+def test_beyond_the_fixed_tolerance_is_refused_without_running_float64() -> None:
     want = torch.randn(2, 8, dtype=torch.float64)
     measured: list[bool] = []
     with pytest.raises(SelfTestError, match="HINT"):
-        _check(_near(want, 1e-2), want, 1e-7, 1.0, [], measured)
+        _check(_near(want, 1e-2), want, 1e-7, want, [], measured)
     assert not measured
 
 
@@ -189,6 +195,51 @@ def test_unmeasured_noise_keeps_the_fixed_tolerance() -> None:
     assert _check(_near(want, 5e-5), want, None, None, [], []) == CEILING
     assert noise_tolerance(0.5, CEILING) == CEILING  # never looser than the fixed bound
     assert noise_tolerance(0.0, CEILING) == (NOISE_FLOOR, NOISE_FLOOR)
+
+
+def test_an_inflated_noise_figure_cannot_loosen_a_float32_model() -> None:
+    """A re-hashed manifest claiming noise 0.5: a 1e-3 edit stays outside the fixed bound."""
+    truth = torch.randn(2, 8, dtype=torch.float64)
+    edited = _near(truth, 1e-3)
+    with pytest.raises(SelfTestError):
+        _check(edited.float().double(), truth, 0.5, edited, [], [])
+
+
+def _half(truth: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return truth.to(dtype)
+
+
+def test_half_precision_outputs_are_held_to_their_own_rounding_not_refused_for_it() -> None:
+    """bfloat16 outputs round at ~2e-3 of their scale, above the fixed (1e-4, 1e-4): a sound
+    model whose rounding differs on this device is accepted; a x1.01 edit is refused."""
+    torch.manual_seed(0)
+    truth = torch.randn(4, 10, dtype=torch.float64)
+    want = _half(truth)
+    noise = float(f"{(want.double() - truth).abs().max() / truth.abs().max():.2g}")
+    assert noise > CEILING[1]
+    got = _half(_near(truth, 3e-3))  # this device's bf16 rounding lands elsewhere
+    bound = FLOAT64_MARGIN * noise + FLOAT64_FLOOR
+    assert _check(got, want, noise, truth, [], []) == (0.0, bound)
+    with pytest.raises(SelfTestError, match="computed in float64 here"):
+        _check(_half(truth * 1.01), want, noise, truth * 1.01, [], [])
+    with pytest.raises(SelfTestError, match="no float64 copy"):
+        _check(got, want, noise, None, [], [])
+    # an inflated noise figure loosens no further than the dtype's own ceiling
+    assert _check(got, want, 0.5, truth, [], []) == (0.0, HALF_CEILING[torch.bfloat16])
+    with pytest.raises(SelfTestError, match="most this host allows for bfloat16"):
+        _check(_half(truth * 1.1), want, 0.5, truth * 1.1, [], [])
+    assert HALF_CEILING[torch.bfloat16] == 4 * 2.0**-7
+
+
+def test_a_changed_output_shape_is_reported_as_such() -> None:
+    want = [torch.randn(21, 4), torch.arange(21)]
+    got = [torch.randn(17, 4), torch.arange(17)]
+    with pytest.raises(SelfTestError) as info:
+        check_reference("1x3x64x64", got, want, noise=1e-7, ceiling=CEILING,
+                        device_float64=lambda: None, warn=print, hint="HINT",
+                        names=["output[0].boxes", "output[0].labels"])
+    assert info.value.problem == "output[0].boxes is 17x4 here, 21x4 at build"
+    assert "differ by up to" not in str(info.value) and "reference_tolerance" not in str(info.value)
 
 
 def test_a_re_signed_one_channel_edit_of_bert_is_refused(tmp_path: Path) -> None:
@@ -206,8 +257,33 @@ def test_a_re_signed_one_channel_edit_of_bert_is_refused(tmp_path: Path) -> None
     edited[0] = 0
     weights = save_safetensors({**tensors, name: edited}, metadata={"format": "pt"})
     write_artifact(tmp_path / "edited", artifact.manifest, {**artifact.files, WEIGHTS_NAME: weights})
-    with pytest.raises(SelfTestError, match="rounding noise") as info:
+    with pytest.raises(SelfTestError, match="computed in float64 here") as info:
         Predictor.load(tmp_path / "edited", progress=False)
     assert info.value.max_rel > 2e-6
     # an explicit tolerance is the user's call, as before
     Predictor.load(tmp_path / "edited", reference_tolerance=(1e-4, 1e-5), progress=False).close()
+
+
+def test_re_hashed_solvers_cannot_switch_to_the_cross_solver_tolerance(tmp_path: Path) -> None:
+    """A manifest claiming another solver than the exact one this host runs used to select
+    the cross-solver tolerance (2e-3, 2e-4) without the noise bound: a weight edit refused as
+    built was accepted once ``model.solvers`` was edited and the manifest re-hashed."""
+    pytest.importorskip("qkan")
+    path = build(Path(__file__).parents[2] / "examples" / "qkan_mlp.py", "1x2,16x2",
+                 output=tmp_path / "mlp", progress=False).path
+    artifact = read_artifact(path)
+    tensors = load_safetensors(artifact.files[WEIGHTS_NAME])
+    name = max((k for k, v in tensors.items() if v.is_floating_point()),
+               key=lambda k: tensors[k].numel())
+    weights = save_safetensors({**tensors, name: tensors[name] * 1.0005},
+                               metadata={"format": "pt"})
+    files = {**artifact.files, WEIGHTS_NAME: weights}
+    write_artifact(tmp_path / "edited", artifact.manifest, files)
+    with pytest.raises(SelfTestError):
+        Predictor.load(tmp_path / "edited", progress=False)
+    manifest = artifact.manifest
+    claimed = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model,
+                                                                     solvers=("flash",)))
+    write_artifact(tmp_path / "claimed", claimed, files)
+    with pytest.raises(SelfTestError):
+        Predictor.load(tmp_path / "claimed", progress=False)

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -55,31 +56,66 @@ def write_key(folder: Path, name: str, curve: ec.EllipticCurve | None = None,
 
 def certificate(folder: Path, name: str, key: ec.EllipticCurvePrivateKey,
                 issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-                ca: bool) -> x509.Certificate:
+                ca: bool | None, *,
+                usages: tuple[x509.ObjectIdentifier, ...] | None = None,
+                key_usage: tuple[str, ...] | None = None) -> x509.Certificate:
+    """A certificate for ``key``. ``ca``: basicConstraints CA:TRUE/FALSE, or none at all.
+    ``usages``: extended key usages (default: none for a CA, codeSigning for a leaf);
+    ``key_usage``: the keyUsage bits set (default: keyCertSign + cRLSign for a CA, none)."""
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = dt.datetime.now(dt.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(subject)
                .issuer_name(issuer[0].subject if issuer else subject)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - dt.timedelta(days=1))
-               .not_valid_after(now + dt.timedelta(days=30))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if ca:
-        builder = builder.add_extension(x509.KeyUsage(
-            digital_signature=False, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-            encipher_only=False, decipher_only=False), critical=True)
-    else:
-        builder = builder.add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+               .not_valid_after(now + dt.timedelta(days=30)))
+    if ca is not None:
+        builder = builder.add_extension(x509.BasicConstraints(ca=ca, path_length=None),
+                                        critical=True)
+    if key_usage is None and ca:
+        key_usage = ("key_cert_sign", "crl_sign")
+    if key_usage is not None:
+        bits = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment",
+                              "data_encipherment", "key_agreement", "key_cert_sign", "crl_sign",
+                              "encipher_only", "decipher_only"), False)
+        bits.update(dict.fromkeys(key_usage, True))
+        builder = builder.add_extension(x509.KeyUsage(**bits), critical=True)
+    if usages is None and not ca:
+        usages = (ExtendedKeyUsageOID.CODE_SIGNING,)
+    if usages:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
     cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
     (folder / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert
 
 
+#: Certificates under ``root`` that must not sign code: how each is made (in ``keys``), and
+#: what the refusal says about it.
+NOT_FOR_CODE: dict[str, tuple[dict[str, Any], str]] = {
+    # an ordinary TLS server certificate
+    "tls": (dict(ca=False, usages=(ExtendedKeyUsageOID.SERVER_AUTH,),
+                 key_usage=("digital_signature", "key_encipherment")), "serverAuth"),
+    # an intermediate CA signing with its own key
+    "ca2": (dict(ca=True, key_usage=("digital_signature", "key_cert_sign", "crl_sign")),
+            "CA:TRUE"),
+    # a CA that also carries codeSigning: still a CA
+    "cacode": (dict(ca=True, usages=(ExtendedKeyUsageOID.CODE_SIGNING,),
+                    key_usage=("digital_signature", "key_cert_sign")), "CA:TRUE"),
+    # a leaf that may be used for anything (no extended key usage): not a code-signing identity
+    "anyuse": (dict(ca=False, usages=(), key_usage=("digital_signature",)),
+               "no extended key usage"),
+    # codeSigning, but its key usage forbids signatures
+    "keyenc": (dict(ca=False, key_usage=("key_encipherment",)), "digitalSignature"),
+    # codeSigning without basicConstraints, but its key may sign certificates
+    "certsign": (dict(ca=None, key_usage=("digital_signature", "key_cert_sign")),
+                 "keyCertSign"),
+}
+
+
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """a, b: key pairs; root -> intermediate -> leaf, and an unrelated root2."""
+    """a, b: key pairs; root -> intermediate -> leaf, an unrelated root2; root -> each of
+    ``NOT_FOR_CODE``, and root -> codesign, bare (proper code-signing leaves)."""
     folder = tmp_path_factory.mktemp("keys")
     write_key(folder, "a")
     write_key(folder, "b", ec.SECP384R1())
@@ -92,6 +128,13 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     certificate(folder, "leaf", leaf_key, (mid, mid_key), ca=False)
     other_key = write_key(folder, "root2")
     certificate(folder, "root2", other_key, None, ca=True)
+    for name, (kind, _says) in NOT_FOR_CODE.items():
+        certificate(folder, name, write_key(folder, name), (root, root_key), **kind)
+    # proper code-signing leaves straight under the root: with key usage, and with neither
+    # key usage nor basicConstraints (RFC 5280: not a CA)
+    certificate(folder, "codesign", write_key(folder, "codesign"), (root, root_key), ca=False,
+                key_usage=("digital_signature",))
+    certificate(folder, "bare", write_key(folder, "bare"), (root, root_key), ca=None)
     return folder
 
 
@@ -359,6 +402,274 @@ def test_a_key_signed_artifact_is_not_accepted_by_a_certificate(signed: Path, ke
     with pytest.raises(ArtifactSignatureError) as info:
         read_artifact(signed, trusted_keys=[keys / "root.pem"])
     assert info.value.problem == "untrusted"
+
+
+def sign_anyway(art: Path, keys: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What anyone holding a key under a trusted root can do: sign through qkan-pack's own
+    code path with its signing-time certificate check taken out (model-signing's own CLI
+    signs such a certificate as readily)."""
+    from qkan_pack.builder import _sign
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_sign, "_check_signing_certificate", lambda *_: None, raising=False)
+        _sign.sign(art, keys / f"{name}.key", certificate=keys / f"{name}.pem",
+                   chain=[keys / "root.pem"])
+
+
+@pytest.mark.parametrize("name", sorted(NOT_FOR_CODE))
+def test_a_certificate_that_may_not_sign_code_is_refused_at_load(
+        golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, sentinel: Path,
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A TLS server certificate, an intermediate CA's own key, a leaf for any use... issued
+    under a trusted root: none of them is a code-signing identity (model-signing alone
+    accepts any certificate whose key usage allows digitalSignature)."""
+    art = copy(golden.path, tmp_path)
+    sign_anyway(art, keys, name, monkeypatch)
+    with pytest.raises(ArtifactSignatureError) as info:
+        Predictor.load(art, trusted_keys=[keys / "root.pem"])
+    message = str(info.value)
+    assert info.value.problem == "certificate use", message
+    assert f"CN={name}" in message and NOT_FOR_CODE[name][1] in message, message
+    assert "codeSigning" in message and "CA:FALSE" in message, message  # how to issue one
+    assert not sentinel.exists(), f"artifact code ran: {sentinel.read_text()!r}"
+    code, out = invoke("verify", art, "--key", keys / "root.pem")
+    assert code == 1 and out.count("\n") == 1 and "unexpected" not in out, out
+
+
+@pytest.mark.parametrize("name", sorted(NOT_FOR_CODE))
+def test_sign_refuses_a_certificate_that_may_not_sign_code(golden: qkan_pack.BuildResult,
+                                                           keys: Path, tmp_path: Path,
+                                                           name: str) -> None:
+    art = copy(golden.path, tmp_path)
+    before = {p: p.read_bytes() for p in art.rglob("*") if p.is_file()}
+    code, out = invoke("sign", art, "--key", keys / f"{name}.key", "--certificate",
+                       keys / f"{name}.pem", "--chain", keys / "root.pem")
+    assert code == 1 and out.count("\n") == 1 and "unexpected" not in out, out
+    assert NOT_FOR_CODE[name][1] in out and "codeSigning" in out, out
+    assert {p: p.read_bytes() for p in art.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", ["codesign", "bare"])
+def test_a_code_signing_leaf_straight_under_the_root_is_accepted(
+        golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, name: str) -> None:
+    """``bare`` has neither key usage nor basicConstraints: RFC 5280 reads that as "not a
+    CA, any key usage", and codeSigning is there."""
+    art = copy(golden.path, tmp_path)
+    code, out = invoke("sign", art, "--key", keys / f"{name}.key", "--certificate",
+                       keys / f"{name}.pem", "--chain", keys / "root.pem")
+    assert code == 0, out
+    assert read_artifact(art, trusted_keys=[keys / "root.pem"]).signed_by == f"certificate CN={name}"
+
+
+# ---------------------------------------------------------------------------
+# Malformed bundles and the unsigned key hint
+# ---------------------------------------------------------------------------
+
+
+def edit_bundle(root: Path, change: Callable[[dict], Any]) -> None:
+    """Edit the real signature's JSON in place; a ``change`` returning a list replaces the
+    whole bundle with that list (anything else it returns is ignored)."""
+    bundle = json.loads((root / SIG).read_text())
+    replaced = change(bundle)
+    (root / SIG).write_text(json.dumps(replaced if isinstance(replaced, list) else bundle))
+
+
+def envelope(bundle: dict) -> dict:
+    return bundle["dsseEnvelope"]
+
+
+def material(bundle: dict) -> dict:
+    return bundle["verificationMaterial"]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def signed_payload(keys: Path, payload: bytes) -> Callable[[dict], None]:
+    """A payload the trusted key a really signed, that is no model-signing statement: only
+    a key holder can make one, and it must still be a clean refusal."""
+    from model_signing._signing.sign_sigstore_pb import pae
+
+    key = serialization.load_pem_private_key((keys / "a.key").read_bytes(), None)
+
+    def apply(bundle: dict) -> None:
+        envelope(bundle)["payload"] = b64(payload)
+        envelope(bundle)["signatures"] = [
+            {"sig": b64(key.sign(pae(payload), ec.ECDSA(hashes.SHA256()))), "keyid": ""}]
+    return apply
+
+
+def statement(**changes: Any) -> bytes:
+    base = {"_type": "https://in-toto.io/Statement/v1",
+            "subject": [{"name": "art", "digest": {"sha256": "0" * 64}}],
+            "predicateType": "https://model_signing/signature/v1.0",
+            "predicate": {"serialization": {"method": "files", "hash_type": "sha256",
+                                            "allow_symlinks": False, "ignore_paths": []},
+                          "resources": []}}
+    base.update(changes)
+    return json.dumps(base).encode()
+
+
+KEY_BUNDLE_EDITS: dict[str, Callable[[dict], Any]] = {
+    "no signatures": lambda b: envelope(b).update(signatures=[]),
+    "two signatures": lambda b: envelope(b).update(signatures=envelope(b)["signatures"] * 2),
+    "signature without sig": lambda b: envelope(b).update(signatures=[{"keyid": ""}]),
+    "signature is a number": lambda b: envelope(b).update(signatures=[5]),
+    "sig not base64": lambda b: envelope(b)["signatures"][0].update(sig="!!!"),
+    "sig empty": lambda b: envelope(b)["signatures"][0].update(sig=""),
+    "payload not base64": lambda b: envelope(b).update(payload="@@@"),
+    "payload type": lambda b: envelope(b).update(payloadType="application/json"),
+    "media type": lambda b: b.update(mediaType="application/x-other"),
+    "no envelope": lambda b: b.pop("dsseEnvelope"),
+    "no verification material": lambda b: b.pop("verificationMaterial"),
+    "empty verification material": lambda b: b.update(verificationMaterial={}),
+    "public key is a number": lambda b: material(b).update(publicKey=5),
+    "hint is a number": lambda b: material(b)["publicKey"].update(hint=5),
+    "a list": lambda b: [b],
+    "an empty list": lambda b: [],
+}
+
+SIGNED_PAYLOADS: dict[str, bytes] = {
+    "not JSON": b"{not json",
+    "a list": b"[]",
+    "null": b"null",
+    "no _type": statement(_type=None),
+    "other predicate": statement(predicateType="https://example.com/other"),
+    "no subject": statement(subject=[]),
+    "subject a number": statement(subject=5),
+    "resources a string": statement(predicate={"serialization": {"method": "files"},
+                                               "resources": "x"}),
+    "digest not hex": statement(predicate={
+        "serialization": {"method": "files", "hash_type": "sha256", "allow_symlinks": False,
+                          "ignore_paths": []},
+        "resources": [{"name": "a", "algorithm": "sha256", "digest": "zz"}]}),
+}
+
+CERTIFICATE_BUNDLE_EDITS: dict[str, Callable[[dict], Any]] = {
+    "empty chain": lambda b: material(b)["x509CertificateChain"].update(certificates=[]),
+    "chain without certificates": lambda b: material(b).update(x509CertificateChain={}),
+    "leaf not DER": lambda b: material(b)["x509CertificateChain"]["certificates"][0].update(
+        rawBytes=b64(b"not a certificate")),
+    "leaf without bytes": lambda b: material(b)["x509CertificateChain"].update(
+        certificates=[{}]),
+    "intermediate not DER": lambda b: material(b)["x509CertificateChain"]["certificates"][1]
+    .update(rawBytes=b64(b"junk")),
+    "no signatures": KEY_BUNDLE_EDITS["no signatures"],
+    "sig empty": KEY_BUNDLE_EDITS["sig empty"],
+}
+
+
+@pytest.fixture(scope="module")
+def certificate_signed(golden: qkan_pack.BuildResult, keys: Path,
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from qkan_pack.builder import sign
+
+    target = tmp_path_factory.mktemp("cert-signed") / "art"
+    shutil.copytree(golden.path, target)
+    sign(target, keys / "leaf.key", certificate=keys / "leaf.pem", chain=[keys / "mid.pem"])
+    return target
+
+
+def malformed_cases() -> list[tuple[str, str]]:
+    return ([("key", name) for name in KEY_BUNDLE_EDITS]
+            + [("signed payload", name) for name in SIGNED_PAYLOADS]
+            + [("certificate", name) for name in CERTIFICATE_BUNDLE_EDITS])
+
+
+@pytest.mark.parametrize(("kind", "case"), malformed_cases())
+def test_every_malformed_bundle_is_a_signature_error(
+        signed: Path, certificate_signed: Path, keys: Path, tmp_path: Path, sentinel: Path,
+        capfd: pytest.CaptureFixture[str], kind: str, case: str) -> None:
+    """Never a raw IndexError/KeyError/TypeError (the CLI's "unexpected ..."), never a word
+    on stdout, never any artifact code run."""
+    if kind == "certificate":
+        art, trusted = copy(certificate_signed, tmp_path), [keys / "root.pem"]
+        edit_bundle(art, CERTIFICATE_BUNDLE_EDITS[case])
+    else:
+        art, trusted = copy(signed, tmp_path), [keys / "b.pub", keys / "a.pub"]
+        edit_bundle(art, KEY_BUNDLE_EDITS[case] if kind == "key"
+                    else signed_payload(keys, SIGNED_PAYLOADS[case]))
+    with pytest.raises(ArtifactSignatureError) as info:
+        Predictor.load(art, trusted_keys=trusted)
+    assert info.value.problem == "invalid", info.value
+    assert not sentinel.exists()
+    code, out = invoke("inspect", art, *[arg for key in trusted for arg in ("--key", key)])
+    assert code == 1 and out.count("\n") == 1, out
+    assert out.startswith("Error: ") and "unexpected" not in out, out
+    assert capfd.readouterr().out == ""
+
+
+def key_hash(keys: Path, name: str) -> str:
+    import hashlib
+
+    return hashlib.sha256((keys / f"{name}.pub").read_bytes()).hexdigest()
+
+
+HINTS: dict[str, Callable[[Path], Any]] = {
+    "removed": lambda keys: ...,
+    "null": lambda keys: None,
+    "empty": lambda keys: "",
+    "another trusted key's": lambda keys: key_hash(keys, "b"),
+    "garbage": lambda keys: "zz" * 32,
+}
+
+
+def set_hint(art: Path, keys: Path, hint: str) -> None:
+    value = HINTS[hint](keys)
+    if value is ...:
+        edit_bundle(art, lambda b: material(b)["publicKey"].pop("hint"))
+    else:
+        edit_bundle(art, lambda b: material(b)["publicKey"].update(hint=value))
+
+
+@pytest.mark.parametrize("order", ["a b", "b a"])
+@pytest.mark.parametrize("hint", sorted(HINTS))
+def test_the_unsigned_key_hint_and_the_key_order_never_decide(
+        signed: Path, keys: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        hint: str, order: str) -> None:
+    """The hint is not covered by the signature: whatever it says, a signature by a trusted
+    key verifies, whichever order the keys are given in, and nothing is printed."""
+    art = copy(signed, tmp_path)
+    set_hint(art, keys, hint)
+    artifact = read_artifact(art, trusted_keys=[keys / f"{n}.pub" for n in order.split()])
+    assert artifact.signed_by is not None and str(keys / "a.pub") in artifact.signed_by
+    assert capfd.readouterr().out == ""
+
+
+@pytest.mark.parametrize("hint", sorted(HINTS))
+def test_no_trusted_key_verifying_is_untrusted_or_invalid_never_by_order(
+        golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, hint: str) -> None:
+    """Signed by b, trusted a (and locked): "invalid" only when the hint claims a trusted key
+    (the signature says it is that key's and is not), else "untrusted"; in either order."""
+    from qkan_pack.builder import sign
+
+    art = copy(golden.path, tmp_path)
+    sign(art, keys / "b.key")
+    set_hint(art, keys, hint)
+    for order in (["a", "locked"], ["locked", "a"]):
+        with pytest.raises(ArtifactSignatureError) as info:
+            read_artifact(art, trusted_keys=[keys / f"{n}.pub" for n in order])
+        assert info.value.problem == "untrusted", (order, info.value)
+    a_hash = key_hash(keys, "a")
+    edit_bundle(art, lambda b: material(b)["publicKey"].update(hint=a_hash))
+    for order in (["a", "locked"], ["locked", "a"]):
+        with pytest.raises(ArtifactSignatureError) as info:
+            read_artifact(art, trusted_keys=[keys / f"{n}.pub" for n in order])
+        assert info.value.problem == "invalid", (order, info.value)
+
+
+def test_inspect_json_prints_only_json_for_a_signature_without_hint(signed: Path, keys: Path,
+                                                                    tmp_path: Path) -> None:
+    """Through the real command in a fresh process: model-signing prints a WARNING to
+    stdout for a bundle without key hint (which broke `inspect --json`)."""
+    art = copy(signed, tmp_path)
+    set_hint(art, keys, "removed")
+    done = subprocess.run([sys.executable, "-m", "qkan_pack", "inspect", "--json", str(art),
+                           "--key", str(keys / "b.pub"), "--key", str(keys / "a.pub")],
+                          capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert str(keys / "a.pub") in json.loads(done.stdout)["signed_by"], done.stdout
 
 
 # ---------------------------------------------------------------------------

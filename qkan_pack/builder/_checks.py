@@ -1,0 +1,98 @@
+"""What a build proves about its references before it writes them.
+
+A load trusts the references to tell the model that was built from any other: its
+self-test compares the rebuilt model's outputs with them. That fails open in two ways,
+both checked here, at build, where the user can still fix them:
+
+- references that carry no information (an empty output, or outputs that are one value
+  throughout: a detector that detects nothing on random inputs) let any weights pass;
+- a factory that is not reproducible (an unseeded buffer that is not saved with the
+  weights) rebuilds another model at every load, which then fails with a difference the
+  user cannot explain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+
+from ..errors import FactoryNotReproducibleError, ModelSourceError, WeakReferencesError
+from ..format import WEIGHTS_NAME
+from ..runtime import call_factory, entry_function, flatten, load_strict, uninformative_outputs
+
+
+def check_informative(label: str, outputs: Sequence[torch.Tensor], names: Sequence[str], *,
+                      allow: bool) -> list[str]:
+    """Refuse (``WeakReferencesError``) a reference with an empty output, or whose outputs
+    are all constant: a self-test against it passes whatever the weights. Constant outputs
+    beside informative ones are only noted. ``allow``: note instead of refusing. Returns
+    the notes."""
+    empty, constant = uninformative_outputs(outputs, names)
+    weak = bool(empty) or (bool(constant) and len(constant) == len(outputs))
+    if weak and not allow:
+        problem = "; ".join(filter(None, (
+            f"{', '.join(empty)} {'has' if len(empty) == 1 else 'have'} no elements"
+            if empty else "",
+            f"{', '.join(constant)} {'is' if len(constant) == 1 else 'are'} constant"
+            if constant and not empty else "")))
+        raise WeakReferencesError(shape=label, outputs=[*empty, *constant], problem=problem)
+    if not (empty or constant):
+        return []
+    what = ", ".join([*empty, *constant])
+    return [f"shape {label}: reference outputs {what} carry no information: the load "
+            "self-test cannot tell a wrong model from this one by them"]
+
+
+def check_reproducible(first: torch.nn.Module, module: Any, entry: str,
+                       config: Mapping[str, Any], files: Mapping[str, bytes],
+                       tied: Sequence[Sequence[str]], forward_of: Callable[[torch.nn.Module], Any],
+                       inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                       names: Sequence[str], model_path: Path) -> None:
+    """Build the model a second time as a load will (factory, then the artifact's weights,
+    strictly, then eval) and require the same buffers and the same outputs on ``inputs``;
+    raise ``FactoryNotReproducibleError`` naming what differs."""
+    shown = str(model_path)
+    factory = entry_function(module, entry, shown)
+    second = call_factory(factory, config, shown, entry, device="cpu")
+    load_strict(second, load_safetensors(files[WEIGHTS_NAME]), tied, shown)
+    second.eval()
+    differs = _differing_buffers(first, second)
+    if not differs:
+        try:
+            with torch.inference_mode():
+                again = flatten(forward_of(second)(*inputs))
+        except Exception as exc:
+            raise ModelSourceError(f"{shown}: the model from a second {entry}() call fails "
+                                   f"where the first ran: {exc}", stage="factory",
+                                   path=shown) from exc
+        differs = [name for name, a, b in zip(names, again, outputs) if not _same(a, b)]
+        if len(again) != len(outputs):
+            differs.append("the number of outputs")
+    if differs:
+        raise FactoryNotReproducibleError(path=shown, entry=entry, differs=differs)
+
+
+def _differing_buffers(first: torch.nn.Module, second: torch.nn.Module) -> list[str]:
+    """Buffers (non-persistent ones too: they are not saved with the weights) that differ
+    between two builds of the model."""
+    theirs = dict(second.named_buffers())
+    return [f"buffer {name}" for name, buffer in first.named_buffers()
+            if name not in theirs or not _same(buffer, theirs[name])]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes, dtypes and elements (NaN equal to NaN); a pair torch cannot compare
+    (an exotic tensor type) counts as equal: this check must never refuse a sound model."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    try:
+        if a.is_floating_point():
+            return bool(torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+                        and torch.equal(torch.isnan(a), torch.isnan(b)))
+        return bool(torch.equal(a, b))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return True

@@ -1,0 +1,110 @@
+"""Reference inputs the user gives (``--reference-inputs FILE``): real inputs that exercise
+the model where random ones do not (a detector's image, a tokenised sentence).
+
+The file is ``.npz``, ``.npy`` (one input) or ``.safetensors``. Each array is named after
+an input (``x`` or forward's own name for a single positional one, ``input_ids``...), optionally with a dot
+and any suffix (``x.batch8``) so that one file can hold an array per declared shape. A
+declared entry takes, for each input, the array of exactly its shape; an entry for which
+the file has none draws random inputs as usual. Arrays are cast to the declared dtype when
+that keeps every value (float64 images become float32; integer ids must fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ReferenceInputsError
+from ..format import Shape, format_shape
+from ..runtime import torch_dtype
+
+#: What a reference-inputs file may weigh: it is read whole, before the model runs.
+MAX_REFERENCE_INPUTS_BYTES = 2 * 1024**3
+SUFFIXES = (".npz", ".npy", ".safetensors")
+
+Given = Mapping[str, Sequence[torch.Tensor]]
+
+
+def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
+                          shapes: Sequence[Mapping[str, Shape]]) -> dict[str, list[torch.Tensor]]:
+    """The file's arrays per input name, cast to the declared dtypes; every array must fit
+    a declared shape of its input (an array that fits none is a mistake worth saying)."""
+    arrays = _read(path)
+    given: dict[str, list[torch.Tensor]] = {}
+    only = next(iter(dtypes)) if len(dtypes) == 1 else None
+    for key, array in arrays.items():
+        name = key.split(".", 1)[0]
+        if only is not None and name == "x":
+            name = only  # the single positional input is ``x`` whatever forward calls it
+        if name not in dtypes:
+            raise ReferenceInputsError(path=str(path), problem=(
+                f"array {key!r} names no input of the model; name arrays after the inputs "
+                f"({', '.join(dtypes)}), optionally with a suffix (x.batch8)"))
+        tensor = _cast(torch.from_numpy(np.ascontiguousarray(array)), dtypes[name], key, path)
+        declared = [tuple(s[name]) for s in shapes]
+        if tuple(tensor.shape) not in declared:
+            raise ReferenceInputsError(path=str(path), problem=(
+                f"array {key!r} is {format_shape(tensor.shape)}, but {name} is declared as "
+                f"{', '.join(format_shape(s) for s in declared)}: give an array of a declared "
+                "shape (with its batch dimension)"))
+        given.setdefault(name, []).append(tensor)
+    if not given:
+        raise ReferenceInputsError(path=str(path), problem="it holds no arrays")
+    return given
+
+
+def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor | None:
+    """The given array for input ``name`` of exactly ``shape``, if any."""
+    for tensor in (given or {}).get(name, ()):
+        if tuple(tensor.shape) == tuple(shape):
+            return tensor
+    return None
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix not in SUFFIXES:
+        raise ReferenceInputsError(path=str(path), problem=(
+            f"unknown file type {path.suffix or '(none)'}; use {', '.join(SUFFIXES)}"))
+    try:
+        size = path.stat().st_size
+        if size > MAX_REFERENCE_INPUTS_BYTES:
+            raise ReferenceInputsError(path=str(path), problem=(
+                f"{size} bytes, more than the {MAX_REFERENCE_INPUTS_BYTES} a build reads"))
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            return dict(load_file(str(path)))
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            return {"x": loaded}
+        with loaded:
+            return {key: loaded[key] for key in loaded.files}
+    except ReferenceInputsError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:  # pickled objects refused by allow_pickle
+        raise ReferenceInputsError(path=str(path), problem=f"cannot be read: {exc}") from None
+    except Exception as exc:  # safetensors' own error type
+        raise ReferenceInputsError(path=str(path), problem=f"cannot be read: {exc}") from None
+
+
+def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.Tensor:
+    """``tensor`` in the declared dtype: floats from any number type, integers and bools
+    only when every value survives the cast."""
+    dtype = torch_dtype(dtype_name)
+    if tensor.dtype == dtype:
+        return tensor
+    if dtype.is_floating_point and (tensor.dtype.is_floating_point or not tensor.dtype.is_complex):
+        cast = tensor.to(dtype)
+        if bool(torch.isfinite(cast).all()) or not bool(torch.isfinite(tensor.double()).all()):
+            return cast
+    elif not dtype.is_floating_point and not tensor.dtype.is_floating_point:
+        cast = tensor.to(dtype)
+        if torch.equal(cast.to(torch.int64), tensor.to(torch.int64)):
+            return cast
+    raise ReferenceInputsError(path=str(path), problem=(
+        f"array {key!r} is {str(tensor.dtype).removeprefix('torch.')}, and input "
+        f"{key.split('.', 1)[0]} is declared {dtype_name}: its values do not survive the cast; "
+        f"save it as {dtype_name} (numpy: array.astype(np.{dtype_name}))"))
