@@ -18,14 +18,18 @@ from typing import Any
 
 import click
 
+from ._session import TOKEN_ENV
 from ._version import __version__
 from .bench import COLD_VARIANTS, SKIPPABLE
 from .errors import DeviceError, QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
+    DEFAULT_VERSION,
     SIGNATURE_NAME,
     check_dtype,
+    check_seed,
     format_shape,
+    manifest_schema,
     manifest_to_dict,
     pair_inputs,
     parse_config_items,
@@ -98,6 +102,12 @@ def _say(text: str, *, err: bool = False) -> None:
     click.echo("\n".join(_visible(line) for line in text.split("\n")), err=err)
 
 
+def _emit(payload: Any) -> None:
+    """The one JSON document a ``--json`` command prints on stdout (exact: json.dumps
+    escapes control characters itself)."""
+    click.echo(json.dumps(payload, indent=2))
+
+
 def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
     return click.BadParameter(str(exc), param_hint=param)
 
@@ -127,6 +137,20 @@ def _config_option(ctx: click.Context, param: click.Parameter, value: Sequence[s
         raise _usage(f"--{param.name}", exc) from None
 
 
+def _labels_option(ctx: click.Context, param: click.Parameter,
+                   value: Sequence[str]) -> dict[str, str]:
+    """Repeated ``KEY=VALUE`` labels, kept as text (checked with the rest of the metadata)."""
+    labels: dict[str, str] = {}
+    for item in value:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--label")
+        if key.strip() in labels:
+            raise click.BadParameter(f"label {key.strip()!r} is given twice", param_hint="--label")
+        labels[key.strip()] = text
+    return labels
+
+
 def _range_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None
@@ -134,6 +158,13 @@ def _range_option(ctx: click.Context, param: click.Parameter, value: str | None)
         return parse_range(value)
     except ShapeSpecError as exc:
         raise _usage("--input-range", exc) from None
+
+
+def _seed_option(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    try:
+        return check_seed(value)
+    except ShapeSpecError as exc:
+        raise _usage("--seed", exc) from None
 
 
 def _list_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple:
@@ -191,7 +222,9 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--entry", default="build_model", show_default=True,
               help="Factory in the model file: build_model(**config) -> nn.Module.")
 @click.option("--config", "config", multiple=True, callback=_config_option, metavar="KEY=VALUE",
-              help="Factory argument; VALUE parsed as JSON, else a string. Repeatable.")
+              help="Factory argument; VALUE parsed as JSON (True, False and None as "
+              "Python spells them too), else a string ('\"False\"' for that text). "
+              "Repeatable.")
 @click.option("--weights", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="safetensors file or torch state dict (read with weights_only=True).")
 @click.option("--include", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -202,8 +235,12 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               help="Classes to capture under the submodules policy [default: the largest "
               "blocks that capture and replay correctly].")
 @click.option("--input-range", callback=_range_option, metavar="LOW,HIGH",
-              help="Range of reference inputs (uniform; ints in [LOW, HIGH)).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the reference inputs.")
+              help="Draw reference inputs uniformly from [LOW, HIGH): floats (rounded to "
+              "their dtype), and integers from [int(LOW), int(HIGH)) [default: floats "
+              "standard normal; integers from the embedding they index, else [0, 2)].")
+@click.option("--seed", default=0, show_default=True, callback=_seed_option,
+              help="Seed of the random reference inputs, 0 to 2**63-1 (shape i draws "
+              "with SEED+i).")
 @click.option("--reference-inputs", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               metavar="FILE", help="Inputs that exercise the model (.npz/.npy/.safetensors, "
               "arrays named after the inputs, x for a single one): used for the declared shapes "
@@ -211,15 +248,27 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--allow-constant-references", is_flag=True,
               help="Build even if a reference output is empty or all outputs are constant "
               "(the load self-test then proves nothing for them).")
+@click.option("--name", help="The model's name (URL-safe) [default: the model file's stem].")
+@click.option("--model-version", default=DEFAULT_VERSION, show_default=True,
+              help="The model's version (letters, digits, '.', '_', '-').")
+@click.option("--description", default="", help="What the model does, in a sentence.")
+@click.option("--license", "license_", default="", metavar="SPDX",
+              help="The model's license (an SPDX identifier: Apache-2.0, MIT...).")
+@click.option("--label", "labels", multiple=True, callback=_labels_option, metavar="KEY=VALUE",
+              help="A label recorded in the manifest (team=search). Repeatable.")
 @click.option("--force", is_flag=True, help="Replace an existing artifact at the output path.")
 @click.option("--warm", "warm_device", is_flag=False, flag_value="cuda", default=None,
               metavar="[DEVICE]", help="Then ship compiled GPU kernels (needs a GPU here; "
               "DEVICE defaults to cuda). See `qkan-pack warm`.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document (path, digest, notes, manifest) on stdout; "
+              "messages go to stderr.")
 def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None,
           dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
           capture: str, submodules: tuple, input_range: Any, seed: int,
-          reference_inputs: Path | None, allow_constant_references: bool, force: bool,
-          warm_device: str | None) -> None:
+          reference_inputs: Path | None, allow_constant_references: bool, name: str | None,
+          model_version: str, description: str, license_: str, labels: dict[str, str],
+          force: bool, warm_device: str | None, as_json: bool) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
     from .builder import check_warm_device
@@ -236,15 +285,26 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
                                 input_range=input_range, seed=seed,
                                 reference_inputs=reference_inputs,
                                 allow_constant_references=allow_constant_references,
+                                name=name, model_version=model_version,
+                                description=description, license=license_, labels=labels,
                                 force=force)
     for note in result.notes:
-        click.echo(f"note: {note}", err=True)
+        _say(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
-    _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)")
+    _say(f"built {result.path} ({shown}; {result.manifest.model.parameters:,} parameters)",
+         err=as_json)
+    digest, manifest = result.digest, result.manifest
     if warm_device is not None:
-        _warm(result.path, warm_device)
+        from .runtime import read_artifact
+
+        _warm(result.path, warm_device, as_json=as_json)
+        warmed = read_artifact(result.path)  # the manifest now lists the shipped kernels
+        digest, manifest = warmed.digest, warmed.manifest
     else:
-        _say(f"digest {result.digest}")
+        _say(f"digest {result.digest}", err=as_json)
+    if as_json:
+        _emit({"path": str(result.path), "digest": digest, "notes": list(result.notes),
+               "manifest": manifest_to_dict(manifest)})
 
 
 @cli.command()
@@ -253,26 +313,33 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
 @click.option("--compiled", is_flag=True,
               help="Also compile the model with torch.compile (inductor) and ship inductor's "
               "cache, for Predictor.load(..., compiled='shipped').")
-def warm(directory: Path, device: str, compiled: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document (path, kernel key, files, bytes, digest) on "
+              "stdout; messages go to stderr.")
+def warm(directory: Path, device: str, compiled: bool, as_json: bool) -> None:
     """Compile the GPU kernels DIRECTORY needs on this host's GPU and ship them inside it.
 
     A fresh GPU host then loads without compiling anything; one artifact can carry a
     kernel set per GPU architecture + toolchain (warm it once on each kind of host).
     """
-    _warm(directory, device, compiled=compiled)
+    result = _warm(directory, device, compiled=compiled, as_json=as_json)
+    if as_json:
+        _emit({"path": str(result.path), "key": result.key, "files": result.files,
+               "bytes": result.bytes, "digest": result.digest})
 
 
-def _warm(directory: Path, device: str, *, compiled: bool = False) -> None:
+def _warm(directory: Path, device: str, *, compiled: bool = False, as_json: bool = False) -> Any:
     from .builder import check_warm_device
     from .builder import warm as warm_artifact
 
     check_warm_device(device)  # before saying it compiles
     _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
-               err=True)
+         err=True)
     result = warm_artifact(directory, device, compiled=compiled)
     _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
-               f"{result.key} in {result.path}")
-    _say(f"digest {result.digest}")
+         f"{result.key} in {result.path}", err=as_json)
+    _say(f"digest {result.digest}", err=as_json)
+    return result
 
 
 @cli.command()
@@ -288,7 +355,8 @@ def inspect(directory: Path, as_json: bool, keys: tuple[Path, ...]) -> None:
     artifact = read_artifact(directory, trusted_keys=keys)
     if as_json:
         payload = {"digest": artifact.digest, "signed_by": artifact.signed_by,
-                   "manifest": manifest_to_dict(artifact.manifest)}
+                   "manifest": manifest_to_dict(artifact.manifest),
+                   "schema": manifest_schema(artifact.manifest)}
         click.echo(json.dumps(payload, indent=2))
         return
     click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path),
@@ -309,9 +377,16 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
     could otherwise forge what the table says, "(integrity verified)" included)."""
     model, producer = manifest.model, manifest.producer
     config = json.dumps(dict(model.config), sort_keys=True) if model.config else "{}"
+    meta = manifest.metadata
     lines = [
         f"artifact   {path}",
         f"digest     {digest}   (integrity verified)",
+        *([f"name       {meta.name} version {meta.version}"
+           + (f", license {meta.license}" if meta.license else "")] if meta.name else []),
+        *([f"about      {meta.description}"] if meta.description else []),
+        *([f"labels     {', '.join(f'{k}={v}' for k, v in meta.labels.items())}"]
+          if meta.labels else []),
+        *([f"classes    {_class_labels_text(meta.class_labels)}"] if meta.class_labels else []),
         *([f"signature  {signature}"] if signature else []),
         f"format     {manifest.format_name} v{manifest.format_version}"
         + (f", created {manifest.created}" if manifest.created else "")
@@ -341,6 +416,11 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
     return "\n".join(_visible(line) for line in lines)
 
 
+def _class_labels_text(labels: Sequence[str]) -> str:
+    shown = ", ".join(f"{i}: {label}" for i, label in enumerate(labels[:8]))
+    return shown + (f", … ({len(labels)} in all)" if len(labels) > 8 else "")
+
+
 def _input_text(decl: Any) -> str:
     text = f"{decl.name}: {decl.dtype}"
     if decl.low is not None:
@@ -350,15 +430,19 @@ def _input_text(decl: Any) -> str:
 
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
 @click.option("--expected-digest", help="Refuse unless the artifact digest is this sha256:…")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
 @click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Refuse unless the artifact is signed by this public key or under this root "
                    "certificate (PEM); checked before any artifact code runs. Repeatable.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document (digest, device, signer, the load report) on "
+              "stdout; messages go to stderr.")
 def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
-           keys: tuple[Path, ...]) -> None:
+           keys: tuple[Path, ...], as_json: bool) -> None:
     """Check integrity (and the signature, with --key), load on DEVICE and run the
     self-test; exit 0 only when sound."""
     from .runtime import Predictor
@@ -369,10 +453,68 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
         predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
                                    config_overrides=overrides, trusted_keys=keys)
     with predictor:
-        _say(str(predictor.report))
+        _say(str(predictor.report), err=as_json)
         if predictor.signed_by is not None:
-            _say(f"signature verified: signed by {predictor.signed_by}")
-        _say(f"OK: {directory} is sound on {predictor.device}")
+            _say(f"signature verified: signed by {predictor.signed_by}", err=as_json)
+        _say(f"OK: {directory} is sound on {predictor.device}", err=as_json)
+        if as_json:
+            _emit({"ok": True, "path": str(directory), "digest": predictor.report.digest,
+                   "device": str(predictor.device), "signed_by": predictor.signed_by,
+                   "report": predictor.report.as_dict()})
+
+
+def _predict_inputs_option(ctx: click.Context, param: click.Parameter,
+                           value: Sequence[str]) -> tuple[tuple[str | None, Path], ...]:
+    """``NAME=FILE`` or ``FILE``: a name is an identifier before the first ``=``."""
+    given = []
+    for item in value:
+        name, sep, path = item.partition("=")
+        if sep and name.isidentifier():
+            given.append((name, Path(path)))
+        else:
+            given.append((None, Path(item)))
+    for _, path in given:
+        if not path.is_file():
+            raise click.BadParameter(f"{path} is not a file", param_hint="--input")
+    return tuple(given)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--input", "inputs", multiple=True, required=True, callback=_predict_inputs_option,
+              metavar="[NAME=]FILE",
+              help="Input values: .npy, .npz, .safetensors or .json. NAME=FILE gives one input; "
+              "a file without NAME gives every input it holds by name (or the only one). "
+              "Repeatable.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the outputs (.npy, .npz, .safetensors or .json) instead of printing "
+              "a summary table.")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+@click.option("--expected-digest", help="Refuse unless the artifact digest is this sha256:…")
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Refuse unless the artifact is signed by this public key or under this root "
+                   "certificate (PEM). Repeatable.")
+def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
+            expected_digest: str | None, keys: tuple[Path, ...]) -> None:
+    """Run DIRECTORY's model on inputs read from files: a summary table, or --output FILE.
+
+    Loads as Predictor.load does (verify, self-test, capture on a GPU) and checks the
+    inputs as every call is checked: exact declared shapes and dtypes.
+    """
+    from .predict import named_outputs, read_inputs, summarize, write_outputs
+    from .runtime import Predictor
+
+    with Predictor.load(directory, device=device, expected_digest=expected_digest,
+                        trusted_keys=keys, progress=False) as predictor:
+        manifest = predictor.manifest
+        dtypes = {d.name: d.dtype for d in manifest.inputs}
+        arrays = read_inputs(inputs, manifest.input_names, dtypes)
+        outputs = named_outputs(predictor(**arrays))
+    if output is not None:
+        _say(f"wrote {write_outputs(outputs, output)}")
+    else:
+        _say(summarize(outputs, manifest.metadata.class_labels))
 
 
 @cli.command()
@@ -424,8 +566,10 @@ def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tu
               help="Leave a variant out (e.g. torch_compile, whose warm-up takes long). Repeatable.")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the full results as JSON here.")
+@click.option("--json", "json_path", is_flag=False, flag_value="-", default=None,
+              type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), metavar="[FILE]",
+              help="Write the full results as JSON to FILE; alone, print them on stdout (the "
+              "table then goes to stderr).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of latency per shape per variant here (needs matplotlib).")
 @click.option("--cold", is_flag=True,
@@ -463,11 +607,14 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
     settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
                              config_overrides=overrides)
     report = run_bench(directory, device, settings=settings)
-    click.echo(render_table(report))
-    if json_path is not None:
+    to_stdout = json_path == Path("-")
+    click.echo(render_table(report), err=to_stdout)
+    if to_stdout:
+        _emit(report.as_dict())
+    elif json_path is not None:
         _say(f"wrote {write_json(report, json_path)}")
     if plot_path is not None:
-        _say(f"wrote {write_plot(report, plot_path)}")
+        _say(f"wrote {write_plot(report, plot_path)}", err=to_stdout)
 
 
 _COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
@@ -496,11 +643,14 @@ def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path |
                             profile=profile, config_overrides=overrides,
                             bytecode_cache=bytecode_cache)
     report = run_cold(directory, device, settings=settings)
-    click.echo(render_cold(report))
-    if json_path is not None:
+    to_stdout = json_path == Path("-")
+    click.echo(render_cold(report), err=to_stdout)
+    if to_stdout:
+        _emit(report)
+    elif json_path is not None:
         click.echo(f"wrote {write_cold_json(report, json_path)}")
     if plot_path is not None:
-        click.echo(f"wrote {write_cold_plot(report, plot_path)}")
+        click.echo(f"wrote {write_cold_plot(report, plot_path)}", err=to_stdout)
 
 
 def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
@@ -567,7 +717,6 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
         click.echo(f"wrote {write_serve_plot(report, plot_path)}")
 
 
-TOKEN_ENV = "QKAN_PACK_SERVE_TOKEN"
 
 
 def _split_args(text: str) -> tuple[str, ...]:
@@ -592,16 +741,26 @@ def _token_file_in(serve_args: Sequence[str]) -> Path | None:
     return found
 
 
-def _read_token(path: Path | None) -> str | None:
-    """The bearer token from --auth-token-file (first line), else QKAN_PACK_SERVE_TOKEN."""
-    text = path.read_text() if path is not None else os.environ.get(TOKEN_ENV, "")
-    token = (text.strip().splitlines() or [""])[0].strip()  # a file's first line, as --help says
-    if path is not None and not token:
-        raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
-    if token and (len(token) < 16 or any(c.isspace() for c in token)):
-        raise click.BadParameter("a token needs at least 16 characters and no whitespace",
-                                 param_hint="--auth-token-file" if path else TOKEN_ENV)
-    return token or None
+def _read_token(path: Path | None, *, take: bool = False) -> str | None:
+    """The bearer token from --auth-token-file (its first line; the rules are
+    ``serve.read_token_file``'s), else QKAN_PACK_SERVE_TOKEN. ``take`` (the serve itself):
+    the variable is taken out of this process's environment, so that no process the serve
+    starts (Ray's, replicas running model code) inherits it; under the supervisor it came
+    through a pipe instead (``_session``). A token or file serve cannot use is a usage error."""
+    from ._session import handed_over_token
+    from .errors import ServeTokenError
+    from .serve import check_token, read_token_file
+
+    given = os.environ.pop(TOKEN_ENV, None) if take else os.environ.get(TOKEN_ENV)
+    if take and given is None:
+        given = handed_over_token()
+    try:
+        if path is not None:
+            return read_token_file(path)
+        return check_token(given.strip(), TOKEN_ENV) if given and given.strip() else None
+    except ServeTokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-token-file" if path else TOKEN_ENV
+                                 ) from None
 
 
 @cli.command()
@@ -643,8 +802,14 @@ def _read_token(path: Path | None) -> str | None:
               help="A request body not received within this time gets HTTP 408 (through HAProxy, "
               "the headers and the first 16 KiB of body within this or 10 s, whichever is shorter).")
 @click.option("--auth-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help=f"Require 'Authorization: Bearer <token>' on every route (token: the file's "
-              f"first line) [default: ${TOKEN_ENV}, else no token].")
+              help=f"Require 'Authorization: Bearer <token>' on every route but the liveness "
+              f"route GET /-/healthz (status only) [default: ${TOKEN_ENV}, else no token]. "
+              "The token is the file's first line: at least 16 printable ASCII characters; "
+              "the file must not be writable by its group or others (chmod 600).")
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Refuse unless the artifact is signed by this public key or under this root "
+                   "certificate (PEM): checked before Ray starts, and by each replica before "
+                   "any artifact code runs. Repeatable.")
 @click.option("--grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="On Ctrl-C or SIGTERM, how long in-flight requests may finish.")
 @click.option("--device", default="auto", show_default=True,
@@ -658,8 +823,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
           cpus_per_replica: float | None, ingress: str, max_batch_size: int | None,
           max_batch_wait_ms: float | None, exact: bool, max_ongoing_requests: int | None,
           max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
-          auth_token_file: Path | None, grace_s: float, device: str, address: str | None,
-          verbose: bool, noop: bool) -> None:
+          auth_token_file: Path | None, keys: tuple[Path, ...], grace_s: float, device: str,
+          address: str | None, verbose: bool, noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
     'qkan-pack[serve]').
 
@@ -673,7 +838,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
     from .serve import HttpLimits, Listen, ServeOptions, replica_device_text, serve_forever
 
-    token = _read_token(auth_token_file)
+    token = _read_token(auth_token_file, take=True)
     for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s)):
         if math.isnan(value):  # click's FloatRange lets NaN through
             raise click.BadParameter("not a number", param_hint=hint)
@@ -694,7 +859,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
 
-    serve_forever(directory, options, listen, token=token, cpus_per_replica=cpus_per_replica,
+    serve_forever(directory, options, listen, token=token, trusted_keys=keys,
+                  cpus_per_replica=cpus_per_replica,
                   gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
                   notice=lambda line: click.echo(line, err=True))
     click.echo("stopped", err=True)

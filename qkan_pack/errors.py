@@ -22,7 +22,8 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── WeakReferencesError (ValueError)    references that cannot tell a right model from
     │                                       a wrong one (empty or constant outputs)
     │                                       [.shape, .outputs]
-    ├── ReferenceInputsError (ValueError)   a --reference-inputs file that cannot be used
+    ├── InputFileError (ValueError)         a file of inputs (--reference-inputs, predict
+    │                                       --input) or outputs that cannot be used
     │                                       [.path, .problem]
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
@@ -39,8 +40,10 @@ that matches its nature, so ``except ValueError`` keeps working::
     │                                       [.option, .value, .expected]
     ├── ServeError (RuntimeError)           a server that cannot start, place its replicas
     │   │                                   or keep serving  [.problem, .hint]
-    │   └── OverloadedError                 a replica's admission is full (HTTP 503)
-    │                                       [.ongoing, .queued]
+    │   ├── OverloadedError                 a replica's admission is full (HTTP 503)
+    │   │                                   [.ongoing, .queued]
+    │   └── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
+    │                                       use  [.source, .problem]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes]
         ├── MalformedRequestError           a serve request body that is not the format
@@ -66,6 +69,7 @@ __all__ = [
     "FactoryNotReproducibleError",
     "IncompatibleArtifactError",
     "InputError",
+    "InputFileError",
     "KernelCacheError",
     "LoadOptionError",
     "MalformedRequestError",
@@ -74,9 +78,9 @@ __all__ = [
     "OverloadedError",
     "PredictorClosedError",
     "QkanPackError",
-    "ReferenceInputsError",
     "SelfTestError",
     "ServeError",
+    "ServeTokenError",
     "ShapeSpecError",
     "WeakReferencesError",
     "WeightsMismatchError",
@@ -215,13 +219,14 @@ class WeakReferencesError(QkanPackError, ValueError):
             "self-test proves nothing for these outputs)")
 
 
-class ReferenceInputsError(QkanPackError, ValueError):
-    """A ``--reference-inputs`` file that cannot be used: ``path`` and what is wrong."""
+class InputFileError(QkanPackError, ValueError):
+    """A file of inputs that cannot be used (``build --reference-inputs``, ``predict
+    --input``; ``predict --output`` too): ``path`` as given and what is wrong."""
 
     def __init__(self, *, path: str, problem: str) -> None:
         self.path = path
         self.problem = problem
-        super().__init__(f"reference inputs {path}: {problem}")
+        super().__init__(f"{path}: {problem}")
 
 
 class WeightsMismatchError(QkanPackError, ValueError):
@@ -338,6 +343,17 @@ class OverloadedError(ServeError):
         self.queued = queued
         super().__init__(f"overloaded: {ongoing} requests at work and {queued} waiting",
                          hint="retry after Retry-After seconds")
+
+
+class ServeTokenError(ServeError, ValueError):
+    """A bearer token ``serve`` cannot use, or a token file it will not read: ``source`` is
+    the file or the environment variable it came from, ``problem`` what is wrong with it and
+    how to fix it."""
+
+    def __init__(self, *, source: str, problem: str) -> None:
+        self.source = source
+        super().__init__(f"{source} {problem}")
+        self.problem = problem
 
 
 class InputError(QkanPackError, ValueError):

@@ -36,10 +36,10 @@ PUBLIC = {
     "qkan_pack.builder": ["BuildResult", "SignResult", "WarmResult", "build", "check_warm_device",
                           "sign", "warm", "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits",
-                        "Listen", "NoopServer", "ServeOptions", "build_app", "describe_artifact",
-                        "encode_outputs", "fit", "parse_request", "parse_tensor",
-                        "replica_device_text", "row_plan", "serve_forever", "signature_text",
-                        "token_digest"],
+                        "Listen", "NoopServer", "ServeOptions", "build_app", "check_token",
+                        "describe_artifact", "encode_outputs", "fit", "parse_request",
+                        "parse_tensor", "read_token_file", "replica_device_text", "row_plan",
+                        "serve_forever", "signature_text", "token_digest"],
     "qkan_pack.bench": ["COLD_SCHEMA", "COLD_VARIANTS", "CPU_NOTE", "LABELS", "SCHEMA",
                         "SKIPPABLE", "VARIANTS", "BenchReport", "BenchSettings", "ColdSettings",
                         "ServeLoadReport", "ServeLoadSettings", "ShapeResult", "VariantResult",
@@ -72,11 +72,12 @@ PUBLIC = {
         "CAPTURE_POLICIES", "CapturePolicy", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
         "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",
         "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",
-        "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_SHAPES", "MAX_SIGNATURE_BYTES",
+        "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_REFERENCE_BYTES", "MAX_SEED", "MAX_SHAPES",
+        "MAX_SIGNATURE_BYTES",
         "Manifest", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
-        "check_range",
+        "check_range", "check_reference_bytes", "check_seed",
         "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_to_dict",
         "padding_table", "pair_inputs", "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
@@ -119,7 +120,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "IncompatibleArtifactError": errors.ManifestError,
                "DigestMismatchError": errors.ArtifactError,
                "ArtifactSignatureError": errors.ArtifactError,
-               "OverloadedError": errors.ServeError}
+               "OverloadedError": errors.ServeError,
+               "ServeTokenError": errors.ServeError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name

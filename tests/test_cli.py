@@ -152,6 +152,82 @@ def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:
         assert needle in result.stderr, (needle, result.stderr)
 
 
+PLAIN = str(MODELS / "plain_mlp.py")
+HOOKED = """\
+import torch
+
+def example_input(name, shape, dtype, generator):
+    return torch.zeros(shape, dtype=dtype)
+
+def build_model():
+    return torch.nn.Linear(2, 2)
+"""
+
+
+def one_usage_line(result: Result) -> str:
+    """A usage error: exit 2 and one ``Error:`` line, never "unexpected" or a traceback."""
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.stderr
+    assert "unexpected" not in result.stderr and "Traceback" not in result.output
+    return errors[0]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--shapes", "1x2", "--seed", "100000000000000000000000"],
+     ["--seed", "outside 0..9223372036854775807"]),
+    (["--shapes", "1x2", "--seed", "-1"], ["--seed", "outside"]),
+    (["--shapes", "1x2", "--seed", "1e23"], ["--seed", "not a valid integer"]),
+    (["--shapes", "2147483647x2147483647"], ["2147483647x2147483647", "16 EiB", "at most 1 GiB"]),
+    (["--shapes", "1x2147483647"], ["1x2147483647 (float32) needs 8 GiB", "at most 1 GiB"]),
+    (["--shapes", "1x2", "--dtype", "float16", "--input-range", "0,1e6"],
+     ["does not fit float16 inputs"]),
+])
+def test_numbers_torch_cannot_take_are_usage_errors(tmp_path: Path, args: list[str],
+                                                    says: list[str]) -> None:
+    """Audit (issue 32): ``--seed`` past 2**64 and ``--shapes 2147483647x2147483647`` ended as
+    "unexpected ValueError/RuntimeError"; ``--shapes 1x2147483647`` allocated ~8 GiB for 25 s
+    before failing. Now refused before any reference input is allocated."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    line = one_usage_line(run("build", PLAIN, *args, "-o", tmp_path / "a"))
+    assert all(needle in line for needle in says), line
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 2**20  # < 1 GiB more
+    assert not (tmp_path / "a").exists()
+
+
+def test_input_range_draws_float_references_uniformly(tmp_path: Path) -> None:
+    """Audit (issue 32): ``--input-range 0,1`` on a float input was ignored (references
+    stayed standard normal) though ``--help`` said uniform."""
+    from safetensors.torch import load as load_tensors
+
+    result = run("build", PLAIN, "--shapes", "64x2", "--input-range", "0,1", "-o", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    artifact = read_artifact(tmp_path / "a")
+    x = load_tensors(bytes(artifact.files[artifact.manifest.shapes[0].reference]))["input.input"]
+    assert float(x.min()) >= 0.0 and float(x.max()) < 1.0
+    shown = run("inspect", tmp_path / "a")
+    assert "in [0, 1) (--input-range)" in shown.output, shown.output
+    hooked = tmp_path / "hooked.py"
+    hooked.write_text(HOOKED)
+    line = one_usage_line(run("build", hooked, "--shapes", "1x2", "--input-range", "0,1",
+                              "-o", tmp_path / "b"))
+    assert "--input-range has no effect" in line and "example_input()" in line
+
+
+def test_config_takes_python_false(tmp_path: Path) -> None:
+    """Audit (issue 32): ``--config bias=False`` passed the truthy string "False" and built
+    a model with biases."""
+    model = tmp_path / "biased.py"
+    model.write_text("import torch\n\n\ndef build_model(bias=True):\n"
+                     "    return torch.nn.Linear(2, 2, bias=bias)\n")
+    result = run("build", model, "--shapes", "1x2", "--config", "bias=False", "-o", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    assert "(1x2; 4 parameters)" in result.stdout
+    assert read_artifact(tmp_path / "a").manifest.model.config == {"bias": False}
+
+
 # ---------------------------------------------------------------------------
 # Failing model files: exit 1, one line naming the file
 # ---------------------------------------------------------------------------

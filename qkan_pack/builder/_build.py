@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import torch
 from ..errors import ModelSourceError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
+    DEFAULT_VERSION,
     MANIFEST_NAME,
     REFERENCE_DIR,
     SOURCE_DIR,
@@ -30,7 +32,9 @@ from ..format import (
     ModelInfo,
     ShapeEntry,
     check_config,
+    check_metadata,
     check_range,
+    check_seed,
 )
 from ..runtime import (
     accepts_device,
@@ -92,6 +96,11 @@ def build(
     seed: int = 0,
     reference_inputs: str | Path | None = None,
     allow_constant_references: bool = False,
+    name: str | None = None,
+    model_version: str = DEFAULT_VERSION,
+    description: str = "",
+    license: str = "",
+    labels: Mapping[str, str] | None = None,
     force: bool = False,
     progress: bool | None = None,
 ) -> BuildResult:
@@ -104,10 +113,17 @@ def build(
     (arrays named after the inputs; ``builder._given``), used where they fit a declared
     shape. References with an empty output, or only constant ones, are refused
     (``WeakReferencesError``) unless ``allow_constant_references``.
+    ``name`` (default: the model file's stem), ``model_version``, ``description``,
+    ``license`` and ``labels`` describe the model (``format.Metadata``); a transformers
+    classifier's ``id2label`` is recorded as its class labels.
     """
     model_path = Path(model_path)
     policy = _capture_policy(capture, submodules)
+    seed = check_seed(seed)  # before the model runs: torch takes seeds below 2**64 only
+    metadata = check_metadata(name=_model_name(name, model_path), version=model_version,
+                              description=description, license=license, labels=labels)
     user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
+    metadata = dataclasses.replace(metadata, class_labels=class_labels_of(user.model))
     declared = declare_inputs(shapes, dtype, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
@@ -124,7 +140,7 @@ def build(
         producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
         inputs=tuple(decls),
         shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
-        reference_precision=torch.get_float32_matmul_precision(),
+        reference_precision=torch.get_float32_matmul_precision(), metadata=metadata,
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
     final, digest = write_artifact(target, manifest, files, force=force,
@@ -136,6 +152,28 @@ def build(
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
+
+
+def _model_name(name: str | None, model_path: Path) -> str:
+    """The given name, else the model file's stem made URL-safe (``my model.py``: my_model)."""
+    if name is not None:
+        return name
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model_path.stem).lstrip("._-")[:128] or "model"
+
+
+def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
+    """A transformers classifier's class names, index order (``config.id2label``); none when
+    the config has only the library's placeholders (``LABEL_0``...)."""
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    if not isinstance(id2label, Mapping) or not id2label:
+        return ()
+    try:
+        ordered = [str(id2label[i]) for i in range(len(id2label))]
+    except KeyError:
+        return ()
+    if ordered == [f"LABEL_{i}" for i in range(len(ordered))]:
+        return ()
+    return tuple(ordered)
 
 
 def _producer(*, uses_qkan: bool) -> dict[str, Any]:

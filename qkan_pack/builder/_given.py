@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ReferenceInputsError
+from ..errors import InputFileError
 from ..format import Shape, format_shape
 from ..runtime import torch_dtype
 
@@ -40,19 +40,19 @@ def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
         if only is not None and name == "x":
             name = only  # the single positional input is ``x`` whatever forward calls it
         if name not in dtypes:
-            raise ReferenceInputsError(path=str(path), problem=(
+            raise InputFileError(path=f"--reference-inputs {path}", problem=(
                 f"array {key!r} names no input of the model; name arrays after the inputs "
                 f"({', '.join(dtypes)}), optionally with a suffix (x.batch8)"))
         tensor = _cast(torch.from_numpy(np.ascontiguousarray(array)), dtypes[name], key, path)
         declared = [tuple(s[name]) for s in shapes]
         if tuple(tensor.shape) not in declared:
-            raise ReferenceInputsError(path=str(path), problem=(
+            raise InputFileError(path=f"--reference-inputs {path}", problem=(
                 f"array {key!r} is {format_shape(tensor.shape)}, but {name} is declared as "
                 f"{', '.join(format_shape(s) for s in declared)}: give an array of a declared "
                 "shape (with its batch dimension)"))
         given.setdefault(name, []).append(tensor)
     if not given:
-        raise ReferenceInputsError(path=str(path), problem="it holds no arrays")
+        raise InputFileError(path=f"--reference-inputs {path}", problem="it holds no arrays")
     return given
 
 
@@ -66,12 +66,12 @@ def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor
 
 def _read(path: Path) -> dict[str, np.ndarray]:
     if path.suffix not in SUFFIXES:
-        raise ReferenceInputsError(path=str(path), problem=(
+        raise InputFileError(path=f"--reference-inputs {path}", problem=(
             f"unknown file type {path.suffix or '(none)'}; use {', '.join(SUFFIXES)}"))
     try:
         size = path.stat().st_size
         if size > MAX_REFERENCE_INPUTS_BYTES:
-            raise ReferenceInputsError(path=str(path), problem=(
+            raise InputFileError(path=f"--reference-inputs {path}", problem=(
                 f"{size} bytes, more than the {MAX_REFERENCE_INPUTS_BYTES} a build reads"))
         if path.suffix == ".safetensors":
             from safetensors.numpy import load_file
@@ -82,12 +82,12 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             return {"x": loaded}
         with loaded:
             return {key: loaded[key] for key in loaded.files}
-    except ReferenceInputsError:
+    except InputFileError:
         raise
     except (OSError, ValueError, EOFError) as exc:  # pickled objects refused by allow_pickle
-        raise ReferenceInputsError(path=str(path), problem=f"cannot be read: {exc}") from None
+        raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
     except Exception as exc:  # safetensors' own error type
-        raise ReferenceInputsError(path=str(path), problem=f"cannot be read: {exc}") from None
+        raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
 
 
 def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.Tensor:
@@ -104,7 +104,7 @@ def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.
         cast = tensor.to(dtype)
         if torch.equal(cast.to(torch.int64), tensor.to(torch.int64)):
             return cast
-    raise ReferenceInputsError(path=str(path), problem=(
+    raise InputFileError(path=f"--reference-inputs {path}", problem=(
         f"array {key!r} is {str(tensor.dtype).removeprefix('torch.')}, and input "
         f"{key.split('.', 1)[0]} is declared {dtype_name}: its values do not survive the cast; "
         f"save it as {dtype_name} (numpy: array.astype(np.{dtype_name}))"))

@@ -5,7 +5,9 @@ One unnamed input (``--shapes``) is passed positionally, as ``forward``'s first 
 Named inputs (``--input NAME:...`` or ``{name: shape}`` dicts) are passed by keyword, and each
 name must be a parameter of ``forward``. Integer inputs draw reference values from the range
 the model makes visible (the ``num_embeddings`` of the embedding they feed), else from
-``--input-range``, else [0, 2) with a note saying so.
+``--input-range``, else [0, 2) with a note saying so. Float inputs are standard normal, or
+uniform over ``--input-range`` when one is given (recorded in the manifest as the range
+their references came from).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from torch.overrides import TorchFunctionMode
 from ..errors import ModelSourceError, ShapeSpecError
 from ..format import (
     DTYPES,
+    MAX_DIM,
+    MAX_RANK,
     InputDecl,
     Shape,
     check_dtype,
+    check_reference_bytes,
     embedding_range,
     format_shape,
     parse_shapes,
@@ -66,7 +71,9 @@ def declare_inputs(shapes: ShapesArg, dtype: str | Mapping[str, str],
         per_shape = [{names[0]: _checked_shape(s, names[0])} for s in shapes]
     if len({tuple(map(tuple, p.items())) for p in per_shape}) != len(per_shape):
         raise ShapeSpecError("a shape is declared twice")
-    return DeclaredInputs(names, call, per_shape, _dtypes_for(dtype, names))
+    dtypes = _dtypes_for(dtype, names)
+    check_reference_bytes(per_shape, dtypes)  # before any input is drawn
+    return DeclaredInputs(names, call, per_shape, dtypes)
 
 
 def _same_names(shape_map: Mapping[str, Any], names: list[str]) -> bool:
@@ -80,8 +87,10 @@ def _checked_shape(shape: Any, name: str) -> Shape:
         return parse_shapes(shape)[0]
     if not isinstance(shape, (list, tuple)) or not shape:
         raise ShapeSpecError(f"shape for {name!r} must be a non-empty list of positive ints")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ShapeSpecError(f"shape {shape!r} for {name!r} must hold positive integers")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_DIM
+               for d in shape) or len(shape) > MAX_RANK:
+        raise ShapeSpecError(f"shape {shape!r:.80} for {name!r} must hold at most {MAX_RANK} "
+                             f"positive integers up to {MAX_DIM}")
     return tuple(shape)
 
 
@@ -131,22 +140,34 @@ def _dtypes_for(dtype: str | Mapping[str, str], names: list[str]) -> dict[str, s
 def integer_ranges(declared: DeclaredInputs, forward: Callable[..., Any],
                    model: torch.nn.Module, input_range: tuple[float, float] | None,
                    hook: Any) -> list[InputDecl]:
-    """Each input's declaration, integer inputs with the range their values come from."""
+    """Each input's declaration with the range its reference values come from: integer
+    inputs always (embedding table, hook, ``--input-range`` or the default), float inputs
+    when ``input_range`` is given (drawn uniformly from it; standard normal otherwise).
+
+    A range no input would be drawn from is refused rather than ignored: the model file's
+    ``example_input`` hook makes every input, and bool inputs are False/True."""
+    kinds = {DTYPES[declared.dtypes[n]].kind for n in declared.names}
+    if input_range is not None and (hook is not None or not kinds & {"int", "float"}):
+        why = (f"the model file defines {EXAMPLE_INPUT_HOOK}(), which makes every reference "
+               "input" if hook is not None else "every input is bool")
+        raise ShapeSpecError(f"--input-range has no effect: {why}; leave it out")
     integers = [n for n in declared.names if DTYPES[declared.dtypes[n]].kind == "int"]
     found = {} if input_range or hook or not integers else _embedding_ranges(
         declared, integers, forward, model)
     decls = []
     for name in declared.names:
-        if name not in integers:
-            decls.append(InputDecl(name, declared.dtypes[name]))
+        dtype = declared.dtypes[name]
+        if DTYPES[dtype].kind == "float" and input_range is not None:
+            decls.append(InputDecl(name, dtype, *input_range, "--input-range"))
+        elif name not in integers:
+            decls.append(InputDecl(name, dtype))
         elif hook is not None:
-            decls.append(InputDecl(name, declared.dtypes[name], range_source=EXAMPLE_INPUT_HOOK))
+            decls.append(InputDecl(name, dtype, range_source=EXAMPLE_INPUT_HOOK))
         elif input_range is not None:
-            decls.append(InputDecl(name, declared.dtypes[name], input_range[0], input_range[1],
-                                   "--input-range"))
+            decls.append(InputDecl(name, dtype, *input_range, "--input-range"))
         else:
             low, high, source = found.get(name, (*DEFAULT_INT_RANGE, "default"))
-            decls.append(InputDecl(name, declared.dtypes[name], low, high, source))
+            decls.append(InputDecl(name, dtype, low, high, source))
     return decls
 
 
@@ -222,7 +243,12 @@ def reference_inputs(shape_map: Mapping[str, Shape], decls: Sequence[InputDecl],
 
 def random_input(shape: Shape, dtype: torch.dtype, generator: torch.Generator,
                  input_range: tuple[float, float] | None = None) -> torch.Tensor:
-    """Reference input: normal floats, or uniform over ``input_range`` ([0, 2) for ints)."""
+    """Reference input: normal floats, or uniform over ``input_range`` ([0, 2) for ints).
+
+    A float range is drawn as ``u * HIGH + (1 - u) * LOW`` (u uniform in [0, 1)), in float64
+    for float64 inputs and float32 otherwise, then rounded to the input's dtype: no
+    intermediate overflows for any range ``check_range`` lets through (``HIGH - LOW`` can
+    exceed the largest float32 while both ends fit)."""
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
     if not dtype.is_floating_point:
@@ -231,7 +257,9 @@ def random_input(shape: Shape, dtype: torch.dtype, generator: torch.Generator,
     if input_range is None:
         return torch.randn(shape, generator=generator).to(dtype)
     low, high = input_range
-    return (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    u = torch.rand(shape, generator=generator, dtype=work)
+    return (u * high + (1 - u) * low).to(dtype)
 
 
 def _from_hook(hook: Any, name: str, shape: Shape, dtype: torch.dtype,

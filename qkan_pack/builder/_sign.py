@@ -66,6 +66,11 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
                .use_file_serialization(hashing_algorithm="sha256", allow_symlinks=False)
                .set_ignored_paths(paths=[SIGNATURE_NAME], ignore_git_paths=False))
     config = model_signing.signing.Config().set_hashing_config(hashing)
+    if certificate is not None:  # checked outside the try: its errors are already ours
+        if not chain:
+            raise ArtifactSignatureError(path=where, problem="signing key", detail=(
+                "--chain: give the intermediate (or root) certificate(s)"))
+        _check_signing_certificate(where, Path(certificate))
     try:
         if certificate is None:
             # the library types the password as str but hands it to cryptography, which
@@ -73,10 +78,6 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
             config.use_elliptic_key_signer(private_key=private_key,
                                            password=None if password is None else password.encode())
         else:
-            if not chain:
-                raise ArtifactSignatureError(path=where, problem="signing key", detail=(
-                    "--chain: give the intermediate (or root) certificate(s)"))
-            _check_signing_certificate(where, Path(certificate))
             config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
                                           certificate_chain=list(chain))
     except (ValueError, TypeError, OSError, AttributeError) as exc:

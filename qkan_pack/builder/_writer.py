@@ -79,10 +79,12 @@ def locked_target(target: str | os.PathLike[str]) -> Iterator[Path]:
     a ``build --force`` installing between the read and the write was silently undone by
     the old artifact. Yields the absolute output path.
 
-    Where the folder does not exist there is nothing to lock against: the read that follows
-    says what is missing (the lock file would have to create the folder first).
+    Refuses first what ``install_artifact`` would refuse (the lock file beside a target
+    inside an artifact would land in it). Where the folder does not exist there is nothing
+    to lock against: the read that follows says what is missing.
     """
     path = output_path(target)
+    refuse_unsafe_output(path)
     if not path.parent.is_dir():
         yield path
         return

@@ -8,6 +8,7 @@ keeps a second table.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,14 @@ MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1
 MAX_SHAPES = 256
+#: Reference inputs a build may draw, all inputs of all declared shapes together: they are
+#: held in memory while the build runs the model (and its float64 copy) on them, written
+#: into the artifact and read back by every load. Declared shapes beyond it are refused
+#: before anything is allocated.
+MAX_REFERENCE_BYTES = 2**30
+#: The largest ``--seed``: reference inputs of the shape at index i are drawn with seed
+#: ``seed + i``, which ``torch.Generator.manual_seed`` takes below 2**64.
+MAX_SEED = 2**63 - 1
 CAPTURE_POLICIES = ("auto", "full", "submodules")
 
 
@@ -40,10 +49,16 @@ class DType:
     safetensors: str  # safetensors header code
     wire: str  # numpy little-endian format on the serve wire; bfloat16 as raw 16 bits
     kind: str  # "float" | "int" | "bool"
+    largest: float | None = None  # a float dtype's largest finite value
 
     @property
     def is_float(self) -> bool:
         return self.kind == "float"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (the width in its wire code; 1 for bool)."""
+        return int(self.wire[-1]) if self.wire[-1].isdigit() else 1
 
     @property
     def int_limits(self) -> tuple[int, int] | None:
@@ -55,10 +70,10 @@ class DType:
 
 
 DTYPES: Mapping[str, DType] = {d.name: d for d in (
-    DType("float16", "F16", "<f2", "float"),
-    DType("bfloat16", "BF16", "<u2", "float"),
-    DType("float32", "F32", "<f4", "float"),
-    DType("float64", "F64", "<f8", "float"),
+    DType("float16", "F16", "<f2", "float", 65504.0),
+    DType("bfloat16", "BF16", "<u2", "float", 3.3895313892515355e38),
+    DType("float32", "F32", "<f4", "float", 3.4028234663852886e38),
+    DType("float64", "F64", "<f8", "float", sys.float_info.max),
     DType("uint8", "U8", "u1", "int"),
     DType("int8", "I8", "i1", "int"),
     DType("int16", "I16", "<i2", "int"),

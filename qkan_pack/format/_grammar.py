@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import DeviceError, ManifestError, ShapeSpecError
-from ._constants import DTYPES, MAX_DIM, MAX_RANK, MAX_SHAPES, dtype_alias
+from ._constants import (
+    DTYPES,
+    MAX_DIM,
+    MAX_RANK,
+    MAX_REFERENCE_BYTES,
+    MAX_SEED,
+    MAX_SHAPES,
+    dtype_alias,
+)
 from ._json import loads_strict
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -126,8 +135,14 @@ def check_dtype(name: str) -> str:
     return canonical
 
 
+#: Python's spellings of the JSON constants, as ``--config`` takes them: ``bias=False``
+#: was the truthy string "False" and built the opposite model.
+_PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+
+
 def parse_config_items(items: Sequence[str]) -> dict[str, Any]:
-    """Parse repeated ``KEY=VALUE``: VALUE as JSON when it parses, else the raw string."""
+    """Parse repeated ``KEY=VALUE``: VALUE as JSON when it parses (``True``, ``False`` and
+    ``None`` too, as Python spells them), else the raw string (``'"False"'`` for that text)."""
     config: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -135,7 +150,7 @@ def parse_config_items(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not IDENTIFIER.match(key):
             raise ShapeSpecError(
                 f"bad --config {item!r}: write KEY=VALUE with KEY a Python identifier "
-                "(VALUE is parsed as JSON, else kept as a string)"
+                "(VALUE is parsed as JSON or True/False/None, else kept as a string)"
             )
         if key in config:
             raise ShapeSpecError(f"--config key {key!r} is given twice")
@@ -146,6 +161,8 @@ def parse_config_items(items: Sequence[str]) -> dict[str, Any]:
 def _json_or_text(key: str, raw: str) -> Any:
     """JSON when it parses strictly; text that only starts like JSON (``[``, ``{``) and is
     refused (too deep, duplicate keys, NaN, malformed) is an error, never silently a string."""
+    if raw.strip() in _PYTHON_CONSTANTS:
+        return _PYTHON_CONSTANTS[raw.strip()]
     try:
         return loads_strict(raw)
     except ManifestError as exc:
@@ -189,8 +206,9 @@ def parse_range(text: str) -> tuple[float, float]:
 
 
 def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
-    """A reference-input range: finite LOW below HIGH, holding an integer when any of
-    ``dtypes`` is an integer type (integer inputs are drawn from [int(LOW), int(HIGH)));
+    """A reference-input range: finite LOW below HIGH, inside what every float type of
+    ``dtypes`` holds (float inputs are drawn uniformly from [LOW, HIGH)), holding an integer
+    that fits every integer type (integer inputs are drawn from [int(LOW), int(HIGH)));
     None (no range given) stays None."""
     if value is None:
         return None
@@ -202,6 +220,11 @@ def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
         raise ShapeSpecError(f"input range {low:g},{high:g}: LOW and HIGH must be finite")
     if not low < high:
         raise ShapeSpecError(f"input range {low:g},{high:g}: LOW must be below HIGH")
+    for name in dict.fromkeys(check_dtype(d) for d in dtypes):
+        largest = DTYPES[name].largest
+        if largest is not None and max(-low, high) > largest:
+            raise ShapeSpecError(f"input range {low:g},{high:g} does not fit {name} inputs "
+                                 f"(they hold -{largest:g}..{largest:g})")
     integer = [d for d in dtypes if DTYPES[check_dtype(d)].kind == "int"]
     if integer and not int(low) < int(high):
         raise ShapeSpecError(f"input range {low:g},{high:g} holds no integer for {integer[0]} "
@@ -213,3 +236,52 @@ def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
                                  f"(they hold {smallest}..{largest}; integers are drawn from "
                                  "[int(LOW), int(HIGH)))")
     return low, high
+
+
+def check_seed(seed: Any) -> int:
+    """The seed of a build's reference inputs: an integer from 0 to ``MAX_SEED`` (the
+    shape at index i draws with ``seed + i``, which ``torch.Generator`` takes below 2**64)."""
+    if isinstance(seed, bool):
+        raise ShapeSpecError(f"seed {seed!r} must be an integer, not a boolean")
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise ShapeSpecError(f"seed {seed!r:.40} must be an integer from 0 to {MAX_SEED} "
+                             "(2**63 - 1)") from None
+    if not 0 <= value <= MAX_SEED:
+        shown = str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit integer"
+        raise ShapeSpecError(f"seed {shown} is outside 0..{MAX_SEED} (2**63 - 1)")
+    return value
+
+
+def check_reference_bytes(per_shape: Sequence[Mapping[str, Sequence[int]]],
+                          dtypes: Mapping[str, str]) -> None:
+    """Refuse, before anything is allocated, declared shapes whose reference inputs (every
+    input of every shape, at its dtype's width) would exceed ``MAX_REFERENCE_BYTES``: the
+    build holds them in memory, runs the model on them and writes them into the artifact.
+    Counted with Python integers, so no size overflows on the way."""
+    total = 0
+    for shape_map in per_shape:
+        size = sum(math.prod(shape) * DTYPES[check_dtype(dtypes[name])].itemsize
+                   for name, shape in shape_map.items())
+        total += size
+        if total > MAX_REFERENCE_BYTES:
+            label = ", ".join(f"{name} {format_shape(shape)} ({check_dtype(dtypes[name])})"
+                              for name, shape in shape_map.items())
+            before = f" after {_bytes(total - size)} for the shapes before it" \
+                if total > size else ""
+            raise ShapeSpecError(
+                f"shape {label} needs {_bytes(size)} of reference inputs{before}; the declared "
+                f"shapes together may use at most {_bytes(MAX_REFERENCE_BYTES)} "
+                "(MAX_REFERENCE_BYTES): declare smaller shapes")
+
+
+def _bytes(count: int) -> str:
+    """``1.5 GiB``, ``8 GiB``, ``512 MiB``, ``120 B``: a size as people read it."""
+    if count.bit_length() > 1000:  # beyond what a float can show
+        return f"over 2**{count.bit_length() - 1} B"
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
+                        ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.4g} {unit}"
+    return f"{count} B"

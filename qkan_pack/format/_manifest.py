@@ -28,6 +28,7 @@ from ._constants import (
 )
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
+from ._metadata import Metadata, metadata_from, metadata_to_dict
 from ._old.v1 import upgrade_v1
 
 #: Producer fields the runtime compares with its own versions: text or null.
@@ -117,8 +118,9 @@ class OutputNode:
 
 @dataclass(frozen=True)
 class InputDecl:
-    """One model input: its name, dtype, and for integer inputs the range reference values
-    were drawn from (``low`` inclusive, ``high`` exclusive) and where that range came from."""
+    """One model input: its name, dtype, and for integer inputs (and float inputs built with
+    ``--input-range``) the range reference values were drawn from (``low`` inclusive,
+    ``high`` exclusive) and where that range came from."""
 
     name: str
     dtype: str
@@ -222,6 +224,7 @@ class Manifest:
     reference_precision: str = "highest"  # torch float32 matmul precision at build
     created: str = ""  # format 1 only: builds are reproducible, nothing time-dependent
     kernels: tuple[KernelSet, ...] = ()
+    metadata: Metadata = field(default_factory=Metadata)
     format_name: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -243,6 +246,32 @@ class Manifest:
         return tuple(self.signature(entry) for entry in self.shapes)
 
 
+def manifest_schema(manifest: Manifest) -> dict[str, Any]:
+    """What a client may send and will get back, from the recorded entries: each input's
+    name, dtype and declared shapes (with its value range where recorded), each output
+    leaf's place, dtype and shape per entry, and the entries themselves. Derived, not stored
+    a second time: the manifest already records (and digests) every part of it."""
+    inputs = []
+    for decl in manifest.inputs:
+        shapes = [list(dict(entry.inputs)[decl.name]) for entry in manifest.shapes]
+        item: dict[str, Any] = {"name": decl.name, "dtype": decl.dtype, "shapes": shapes}
+        if decl.low is not None and decl.high is not None:
+            item["range"] = [decl.low, decl.high]
+        inputs.append(item)
+    outputs: dict[str, dict[str, Any]] = {}
+    for entry in manifest.shapes:
+        for name, spec in zip(entry.outputs.leaf_names(), entry.outputs.leaves()):
+            found = outputs.setdefault(name, {"name": name, "dtype": spec.dtype, "shapes": []})
+            found["shapes"].append(list(spec.shape))
+    return {
+        "inputs": inputs,
+        "outputs": list(outputs.values()),
+        "entries": [{"inputs": {n: list(s) for n, s in entry.inputs},
+                     "outputs": _output_to_dict(entry.outputs)} for entry in manifest.shapes],
+        "call": manifest.call,
+    }
+
+
 # ---------------------------------------------------------------------------
 # JSON I/O
 # ---------------------------------------------------------------------------
@@ -253,6 +282,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     return {
         "format": manifest.format_name,
         "format_version": manifest.format_version,
+        "metadata": metadata_to_dict(manifest.metadata),
         "producer": dict(manifest.producer),
         "model": _model_to_dict(manifest.model),
         "call": manifest.call,
@@ -374,6 +404,7 @@ def _manifest_from(reader: _Reader) -> Manifest:
                                           default="highest"),
         capture=reader.child("capture").build(_capture_from),
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
+        metadata=metadata_from(reader.raw.get("metadata")),
         files=files,
     )
 

@@ -50,7 +50,7 @@ class InputMatcher:
             elif type(value) not in PLAIN_TENSOR_TYPES:
                 raise self._subclass(value, position)
             tensors.append(value.detach() if value.requires_grad else value)
-        index, rows, padded = self._lookup(tensors)
+        index, rows, padded = self._lookup(tensors, numpy=as_numpy)
         return tensors, as_numpy, index, rows, padded
 
     def _order_keywords(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -96,7 +96,8 @@ class InputMatcher:
         raise self.refuse(
             f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor or numpy.ndarray")
 
-    def _lookup(self, tensors: Sequence[torch.Tensor]) -> tuple[int, int | None, Any]:
+    def _lookup(self, tensors: Sequence[torch.Tensor],
+                numpy: bool = False) -> tuple[int, int | None, Any]:
         for position, (tensor, dtype) in enumerate(zip(tensors, self._dtypes)):
             if tensor.is_nested:
                 raise self.refuse(
@@ -109,8 +110,7 @@ class InputMatcher:
             if tensor.dtype != dtype:
                 raise self.refuse(
                     f"input {self._names[position]!r} has dtype "
-                    f"{str(tensor.dtype).removeprefix('torch.')} (convert with "
-                    f".to(torch.{str(dtype).removeprefix('torch.')}))")
+                    f"{str(tensor.dtype).removeprefix('torch.')} ({_conversion(dtype, numpy)})")
             if tensor.device.type != "cpu" and tensor.device != self.device:
                 raise self.refuse(
                     f"input {self._names[position]!r} is on {tensor.device}, the predictor on "
@@ -162,3 +162,13 @@ def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch
 
 def _shape_text(shape: Sequence[int]) -> str:
     return format_shape(shape) if len(shape) else "() (a 0-d tensor)"
+
+
+def _conversion(dtype: torch.dtype, numpy: bool) -> str:
+    """How to convert an input to ``dtype``, in the terms of what the caller passed."""
+    name = str(dtype).removeprefix("torch.")
+    if not numpy:
+        return f"convert with .to(torch.{name})"
+    if dtype == torch.bfloat16:
+        return "numpy has no bfloat16: pass a torch tensor, torch.from_numpy(array).bfloat16()"
+    return f"convert with array.astype(numpy.{name})"

@@ -54,11 +54,12 @@ class Predictor:
     # -- construction ------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu", *,
+    def load(cls, path: str | Path, device: str | torch.device = "auto", *,
              options: LoadOptions | None = None, **keywords: Any) -> Predictor:
         """Verify, rebuild, load weights, capture every shape (CUDA), self-test, return.
 
-        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``. Options are a
+        ``device`` is ``"auto"`` (CUDA where there is a GPU, else the CPU: the report's
+        ``device`` says which), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
         ``kernels``, ``compiled``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for

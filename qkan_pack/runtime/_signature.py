@@ -25,6 +25,7 @@ stdout would corrupt ``inspect --json``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,7 @@ def _library(purpose: str, where: str) -> tuple[Any, Any]:
     except ImportError as exc:
         raise ArtifactSignatureError(path=where, problem="unavailable",
                                      detail=f"{purpose}: {exc}") from None
+    logging.getLogger(sign_certificate.__name__).addFilter(_drop_usage_warnings)
     modules = SimpleNamespace(ec=sign_ec_key, certificate=sign_certificate,
                               pb=sign_sigstore_pb, bundle=bundle_pb,
                               invalid=exceptions.InvalidSignature,
@@ -142,6 +144,14 @@ def _library(purpose: str, where: str) -> tuple[Any, Any]:
 #: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
 _MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
                                                AttributeError)
+
+
+def _drop_usage_warnings(record: logging.LogRecord) -> bool:
+    """A filter for model-signing's certificate module, whose only log lines are warnings
+    that a certificate lacks keyUsage or extendedKeyUsage (and fingerprints, never asked
+    for here): ``code_signing_problem`` decides on both and says why, so they are noise,
+    and on stdout wherever an application logs there. Added once (the same function)."""
+    return False
 
 
 def _parse_bundle(data: bytes, modules: Any, where: str) -> Any:

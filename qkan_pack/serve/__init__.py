@@ -3,13 +3,13 @@ captured shapes, bounded admission, JSON everywhere. Ray is imported only where 
 is built or run."""
 
 from ._app import ArtifactServer, NoopServer, ServeOptions, build_app
-from ._http import DEFAULT_MAX_BODY_BYTES, HttpLimits, token_digest
+from ._auth import check_token, read_token_file, token_digest
+from ._http import DEFAULT_MAX_BODY_BYTES, HttpLimits
 from ._launch import INGRESSES, Listen, replica_device_text, serve_forever
 from ._rows import describe_artifact, row_plan, signature_text
 from ._wire import encode_outputs, fit, parse_request, parse_tensor
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits", "Listen",
-           "NoopServer", "ServeOptions", "build_app", "describe_artifact", "encode_outputs",
-           "fit", "parse_request", "parse_tensor", "replica_device_text", "row_plan",
-           "serve_forever",
-           "signature_text", "token_digest"]
+           "NoopServer", "ServeOptions", "build_app", "check_token", "describe_artifact",
+           "encode_outputs", "fit", "parse_request", "parse_tensor", "read_token_file",
+           "replica_device_text", "row_plan", "serve_forever", "signature_text", "token_digest"]

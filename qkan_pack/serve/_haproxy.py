@@ -4,6 +4,13 @@ binary. Ray 2.60 offers no setting for these:
 
 - the stats page and the Prometheus exporter bind every interface (``*:8404``, ``:9101``):
   they bind loopback here;
+- HAProxy answers ``/-/routes`` (the route table) and ``/-/healthz`` itself, and its stats
+  page and exporter, without any token: with a token (its sha256 in ``TOKEN_DIGEST_ENV``),
+  every request to the HTTP frontend, the stats page and the exporter needs
+  ``Authorization: Bearer <token>`` (HAProxy hashes what the client sent and compares the
+  digest; the token itself is never in its config), else the replica's own JSON 401; the
+  liveness route ``/-/healthz`` stays open, answering its status with an empty body
+  (``_auth`` says why);
 - HAProxy's own 502/503/504 (a replica died mid-request and the retries ran out, or no
   replica is up) are a plain-text ``500 Internal Server Error``: here a JSON 503 with
   ``Retry-After``, like the replica's own overload reply;
@@ -54,7 +61,11 @@ binary. Ray 2.60 offers no setting for these:
   HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
   available"). Here, given ``replica_host``, local server lines address the replicas there.
 
-    python -m qkan_pack.serve._haproxy REAL_BINARY ERROR_DIR TIMEOUT_S ONGOING QUEUED \
+The wrapper records the process it is (HAProxy, once it execs it) in the serve's work
+directory (``_workdir``), so that a later serve stops exactly that process if this one is
+killed.
+
+    python -m qkan_pack.serve._haproxy REAL_BINARY WORKDIR TIMEOUT_S ONGOING QUEUED \
         RETRY_AFTER_S REPLICA_HOST|- [haproxy arguments...]
 """
 
@@ -67,10 +78,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
+from ._workdir import record_process
+
 HEADER_TIMEOUT_S = 10
 ERROR_CODES = (502, 503, 504)
 TIMEOUT_CODE = 408
+UNAUTHORIZED_FILE = "401.json"
+HTTP_FRONTEND = "frontend http_frontend"
 SIDE_SECTIONS = ("frontend prometheus", "listen stats")
+#: Ray's liveness replies (``healthcheck`` rules of its HTTP frontend) with their text:
+#: reduced to the status code.
+_LIVENESS_REPLY = re.compile(
+    r'(\s*http-request return status \d+) content-type \S+ string "(?:[^"\\]|\\.)*"'
+    r"( if healthcheck\b.*)")
 #: Ray Serve's request headers as HAProxy sets them for the app (see above): no watch for
 #: client disconnects, no client-chosen timeout.
 APP_REQUEST_RULES = ("    http-request set-header x-request-disconnect-disabled ?1",
@@ -110,12 +131,16 @@ class IngressAdmission:
 
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
-            admission: IngressAdmission | None = None, replica_host: str | None = None) -> str:
+            admission: IngressAdmission | None = None, replica_host: str | None = None,
+            token_sha256: str | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
-    (hence retryable) requests, a request timeout and, given ``admission``, bounded
-    admission to each replica; given ``replica_host`` (where local replicas bind, IPv6 in
-    brackets), local replicas addressed there (idempotent: a rewritten config rewrites to itself)."""
-    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host))
+    (hence retryable) requests, a request timeout, liveness replies without text and, given
+    ``admission``, bounded admission to each replica; given ``replica_host`` (where local
+    replicas bind, IPv6 in brackets), local replicas addressed there; given
+    ``token_sha256``, the token required on every listener but the liveness route
+    (idempotent: a rewritten config rewrites to itself)."""
+    refusals = _token_rules(error_dir, token_sha256)
+    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     additions = _missing_defaults(config, error_dir, timeout_s)
@@ -136,12 +161,29 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", present)]
 
 
+def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, str]:
+    """The rule refusing a request without the token, by section (none without a token):
+    the HTTP frontend's spares the liveness route, the side sections' spare nothing."""
+    if token_sha256 is None:
+        return {}
+    digest = check_digest(token_sha256)
+    scheme = r"{ req.fhdr(authorization) -m reg -i ^bearer\  }"
+    matches = (r"{ req.fhdr(authorization),regsub(^[^\ ]*\ +,),sha2(256),hex,lower "
+               f"-m str {digest} }}")
+    refuse = (f"    http-request return status 401 content-type application/json file "
+              f"{error_dir}/{UNAUTHORIZED_FILE} hdr WWW-Authenticate '{CHALLENGE}'")
+    live = f"{{ path -i {LIVENESS_PATH} }}"
+    return {HTTP_FRONTEND: f"{refuse} if !{live} !{scheme} || !{live} !{matches}",
+            **{section: f"{refuse} unless {scheme} {matches}" for section in SIDE_SECTIONS}}
+
+
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
-                      replica_host: str | None) -> list[str]:
+                      replica_host: str | None, refusals: dict[str, str]) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
-    no-route reply as JSON 503; each app backend's admission (``IngressAdmission``) and
-    ``APP_REQUEST_RULES``."""
+    no-route reply as JSON 503; liveness replies without text; each app backend's admission
+    (``IngressAdmission``) and ``APP_REQUEST_RULES``; each ``refusals`` rule first in its
+    section."""
     section = ""
     out = []
     added = [admission.refusal_rule()] if admission else []
@@ -152,10 +194,14 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             out.append(line)
             if _is_app_backend(section):
                 out.extend(added)
+            if section in refusals:
+                out.append(refusals[section])
             continue
-        if line in added or _DISABLES_REQUIRED.fullmatch(line):
+        if line in added or line in refusals.values() or _DISABLES_REQUIRED.fullmatch(line):
             continue  # added above (a rewritten config rewrites to itself); or undoes one we need
-        if section in SIDE_SECTIONS:
+        if section == HTTP_FRONTEND:
+            line = _LIVENESS_REPLY.sub(r"\1\2", line)
+        elif section in SIDE_SECTIONS:
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
@@ -208,17 +254,18 @@ def request_timeout_s(body_timeout_s: float) -> int:
 def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
                     admission: IngressAdmission | None = None,
                     replica_host: str | None = None) -> Path:
-    """Write the error files and an executable wrapper into ``directory``; return its path.
-    Without ``admission`` the replicas' limits are left to them; ``replica_host``: see
-    ``rewrite``."""
-    errors = directory / "errors"
+    """Write the error files and an executable wrapper into ``directory`` (the serve's work
+    directory, where the wrapper records HAProxy's process); return its path. Without
+    ``admission`` the replicas' limits are left to them; ``replica_host``: see ``rewrite``."""
+    errors = _error_dir(directory)
     errors.mkdir(parents=True, exist_ok=True)
     for code in ERROR_CODES:
         (errors / f"{code}.http").write_bytes(error_response())
     (errors / f"{TIMEOUT_CODE}.http").write_bytes(timeout_response(timeout_s))
+    (errors / UNAUTHORIZED_FILE).write_bytes(UNAUTHORIZED_BODY)
     wrapper = directory / "haproxy"
     limits = admission or IngressAdmission(ongoing=0, queued=0, retry_after_s=0)
-    command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(errors),
+    command = [sys.executable, "-m", "qkan_pack.serve._haproxy", real_binary, str(directory),
                str(timeout_s), str(limits.ongoing), str(limits.queued), str(limits.retry_after_s),
                replica_host or "-"]
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
@@ -240,14 +287,21 @@ def real_haproxy() -> str | None:
         return None
 
 
+def _error_dir(workdir: Path) -> Path:
+    return workdir / "errors"
+
+
 def main(argv: list[str]) -> None:
-    real, error_dir, timeout_s, ongoing, queued, retry_after_s, replica_host, *args = argv
+    real, workdir, timeout_s, ongoing, queued, retry_after_s, replica_host, *args = argv
     admission = (IngressAdmission(int(ongoing), int(queued), int(retry_after_s))
                  if int(ongoing) > 0 else None)
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
-        config.write_text(rewrite(config.read_text(), error_dir, int(timeout_s), admission,
-                                  None if replica_host == "-" else replica_host))
+        config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
+                                  int(timeout_s), admission,
+                                  None if replica_host == "-" else replica_host,
+                                  os.environ.get(TOKEN_DIGEST_ENV)))
+    record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 
 

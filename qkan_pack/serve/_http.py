@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -19,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, MalformedRequestError, OverloadedError
+from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._offload import WireHelper
 from ._wire import dumps, encode_reply, output_nbytes, parse_request
 
@@ -35,11 +34,6 @@ INLINE_PARSE_BYTES = 64 * 1024
 #: Outputs at least this large (numpy bytes; their JSON is ~3x) are encoded there too.
 INLINE_ENCODE_BYTES = 16 * 1024
 logger = logging.getLogger(__name__)
-
-
-def token_digest(token: str) -> str:
-    """What replicas keep instead of the token (it never enters Ray's state)."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 #: Fewest requests a replica works on at once by default (a batch of one still overlaps
@@ -194,9 +188,7 @@ class HttpApi:
     async def handle(self, request: Request) -> Response:
         if not self._authorized(request):
             self.core.stats.request("unauthorized")
-            return json_response(401, {"error": "missing or wrong bearer token: send "
-                                       "'Authorization: Bearer <token>'"},
-                                 {"WWW-Authenticate": 'Bearer realm="qkan-pack"'})
+            return raw_response(401, UNAUTHORIZED_BODY, {"WWW-Authenticate": CHALLENGE})
         scope = request.scope  # not request.url: that parses the whole URL, per request
         path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
         handler = self._routes.get((path, request.method))
@@ -211,10 +203,7 @@ class HttpApi:
 
     def _authorized(self, request: Request) -> bool:
         want = self.limits.token_sha256
-        if want is None:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token_digest(token.strip()), want)
+        return want is None or bearer_matches(authorization(request.scope), want)
 
     async def _get_description(self, request: Request) -> Response:
         return json_response(200, self._describe())

@@ -4,8 +4,11 @@ or SIGTERM, drain, stop everything started here.
 Ray Serve 2.60's defaults are tightened before Ray starts (its processes read them from the
 environment): one server per port (no ``SO_REUSEPORT``, a bind check first), the HAProxy
 ingress when its binary is present (``_haproxy`` wraps it), the side ports on loopback and
-free, token authentication for Ray's own ports stated explicitly, retries of a request whose
-replica died (a prediction is a pure function), drain periods bounded by ``grace_s``.
+free, token authentication for Ray's own ports stated explicitly, the bearer token required
+by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches Ray's processes),
+retries of a request whose replica died (a prediction is a pure function), drain periods
+bounded by ``grace_s``. A local Ray runs as a loopback node, so that its unauthenticated
+metrics exporters listen on loopback only (``loopback_ray_node``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,13 +30,10 @@ from typing import Any
 
 from ..errors import ServeError
 from ._app import ServeOptions, app_for
+from ._auth import check_token, gate_env, token_digest
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
-from ._http import HttpLimits, token_digest
-
-#: Each serve's work directory (HAProxy's config, socket and error pages, Ray's wrapper)
-#: under the temporary directory, and the file in it naming the serve's process id.
-WORKDIR_PREFIX = "qkan-pack-serve-"
-OWNER_FILE = "owner.pid"
+from ._http import HttpLimits
+from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
 APP_NAME = "qkan-pack"
 INGRESSES = ("auto", "haproxy", "python")
@@ -149,7 +149,8 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
     env = {"SERVE_SOCKET_REUSE_PORT_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "2", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1",
            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(http),
-           "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(grpc)}
+           "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(grpc),
+           **gate_env(options.limits.token_sha256)}
     if not listen.verbose:
         env["RAY_SERVE_LOG_TO_STDERR"] = "0"
     binary = real_haproxy() if listen.ingress != "python" else None
@@ -258,6 +259,35 @@ def refresh_ray_config() -> None:
         Config.initialize("")
 
 
+@contextmanager
+def loopback_ray_node(local: bool) -> Iterator[None]:
+    """Start a local Ray as a loopback node (``127.0.0.1``). Its processes bind their
+    unauthenticated Prometheus exporters (the dashboard agent's, the dashboard's on 44227,
+    the autoscaler's on 44217) to every interface unless the node's address is loopback,
+    whatever ``--host`` says; as a loopback node they, its dashboard agent and its gRPC ports
+    listen on 127.0.0.1 only. ``ray.init(_node_ip_address="127.0.0.1")`` cannot do it: Ray
+    replaces a loopback address with the host's outward one unless its
+    ``ENABLE_RAY_CLUSTER`` is off (set by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before ray
+    is imported, or here, on the imported constant, for the ``ray.init`` only). Serve's own
+    listeners still bind ``--host``. A cluster joined with ``--address`` is left as it is."""
+    if not local:
+        yield
+        return
+    import ray
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        raise ServeError(f"Ray {ray.__version__} has no ray_constants.ENABLE_RAY_CLUSTER: its "
+                         "metrics exporters could not be kept on loopback",
+                         hint="use Ray 2.60 (pip install 'ray[serve]==2.60.*')")
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 def without_auto_init() -> None:
     """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
     at import, so the flag is set on its module): a Ray call after ``ray.shutdown`` must fail,
@@ -291,27 +321,35 @@ class StopSignal:
 
 def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = None,
                   listen: Listen | None = None, *, token: str | None = None,
+                  trusted_keys: Sequence[str | os.PathLike[str]] = (),
                   cpus_per_replica: float | None = None, gpus_per_replica: float | None = None,
                   noop: bool = False, on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
                   notice: Notice = lambda line: None, stop: threading.Event | None = None) -> None:
     """Serve ``path`` until Ctrl-C, SIGTERM or ``stop``; then drain for ``grace_s`` and stop
     the app, Serve and (when started here) Ray. Fails fast on a taken port, on replicas the
     cluster cannot place and on replicas that cannot load the artifact. ``token``: every
-    route requires ``Authorization: Bearer <token>`` (replicas keep only its sha256)."""
+    route of every listener requires ``Authorization: Bearer <token>`` but the liveness
+    route (``_auth``; replicas and Ray's processes keep only its sha256). ``trusted_keys``:
+    the artifact must be signed by one of them (``Predictor.load``'s ``trusted_keys``),
+    checked here before Ray starts and again by each replica before any artifact code runs."""
     from ..runtime import read_artifact
 
     options, listen = options or ServeOptions(), listen or Listen()
-    if token:
-        options = replace(options, limits=replace(options.limits, token_sha256=token_digest(token)))
+    if token is not None:
+        digest = token_digest(check_token(token, "the token argument"))
+        options = replace(options, limits=replace(options.limits, token_sha256=digest))
+    keys = [os.fspath(key) for key in trusted_keys]
     # A bad artifact fails before Ray starts; the app needs its path, digest and manifest,
     # not every file's bytes held for as long as the server runs.
-    artifact = replace(read_artifact(path), files={})
+    artifact = replace(read_artifact(path, trusted_keys=keys), files={})
+    if artifact.signed_by is not None:
+        notice(f"signature verified: signed by {artifact.signed_by}")
     options = options.for_artifact(artifact.manifest)
     check_port_free(listen.host, listen.port)
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
-    sweep_stale_workdirs()
+    sweep_stale_workdirs(notice=notice)
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
             environment(ingress_env(listen, options, owned_workdir(Path(workdir)), notice)):
         session = _RaySession(listen, Path(workdir))
@@ -320,7 +358,9 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                 options = fit_resources(options, cpus_per_replica, gpus_per_replica,
                                         session.resources())
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
-                if session.deploy(app_for(artifact, options, noop=noop), stopping) is None:
+                app = app_for(artifact, options, noop=noop,
+                              predictor_options={"trusted_keys": keys} if keys else None)
+                if session.deploy(app, stopping) is None:
                     return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)
                 if on_ready is not None:
@@ -364,9 +404,10 @@ class _RaySession:
         self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
         quiet_ray(listen.verbose)
         refresh_ray_config()
-        ray.init(address=listen.address, include_dashboard=False if self.local else None,
-                 logging_level=logging.INFO if listen.verbose else logging.WARNING,
-                 log_to_driver=listen.verbose)
+        with loopback_ray_node(self.local):
+            ray.init(address=listen.address, include_dashboard=False if self.local else None,
+                     logging_level=logging.INFO if listen.verbose else logging.WARNING,
+                     log_to_driver=listen.verbose)
         quiet_ray(listen.verbose)  # ray.init configured its loggers anew
         without_auto_init()
         self._serve_started = False
@@ -403,7 +444,7 @@ class _RaySession:
                 serve.delete(APP_NAME)  # drains in-flight requests (graceful_shutdown_timeout_s)
         finally:
             ray.shutdown()
-            stop_processes_of(self.workdir)
+            stop_recorded_processes(self.workdir)
 
 
 def replica_device_text(device: str, replicas: int) -> str:
@@ -412,64 +453,6 @@ def replica_device_text(device: str, replicas: int) -> str:
     if replicas > 1 and device.startswith("cuda"):
         return f"{device} (each replica's own view of the GPU Ray gave it)"
     return device
-
-
-def owned_workdir(workdir: Path) -> Path:
-    """``workdir`` with this process's id in its ``OWNER_FILE``: a later serve can tell a
-    killed serve's leftovers from a running one's."""
-    (workdir / OWNER_FILE).write_text(str(os.getpid()))
-    return workdir
-
-
-def sweep_stale_workdirs(root: Path | None = None) -> list[Path]:
-    """Remove the work directories that killed serves left (SIGKILL skips all cleanup):
-    this user's, whose owner process is gone; first stopping any process still naming one
-    (an HAProxy that outlived its manager). A directory without an owner file (one being
-    made right now) or with a live owner is left alone. Returns what was removed."""
-    import shutil
-
-    removed = []
-    for workdir in sorted((root or Path(tempfile.gettempdir())).glob(f"{WORKDIR_PREFIX}*")):
-        try:
-            if workdir.is_symlink() or workdir.lstat().st_uid != os.getuid():
-                continue
-            owner = int((workdir / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if _alive(owner):
-            continue
-        stop_processes_of(workdir)
-        shutil.rmtree(workdir, ignore_errors=True)
-        removed.append(workdir)
-    return removed
-
-
-def stop_processes_of(workdir: Path, wait_s: float = 3.0) -> list[int]:
-    """SIGTERM (then SIGKILL) the processes whose command line names ``workdir``: the HAProxy
-    this serve's Ray spawned, which outlives a killed HAProxyManager (it sets no PDEATHSIG)."""
-    marker = str(workdir).encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.05)
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _run_with_deadline(app: Any, timeout_s: float,

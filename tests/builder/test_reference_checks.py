@@ -15,9 +15,9 @@ from safetensors.torch import save as save_safetensors
 
 from qkan_pack import (
     FactoryNotReproducibleError,
+    InputFileError,
     ModelSourceError,
     Predictor,
-    ReferenceInputsError,
     SelfTestError,
     WeakReferencesError,
     build,
@@ -124,7 +124,7 @@ def test_reference_inputs_for_one_of_two_shapes_notes_the_other(tmp_path: Path) 
 def test_unusable_reference_inputs_are_refused(tmp_path: Path, arrays: dict,
                                                problem: str) -> None:
     np.savez(tmp_path / "in.npz", **arrays)
-    with pytest.raises(ReferenceInputsError, match=problem):
+    with pytest.raises(InputFileError, match=problem):
         build(DETECTOR, CANDIDATES, output=tmp_path / "a", reference_inputs=tmp_path / "in.npz",
               progress=False)
     assert not (tmp_path / "a").exists()
@@ -134,7 +134,7 @@ def test_integer_reference_inputs_must_survive_the_cast(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     np.savez(tmp_path / "ids.npz", input_ids=np.full((1, 16), 2**40, np.int64),
              attention_mask=np.ones((1, 16), np.int64))
-    with pytest.raises(ReferenceInputsError, match="do not survive the cast"):
+    with pytest.raises(InputFileError, match="do not survive the cast"):
         build(MODELS / "hf_models.py", [{"input_ids": (1, 16), "attention_mask": (1, 16)}],
               dtype="int32", config={"arch": "bert"}, output=tmp_path / "a",
               reference_inputs=tmp_path / "ids.npz", progress=False)

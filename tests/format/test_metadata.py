@@ -1,0 +1,105 @@
+"""Model metadata (name, version, description, license, labels, class labels) and the
+input/output schema: recorded at build, digested, parsed strictly, shown by inspect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from qkan_pack import ManifestError, ShapeSpecError, build
+from qkan_pack.cli import cli
+from qkan_pack.format import (
+    Metadata,
+    check_metadata,
+    dumps_manifest,
+    manifest_schema,
+    parse_manifest,
+)
+from qkan_pack.runtime import read_artifact
+
+from ..conftest import MODELS
+
+
+def test_metadata_round_trips_and_is_digested(tmp_path: Path) -> None:
+    plain = build(MODELS / "plain_mlp.py", "2x2,8x2", output=tmp_path / "a", progress=False)
+    assert plain.manifest.metadata == Metadata(name="plain_mlp", version="1")
+    described = build(MODELS / "plain_mlp.py", "2x2,8x2", output=tmp_path / "b",
+                      name="tiny-mlp", model_version="2.0.1", description="A tiny MLP",
+                      license="MIT", labels={"team": "search", "tier/x": "gold"}, progress=False)
+    assert described.digest != plain.digest
+    metadata = read_artifact(described.path).manifest.metadata
+    assert metadata == Metadata(name="tiny-mlp", version="2.0.1", description="A tiny MLP",
+                                license="MIT", labels={"team": "search", "tier/x": "gold"})
+    assert parse_manifest(dumps_manifest(described.manifest)).metadata == metadata
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ({"name": "my model"}, "name 'my model'"),
+    ({"version": ""}, "version ''"),
+    ({"labels": {"bad key": "x"}}, "label key 'bad key'"),
+    ({"description": "x" * 2000}, "at most 1024"),
+    ({"license": "MIT\x1b[2J"}, "control characters"),
+])
+def test_bad_metadata_is_a_usage_error_at_build(given: dict, problem: str) -> None:
+    fields = {"name": "m", "version": "1", **given}
+    with pytest.raises(ShapeSpecError, match=problem):
+        check_metadata(**fields)
+
+
+def test_a_manifest_with_bad_metadata_is_refused(tmp_path: Path) -> None:
+    result = build(MODELS / "plain_mlp.py", "2x2", output=tmp_path / "a", progress=False)
+    raw = json.loads(dumps_manifest(result.manifest))
+    for bad in ({"name": 3}, {"labels": []}, {"labels": {"k": 1}}, {"surprise": "x"},
+                {"class_labels": ["a", 2]}):
+        raw["metadata"] = {**raw["metadata"], **bad}
+        with pytest.raises(ManifestError):
+            parse_manifest(json.dumps(raw))
+        raw = json.loads(dumps_manifest(result.manifest))
+    del raw["metadata"]  # artifacts built before metadata existed read as the defaults
+    assert parse_manifest(json.dumps(raw)).metadata == Metadata()
+
+
+def test_a_transformers_classifiers_id2label_becomes_its_class_labels(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    source = tmp_path / "labelled.py"
+    source.write_text(
+        "import torch\nfrom transformers import BertConfig, BertForSequenceClassification\n\n"
+        "def build_model(named=True):\n    torch.manual_seed(0)\n"
+        "    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,\n"
+        "                        num_attention_heads=2, intermediate_size=16, num_labels=3,\n"
+        "                        max_position_embeddings=32)\n"
+        "    if named:\n"
+        "        config.id2label = {0: 'negative', 1: 'neutral', 2: 'positive'}\n"
+        "    return BertForSequenceClassification(config)\n")
+    shapes = [{"input_ids": (1, 8), "attention_mask": (1, 8)}]
+    result = build(source, shapes, dtype="int64", output=tmp_path / "a", progress=False)
+    assert result.manifest.metadata.class_labels == ("negative", "neutral", "positive")
+    placeholder = build(source, shapes, dtype="int64", output=tmp_path / "b",
+                        config={"named": False}, progress=False)
+    assert placeholder.manifest.metadata.class_labels == ()  # LABEL_0.. say nothing
+
+
+def test_the_schema_lists_inputs_outputs_and_entries(tmp_path: Path) -> None:
+    result = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}, {"a": (8, 3), "b": (8, 2)}],
+                   dtype={"a": "float32", "b": "int64"}, output=tmp_path / "a", progress=False)
+    schema = manifest_schema(result.manifest)
+    assert [(i["name"], i["dtype"], i["shapes"]) for i in schema["inputs"]] == [
+        ("a", "float32", [[1, 3], [8, 3]]), ("b", "int64", [[1, 2], [8, 2]])]
+    assert schema["inputs"][1]["range"] == [0, 8]  # from the embedding it indexes
+    assert schema["call"] == "keyword" and len(schema["entries"]) == 2
+    assert all(len(o["shapes"]) == 2 for o in schema["outputs"])
+
+
+def test_inspect_shows_metadata_and_its_json_carries_the_schema(tmp_path: Path) -> None:
+    path = build(MODELS / "plain_mlp.py", "2x2", output=tmp_path / "a", license="MIT",
+                 labels={"team": "search"}, progress=False).path
+    shown = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert shown.exit_code == 0
+    assert "name       plain_mlp version 1, license MIT" in shown.output
+    assert "labels     team=search" in shown.output
+    data = json.loads(CliRunner().invoke(cli, ["inspect", str(path), "--json"]).output)
+    assert data["schema"]["inputs"][0]["shapes"] == [[2, 2]]
+    assert data["manifest"]["metadata"]["labels"] == {"team": "search"}

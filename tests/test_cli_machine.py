@@ -1,0 +1,96 @@
+"""The CLI as tools use it: one JSON document on stdout with --json (messages on stderr),
+`predict` on input files, and the shared device default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from qkan_pack import Predictor, build
+from qkan_pack.cli import cli
+
+from .conftest import MODELS
+
+
+def run(*args: object) -> Result:
+    """The CLI in process; ``stdout`` and ``stderr`` apart (``output`` has both)."""
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(MODELS / "plain_mlp.py", "2x2,8x2", output=tmp_path_factory.mktemp("a") / "mlp",
+                 progress=False).path
+
+
+def test_build_and_verify_json_are_one_document_on_stdout(tmp_path: Path) -> None:
+    built = run("build", MODELS / "plain_mlp.py", "--shapes", "2x2", "-o", tmp_path / "a",
+                "--json")
+    assert built.exit_code == 0, built.output
+    document = json.loads(built.stdout)
+    assert document["digest"].startswith("sha256:") and document["path"] == str(tmp_path / "a")
+    assert document["manifest"]["metadata"]["name"] == "plain_mlp"
+    assert "built " in built.stderr
+    verified = run("verify", tmp_path / "a", "--json")
+    assert verified.exit_code == 0
+    report = json.loads(verified.stdout)
+    assert report["ok"] is True and report["device"] == "cpu"
+    assert report["digest"] == document["digest"] and report["report"]["shapes"]
+    assert "OK:" in verified.stderr
+
+
+def test_bench_json_without_a_file_prints_the_results(artifact: Path) -> None:
+    done = run("bench", artifact, "--iters", "3", "--repeats", "1", "--warmup", "1", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["device"] == "cpu"
+
+
+def test_predict_summarises_or_writes_outputs_like_the_python_api(artifact: Path,
+                                                                   tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with Predictor.load(artifact) as predictor:
+        want = predictor(x)
+    shown = run("predict", artifact, "--input", tmp_path / "x.npy")
+    assert shown.exit_code == 0 and "8x2" in shown.stdout and "float32" in shown.stdout
+    for suffix in (".npy", ".npz", ".json", ".safetensors"):
+        out = tmp_path / f"out{suffix}"
+        done = run("predict", artifact, "--input", f"x={tmp_path / 'x.npy'}", "-o", out)
+        assert done.exit_code == 0, done.output
+        if suffix == ".npy":
+            got = np.load(out)
+        elif suffix == ".npz":
+            got = np.load(out)["output"]
+        elif suffix == ".json":
+            got = np.asarray(json.loads(out.read_text())["output"], dtype=np.float32)
+        else:
+            from safetensors.numpy import load_file
+            got = load_file(str(out))["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    (tmp_path / "in.json").write_text(json.dumps(x.tolist()))
+    assert run("predict", artifact, "--input", tmp_path / "in.json").exit_code == 0
+
+
+def test_predict_refuses_as_the_api_does_with_numpy_advice(artifact: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "wide.npy", np.ones((8, 2)))  # float64
+    done = run("predict", artifact, "--input", tmp_path / "wide.npy")
+    assert done.exit_code == 1
+    assert "array.astype(numpy.float32)" in done.output and ".to(torch" not in done.output
+    np.save(tmp_path / "odd.npy", np.ones((3, 2), np.float32))
+    done = run("predict", artifact, "--input", tmp_path / "odd.npy")
+    assert done.exit_code == 1 and "accepted: 2x2 float32 | 8x2 float32" in done.output
+    (tmp_path / "in.txt").write_text("1 2")
+    done = run("predict", artifact, "--input", tmp_path / "in.txt")
+    assert done.exit_code == 1 and "unknown file type .txt" in done.output
+
+
+def test_predictor_load_defaults_to_auto(artifact: Path) -> None:
+    import inspect
+
+    assert inspect.signature(Predictor.load).parameters["device"].default == "auto"
+    with Predictor.load(artifact) as predictor:
+        assert predictor.report.device == "cpu"  # no GPU here: auto is the CPU, and says so
