@@ -32,6 +32,7 @@ from .format import (
     manifest_schema,
     manifest_to_dict,
     pair_inputs,
+    parse_batch_sizes,
     parse_config_items,
     parse_input_option,
     parse_range,
@@ -137,6 +138,16 @@ def _config_option(ctx: click.Context, param: click.Parameter, value: Sequence[s
         raise _usage(f"--{param.name}", exc) from None
 
 
+def _batch_sizes_option(ctx: click.Context, param: click.Parameter,
+                        value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return parse_batch_sizes(value)
+    except ShapeSpecError as exc:
+        raise _usage("--batch-sizes", exc) from None
+
+
 def _labels_option(ctx: click.Context, param: click.Parameter,
                    value: Sequence[str]) -> dict[str, str]:
     """Repeated ``KEY=VALUE`` labels, kept as text (checked with the rest of the metadata)."""
@@ -214,6 +225,9 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               metavar="NAME:SHAPES[:DTYPE]",
               help="A named input, passed to forward by keyword: input_ids:1x16,8x16:int64. "
               "Repeat per input; shapes pair up by position across inputs.")
+@click.option("--batch-sizes", callback=_batch_sizes_option, metavar="N,...",
+              help="Declare every --shapes/--input shape as a per-row shape at each of these "
+              "batch sizes: --shapes 128 --batch-sizes 1,8,32 is 1x128,8x128,32x128.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
               help="Artifact directory [default: artifacts/<model file stem>].")
 @click.option("--dtype", callback=_dtype_option,
@@ -263,7 +277,8 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document (path, digest, notes, manifest) on stdout; "
               "messages go to stderr.")
-def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None,
+def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple | None,
+          output: Path | None,
           dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
           capture: str, submodules: tuple, input_range: Any, seed: int,
           reference_inputs: Path | None, allow_constant_references: bool, name: str | None,
@@ -287,7 +302,7 @@ def build(model_py: Path, shapes: list | None, inputs: list, output: Path | None
                                 allow_constant_references=allow_constant_references,
                                 name=name, model_version=model_version,
                                 description=description, license=license_, labels=labels,
-                                force=force)
+                                batch_sizes=batch_sizes, force=force)
     for note in result.notes:
         _say(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)

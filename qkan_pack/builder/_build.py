@@ -35,6 +35,8 @@ from ..format import (
     check_metadata,
     check_range,
     check_seed,
+    parse_shapes,
+    with_batch_sizes,
 )
 from ..runtime import (
     accepts_device,
@@ -101,6 +103,7 @@ def build(
     description: str = "",
     license: str = "",
     labels: Mapping[str, str] | None = None,
+    batch_sizes: Sequence[int] | None = None,
     force: bool = False,
     progress: bool | None = None,
 ) -> BuildResult:
@@ -113,6 +116,8 @@ def build(
     (arrays named after the inputs; ``builder._given``), used where they fit a declared
     shape. References with an empty output, or only constant ones, are refused
     (``WeakReferencesError``) unless ``allow_constant_references``.
+    With ``batch_sizes``, ``shapes`` are per-row shapes (``"128"``, ``[{"input_ids": (128,)}]``)
+    and every one is declared at every batch size (``format.with_batch_sizes``).
     ``name`` (default: the model file's stem), ``model_version``, ``description``,
     ``license`` and ``labels`` describe the model (``format.Metadata``); a transformers
     classifier's ``id2label`` is recorded as its class labels.
@@ -122,6 +127,9 @@ def build(
     seed = check_seed(seed)  # before the model runs: torch takes seeds below 2**64 only
     metadata = check_metadata(name=_model_name(name, model_path), version=model_version,
                               description=description, license=license, labels=labels)
+    if batch_sizes is not None:
+        shapes = with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
+                                  batch_sizes)
     user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
     metadata = dataclasses.replace(metadata, class_labels=class_labels_of(user.model))
     declared = declare_inputs(shapes, dtype, user.model)

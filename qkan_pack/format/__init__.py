@@ -40,11 +40,13 @@ from ._grammar import (
     check_seed,
     format_shape,
     pair_inputs,
+    parse_batch_sizes,
     parse_config_items,
     parse_input_option,
     parse_range,
     parse_shape,
     parse_shapes,
+    with_batch_sizes,
 )
 from ._json import loads_strict
 from ._manifest import (
@@ -121,10 +123,12 @@ __all__ = [
     "manifest_to_dict",
     "padding_table",
     "pair_inputs",
+    "parse_batch_sizes",
     "parse_config_items",
     "parse_input_option",
     "parse_manifest",
     "parse_range",
     "parse_shape",
     "parse_shapes",
+    "with_batch_sizes",
 ]

@@ -121,6 +121,47 @@ def pair_inputs(declared: Sequence[tuple[str, list[Shape], str | None]]
     return per_shape, {name: dtype for name, _, dtype in declared if dtype is not None}
 
 
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """``1,8,32`` -> (1, 8, 32): distinct positive integers."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ShapeSpecError(f"batch sizes {text!r}: write positive integers joined by commas, "
+                             "e.g. 1,8,32") from None
+    return check_batch_sizes(sizes)
+
+
+def check_batch_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    sizes = tuple(sizes)
+    if not sizes or any(type(s) is not int or not 0 < s <= MAX_DIM for s in sizes):
+        raise ShapeSpecError(f"batch sizes {list(sizes)}: give positive integers, e.g. 1,8,32")
+    if len(set(sizes)) != len(sizes):
+        raise ShapeSpecError(f"batch sizes {list(sizes)} repeat a size")
+    return sizes
+
+
+def with_batch_sizes(per_row: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
+    """Declared entries from per-row shapes and batch sizes: every per-row shape (one
+    input's ``(128,)``, or named inputs' ``{name: (128,)}``) at every batch size, in that
+    order: ``--shapes 128 --batch-sizes 1,8`` declares 1x128 and 8x128."""
+    sizes = check_batch_sizes(sizes)
+    expanded: list[Any] = []
+    for row in per_row:
+        for size in sizes:
+            if isinstance(row, Mapping):
+                expanded.append({name: _batched(shape, size) for name, shape in row.items()})
+            else:
+                expanded.append(_batched(row, size))
+    return expanded
+
+
+def _batched(shape: Sequence[int], size: int) -> Shape:
+    if len(shape) + 1 > MAX_RANK:
+        raise ShapeSpecError(f"per-row shape {format_shape(shape)} with a batch dimension "
+                             f"has more than {MAX_RANK} dimensions")
+    return (size, *shape)
+
+
 def format_shape(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 

@@ -35,9 +35,27 @@ def test_an_input_range_draws_float_inputs_uniformly_from_it(tmp_path: Path) -> 
 
 
 def test_a_float_range_too_wide_for_the_dtype_is_refused(tmp_path: Path) -> None:
+    """Values past float16's largest would be drawn as infinities."""
+    model = tmp_path / "half_in.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(2, 2)
+
+            def forward(self, x):
+                return self.linear(x.float())
+
+        def build_model():
+            return Net()
+    """))
     with pytest.raises(ShapeSpecError, match="does not fit float16 inputs"):
-        build(MLP, "1x2", output=tmp_path / "a", dtype="float16", input_range=(0, 1e5))
+        build(model, "1x2", output=tmp_path / "a", dtype="float16", input_range=(0, 1e5))
     assert not (tmp_path / "a").exists()
+    build(model, "1x2", output=tmp_path / "b", dtype="float16", input_range=(0, 6e4),
+          progress=False)
 
 
 def test_an_input_range_the_example_input_hook_would_ignore_is_refused(tmp_path: Path) -> None:

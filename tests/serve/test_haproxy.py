@@ -483,8 +483,8 @@ def test_with_a_token_every_haproxy_listener_needs_it_but_the_liveness_route(
                     assert (status, body) == (401, UNAUTHORIZED_BODY), (at, path, sent)
                     assert headers["www-authenticate"] == 'Bearer realm="qkan-pack"'
                     assert headers["content-type"] == "application/json"
-                for sent in (f"Bearer {TOKEN}", f"bearer   {TOKEN}"):
-                    assert _request(at, method, path, sent)[0] == 200, (at, path, sent)
+                for sent in (f"Bearer {TOKEN}", f"bearer   {TOKEN}"):  # past the gate
+                    assert _request(at, method, path, sent)[0] in (200, 501), (at, path, sent)
             for sent in (None, "Bearer wrong-token-0123456789", f"Bearer {TOKEN}"):
                 assert _request(port, "GET", "/-/healthz", sent)[::2] == (200, b"")
     finally:
