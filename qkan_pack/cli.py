@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from ._extras import install_hint, missing_module
 from ._session import TOKEN_ENV
 from ._version import __version__
 from .bench import COLD_VARIANTS, SKIPPABLE
@@ -68,6 +69,10 @@ class _Group(click.Group):
             raise click.UsageError(str(exc), ctx) from None
         except QkanPackError as exc:
             _fail(exc, known=True)
+        except ModuleNotFoundError as exc:  # an optional library this command needs
+            module = missing_module(exc) or str(exc)
+            _fail(exc, known=True, text=f"this needs {module}, which is not installed: "
+                                        f"{install_hint(module)}")
         except OSError as exc:  # read-only file system, permissions: the path and the reason
             _fail(_os_error(exc), known=True)
         except Exception as exc:

@@ -3,6 +3,7 @@ of its own, driven here with a stand-in child that records the signals it gets."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,3 +98,31 @@ def test_the_child_runs_the_command_only_under_its_own_supervisor() -> None:
     orphan = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                             env={**os.environ, CHILD_ENV: "1"}, timeout=60)  # supervisor gone
     assert orphan.returncode == 128 + signal.SIGTERM and not orphan.stdout
+
+
+def test_a_token_in_the_environment_reaches_the_child_through_a_pipe_only() -> None:
+    """Audit (issue 32, item 9): a token given in QKAN_PACK_SERVE_TOKEN was passed on in the
+    environment of the serve and of everything it started (Ray's processes, the replicas
+    running model code). The supervisor hands it over through a pipe: the child's
+    environment, as the kernel shows it to other processes, never holds it."""
+    token = "env-token-0123456789abcdef"
+    child = ("import json, os, sys\n"
+             "from qkan_pack._session import handed_over_token, run_in_own_session\n"
+             "assert run_in_own_session([]) is None\n"
+             "with open('/proc/self/environ', 'rb') as f:\n"
+             "    environ = f.read()\n"
+             "print(json.dumps([handed_over_token(), sys.argv[1].encode() in environ,\n"
+             "                  sorted(k for k in os.environ if 'QKAN_PACK_SERVE' in k)]))\n")
+    supervisor = ("import sys; from qkan_pack._session import run_in_own_session; "
+                  "sys.exit(run_in_own_session([], [sys.executable, '-c', sys.argv[1], "
+                  "sys.argv[2]]))")
+    done = subprocess.run([sys.executable, "-c", supervisor, child, token], capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "QKAN_PACK_SERVE_TOKEN": token})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [token, False, []]
+    alone = subprocess.run([sys.executable, "-c", supervisor, child, token], capture_output=True,
+                           text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items()
+                                if k != "QKAN_PACK_SERVE_TOKEN"})
+    assert json.loads(alone.stdout) == [None, False, []], alone.stderr

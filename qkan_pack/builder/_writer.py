@@ -76,8 +76,8 @@ def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes],
 def locked_target(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``target``'s writer lock across a read-modify-write (``sign``, ``warm``): read the
     artifact inside, then install (``install_artifact`` re-enters the held lock). Without it
-    a ``build --force`` installing between the read and the write was silently undone by
-    the old artifact. Yields the absolute output path.
+    a ``build --force`` installing between the read and the write would be undone, without
+    a word, by the old artifact. Yields the absolute output path.
 
     Refuses first what ``install_artifact`` would refuse (the lock file beside a target
     inside an artifact would land in it). Where the folder does not exist there is nothing

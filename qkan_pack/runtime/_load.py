@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..errors import QkanPackError
+from .._extras import install_hint, missing_module
+from ..errors import ModelSourceError, QkanPackError
 from ..format import WEIGHTS_NAME, Manifest
 from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
@@ -351,7 +352,15 @@ def source_module(artifact: VerifiedArtifact) -> ModuleType:
     module is named after its content), its lines held by the artifact's ``source_lines``."""
     info = artifact.manifest.model
     sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
-    return import_model_source(info.source, sources, lines=artifact.source_lines)
+    try:
+        return import_model_source(info.source, sources, lines=artifact.source_lines)
+    except ModelSourceError as exc:
+        module = missing_module(exc)
+        if module is None:
+            raise
+        raise ModelSourceError(f"{exc}; the model needs {module}: "
+                               f"{install_hint(module, info.packages)}",
+                               stage=exc.stage, path=exc.path) from exc
 
 
 def reference_samples(artifact: VerifiedArtifact, target: torch.device

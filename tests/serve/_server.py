@@ -4,6 +4,7 @@ its environment so that every process it leaves behind can be found."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -115,6 +116,48 @@ class Server:
         for pid in tagged_pids(self.tag):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def listeners(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket ``pids`` listen on, from ``/proc`` (what
+    ``ss -ltnp`` shows, without needing it installed)."""
+    listening: dict[str, tuple[str, int]] = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A":  # LISTEN
+                    address, port = fields[1].split(":")
+                    listening[fields[9]] = (_address(address), int(port, 16))
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    inode = target.removeprefix("socket:[").removesuffix("]")
+                    if target.startswith("socket:[") and inode in listening:
+                        found.append((pid, *listening[inode]))
+    return sorted(set(found))
+
+
+def _address(hex_text: str) -> str:
+    """/proc/net/tcp's address (32-bit words in host byte order) as text."""
+    raw = bytes.fromhex(hex_text)
+    return str(ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8 and ::1, IPv4-mapped included (``::ffff:127.0.0.1``)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
 
 
 def strict_json(raw: bytes) -> Any:

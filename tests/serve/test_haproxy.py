@@ -4,6 +4,7 @@ mid-request and one that answers, without Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -513,3 +514,111 @@ def test_the_wrapper_records_the_haproxy_it_becomes(tmp_path: Path) -> None:
         pid, start = map(int, (tmp_path / PROCESSES_FILE).read_text().split())
         assert b"haproxy" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         assert running_since(pid) == start
+
+
+class _KillableReplica:
+    """A replica that answers at once, or, while ``holding`` is set, holds each request until
+    ``release``; ``kill`` is its SIGKILL: from then on its port refuses connections, and
+    every connection it had closes without a reply (the kernel closes a killed process's
+    sockets)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.holding, self.release = threading.Event(), threading.Event()
+        self.held = 0
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        body = b'{"outputs": [[1.0]]}'
+        try:
+            while _read_request(conn):
+                if self.holding.is_set():
+                    with self.lock:
+                        self.held += 1
+                    self.release.wait(30)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            return  # killed
+
+    def kill(self) -> None:
+        self.listener.close()
+        with self.lock:
+            for conn in self.connections:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+
+
+def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return value
+
+
+def test_a_request_whose_replica_dies_while_the_others_are_full_waits_for_a_live_one(
+        tmp_path: Path) -> None:
+    """Regression (issue 32, item 9: a kill loop on the 2-core CPU, 2 replicas, 48 keep-alive
+    clients, lost 1 request as a closed connection and 1 as a JSON 503 in 133,471, 11 kills).
+    HAProxy retries a request whose replica died on another, but while the others are at
+    their ``maxconn`` its ``leastconn`` hands the retry back to the dead one, which stays up
+    until ``error-limit`` refused connections: each refusal cost a retry in microseconds, and
+    Ray's 3 ran out just as the third marked the replica down (logged as ``503 ... SC--``
+    with 3 retries; a closed connection when the last attempt had reused a pooled connection
+    to the dead replica). Here a keep-alive client's second request is in flight on one
+    replica, the other holds a request at its limit of 1, and the first is SIGKILLed: the
+    request must wait for the live replica and get its answer."""
+    replicas = [_KillableReplica(), _KillableReplica()]
+    watch = "check inter 60s observe layer4 error-limit 3 on-error mark-down"  # Ray's lines
+    backend = ["backend replicas", "    balance leastconn", "    http-reuse always",
+               *(f"    server r{i} 127.0.0.1:{r.port} {watch}" for i, r in enumerate(replicas))]
+    body = b'{"inputs": [[0.1, 0.2]]}'
+    try:
+        for port in _haproxy_over(tmp_path, {}, IngressAdmission(ongoing=1, queued=4),
+                                  frontend=["    use_backend replicas"], sections=backend):
+            client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            client.request("POST", "/", body)
+            assert client.getresponse().read() == b'{"outputs": [[1.0]]}'
+            for replica in replicas:
+                replica.holding.set()
+            statuses: dict[str, object] = {}
+            filler = threading.Thread(target=lambda: statuses.update(filler=_post(port, body)[0]))
+            filler.start()
+            live = _until(lambda: next((r for r in replicas if r.held), None))
+            dying = next(r for r in replicas if r is not live)
+
+            def second() -> None:  # the kept-alive connection's next request
+                try:
+                    client.request("POST", "/", body)
+                    statuses["client"] = client.getresponse().status
+                except (OSError, http.client.HTTPException) as exc:
+                    statuses["client"] = type(exc).__name__  # closed without a reply
+
+            sender = threading.Thread(target=second)
+            sender.start()
+            _until(lambda: dying.held)
+            dying.kill()
+            time.sleep(0.5)  # its retries are spent meanwhile, while the live one is full
+            live.release.set()
+            for thread in (filler, sender):
+                thread.join(30)
+            assert statuses == {"filler": 200, "client": 200}
+    finally:
+        for replica in replicas:
+            replica.release.set()
+            replica.kill()

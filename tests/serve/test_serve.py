@@ -20,12 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from ._server import Server, strict_json
+from ._server import Server, command_line, is_loopback, listeners, strict_json, tagged_pids
 
 pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
 TOKEN = "test-token-0123456789abcdef"
+_UNAUTHORIZED = (b'{"error":"missing or wrong bearer token: send '
+                 b"'Authorization: Bearer <token>'\"}")
 BODY_LIMIT = 64 * 1024  # --max-body-mb 0.0625
 ACCEPTED = ["x 1x2 float32", "x 8x2 float32"]
 
@@ -98,6 +100,52 @@ def test_every_route_needs_the_token(server: Server, method: str, path: str,
     assert status == 401 and headers["content-type"] == "application/json"
     assert "bearer token" in strict_json(raw)["error"]
     assert headers["www-authenticate"].startswith("Bearer")
+
+
+#: The processes of the serve's own HTTP servers: HAProxy (frontend, stats, exporter), the
+#: replicas' direct ingress, Ray Serve's proxy.
+HTTP_SERVERS = (b"haproxy", b"ServeReplica", b"ProxyActor")
+
+
+def _get(port: int, path: str, token: str | None = None) -> tuple[int, bytes] | None:
+    """GET over HTTP/1.1; None when the port does not speak it (Ray's gRPC ports, which
+    Ray's own token authentication guards)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    except (http.client.HTTPException, ConnectionError):
+        return None
+    finally:
+        conn.close()
+
+
+def test_every_listener_needs_the_token_and_none_binds_beyond_loopback(server: Server) -> None:
+    """Audit (issue 32, item 9): ``/-/healthz`` and ``/-/routes`` answered without the token
+    on HAProxy's frontend, the replicas' direct-ingress ports and Ray's proxy; Ray's metrics
+    exporters (node address, session and replica names) listened on every interface
+    whatever ``--host`` said. With ``--host 127.0.0.1`` every process of the serve now
+    listens on loopback only, and each of its HTTP servers answers ``/-/routes`` and ``/``
+    with the JSON 401 and ``/-/healthz`` with its bare status."""
+    found = listeners(tagged_pids(server.tag))
+    outside = [(command_line(pid)[:90], host, port) for pid, host, port in found
+               if not is_loopback(host)]
+    assert found and outside == []
+    probed = []
+    for pid, _, port in found:
+        name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        if not any(kind in name for kind in HTTP_SERVERS) or _get(port, "/-/routes") is None:
+            continue
+        probed.append(name.decode())
+        for path in ("/-/routes", "/", "/stats", "/metrics"):
+            assert _get(port, path) == (401, _UNAUTHORIZED), (name, port, path)
+        status, body = _get(port, "/-/healthz")
+        assert status in (200, 503) and body == b"", (name, port, status, body)
+    # HAProxy's frontend, stats page and exporter, each replica's ingress, Ray's proxy
+    assert len(probed) >= 6 and sum("ServeReplica" in p for p in probed) == 2, probed
+    assert _get(server.port, "/-/routes", TOKEN)[0] == 200
+    assert _get(server.port, "/-/healthz", TOKEN) == (200, b"")
 
 
 def test_get_describes_the_artifact_without_process_ids(server: Server) -> None:
