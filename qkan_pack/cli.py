@@ -121,8 +121,8 @@ def _usage(param: str, exc: ShapeSpecError) -> click.BadParameter:
 def _shapes_option(ctx: click.Context, param: click.Parameter, value: str | None) -> list | None:
     if value is None:
         return None
-    try:
-        return parse_shapes(value)
+    try:  # --batch-sizes is eager: known here, and makes these per-row shapes
+        return parse_shapes(value, per_row=ctx.params.get("batch_sizes") is not None)
     except ShapeSpecError as exc:
         raise _usage("--shapes", exc) from None
 
@@ -201,7 +201,8 @@ def cli() -> None:
 
 def _input_option(ctx: click.Context, param: click.Parameter, value: Sequence[str]) -> list:
     try:
-        return [parse_input_option(item) for item in value]
+        per_row = ctx.params.get("batch_sizes") is not None
+        return [parse_input_option(item, per_row=per_row) for item in value]
     except ShapeSpecError as exc:
         raise _usage("--input", exc) from None
 
@@ -230,7 +231,7 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               metavar="NAME:SHAPES[:DTYPE]",
               help="A named input, passed to forward by keyword: input_ids:1x16,8x16:int64. "
               "Repeat per input; shapes pair up by position across inputs.")
-@click.option("--batch-sizes", callback=_batch_sizes_option, metavar="N,...",
+@click.option("--batch-sizes", callback=_batch_sizes_option, metavar="N,...", is_eager=True,
               help="Declare every --shapes/--input shape as a per-row shape at each of these "
               "batch sizes: --shapes 128 --batch-sizes 1,8,32 is 1x128,8x128,32x128.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
@@ -858,6 +859,10 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
     from .serve import HttpLimits, Listen, ServeOptions, replica_device_text, serve_forever
 
+    if address is None and device.startswith("cuda"):  # replicas run here: check it first
+        from .runtime import resolve_device
+
+        resolve_device(device)  # the error verify gives in a second, before Ray starts
     token = _read_token(auth_token_file, take=True)
     for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s)):
         if math.isnan(value):  # click's FloatRange lets NaN through

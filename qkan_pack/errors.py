@@ -36,8 +36,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
-    ├── LoadOptionError (ValueError)        a Predictor.load option out of its domain
-    │                                       [.option, .value, .expected]
+    ├── OptionError (ValueError)            a Python API argument outside its domain
+    │   │                                   (build's) [.option, .value, .expected]
+    │   └── LoadOptionError                 a Predictor.load option outside its domain
     ├── ServeError (RuntimeError)           a server that cannot start, place its replicas
     │   │                                   or keep serving  [.problem, .hint]
     │   ├── OverloadedError                 a replica's admission is full (HTTP 503)
@@ -75,6 +76,7 @@ __all__ = [
     "MalformedRequestError",
     "ManifestError",
     "ModelSourceError",
+    "OptionError",
     "OverloadedError",
     "PredictorClosedError",
     "QkanPackError",
@@ -310,10 +312,11 @@ class BenchError(QkanPackError, RuntimeError):
     """A benchmark that cannot run as asked (bad settings, missing plotting library)."""
 
 
-class LoadOptionError(QkanPackError, ValueError):
-    """A ``Predictor.load`` option outside its domain, refused before the artifact is read.
+class OptionError(QkanPackError, ValueError):
+    """A Python API argument outside its domain (``build(dtype=...)``, ``Predictor.load``
+    options), refused before anything is read or run.
 
-    ``option`` is the field name, ``value`` what was given, ``expected`` what is accepted.
+    ``option`` is the parameter name, ``value`` what was given, ``expected`` what is accepted.
     """
 
     def __init__(self, *, option: str, value: Any, expected: str) -> None:
@@ -321,6 +324,10 @@ class LoadOptionError(QkanPackError, ValueError):
         self.value = value
         self.expected = expected
         super().__init__(f"option {option}={reprlib.repr(value)}: {expected}")
+
+
+class LoadOptionError(OptionError):
+    """A ``Predictor.load`` option outside its domain, refused before the artifact is read."""
 
 
 class ServeError(QkanPackError, RuntimeError):

@@ -25,12 +25,13 @@ PUBLIC = {
     "qkan_pack": [
         "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
         "BuildResult",
-        "CaptureError", "DeviceError", "DigestMismatchError", "IncompatibleArtifactError",
-        "InputError", "KernelCacheError", "LoadOptionError", "LoadOptions", "LoadReport",
-        "MalformedRequestError",
-        "Manifest", "ManifestError", "ModelSourceError", "Predictor", "PredictorClosedError",
-        "QkanPackError",
-        "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeightsMismatchError",
+        "CaptureError", "DeviceError", "DigestMismatchError", "FactoryNotReproducibleError",
+        "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
+        "LoadOptionError", "LoadOptions", "LoadReport", "MalformedRequestError",
+        "Manifest", "ManifestError", "ModelSourceError", "OptionError", "Predictor",
+        "PredictorClosedError", "QkanPackError",
+        "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeakReferencesError",
+        "WeightsMismatchError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
     "qkan_pack.builder": ["BuildResult", "SignResult", "WarmResult", "build", "check_warm_device",
@@ -66,25 +67,28 @@ PUBLIC = {
         "referenced_modules",
         "release_graph_memory", "resolve_device", "resolve_output_classes",
         "safetensors_header", "select_submodules", "sha256_hex", "torch_dtype",
-        "triton_key_file", "unflatten", "warm_up",
+        "triton_key_file", "unflatten", "uninformative_outputs", "warm_up",
     ],
     "qkan_pack.format": [
-        "CAPTURE_POLICIES", "CapturePolicy", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
+        "CAPTURE_POLICIES", "CapturePolicy", "DEFAULT_VERSION", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
         "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",
         "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",
         "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_REFERENCE_BYTES", "MAX_SEED", "MAX_SHAPES",
         "MAX_SIGNATURE_BYTES",
-        "Manifest", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
+        "Manifest", "Metadata", "ModelInfo", "OutputClass", "OutputNode", "REFERENCE_DIR",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
-        "check_range", "check_reference_bytes", "check_seed",
-        "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_to_dict",
-        "padding_table", "pair_inputs", "parse_config_items", "parse_input_option",
-        "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
+        "check_metadata", "check_range", "check_reference_bytes", "check_seed",
+        "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_schema",
+        "manifest_to_dict", "padding_table", "pair_inputs", "parse_batch_sizes",
+        "parse_config_items", "parse_input_option",
+        "parse_manifest", "parse_range", "parse_shape", "parse_shapes", "with_batch_sizes",
     ],
+    "qkan_pack.predict": ["INPUT_SUFFIXES", "OUTPUT_SUFFIXES", "named_outputs", "read_inputs",
+                          "summarize", "write_outputs"],
 }
 #: Layers (top to bottom) and where private modules may be imported from in tests.
-SUBPACKAGES = ("builder", "bench", "serve", "runtime", "format")
+SUBPACKAGES = ("builder", "bench", "serve", "predict", "runtime", "format")
 
 
 @pytest.mark.parametrize("package", sorted(PUBLIC))
@@ -116,11 +120,14 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "DeviceError": RuntimeError, "KernelCacheError": RuntimeError,
                "BenchError": RuntimeError, "ServeError": RuntimeError, "InputError": ValueError,
                "MalformedRequestError": errors.InputError,
-               "PredictorClosedError": errors.InputError, "LoadOptionError": ValueError,
+               "PredictorClosedError": errors.InputError, "LoadOptionError": errors.OptionError,
                "IncompatibleArtifactError": errors.ManifestError,
                "DigestMismatchError": errors.ArtifactError,
                "ArtifactSignatureError": errors.ArtifactError,
                "OverloadedError": errors.ServeError,
+               "FactoryNotReproducibleError": errors.ModelSourceError,
+               "WeakReferencesError": ValueError, "InputFileError": ValueError,
+               "OptionError": ValueError,
                "ServeTokenError": errors.ServeError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
@@ -200,7 +207,7 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
                           capture_output=True, text=True, check=True, cwd=ROOT)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
-    assert layers <= {"errors", "format", "runtime", "_version", "_lazy"}, seen["ours"]
+    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras"}, seen["ours"]
     absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
     assert seen["states"] == {**absent, **heavy}
 

@@ -94,3 +94,53 @@ def test_predictor_load_defaults_to_auto(artifact: Path) -> None:
     assert inspect.signature(Predictor.load).parameters["device"].default == "auto"
     with Predictor.load(artifact) as predictor:
         assert predictor.report.device == "cpu"  # no GPU here: auto is the CPU, and says so
+
+
+def test_messages_say_what_is_there_and_advise_only_what_helps(tmp_path: Path) -> None:
+    """A stray file in -o DIR read 'an artifact already exists… pass --force (force=True)', and
+    --force then refused; a path under /proc advised 'free space'; a CPU-only report printed
+    'solvers -; factory device None'."""
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "notes.txt").write_text("mine")
+    for extra in ((), ("--force",)):
+        done = run("build", MODELS / "plain_mlp.py", "--shapes", "2x2", "-o",
+                   tmp_path / "stray", *extra)
+        assert done.exit_code == 1 and "is not an artifact but holds notes.txt" in done.output
+    assert (tmp_path / "stray" / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert run("build", MODELS / "plain_mlp.py", "--shapes", "2x2", "-o",
+               tmp_path / "empty").exit_code == 0  # an empty folder is no artifact to replace
+    again = run("build", MODELS / "plain_mlp.py", "--shapes", "2x2", "-o", tmp_path / "empty")
+    assert again.exit_code == 1 and "build with --force to replace it" in again.output
+    assert "force=True" not in again.output
+    verified = run("verify", tmp_path / "empty")
+    assert "solvers" not in verified.output and "factory device" not in verified.output
+
+
+def test_a_comma_only_shape_list_is_called_ambiguous_even_when_dims_repeat() -> None:
+    done = run("build", MODELS / "plain_mlp.py", "--shapes", "1,3,32,32")
+    assert done.exit_code == 2 and "is ambiguous" in done.output and "'1x3x32x32'" in done.output
+
+
+def test_python_api_type_errors_name_the_parameter(tmp_path: Path) -> None:
+    import torch
+
+    from qkan_pack import OptionError
+
+    with pytest.raises(OptionError, match="model_path=.*an nn.Module"):
+        build(torch.nn.Linear(2, 2), "2x2")  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="option dtype=3"):
+        build(MODELS / "plain_mlp.py", "2x2", dtype=3)  # type: ignore[arg-type]
+    result = build(MODELS / "plain_mlp.py", "2x2", dtype=torch.float32, output=tmp_path / "a",
+                   progress=False)  # a torch.dtype is as good as its name
+    assert result.manifest.inputs[0].dtype == "float32"
+
+
+def test_a_pickled_model_as_weights_says_so_without_escape_codes(tmp_path: Path) -> None:
+    import torch
+
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "model.pt")
+    done = run("build", MODELS / "plain_mlp.py", "--shapes", "2x2", "--weights",
+               tmp_path / "model.pt", "-o", tmp_path / "a")
+    assert done.exit_code == 1 and "pickled Python objects" in done.output
+    assert "\\x1b" not in done.output and "\x1b" not in done.output

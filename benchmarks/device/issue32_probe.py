@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from qkan_pack import Predictor, build  # noqa: E402
-from qkan_pack.runtime._selftest import compare  # noqa: E402
+from qkan_pack.runtime import compare  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[2] / "tests" / "models"
 RESULTS: dict[str, object] = {}

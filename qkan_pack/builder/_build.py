@@ -7,6 +7,7 @@ path-dependent enters the manifest)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import re
 import warnings
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from .._extras import install_hint, missing_module
-from ..errors import ModelSourceError, ShapeSpecError
+from ..errors import ModelSourceError, OptionError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
     DEFAULT_VERSION,
@@ -113,6 +114,10 @@ def build(
     ``shapes`` is ``"1x128,8x128"`` or a list of shapes (one input, passed positionally), or
     a list of ``{input_name: shape}`` dicts (named inputs, passed to forward by keyword).
     ``dtype`` is one dtype for every input or a ``{input_name: dtype}`` mapping.
+    ``input_range`` (LOW, HIGH) draws random float reference inputs uniformly from
+    [LOW, HIGH) and integer ones from [int(LOW), int(HIGH)); ``seed`` (0 to 2**63 - 1)
+    seeds them. All inputs of all declared shapes together may take at most
+    ``format.MAX_REFERENCE_BYTES`` (1 GiB).
     ``reference_inputs`` is an .npz/.npy/.safetensors file of inputs that exercise the model
     (arrays named after the inputs; ``builder._given``), used where they fit a declared
     shape. References with an empty output, or only constant ones, are refused
@@ -123,7 +128,8 @@ def build(
     ``license`` and ``labels`` describe the model (``format.Metadata``); a transformers
     classifier's ``id2label`` is recorded as its class labels.
     """
-    model_path = Path(model_path)
+    model_path = _model_file(model_path)
+    dtype = _dtype_names(dtype)
     policy = _capture_policy(capture, submodules)
     seed = check_seed(seed)  # before the model runs: torch takes seeds below 2**64 only
     metadata = check_metadata(name=_model_name(name, model_path), version=model_version,
@@ -162,6 +168,34 @@ def build(
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
+
+
+def _model_file(model_path: Any) -> Path:
+    """The model file's path; anything else (a module object most often) is an
+    ``OptionError`` saying what build takes."""
+    if isinstance(model_path, (str, os.PathLike)):
+        return Path(model_path)
+    what = type(model_path).__name__
+    hint = (" (an nn.Module): write a model file whose build_model() returns it, and build "
+            "that file" if isinstance(model_path, torch.nn.Module) else "")
+    raise OptionError(option="model_path", value=model_path,
+                      expected=f"the path of a .py file defining build_model(), not a {what}"
+                               + hint)
+
+
+def _dtype_names(dtype: Any) -> str | dict[str, str]:
+    """``dtype`` as names: a dtype name, a ``torch.dtype``, or a ``{input: either}`` mapping."""
+    def one(value: Any, where: str) -> str:
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        if isinstance(value, str):
+            return value
+        raise OptionError(option=where, value=value,
+                          expected="a dtype name ('float32', 'int64') or a torch.dtype")
+
+    if isinstance(dtype, Mapping):
+        return {name: one(value, f"dtype[{name!r}]") for name, value in dtype.items()}
+    return one(dtype, "dtype")
 
 
 def _with_install_hint(load: Any, *args: Any) -> Any:

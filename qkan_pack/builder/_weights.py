@@ -3,6 +3,8 @@ without unpickling code (``weights_only=True``)."""
 
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -64,11 +66,21 @@ def read_user_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return _read_checkpoint(path)
 
 
+#: Terminal escape sequences some libraries put in their messages.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except pickle.UnpicklingError:  # weights_only refused an object: a pickled model
+        raise WeightsMismatchError(
+            source=str(path), reason="it holds pickled Python objects (a whole model saved "
+            "with torch.save(model)?), which qkan-pack never unpickles: save the weights "
+            "with torch.save(model.state_dict(), path) or as safetensors") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, ...
+        text = _ANSI.sub("", str(exc)).strip()  # torch marks words in bold for terminals
+        first = text.splitlines()[0] if text else type(exc).__name__
         raise WeightsMismatchError(
             source=str(path), reason=f"cannot read it as a PyTorch state dict with "
             f"weights_only=True: {first}. Save weights with torch.save(model.state_dict(), "

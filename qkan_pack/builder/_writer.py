@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import errno
 import fcntl
 import os
 import shutil
@@ -108,8 +109,17 @@ def _write_errors(target: Path) -> Iterator[None]:
             else str(target)
         where = f" ({failed})" if failed != str(target) else ""
         raise ArtifactError(
-            f"cannot write artifact {target}: {exc.strerror or exc}{where}; free space or fix "
-            "permissions and build again", path=failed) from exc
+            f"cannot write artifact {target}: {exc.strerror or exc}{where}; "
+            f"{_write_advice(exc.errno)}", path=failed) from exc
+
+
+def _write_advice(errno_code: int | None) -> str:
+    """What to do about a failed write, by its cause (advice that fits the error only)."""
+    if errno_code in (errno.ENOSPC, errno.EDQUOT):
+        return "free space and build again"
+    if errno_code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose an output you may write to, or fix its permissions"
+    return "choose an output in a writable directory (-o DIR)"
 
 
 def _stage_and_install(target: Path, files: Mapping[str, bytes],
@@ -170,15 +180,19 @@ def _refuse_existing(target: Path, force: bool) -> None:
         raise ArtifactError(f"output path {target} is a symlink; choose a real directory")
     if target.exists():
         if not target.is_dir():
-            raise ArtifactError(f"output path {target} exists and is not a directory")
+            raise ArtifactError(f"output path {target} exists and is not a directory",
+                                path=str(target))
+        held = sorted(entry.name for entry in target.iterdir())
+        if not held:
+            return  # an empty folder made for the artifact: nothing to replace
+        if MANIFEST_NAME not in held:
+            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            raise ArtifactError(
+                f"{target} is not an artifact but holds {shown}: replacing it would delete "
+                "them (with --force too); choose another output or empty it", path=str(target))
         if not force:
-            raise ArtifactError(
-                f"an artifact already exists at {target}; pass --force (force=True) to replace it"
-            )
-        if any(target.iterdir()) and not (target / MANIFEST_NAME).exists():
-            raise ArtifactError(
-                f"{target} is a non-empty directory that is not an artifact; refusing to replace it"
-            )
+            raise ArtifactError(f"an artifact already exists at {target}: build with --force "
+                                "to replace it", path=str(target))
 
 
 @contextlib.contextmanager

@@ -69,11 +69,22 @@ def _parse_dim(part: str, text: str) -> int:
     return value
 
 
-def parse_shapes(text: str) -> list[Shape]:
-    """Parse ``"1x128,8x128"``: comma-separated shapes, all of one rank, no duplicates."""
+def parse_shapes(text: str, *, per_row: bool = False) -> list[Shape]:
+    """Parse ``"1x128,8x128"``: comma-separated shapes, all of one rank, no duplicates.
+
+    Several one-dimensional shapes (``1,3,32,32``) are refused as ambiguous (a shape with
+    commas where ``x`` was meant), unless ``per_row``: with ``--batch-sizes`` they are
+    per-row lengths (``--shapes 32,64,128 --batch-sizes 1,8``)."""
     if not isinstance(text, str) or not text.strip():
         raise ShapeSpecError("--shapes is empty: give e.g. '1x128,8x128'")
     shapes = [parse_shape(item) for item in text.split(",")]
+    if not per_row and len(shapes) > 1 and all(len(s) == 1 for s in shapes):
+        joined = "x".join(str(s[0]) for s in shapes)
+        raise ShapeSpecError(
+            f"{text!r} is ambiguous: it lists {len(shapes)} one-dimensional shapes. Dims are "
+            f"joined by 'x' and shapes by ',': for one shape write {joined!r}. (Several 1-D "
+            "shapes: per-row lengths with --batch-sizes, or from Python "
+            "build(..., shapes=[(8,), (16,)]))")
     ranks = {len(s) for s in shapes}
     if len(ranks) > 1:
         raise ShapeSpecError(f"shapes {text!r} mix ranks {sorted(ranks)}: give one rank")
@@ -84,24 +95,19 @@ def parse_shapes(text: str) -> list[Shape]:
         seen.add(shape)
     if len(shapes) > MAX_SHAPES:
         raise ShapeSpecError(f"{len(shapes)} shapes given; at most {MAX_SHAPES} allowed")
-    if len(shapes) > 1 and all(len(s) == 1 for s in shapes):
-        joined = "x".join(str(s[0]) for s in shapes)
-        raise ShapeSpecError(
-            f"{text!r} is ambiguous: it lists {len(shapes)} one-dimensional shapes. Dims are "
-            f"joined by 'x' and shapes by ',': for one shape write {joined!r}. (Several 1-D "
-            "shapes can be declared from Python: build(..., shapes=[(8,), (16,)]))")
     return shapes
 
 
-def parse_input_option(text: str) -> tuple[str, list[Shape], str | None]:
-    """Parse ``--input NAME:SHAPES[:DTYPE]`` (``input_ids:1x16,8x16:int64``)."""
+def parse_input_option(text: str, *, per_row: bool = False) -> tuple[str, list[Shape], str | None]:
+    """Parse ``--input NAME:SHAPES[:DTYPE]`` (``input_ids:1x16,8x16:int64``); ``per_row``:
+    shapes without their batch dimension (``--batch-sizes``)."""
     parts = text.split(":") if isinstance(text, str) else []
     if len(parts) not in (2, 3) or not IDENTIFIER.match(parts[0].strip()):
         raise ShapeSpecError(
             f"bad --input {text!r}: write NAME:SHAPES or NAME:SHAPES:DTYPE, e.g. "
             "input_ids:1x16,8x16:int64 (NAME is forward's parameter)")
     dtype = check_dtype(parts[2]) if len(parts) == 3 else None
-    return parts[0].strip(), parse_shapes(parts[1]), dtype
+    return parts[0].strip(), parse_shapes(parts[1], per_row=per_row), dtype
 
 
 def pair_inputs(declared: Sequence[tuple[str, list[Shape], str | None]]

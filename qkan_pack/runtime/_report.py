@@ -74,8 +74,10 @@ class LoadReport:
         width = max([18, *(len(r.label) + 2 for r in self.shapes)])  # named inputs: long labels
         lines = [
             f"artifact {self.artifact} ({self.digest[:19]}…) on {self.device}",
-            f"policy {self.capture_policy}; solvers {', '.join(self.solvers) or '-'}; "
-            f"factory device {self.factory_device}; overrides {self.config_overrides or '{}'}",
+            "; ".join([f"policy {self.capture_policy}",
+                       *([f"solvers {', '.join(self.solvers)}"] if self.solvers else []),
+                       *([f"factory device {self.factory_device}"] if self.factory_device else []),
+                       *([f"overrides {self.config_overrides}"] if self.config_overrides else [])]),
             f"{'shape':<{width}}{'policy':<12}{'capture s':>10}{'pool MiB':>10}{'replay err':>12}"
             f"{'ref err':>12}{'ref bound':>20}",
         ]

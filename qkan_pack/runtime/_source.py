@@ -177,9 +177,10 @@ def _drop(names: set[str]) -> None:
 
 
 def _collected(names: set[str]) -> None:
-    """A holder's finalizer: the garbage collector may run it while this thread is inside
-    ``hold``/``release`` (the lock is not re-entrant), so it queues the names and drops
-    them now only if the lock is free; else its holder drops them before letting go."""
+    """A holder's finalizer. The garbage collector may run it while this thread is inside
+    ``hold``/``release`` (the lock is not re-entrant): it queues the names and drops them
+    now only if the lock is free; else the thread holding the lock drops them on its way
+    out, or the next ``hold``/``release`` does."""
     _COLLECTED.append(names)
     if _LINES_LOCK.acquire(blocking=False):
         try:

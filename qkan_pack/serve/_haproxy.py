@@ -35,6 +35,23 @@ binary. Ray 2.60 offers no setting for these:
   for it came back with no reply (4 of 4 in each of 4 runs on the CPU). ``http-reuse safe``
   (the first request of a client connection on a server connection of its own) gets them the
   JSON 503 with ``Retry-After`` (0 closed in 5 runs), or another replica's answer;
+- ``retries 3`` ran out on a SIGKILLed replica. HAProxy retries a request whose replica
+  died on another (``option redispatch 1``), but ``leastconn`` passes over replicas at
+  their ``maxconn`` and then falls back to the one it was told to avoid: while the live
+  replicas are full, the retry goes back to the dead one, still marked up until
+  ``ERROR_LIMIT`` refused connections in a row (``observe layer4``). A refusal costs a retry
+  in microseconds, so 3 were spent just as the third marked it down, and the request got
+  HAProxy's 503, or, when its last attempt reused a pooled connection to the dead replica
+  or it came on a kept-alive client connection, a closed connection with no reply at all
+  (HAProxy closes those on purpose so that the client may retry): 2 of 133,471 in a kill
+  loop on the 2-core CPU (2 replicas, 48 keep-alive clients, 11 kills). Here the rewrite
+  owns the policy (``RETRY_POLICY``, ``ERROR_LIMIT`` on every replica's server line):
+  ``RETRIES`` outlasts the mark-down, after which the request waits in HAProxy's queue for
+  a live replica. Replaying is safe: a prediction (``POST /``) is a pure function of its
+  body, so a request replayed on another replica gets the same answer and changes nothing,
+  and the only other POST, ``/stats/reset``, zeroes counters (twice is once). A reply
+  HAProxy has begun to pass on cannot be replayed: replies leave a replica in one write
+  (``_whole_replies``), and bodies over HAProxy's buffer stream and are never replayed;
 - no admission bound: HAProxy opens as many concurrent requests to a replica as clients
   send, so the replica's own Python admission had to refuse the excess, spending the
   replica's one event loop on requests it will not serve. Here each replica server gets
@@ -100,6 +117,22 @@ APP_REQUEST_RULES = ("    http-request set-header x-request-disconnect-disabled 
 #: line for either is dropped wherever it is.
 REQUIRED_OPTIONS = ("http-buffer-request", "abortonclose")
 _DISABLES_REQUIRED = re.compile(rf"\s*no\s+option\s+({'|'.join(REQUIRED_OPTIONS)})\s*")
+#: Refused connections in a row after which HAProxy takes a replica out of rotation at once
+#: (health checks bring it back): Ray's default, set on every replica here because
+#: ``RETRIES`` counts on it.
+ERROR_LIMIT = 3
+#: Attempts a request may need when its replica dies while the others are full: the one in
+#: flight, ``ERROR_LIMIT`` refused ones on the dead replica before it is marked down, one on
+#: a live replica; and two to spare for HAProxy's threads racing the mark-down.
+RETRIES = ERROR_LIMIT + 3
+#: HAProxy's retry policy (see above): replay a request that got no reply byte, each time
+#: on another replica. ``response-timeout`` is left out: there is no server timeout.
+RETRY_POLICY = {"retry-on": "retry-on conn-failure empty-response junk-response",
+                "retries": f"retries {RETRIES}", "option redispatch": "option redispatch 1"}
+_RETRY_SETTING = re.compile(
+    r"(?m)^(\s*)(?:no\s+)?(retry-on|retries|option\s+redispatch)(?=\s|$).*$")
+_WATCH = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"
+_WATCH_KEYWORDS = re.compile(r"\s+(?:observe|error-limit|on-error)\s+\S+")
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
 
@@ -137,12 +170,14 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     (hence retryable) requests, a request timeout, liveness replies without text and, given
     ``admission``, bounded admission to each replica; given ``replica_host`` (where local
     replicas bind, IPv6 in brackets), local replicas addressed there; given
-    ``token_sha256``, the token required on every listener but the liveness route
+    ``token_sha256``, the token required on every listener but the liveness route; always
+    HAProxy's retry policy (``RETRY_POLICY``, ``ERROR_LIMIT``) over the template's
     (idempotent: a rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals))
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
+    config = _RETRY_SETTING.sub(lambda m: m[1] + RETRY_POLICY[" ".join(m[2].split())], config)
     additions = _missing_defaults(config, error_dir, timeout_s)
     if additions:
         config = re.sub(r"(?m)^defaults\s*$", "\n".join(["defaults", *additions]), config, count=1)
@@ -154,6 +189,7 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
     may set its own ``timeout http-request``; that one is kept)."""
     wanted = {"timeout http-request": f"timeout http-request {timeout_s}s",
               **{f"option {name}": f"option {name}" for name in REQUIRED_OPTIONS},
+              **RETRY_POLICY,
               f"errorfile {TIMEOUT_CODE}": f"errorfile {TIMEOUT_CODE} {error_dir}/{TIMEOUT_CODE}.http"}
     defaults = re.search(r"(?ms)^defaults[ \t]*$(.*?)(?=^\S|\Z)", config)
     present = defaults[1] if defaults else ""
@@ -206,6 +242,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
         elif _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line):
+            line = _watched(line)
             if replica_host:
                 line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>{replica_host}:\2",
                               line)
@@ -218,6 +255,15 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")
         out.append(line)
     return out
+
+
+def _watched(server: str) -> str:
+    """A replica's server line (one with health checks) with HAProxy watching its
+    connections: ``ERROR_LIMIT`` refused in a row take it out of rotation at once, which
+    ``RETRIES`` counts on (a template's other watch is replaced)."""
+    if _WATCH in server or not re.search(r"\scheck(?=\s|$)", server):
+        return server
+    return f"{_WATCH_KEYWORDS.sub('', server).rstrip()} {_WATCH}"
 
 
 def _is_app_backend(section: str) -> bool:

@@ -471,7 +471,8 @@ def test_a_float_range_must_fit_every_float_input() -> None:
 
 @pytest.mark.parametrize(("value", "says"), [
     (2**63, "outside 0..9223372036854775807"), (-1, "outside"), (10**23, "outside"),
-    pytest.param(10**5000, "a 16610-bit integer", id="5001-digits"), (1e23, "must be an integer"), (1.0, "must be an integer"),
+    pytest.param(10**5000, "a 16610-bit integer", id="5001-digits"),
+    (1e23, "must be an integer"), (1.0, "must be an integer"),
     ("3", "must be an integer"), (True, "not a boolean"), (None, "must be an integer"),
 ])
 def test_a_seed_torch_would_refuse_is_a_shape_spec_error(value: Any, says: str) -> None:

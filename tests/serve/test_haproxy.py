@@ -21,6 +21,8 @@ import pytest
 from qkan_pack.serve._auth import TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY
 from qkan_pack.serve._haproxy import (
     APP_REQUEST_RULES,
+    ERROR_LIMIT,
+    RETRIES,
     IngressAdmission,
     error_response,
     install_wrapper,
@@ -79,8 +81,9 @@ def test_the_rewrite_bounds_each_replica_backend_and_only_those() -> None:
     assert lines.count(admission.refusal_rule()) == 1
     assert lines[lines.index("backend app_1") + 1] == admission.refusal_rule()
     assert all(lines.count(rule) == 1 for rule in APP_REQUEST_RULES)  # not the router's
-    assert "    server r1 127.0.0.1:30000 check maxconn 24" in lines
-    assert "    server r2 127.0.0.1:30001 check maxconn 24" in lines
+    watch = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"  # RETRIES needs it
+    assert f"    server r1 127.0.0.1:30000 check {watch} maxconn 24" in lines
+    assert f"    server r2 127.0.0.1:30001 check {watch} maxconn 24" in lines
     assert "    server r1 127.0.0.1:30000 track app_1/r1" in lines  # tracks, no own limit
     assert "{ avg_queue() ge 3 }" in admission.refusal_rule()
     assert "hdr Retry-After 2" in admission.refusal_rule()
@@ -104,6 +107,33 @@ def test_the_options_the_ingress_needs_stay_on_whatever_the_template_says() -> N
     defaults = lines[1:lines.index("backend other")]
     assert "    option abortonclose" in defaults and "    option http-buffer-request" in defaults
     assert rewrite(out, "/E", 7) == out
+
+
+def test_the_retry_policy_outlasts_a_dead_replica_whatever_the_template_says() -> None:
+    """Issue 32, item 9: the retries came from Ray's environment (3) and the watch on each
+    replica from Ray's defaults; 3 ran out on a SIGKILLed replica before HAProxy marked it
+    down. The rewrite owns both now: a request may need one attempt in flight, one per
+    refused connection until the mark-down, and one on a live replica."""
+    config = "\n".join([
+        "defaults", "    mode http", "    option redispatch 1", "    retry-on conn-failure",
+        "    retries 3", "backend app_1", "    no option redispatch", "    retries 1",
+        "    server r1 127.0.0.1:30000 check observe layer4 error-limit 9 on-error fail-check",
+        "    server r2 127.0.0.1:30001 check", "    server r3 10.0.0.7:30000"])
+    out = rewrite(config, "/E", 7)
+    lines = out.split("\n")
+    policy = [f"    retries {RETRIES}", "    option redispatch 1",
+              "    retry-on conn-failure empty-response junk-response"]
+    assert all(lines[:lines.index("backend app_1")].count(line) == 1 for line in policy)
+    backend = lines[lines.index("backend app_1"):]
+    assert not {"    no option redispatch", "    retries 1"} & set(backend)
+    watch = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"
+    assert f"    server r1 127.0.0.1:30000 check {watch}" in backend
+    assert f"    server r2 127.0.0.1:30001 check {watch}" in backend
+    assert "    server r3 10.0.0.7:30000" in backend  # without health checks, nothing to watch
+    assert RETRIES >= ERROR_LIMIT + 2
+    assert rewrite(out, "/E", 7) == out
+    bare = rewrite("defaults\n    mode http", "/E", 7).split("\n")
+    assert all(bare.count(line) == 1 for line in policy)
 
 
 def test_a_specific_host_addresses_local_replicas_where_they_bind() -> None:
@@ -555,7 +585,9 @@ class _KillableReplica:
             return  # killed
 
     def kill(self) -> None:
-        self.listener.close()
+        with contextlib.suppress(OSError):  # killed before
+            self.listener.shutdown(socket.SHUT_RDWR)  # close() alone leaves a blocked
+        self.listener.close()  # accept() listening: connections to the port would succeed
         with self.lock:
             for conn in self.connections:
                 with contextlib.suppress(OSError):
@@ -581,44 +613,56 @@ def test_a_request_whose_replica_dies_while_the_others_are_full_waits_for_a_live
     Ray's 3 ran out just as the third marked the replica down (logged as ``503 ... SC--``
     with 3 retries; a closed connection when the last attempt had reused a pooled connection
     to the dead replica). Here a keep-alive client's second request is in flight on one
-    replica, the other holds a request at its limit of 1, and the first is SIGKILLed: the
-    request must wait for the live replica and get its answer."""
+    replica, the other holds a request at its limit of 1, and the first is SIGKILLed: with 3
+    retries the client's connection was closed without a reply (``RemoteDisconnected``; the
+    first attempt had reused a pooled connection); now the request waits for the live
+    replica and gets its answer."""
     replicas = [_KillableReplica(), _KillableReplica()]
     watch = "check inter 60s observe layer4 error-limit 3 on-error mark-down"  # Ray's lines
     backend = ["backend replicas", "    balance leastconn", "    http-reuse always",
                *(f"    server r{i} 127.0.0.1:{r.port} {watch}" for i, r in enumerate(replicas))]
-    body = b'{"inputs": [[0.1, 0.2]]}'
     try:
         for port in _haproxy_over(tmp_path, {}, IngressAdmission(ongoing=1, queued=4),
                                   frontend=["    use_backend replicas"], sections=backend):
-            client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            client.request("POST", "/", body)
-            assert client.getresponse().read() == b'{"outputs": [[1.0]]}'
-            for replica in replicas:
-                replica.holding.set()
-            statuses: dict[str, object] = {}
-            filler = threading.Thread(target=lambda: statuses.update(filler=_post(port, body)[0]))
-            filler.start()
-            live = _until(lambda: next((r for r in replicas if r.held), None))
-            dying = next(r for r in replicas if r is not live)
-
-            def second() -> None:  # the kept-alive connection's next request
-                try:
-                    client.request("POST", "/", body)
-                    statuses["client"] = client.getresponse().status
-                except (OSError, http.client.HTTPException) as exc:
-                    statuses["client"] = type(exc).__name__  # closed without a reply
-
-            sender = threading.Thread(target=second)
-            sender.start()
-            _until(lambda: dying.held)
-            dying.kill()
-            time.sleep(0.5)  # its retries are spent meanwhile, while the live one is full
-            live.release.set()
-            for thread in (filler, sender):
-                thread.join(30)
-            assert statuses == {"filler": 200, "client": 200}
+            statuses = _kill_the_replica_of_a_kept_alive_request(port, replicas)
+            assert statuses == {"first": 200, "filler": 200, "client": 200}
     finally:
         for replica in replicas:
             replica.release.set()
             replica.kill()
+
+
+def _kill_the_replica_of_a_kept_alive_request(port: int, replicas: list[_KillableReplica]
+                                              ) -> dict[str, object]:
+    """A client's first request answered; a filler held by one replica at its limit; the
+    client's second request held by the other, which is then killed; half a second later
+    the filler's replica answers. Each request's status, or the error that ended it."""
+    statuses: dict[str, object] = {}
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    _send(client, statuses, "first")
+    for replica in replicas:
+        replica.holding.set()
+    filler = threading.Thread(target=_send, args=(
+        http.client.HTTPConnection("127.0.0.1", port, timeout=30), statuses, "filler"))
+    filler.start()
+    live = _until(lambda: next((r for r in replicas if r.held), None))
+    dying = next(r for r in replicas if r is not live)
+    sender = threading.Thread(target=_send, args=(client, statuses, "client"))  # kept alive
+    sender.start()
+    _until(lambda: dying.held)
+    dying.kill()
+    time.sleep(0.5)  # its retries are spent meanwhile, while the live one is full
+    live.release.set()
+    for thread in (filler, sender):
+        thread.join(30)
+    return statuses
+
+
+def _send(conn: http.client.HTTPConnection, into: dict[str, object], key: str) -> None:
+    try:
+        conn.request("POST", "/", b'{"inputs": [[0.1, 0.2]]}')
+        reply = conn.getresponse()
+        reply.read()
+        into[key] = reply.status
+    except (OSError, http.client.HTTPException) as exc:
+        into[key] = type(exc).__name__  # closed without a reply: RemoteDisconnected

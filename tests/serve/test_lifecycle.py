@@ -18,6 +18,8 @@ import pytest
 from ..conftest import MODELS
 from ._server import Server, free_port, strict_json, tagged_pids
 
+ENV_TOKEN = "env-token-0123456789"
+
 pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -58,18 +60,37 @@ def test_a_replica_that_cannot_load_never_serves(tmp_path: Path) -> None:
 
 
 def test_one_server_per_port_and_the_one_replica_gap(artifact: Path) -> None:
-    server = Server(artifact, ["--grace-s", "3"], env={"QKAN_PACK_SERVE_TOKEN": "env-token-0123456789"},
-                    token="env-token-0123456789").start()
+    server = Server(artifact, ["--grace-s", "3"], env={"QKAN_PACK_SERVE_TOKEN": ENV_TOKEN},
+                    token=ENV_TOKEN).start()
     try:
         done, took = _serve(str(artifact), "--port", str(server.port))
         assert done.returncode == 1 and took < 10
         assert f"port {server.port} on 127.0.0.1 is already in use" in done.stderr
         assert server.json("/", token=None)[0] == 401  # the token came from the environment
         assert server.json("/", {"inputs": [[0.1, 0.2]]})[0] == 200
+        _the_token_is_in_no_environment_but_the_commands(server)
         _one_replica_gap(server)
         _ctrl_c_drains_and_stops_everything(server)
     finally:
         server.kill()
+
+
+def _the_token_is_in_no_environment_but_the_commands(server: Server) -> None:
+    """Audit (issue 32, item 9): a token given in QKAN_PACK_SERVE_TOKEN stayed in the
+    environment of 12 of the serve's 14 processes, the replicas (which run model code)
+    included. Only the command the user started holds it now; the replicas hold its sha256."""
+    import hashlib
+
+    environments = {}
+    for pid in tagged_pids(server.tag):
+        try:
+            environments[pid] = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+    holders = [pid for pid, env in environments.items() if ENV_TOKEN.encode() in env]
+    assert holders == [server.process.pid] and len(environments) >= 8, (holders, environments.keys())
+    digest = hashlib.sha256(ENV_TOKEN.encode()).hexdigest().encode()
+    assert all(digest in environments[pid] for pid in server.replica_pids())
 
 
 def _one_replica_gap(server: Server) -> None:
@@ -154,12 +175,18 @@ def test_the_python_ingress_serves_json_replies_and_stops(artifact: Path) -> Non
     """``--ingress python`` (Ray's proxy actor in front, no HAProxy): replies travel from the
     replica to the proxy as ASGI messages, so the replica's own reply type and its one-write
     replies (``serve/_whole_replies``) must not change what a client gets."""
-    server = Server(artifact, ["--ingress", "python", "--grace-s", "1"]).start(timeout_s=120)
+    server = Server(artifact, ["--ingress", "python", "--grace-s", "1"], token=ENV_TOKEN,
+                    env={"QKAN_PACK_SERVE_TOKEN": ENV_TOKEN}).start(timeout_s=120)
     try:
         status, reply = server.json("/", {"inputs": [[0.1, 0.2]]})
         assert status == 200 and len(reply["outputs"][0]) == 2
         status, reply = server.json("/", {"inputs": [[0.1, 0.2, 0.3]]})
         assert status == 422 and "not accepted" in reply["error"]
+        # Ray's proxy answers its own routes before the app: the gate is in front of them
+        assert server.request("/-/routes", token=None)[0] == 401
+        assert server.request("/-/routes")[0] == 200
+        status, _, body = server.request("/-/healthz", token=None)
+        assert status == 200 and body == b""
         _group_sigterm_stops_in_order(server)
     finally:
         server.kill()

@@ -121,17 +121,34 @@ def _get(port: int, path: str, token: str | None = None) -> tuple[int, bytes] | 
         conn.close()
 
 
+def _grpc_refused(port: int) -> bool:
+    """Whether a request to a replica's gRPC server without Ray's own token is refused."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            channel.unary_unary("/ray.serve.ASGIService/HandleRequest")(b"", timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
+
+
 def test_every_listener_needs_the_token_and_none_binds_beyond_loopback(server: Server) -> None:
     """Audit (issue 32, item 9): ``/-/healthz`` and ``/-/routes`` answered without the token
     on HAProxy's frontend, the replicas' direct-ingress ports and Ray's proxy; Ray's metrics
     exporters (node address, session and replica names) listened on every interface
     whatever ``--host`` said. With ``--host 127.0.0.1`` every process of the serve now
-    listens on loopback only, and each of its HTTP servers answers ``/-/routes`` and ``/``
+    listens on loopback only (but for one gRPC server per replica that Ray binds to [::]
+    and authenticates itself), and each of its HTTP servers answers ``/-/routes`` and ``/``
     with the JSON 401 and ``/-/healthz`` with its bare status."""
     found = listeners(tagged_pids(server.tag))
     outside = [(command_line(pid)[:90], host, port) for pid, host, port in found
                if not is_loopback(host)]
-    assert found and outside == []
+    # Ray Serve binds each replica's inter-deployment gRPC server to [::] whatever the node
+    # address (replica.py: "[::]:0", no setting); Ray's token authentication guards it
+    assert found and len(outside) == 2, outside
+    for command, _, port in outside:
+        assert command.startswith("ray::ServeReplica") and _grpc_refused(port), (command, port)
     probed = []
     for pid, _, port in found:
         name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
@@ -141,7 +158,10 @@ def test_every_listener_needs_the_token_and_none_binds_beyond_loopback(server: S
         for path in ("/-/routes", "/", "/stats", "/metrics"):
             assert _get(port, path) == (401, _UNAUTHORIZED), (name, port, path)
         status, body = _get(port, "/-/healthz")
-        assert status in (200, 503) and body == b"", (name, port, status, body)
+        if b"haproxy" in name and port != server.port:  # its stats page and exporter
+            assert (status, body) == (401, _UNAUTHORIZED), (port, status, body)
+        else:
+            assert status in (200, 503) and body == b"", (name, port, status, body)
     # HAProxy's frontend, stats page and exporter, each replica's ingress, Ray's proxy
     assert len(probed) >= 6 and sum("ServeReplica" in p for p in probed) == 2, probed
     assert _get(server.port, "/-/routes", TOKEN)[0] == 200
