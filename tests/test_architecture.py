@@ -70,7 +70,8 @@ PUBLIC = {
         "triton_key_file", "unflatten", "uninformative_outputs", "warm_up",
     ],
     "qkan_pack.format": [
-        "CAPTURE_POLICIES", "CapturePolicy", "DEFAULT_VERSION", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
+        "CAPTURE_POLICIES", "CapturePolicy", "DEFAULT_VERSION", "DEVICE_TEXT", "DIGEST_PREFIX",
+        "DTYPES", "DType",
         "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",
         "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",
         "MAX_MANIFEST_BYTES", "MAX_RANK", "MAX_REFERENCE_BYTES", "MAX_SEED", "MAX_SHAPES",

@@ -127,7 +127,7 @@ def test_python_api_type_errors_name_the_parameter(tmp_path: Path) -> None:
 
     from qkan_pack import OptionError
 
-    with pytest.raises(OptionError, match="model_path=.*an nn.Module"):
+    with pytest.raises(OptionError, match=r"model_path=.*an nn\.Module"):
         build(torch.nn.Linear(2, 2), "2x2")  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="option dtype=3"):
         build(MODELS / "plain_mlp.py", "2x2", dtype=3)  # type: ignore[arg-type]

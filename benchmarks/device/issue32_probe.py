@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from qkan_pack import Predictor, build  # noqa: E402
-from qkan_pack.runtime import compare  # noqa: E402
+from qkan_pack import Predictor, build
+from qkan_pack.runtime import compare
 
 MODELS = Path(__file__).resolve().parents[2] / "tests" / "models"
 RESULTS: dict[str, object] = {}
