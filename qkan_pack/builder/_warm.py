@@ -4,7 +4,7 @@
 empty, so every kernel the model needs for every manifest shape (and Triton's compiled
 launcher stubs) lands there; those files are stored under ``kernels/<key>/`` with their
 digests in the manifest, and a fresh GPU host of the same kind then loads pre-warmed.
-The child also records Triton's installation key (``runtime/_triton_key``) so that loads
+The child also records Triton's installation key (``runtime/_triton_compat``) so that loads
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
 inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
 ``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.

@@ -39,7 +39,7 @@ from ._source import (
     model_code_failed,
     referenced_modules,
 )
-from ._triton_key import record_installation, triton_key_file
+from ._triton_compat import record_installation, triton_key_file
 
 if TYPE_CHECKING:
     from ._calling import bind_forward, full_float32

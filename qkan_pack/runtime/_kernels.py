@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import KernelCacheError, ManifestError
 from ..format import KernelSet, loads_strict
 from ._artifact import VerifiedArtifact
-from ._triton_key import vouched_triton_key
+from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouched_triton_key
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 #: Triton (3.x, ``backends/nvidia/driver.py: libcuda_dirs``) runs ``/sbin/ldconfig -p`` once
@@ -123,6 +123,9 @@ def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelS
     """The shipped set for this host, and a sentence for ``predictor.report``."""
     if not artifact.manifest.kernels:
         return None, "artifact ships no kernels (run `qkan-pack warm`); compiled as usual"
+    unsupported = unsupported_triton()
+    if unsupported is not None:
+        return None, unsupported
     key, _ = kernel_key(device_index)
     for kernel_set in artifact.manifest.kernels:
         if kernel_set.key == key:
@@ -139,7 +142,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
     Triton wrote while loading (kernels it did not find in the shipped set), counted from
     new or rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig``
     and, when the set's record vouches for this host's Triton, skips hashing itself
-    (``_triton_key``).
+    (``_triton_compat``).
     """
     prefix = kernel_set.directory + "/"
     counts = {"shipped": 0, "compiled": 0}
@@ -185,20 +188,15 @@ def _group_stamps(root: Path) -> dict[str, int]:
 def _triton_cache_dir(directory: str) -> Iterator[None]:
     """Set Triton's cache dir for this process only, and restore what was there."""
     previous = os.environ.get(TRITON_CACHE_ENV)
-    knobs = _triton_cache_knobs()
-    knob_previous = knobs.__dict__.get("dir") if knobs is not None else None
     os.environ[TRITON_CACHE_ENV] = directory
-    if knobs is not None:
-        knobs.__dict__.pop("dir", None)  # let the env var rule while we load
     try:
-        yield
+        with cache_dir_from_environment():  # the variable rules while we load
+            yield
     finally:
         if previous is None:
             os.environ.pop(TRITON_CACHE_ENV, None)
         else:
             os.environ[TRITON_CACHE_ENV] = previous
-        if knobs is not None and knob_previous is not None:
-            knobs.__dict__["dir"] = knob_previous
 
 
 @contextlib.contextmanager
@@ -236,10 +234,3 @@ def mapped_libcuda_dir(maps: str = "/proc/self/maps") -> str | None:
                 return directory
     return None
 
-
-def _triton_cache_knobs() -> object | None:
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    return getattr(knobs, "cache", None)

@@ -1,4 +1,12 @@
-"""Spare a fresh process Triton's hash of its own installation when a kernel set vouches for it.
+"""Every access to Triton's internals, in one place: its installation key and its cache knob.
+
+Both exist for shipped kernels (``_kernels``): a load points Triton's cache at the shipped
+set (``knobs.cache.dir``, overridden through the knob object's ``__dict__`` so that the
+environment variable rules) and may answer ``triton.runtime.cache.triton_key()`` itself.
+They were written against the Triton releases in ``SUPPORTED``; outside that range
+``unsupported_triton`` says so and a load compiles as usual instead of using shipped kernels.
+
+Spare a fresh process Triton's hash of its own installation when a kernel set vouches for it.
 
 Before its first kernel lookup, every process computes ``triton.runtime.cache.triton_key()``
 (Triton 3.x): the sha256 of every source file of Triton's compiler, backends and language,
@@ -29,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: Triton releases whose internals this module was written against: [3.2, 3.7).
+SUPPORTED = ((3, 2), (3, 7))
 #: A kernel set's record: ``kernels/<key>`` + this suffix (JSON, written by ``warm``).
 TRITON_KEY_SUFFIX = "-triton-key.json"
 _PT_NOTE = 4
@@ -148,3 +158,49 @@ def vouched_triton_key(record: dict[str, Any] | None) -> Iterator[bool]:
         yield True
     finally:
         cache.triton_key = original
+
+
+def unsupported_triton() -> str | None:
+    """Why shipped kernels cannot be used with this host's Triton, or None (none installed
+    counts as supported: nothing of Triton's is touched then)."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    version = _release(triton.__version__)
+    low, high = SUPPORTED
+    if version is None or not low <= version < high:
+        return (f"Triton {triton.__version__} is outside the releases qkan-pack's kernel "
+                f"cache supports ({low[0]}.{low[1]} to {high[0]}.{high[1] - 1}); compiled as "
+                "usual")
+    return None
+
+
+def _release(text: str) -> tuple[int, int] | None:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def cache_knobs() -> object | None:
+    """Triton's cache knob object (``triton.knobs.cache``), where this Triton has one."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return getattr(knobs, "cache", None)
+
+
+@contextlib.contextmanager
+def cache_dir_from_environment() -> Iterator[None]:
+    """While inside, Triton's cache directory follows ``TRITON_CACHE_DIR`` again: a value set
+    on the knob (which wins over the variable) is set aside and put back afterwards."""
+    knobs = cache_knobs()
+    previous = knobs.__dict__.pop("dir", None) if knobs is not None else None
+    try:
+        yield
+    finally:
+        if knobs is not None and previous is not None:
+            knobs.__dict__["dir"] = previous

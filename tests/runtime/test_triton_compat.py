@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qkan_pack.runtime._triton_key import (
+from qkan_pack.runtime._triton_compat import (
     elf_build_id,
     libtriton_path,
     vouched_key,
@@ -116,3 +116,36 @@ def test_without_triton_nothing_is_replaced() -> None:
         pytest.skip("checks the absence of Triton (the GPU test covers its presence)")
     with vouched_triton_key({"triton_key": "x"}) as vouched:
         assert vouched is False
+
+
+def test_a_triton_outside_the_supported_releases_is_named_and_kernels_not_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from qkan_pack.runtime._triton_compat import SUPPORTED, unsupported_triton
+
+    fake = types.ModuleType("triton")
+    for version, refused in (("3.6.0", False), ("3.2.1", False), ("3.7.0", True),
+                             ("2.3.1", True), ("dev", True)):
+        fake.__version__ = version  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "triton", fake)
+        said = unsupported_triton()
+        assert (said is not None) == refused, version
+        if refused:
+            assert f"Triton {version} is outside" in said and "3.2 to 3.6" in said
+    assert SUPPORTED == ((3, 2), (3, 7))
+
+
+@pytest.mark.gpu  # Triton comes with CUDA torch: the GPU suite runs it
+def test_the_private_triton_names_relied_on_exist() -> None:
+    """Pins every Triton internal the seam uses (runs where Triton is installed: the GPU)."""
+    triton = pytest.importorskip("triton")
+    from triton.runtime import cache
+
+    from qkan_pack.runtime._triton_compat import cache_knobs, unsupported_triton
+
+    assert unsupported_triton() is None, triton.__version__
+    assert callable(cache.triton_key)
+    knobs = cache_knobs()
+    assert knobs is not None and hasattr(type(knobs), "dir")

@@ -14,7 +14,7 @@ import pytest
 from qkan_pack import build
 from qkan_pack.builder import warm
 from qkan_pack.runtime import read_artifact, record_installation
-from qkan_pack.runtime._triton_key import vouched_key
+from qkan_pack.runtime._triton_compat import vouched_key
 
 from ..conftest import EXAMPLES, ROOT
 
