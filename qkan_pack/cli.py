@@ -701,6 +701,12 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
               help="Also SIGKILL one replica this long into a run at --kill-clients clients.")
 @click.option("--kill-clients", default=32, show_default=True, type=click.IntRange(min=1),
               help="Clients during the replica kill.")
+@click.option("--kills", default=1, show_default=True, type=click.IntRange(min=1),
+              help="With --kill-at: a kill loop, one replica SIGKILLed this many times, every "
+                   "--kill-every seconds once all replicas serve again; the run lasts until one "
+                   "interval after the last.")
+@click.option("--kill-every", default=15.0, show_default=True, type=click.FloatRange(min=1),
+              metavar="SECONDS", help="Seconds between the kills of --kills.")
 @click.option("--large-body-mb", type=click.FloatRange(min=0.001),
               help="Also measure single-row latency while two clients send bodies of this "
                    "many MB of numbers (rows; a 422 unless that row count is captured).")
@@ -712,7 +718,8 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
               help="Write the curve as a PNG here (needs matplotlib).")
 def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                 processes: int | None, serve_args: str, no_noop: bool, kill_at: float | None,
-                kill_clients: int, large_body_mb: float | None, port: int,
+                kill_clients: int, kills: int, kill_every: float, large_body_mb: float | None,
+                port: int,
                 json_path: Path | None, plot_path: Path | None) -> None:
     """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
     req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
@@ -724,11 +731,14 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
         write_serve_plot,
     )
 
+    if kills > 1 and kill_at is None:
+        raise click.UsageError("--kills goes with --kill-at")
     extra = {"processes": processes} if processes else {}
     args = _split_args(serve_args)
     settings = ServeLoadSettings(clients=clients, seconds=seconds, warmup=warmup,
                                  serve_args=args, noop=not no_noop,
-                                 kill_at_s=kill_at, kill_clients=kill_clients,
+                                 kill_at_s=kill_at, kill_clients=kill_clients, kills=kills,
+                                 kill_every_s=kill_every,
                                  large_body_mb=large_body_mb, port=port, **extra)
     report = run_serve_load(directory, settings, token=_read_token(_token_file_in(args)))
     click.echo(render_serve_load(report))

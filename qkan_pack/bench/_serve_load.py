@@ -4,8 +4,9 @@ The server runs as its own process (``python -m qkan_pack serve ...``), exactly 
 starts it; this module never imports the serve layer or Ray. For each mode (the artifact, then
 ``--noop``: Ray Serve's own ceiling with a fixed reply) it starts the server, runs every
 client count (``_load``), reads the replica's replay counters (``GET /stats``), and stops the
-server with SIGTERM. Optional runs: SIGKILL of one replica under load (``kill_at_s``), and
-single-row latency while large bodies arrive (``large_body_mb``).
+server with SIGTERM. Optional runs: SIGKILL of one replica under load (``kill_at_s``; with
+``kills`` > 1, a kill loop: one replica every ``kill_every_s``), and single-row latency while
+large bodies arrive (``large_body_mb``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,13 @@ if TYPE_CHECKING:
     from ..format import InputDecl
 
 SERVE_SCHEMA = "qkan-pack/bench-serve/1"
+#: Ray Serve's direct-ingress HTTP ports (its ``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``
+#: defaults): a replica listening on one of them is serving, or about to.
+INGRESS_PORTS = range(30000, 31001)
+#: How long every replica must have listened before the kill loop kills one: Ray adds a
+#: replacement to HAProxy's config after it listens, and a kill before that would leave the
+#: other replicas' load with nowhere to go for a moment (no longer a kill in a healthy set).
+KILL_SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class ServeLoadSettings:
     noop: bool = True
     kill_at_s: float | None = None
     kill_clients: int = 32
+    kills: int = 1
+    kill_every_s: float = 15.0
     large_body_mb: float | None = None
     probe_clients: int = 8
     port: int = 8765
@@ -283,21 +293,100 @@ def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: Ser
 
 
 def measure_kill(server: ServerProcess, rows: Rows, settings: ServeLoadSettings) -> dict[str, Any]:
-    """SIGKILL one replica ``kill_at_s`` into a timed run; every status the clients saw."""
-    import threading
-
-    victims = server.replica_pids()
-    if not victims:
+    """SIGKILL one replica ``kill_at_s`` into a timed run at ``kill_clients`` clients; with
+    ``kills`` > 1, again every ``kill_every_s`` (each once every replica serves again,
+    ``KillLoop``), the run lasting until ``kill_every_s`` after the last kill's turn. Every
+    status and error the clients saw, by type."""
+    replicas = server.replica_pids()
+    if not replicas:
         raise BenchError("no replica process found to kill")
-    delay = settings.warmup + 1.0 + (settings.kill_at_s or 0.0)
-    timer = threading.Timer(delay, os.kill, (victims[0], signal.SIGKILL))
-    timer.start()
-    result = run_load(_spec(server, rows, settings.kill_clients, settings), settings.processes)
-    timer.cancel()
-    point = summarise(settings.kill_clients, result, settings.seconds)
-    return {"replicas_before": len(victims), "killed_after_s": settings.kill_at_s,
+    kill_at = settings.kill_at_s or 0.0
+    seconds = (settings.seconds if settings.kills == 1
+               else kill_at + settings.kills * settings.kill_every_s)
+    started = time.monotonic() + settings.warmup + 1.0  # run_load's clients start 1 s in
+    loop = KillLoop(server, len(replicas), settings.kills, first_at=started + kill_at,
+                    every_s=settings.kill_every_s, until=started + seconds)
+    loop.start()
+    try:
+        result = run_load(replace(_spec(server, rows, settings.kill_clients, settings),
+                                  seconds=seconds), settings.processes)
+    finally:
+        loop.stop()
+    point = summarise(settings.kill_clients, result, seconds)
+    return {"replicas_before": len(replicas), "killed_after_s": settings.kill_at_s,
+            "kills": len(loop.kills), "kill_every_s": settings.kill_every_s, "seconds": seconds,
+            "killed": [{"at_s": round(at - started, 3), "pid": pid, "late_s": round(late, 3)}
+                       for at, pid, late in loop.kills],
             "point": asdict(point), "failed": sum(v for k, v in point.statuses.items() if k != "200"),
-            "replicas_after": len(_wait_replicas(server, len(victims), 60.0))}
+            "replicas_after": len(_wait_replicas(server, len(replicas), 60.0))}
+
+
+class KillLoop(threading.Thread):
+    """SIGKILLs one of the server's ``replicas`` at ``first_at`` (``time.monotonic``), then
+    every ``every_s``, ``count`` times in all, none after ``until``. Each kill waits until
+    every replica has listened on its ingress port for ``KILL_SETTLE_S``, so that no kill
+    finds the previous one's replacement still starting (the kill is then late, by
+    ``late_s``). ``kills``: (when, pid, how late) of each."""
+
+    def __init__(self, server: ServerProcess, replicas: int, count: int, *, first_at: float,
+                 every_s: float, until: float) -> None:
+        super().__init__(daemon=True)
+        self.server, self.replicas, self.count = server, replicas, count
+        self.first_at, self.every_s, self.until = first_at, every_s, until
+        self.kills: list[tuple[float, int, float]] = []
+        self._stopped = threading.Event()
+        self._serving_since: dict[int, float] = {}
+
+    def run(self) -> None:
+        due = self.first_at
+        while len(self.kills) < self.count and due < self.until:
+            if self._stopped.wait(max(0.0, due - time.monotonic())):
+                return
+            victim = self._settled_replica()
+            if victim is None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+                now = time.monotonic()
+                self.kills.append((now, victim, now - due))
+                due = now + self.every_s
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+    def _settled_replica(self) -> int | None:
+        """A replica to kill once all serve and have for ``KILL_SETTLE_S`` (the oldest
+        process); None when stopped or past ``until`` first."""
+        while not self._stopped.is_set() and time.monotonic() < self.until:
+            now = time.monotonic()
+            serving = [pid for pid in self.server.replica_pids()
+                       if listening_ports(pid) & set(INGRESS_PORTS)]
+            self._serving_since = {pid: self._serving_since.get(pid, now) for pid in serving}
+            if (len(serving) >= self.replicas
+                    and all(now - since >= KILL_SETTLE_S for since in self._serving_since.values())):
+                return min(serving)
+            self._stopped.wait(0.2)
+        return None
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on: its sockets' inodes looked up in the
+    kernel's tables (empty if it is gone)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd.path)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in _read(table).decode().splitlines()[1:]:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _wait_replicas(server: ServerProcess, count: int, timeout_s: float) -> list[int]:
@@ -362,16 +451,24 @@ def render_serve_load(report: ServeLoadReport) -> str:
                   f"{'clients':>7} {'req/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'rows/replay':>11}  errors"]
         lines += [render_point(p) for p in points]
     if report.kill:
-        kill = report.kill
-        lines += ["", f"SIGKILL of 1 of {kill['replicas_before']} replicas under "
-                  f"{report.settings['kill_clients']} clients: {kill['failed']} failed "
-                  f"requests, {kill['point']['ok']} ok; replicas after: {kill['replicas_after']}"]
+        lines += ["", render_kill(report.kill, report.settings["kill_clients"])]
     if report.large_bodies:
         lb = report.large_bodies
         lines += ["", f"single-row p99 at {lb['clients']} clients: {lb['alone']['p99_ms']} ms alone, "
                   f"{lb['during']['p99_ms']} ms while {lb['body_mb']:g} MB bodies arrive "
                   f"({lb['large']['ok']} large bodies answered: {_statuses(lb['large'])})"]
     return "\n".join(lines)
+
+
+def render_kill(kill: dict[str, Any], clients: int) -> str:
+    """One line: how many kills, how many requests failed of how many, and how."""
+    times = "" if kill.get("kills", 1) == 1 else f" {kill['kills']} times, every {kill['kill_every_s']:g} s,"
+    failures = {k: v for k, v in kill["point"]["statuses"].items() if k != "200"}
+    how = f" ({', '.join(f'{v} x {k}' for k, v in failures.items())})" if failures else ""
+    total = kill["point"]["ok"] + kill["failed"]
+    return (f"SIGKILL of 1 of {kill['replicas_before']} replicas{times} under {clients} clients: "
+            f"{kill['failed']} of {total:,} requests failed{how}; replicas after: "
+            f"{kill['replicas_after']}")
 
 
 def _statuses(point: dict[str, Any]) -> str:

@@ -9,8 +9,10 @@ disk, so the bytes it checks would not be the bytes ``read_artifact`` already re
 and hands to the loader (a window to swap a file, and every byte read twice). Here the
 library checks the signature itself (``Verifier.verify(Signature)``: DSSE envelope, ECDSA,
 certificate chain) and returns the signed file digests; those are compared with the digests
-of what was read. The lower layer is private API, so ``model-signing`` is pinned exactly
-(``[sign]`` extra, ``==1.1.1``) and the tests exercise every path through it.
+of what was read. The lower layer is private API: every access to it is in
+``_signing_compat``, which checks the installed release against the one it was written for;
+``model-signing`` is pinned exactly (``[sign]`` extra, ``==1.1.1``) and the tests exercise
+every path through it.
 
 What the library leaves to its caller is done here: the bundle's shape is checked before
 the library indexes into it (one signature, a non-empty certificate chain), so a malformed
@@ -29,10 +31,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ArtifactSignatureError, LoadOptionError, ManifestError
 from ..format import MANIFEST_NAME, SIGNATURE_NAME, loads_strict
+from ._signing_compat import MALFORMED, signing_modules
 
 
 @dataclass(frozen=True)
@@ -116,34 +120,15 @@ def check_signed_files(root: Path, signed: Mapping[str, str], files: Mapping[str
 
 
 def _library(purpose: str, where: str) -> tuple[Any, Any]:
-    """(model_signing's modules, cryptography.x509 + serialization), or a clear error."""
-    try:
-        from types import SimpleNamespace
+    """(model_signing's modules through the one seam, ``_signing_compat``; cryptography's
+    PEM loaders), or a clear error."""
+    modules = signing_modules(purpose, where, _drop_usage_warnings)
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
 
-        from cryptography import exceptions, x509
-        from cryptography.hazmat.primitives import serialization
-        from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb
-        from OpenSSL import crypto
-        from sigstore_models.bundle import v1 as bundle_pb
-    except ImportError as exc:
-        raise ArtifactSignatureError(path=where, problem="unavailable",
-                                     detail=f"{purpose}: {exc}") from None
-    logging.getLogger(sign_certificate.__name__).addFilter(_drop_usage_warnings)
-    modules = SimpleNamespace(ec=sign_ec_key, certificate=sign_certificate,
-                              pb=sign_sigstore_pb, bundle=bundle_pb,
-                              invalid=exceptions.InvalidSignature,
-                              chain_error=crypto.X509StoreContextError,
-                              malformed=(*_MALFORMED, crypto.Error,
-                                         exceptions.UnsupportedAlgorithm))
     pem = SimpleNamespace(load_pem_public_key=serialization.load_pem_public_key,
                           load_pem_x509_certificates=x509.load_pem_x509_certificates)
     return modules, pem
-
-
-#: What the library and the bundle model raise on malformed input (``IndexError`` and
-#: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
-_MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
-                                               AttributeError)
 
 
 def _drop_usage_warnings(record: logging.LogRecord) -> bool:
@@ -168,7 +153,7 @@ def _parse_bundle(data: bytes, modules: Any, where: str) -> Any:
             for ignored in ("rawBytes", "keyDetails"):
                 material["publicKey"].pop(ignored, None)
         return modules.pb.Signature(modules.bundle.Bundle.from_dict(raw))
-    except (ManifestError, *_MALFORMED) as exc:
+    except (ManifestError, *MALFORMED) as exc:
         raise ArtifactSignatureError(path=where, problem="invalid",
                                      detail=f"{SIGNATURE_NAME} is not a signature bundle: "
                                             f"{str(exc)[:120]}") from None

@@ -1,0 +1,63 @@
+"""Every access to model-signing's internals, in one place, checked against the release it
+was written for.
+
+Verification uses the library's lower layer (``model_signing._signing``: the per-kind
+``Verifier`` classes and the bundle wrapper) so that the bytes checked are the bytes already
+read (``_signature`` says why), and its bundle model (``sigstore_models``) to parse bundles
+as the library does. That layer is private API: ``SUPPORTED`` names the releases it was read
+from, and ``signing_modules`` refuses any other with the range and the fix, before anything
+is verified (a changed private API could otherwise accept what it should refuse).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib import metadata
+from types import SimpleNamespace
+
+from ..errors import ArtifactSignatureError
+
+#: model-signing releases whose private verifying layer this module was written against.
+SUPPORTED = ("1.1.1",)
+#: What the library and the bundle model raise on malformed input (``IndexError`` and
+#: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
+MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
+                                              AttributeError)
+
+
+def unsupported_release() -> str | None:
+    """Why the installed model-signing cannot be used, or None."""
+    try:
+        installed = metadata.version("model-signing")
+    except metadata.PackageNotFoundError:
+        return "model-signing is not installed"
+    if installed not in SUPPORTED:
+        return (f"model-signing {installed} is installed, and qkan-pack verifies with the "
+                f"internals of {', '.join(SUPPORTED)}; install the pinned release: "
+                "pip install 'qkan-pack[sign]'")
+    return None
+
+
+def signing_modules(purpose: str, where: str,
+                    drop_log: Callable[[logging.LogRecord], bool]) -> SimpleNamespace:
+    """model-signing's verifiers, bundle model and the errors they raise, as one namespace
+    (``ec``, ``certificate``, ``pb``, ``bundle``, ``invalid``, ``chain_error``,
+    ``malformed``); the certificate module's log lines go through ``drop_log``. An
+    unavailable or unsupported library is ``ArtifactSignatureError(problem="unavailable")``."""
+    problem = unsupported_release()
+    if problem is not None:
+        raise ArtifactSignatureError(path=where, problem="unavailable", detail=f"{purpose}: {problem}")
+    try:
+        from cryptography import exceptions
+        from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb
+        from OpenSSL import crypto
+        from sigstore_models.bundle import v1 as bundle_pb
+    except ImportError as exc:
+        raise ArtifactSignatureError(path=where, problem="unavailable",
+                                     detail=f"{purpose}: {exc}") from None
+    logging.getLogger(sign_certificate.__name__).addFilter(drop_log)
+    return SimpleNamespace(ec=sign_ec_key, certificate=sign_certificate, pb=sign_sigstore_pb,
+                           bundle=bundle_pb, invalid=exceptions.InvalidSignature,
+                           chain_error=crypto.X509StoreContextError,
+                           malformed=(*MALFORMED, crypto.Error, exceptions.UnsupportedAlgorithm))
