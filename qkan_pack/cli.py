@@ -861,7 +861,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
     Single rows from concurrent requests are batched into the captured shapes. GET /
     describes the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays,
-    POST /stats/reset zeroes the counters. Every reply is JSON.
+    POST /stats/reset zeroes the counters. Every reply is JSON, but GET /-/healthz (liveness,
+    no token needed): its status only, 200 or 503, with an empty body.
     """
     import importlib.util
 

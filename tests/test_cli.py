@@ -526,6 +526,7 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
         assert result.exit_code == 2 and "unexpected" not in result.output, (args, result.output)
     token = tmp_path / "token"
     token.write_text("abcdefghijklmnopqrstu\n# rotated 2026-12-01\n")
+    token.chmod(0o600)  # a token file others may write is refused
     with socket.socket() as taken:  # the start stops at the port check, before Ray
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -36,6 +36,10 @@ from ..format import (
 from ._options import normalise_digest
 from ._source import SourceLines, check_entry_named
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["VerifiedArtifact", "artifact_digest", "read_artifact", "safetensors_header", "sha256_hex"]
+
+
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # safetensors JSON header (weights and references)
 
 

@@ -14,6 +14,10 @@ from typing import Any
 
 import torch
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["bind_forward", "full_float32"]
+
+
 
 def bind_forward(model: torch.nn.Module, names: Sequence[str], call: str) -> Callable[..., Any]:
     """A callable taking the inputs' tensors in declared order and calling ``model`` as the

@@ -25,6 +25,20 @@ from ._diagnose import explain_capture_failure
 from ._source import describe
 from ._tree import flatten
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = [
+    "WARMUP_CALLS",
+    "ShapeGraph",
+    "capture_graph",
+    "capture_session",
+    "capture_streams",
+    "check_context",
+    "flat_forward",
+    "release_graph_memory",
+    "warm_up",
+]
+
+
 #: Forwards on the warm-up stream before a capture (torch's recipe uses 3 as well): the
 #: first compiles kernels and allocates workspaces, later ones settle lazy initialisation.
 WARMUP_CALLS = 3

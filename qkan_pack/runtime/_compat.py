@@ -17,6 +17,10 @@ from .._version import __version__
 from ..errors import IncompatibleArtifactError
 from ..format import Manifest
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["package_versions"]
+
+
 #: Packages whose versions the runtime compares with the build host's.
 CHECKED_PACKAGES = ("torch", "qkan")
 

@@ -42,6 +42,9 @@ from ._selftest import check_outputs
 from ._source import describe
 from ._tree import flatten
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 _HINT = ("inductor's fused kernels disagree with the build references beyond the tolerance; "
          "load without compiled mode, or pass reference_tolerance=(rtol, atol)")

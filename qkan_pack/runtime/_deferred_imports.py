@@ -41,6 +41,10 @@ from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["module_state"]
+
+
 #: Heavy modules a served model does not call (symbolic math, plotting).
 DEFERRED_MODULES = frozenset({"sympy", "matplotlib", "matplotlib.pyplot"})
 #: Packages whose ``__init__`` only re-exports: a name imports just its own submodule.

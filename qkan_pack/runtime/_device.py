@@ -10,6 +10,10 @@ import torch
 from ..errors import DeviceError
 from ..format import check_device_text
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["resolve_device"]
+
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """Parse a device and check it exists here; a missing GPU is an error, not a crash.

@@ -23,6 +23,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._source import shown_path
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 _HOST_SYNC = {
     "aten::_local_scalar_dense": ".item(), bool(), int() or .tolist() reads a value back to "
                                  "the host",

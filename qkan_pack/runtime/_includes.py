@@ -22,6 +22,9 @@ from pathlib import Path
 
 from ..errors import ModelSourceError
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 _OWN = ("qkan_pack",)
 
 

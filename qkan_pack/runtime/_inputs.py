@@ -15,6 +15,9 @@ from ..errors import InputError, format_accepted
 from ..format import Manifest, format_shape, padding_table
 from ._tree import torch_dtype
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 #: Tensor types taken as they are; any other ``torch.Tensor`` subclass is refused.
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 

@@ -24,6 +24,10 @@ from ..format import KernelSet, loads_strict
 from ._artifact import VerifiedArtifact
 from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouched_triton_key
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["TRITON_CACHE_ENV", "collect_kernel_cache", "inductor_file", "kernel_key"]
+
+
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 #: Triton (3.x, ``backends/nvidia/driver.py: libcuda_dirs``) runs ``/sbin/ldconfig -p`` once
 #: per process to find libcuda unless this names its directory.

@@ -60,6 +60,10 @@ from ._source import (
 from ._tree import ClassTable, flatten, resolve_output_classes
 from ._weights import load_strict, parse_audited
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["model_solvers", "rebuild_model", "reference_samples"]
+
+
 #: Solvers whose arithmetic is the plain PyTorch one a float32 build ran (QKAN's ``exact``):
 #: another solver on the loading host is other arithmetic, whatever the manifest records.
 EXACT_SOLVERS = ("exact",)

@@ -13,6 +13,10 @@ from typing import Any
 from ..errors import LoadOptionError, ShapeSpecError
 from ..format import DIGEST_PREFIX, SHA256_HEX, check_config
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["INDUCTOR_MODE", "LoadOptions"]
+
+
 KERNEL_MODES = ("auto", "off")
 #: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
 COMPILED_MODES = ("off", "shipped", "on")

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from ._capture import ShapeGraph
 
 
+
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["Predictor"]
+
 class Predictor:
     """Replay-only inference over the shapes an artifact declares.
 

@@ -11,6 +11,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["progress_bar"]
+
+
 T = TypeVar("T")
 
 

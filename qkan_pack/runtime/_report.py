@@ -9,6 +9,10 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["LoadReport"]
+
+
 
 @contextmanager
 def timed_stage(stages: dict[str, float] | None, name: str) -> Iterator[None]:

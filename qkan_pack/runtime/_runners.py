@@ -30,6 +30,9 @@ from ._source import model_code_failed
 from ._submodules import SubmoduleGraphs, capture_submodules
 from ._tree import flatten
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 Sample = tuple[str, list[torch.Tensor]]  # (shape label, reference inputs on the device)
 
 

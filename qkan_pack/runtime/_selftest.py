@@ -36,6 +36,10 @@ from ._options import Tolerance
 from ._progress import progress_bar
 from ._tree import flatten
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["compare", "float64_noise", "uninformative_outputs"]
+
+
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
 #: (cross-device at most 4.5x on the H200 zoo) ...
 NOISE_FACTOR = 16.0

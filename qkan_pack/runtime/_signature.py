@@ -38,6 +38,10 @@ from ..errors import ArtifactSignatureError, LoadOptionError, ManifestError
 from ..format import MANIFEST_NAME, SIGNATURE_NAME, loads_strict
 from ._signing_compat import MALFORMED, signing_modules
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["code_signing_problem"]
+
+
 
 @dataclass(frozen=True)
 class Trust:

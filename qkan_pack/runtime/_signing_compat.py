@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from importlib import metadata
 from types import SimpleNamespace
 
 from ..errors import ArtifactSignatureError
+
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
 
 #: model-signing releases whose private verifying layer this module was written against.
 SUPPORTED = ("1.1.1",)
@@ -28,6 +30,8 @@ MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError
 
 def unsupported_release() -> str | None:
     """Why the installed model-signing cannot be used, or None."""
+    from importlib import metadata  # here: the serving path without keys never pays for it
+
     try:
         installed = metadata.version("model-signing")
     except metadata.PackageNotFoundError:

@@ -35,6 +35,20 @@ from ..errors import ModelSourceError
 from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = [
+    "accepts_device",
+    "call_factory",
+    "check_entry_named",
+    "content_name",
+    "describe",
+    "entry_function",
+    "import_model_source",
+    "model_code_failed",
+    "referenced_modules",
+]
+
+
 _IMPORT_LOCK = threading.RLock()
 _LINES_LOCK = threading.Lock()  # not re-entrant: see ``_collected``
 #: ``linecache`` names of verified sources: (holders, the entry given to linecache).

@@ -29,6 +29,9 @@ from ._report import ShapeRecord
 from ._selftest import compare
 from ._tree import describe_output, flatten, unflatten
 
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
 Samples = Sequence[tuple[str, list[torch.Tensor]]]
 _CONSTANTS = (type(None), bool, int, float, str)
 

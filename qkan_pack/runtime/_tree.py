@@ -22,6 +22,10 @@ import torch
 from ..errors import ModelSourceError
 from ..format import DTYPES, OutputClass, OutputNode, TensorSpec, check_dtype
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["describe_output", "dtype_name", "flatten", "map_leaves", "resolve_output_classes", "torch_dtype"]
+
+
 #: Resolved output classes, keyed by (module, qualname); None where unresolvable here.
 ClassTable = Mapping[tuple[str, str], type | None]
 

@@ -37,6 +37,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["record_installation", "triton_key_file"]
+
 #: Triton releases whose internals this module was written against: [3.2, 3.7).
 SUPPORTED = ((3, 2), (3, 7))
 #: A kernel set's record: ``kernels/<key>`` + this suffix (JSON, written by ``warm``).

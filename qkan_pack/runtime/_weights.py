@@ -15,6 +15,10 @@ from safetensors.torch import load as load_safetensors
 from ..errors import ArtifactError, WeightsMismatchError
 from ._artifact import safetensors_header
 
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["load_strict", "parse_weights"]
+
+
 
 def parse_weights(data: bytes, where: str) -> dict[str, torch.Tensor]:
     """Parse untrusted safetensors bytes after auditing the header (size cap, strict JSON,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from qkan_pack.runtime import explain_capture_failure
+from qkan_pack.runtime._diagnose import explain_capture_failure
 
 CPU = torch.device("cpu")
 
@@ -132,7 +132,7 @@ def test_ops_torch_tags_as_data_dependent_are_named() -> None:
 def test_a_submodule_returning_a_non_tensor_tree_is_left_eager_not_a_load_failure() -> None:
     """torchvision's detection transform returns an ImageList: recording its calls raised
     'ModelSourceError: an output is a ImageList' and failed the whole GPU load."""
-    from qkan_pack.runtime import SubmoduleGraphs
+    from qkan_pack.runtime._submodules import SubmoduleGraphs
 
     class Boxed:
         def __init__(self, tensor: torch.Tensor) -> None:

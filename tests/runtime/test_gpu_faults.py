@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from qkan_pack import CaptureError, Predictor, PredictorClosedError, SelfTestError, build
-from qkan_pack.runtime import SAME_HOST_TOLERANCE, clear_cublas_workspaces, read_artifact, rebuild_model
+from qkan_pack.runtime import read_artifact, rebuild_model
+from qkan_pack.runtime._capture import clear_cublas_workspaces
+from qkan_pack.runtime._options import SAME_HOST_TOLERANCE
 
 from ..conftest import EXAMPLES, MODELS
 from .test_tamper import REF0, resign

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from qkan_pack import ArtifactError, CaptureError, DeviceError, InputError, Predictor, build
-from qkan_pack.runtime import clear_cublas_workspaces, read_artifact, rebuild_model
+from qkan_pack.runtime import read_artifact, rebuild_model
+from qkan_pack.runtime._capture import clear_cublas_workspaces
 
 from ..conftest import EXAMPLES, MODELS
 

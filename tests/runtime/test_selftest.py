@@ -46,7 +46,7 @@ def test_a_different_number_of_outputs_is_a_refusal_not_a_crash() -> None:
     """Audit: a config override that adds an output made the self-test's strict zip raise a
     bare ValueError out of ``Predictor.load``; now it is a failed comparison (SelfTestError)."""
     from qkan_pack import SelfTestError
-    from qkan_pack.runtime import check_outputs
+    from qkan_pack.runtime._selftest import check_outputs
 
     one = [torch.ones(2)]
     for got, want in ((one, one * 2), (one * 2, one), ([], one)):

@@ -8,7 +8,6 @@ from importlib import metadata
 import pytest
 
 from qkan_pack import ArtifactSignatureError
-from qkan_pack.runtime import _signing_compat
 from qkan_pack.runtime._signing_compat import SUPPORTED, signing_modules, unsupported_release
 
 pytest.importorskip("model_signing")
@@ -26,7 +25,7 @@ def test_the_private_names_relied_on_exist() -> None:
 def test_another_release_is_refused_naming_the_supported_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     real = metadata.version
-    monkeypatch.setattr(_signing_compat.metadata, "version",
+    monkeypatch.setattr(metadata, "version",
                         lambda name: "1.2.0" if name == "model-signing" else real(name))
     with pytest.raises(ArtifactSignatureError) as info:
         signing_modules("signature", "/artifact", lambda record: True)

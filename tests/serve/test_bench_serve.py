@@ -67,6 +67,7 @@ def test_bench_serve_drives_named_integer_inputs_behind_a_token(tmp_path: Path) 
                  output=tmp_path / "multi", dtype={"b": "int64"}).path
     out, token = tmp_path / "load.json", tmp_path / "token"
     token.write_text("bench-serve-token-0123456789\n")
+    token.chmod(0o600)  # a token file others may write is refused
     done = subprocess.run(
         [sys.executable, "-m", "qkan_pack", "bench-serve", str(path), "--clients", "2",
          "--seconds", "1", "--warmup", "0.5", "--no-noop", "--processes", "1", "--port",

@@ -232,3 +232,21 @@ def test_the_ready_line_says_each_replica_names_its_own_gpu_cuda_0() -> None:
         "cuda:0 (each replica's own view of the GPU Ray gave it)")
     assert replica_device_text("cuda:0", 1) == "cuda:0"
     assert replica_device_text("cpu", 4) == "cpu"
+
+
+def test_a_local_ray_starts_as_a_loopback_node() -> None:
+    """Pins the Ray internals ``loopback_ray_node`` uses: with ``ENABLE_RAY_CLUSTER`` off, the
+    node address a local ``ray.init`` takes is loopback (Ray's metrics exporters then bind
+    127.0.0.1); the constant is restored after."""
+    pytest.importorskip("ray", reason="Ray Serve is not installed")
+    from ray._private import ray_constants, services
+
+    from qkan_pack.serve._launch import loopback_ray_node
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    with loopback_ray_node(True):
+        assert services.get_node_ip_address() == "127.0.0.1"
+        assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+    with loopback_ray_node(False):
+        assert ray_constants.ENABLE_RAY_CLUSTER is saved
+    assert ray_constants.ENABLE_RAY_CLUSTER is saved

@@ -36,6 +36,7 @@ ACCEPTED = ["x 1x2 float32", "x 8x2 float32"]
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     token_file = tmp_path_factory.mktemp("token") / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a token file others may write is refused
     running = Server(artifact, ["--replicas", "2", "--auth-token-file", str(token_file),
                                 "--max-batch-wait-ms", "20", "--max-ongoing-requests", "4",
                                 "--max-queued-requests", "4", "--max-body-mb", "0.0625",
