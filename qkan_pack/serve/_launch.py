@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,13 @@ from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
+from ._ray_compat import (
+    check_ray,
+    deploy_without_waiting,
+    loopback_ray_node,
+    refresh_ray_config,
+    without_auto_init,
+)
 from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
 APP_NAME = "qkan-pack"
@@ -246,62 +253,6 @@ def quiet_ray(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
-def refresh_ray_config() -> None:
-    """Have Ray's core read the environment again. It caches its config (``RAY_AUTH_MODE``
-    among it, set by ``ingress_env``) when ray is first imported: a caller that imported ray
-    before ``serve_forever`` left it 'disabled', and the driver could not authenticate to the
-    control store it had just started with tokens (``AuthenticationError`` after a minute of
-    retries, CPU). Ray refreshes the same cache itself when it turns token auth on
-    (``ray._private.authentication``)."""
-    with suppress(ImportError, AttributeError):
-        from ray._raylet import Config
-
-        Config.initialize("")
-
-
-@contextmanager
-def loopback_ray_node(local: bool) -> Iterator[None]:
-    """Start a local Ray as a loopback node (``127.0.0.1``). Its processes bind their
-    unauthenticated Prometheus exporters (the dashboard agent's, the dashboard's on 44227,
-    the autoscaler's on 44217) to every interface unless the node's address is loopback,
-    whatever ``--host`` says; as a loopback node they, its dashboard agent and its gRPC ports
-    listen on 127.0.0.1 only. ``ray.init(_node_ip_address="127.0.0.1")`` cannot do it: Ray
-    replaces a loopback address with the host's outward one unless its
-    ``ENABLE_RAY_CLUSTER`` is off (set by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before ray
-    is imported, or here, on the imported constant, for the ``ray.init`` only). Serve's own
-    listeners still bind ``--host``. A cluster joined with ``--address`` is left as it is."""
-    if not local:
-        yield
-        return
-    import ray
-    from ray._private import ray_constants
-
-    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        raise ServeError(f"Ray {ray.__version__} has no ray_constants.ENABLE_RAY_CLUSTER: its "
-                         "metrics exporters could not be kept on loopback",
-                         hint="use Ray 2.60 (pip install 'ray[serve]==2.60.*')")
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-
-
-def without_auto_init() -> None:
-    """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
-    at import, so the flag is set on its module): a Ray call after ``ray.shutdown`` must fail,
-    not start a new local Ray. Seen when the deploy wait was ``serve.run`` in a thread: a stop
-    while the replicas loaded left it polling, and its first call after the shutdown started
-    a Ray from that thread ("SIGTERM handler is not set because current thread is not the
-    main thread"). The wait now polls from the caller's thread (``_run_with_deadline``); this
-    stays for any other late call (a caller's own handle, Ray's callbacks)."""
-    with suppress(ImportError, AttributeError):
-        from ray._private import auto_init_hook
-
-        auto_init_hook.enable_auto_connect = False
-
-
 class StopSignal:
     """SIGINT and SIGTERM set an event (the main thread then drains); restored on exit."""
 
@@ -400,6 +351,7 @@ class _RaySession:
     def __init__(self, listen: Listen, workdir: Path) -> None:
         import ray
 
+        check_ray()
         self.listen, self.workdir = listen, workdir
         self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
         quiet_ray(listen.verbose)
@@ -472,12 +424,10 @@ def _run_with_deadline(app: Any, timeout_s: float,
     Replicas log at ``replica_log_level``: at INFO, Ray Serve builds a log record for every
     request (its access line, then dropped when access logs are off), about 4% of a
     replica's CPU per request (py-spy, ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``)."""
-    from ray import serve
 
     try:
-        handle = serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/",
-                            logging_config={"enable_access_log": False,
-                                            "log_level": replica_log_level})
+        handle = deploy_without_waiting(app, APP_NAME, {"enable_access_log": False,
+                                                        "log_level": replica_log_level})
     except Exception as exc:
         raise ServeError(f"the deployment failed: {_last_line(exc)}") from None
     started = time.monotonic()

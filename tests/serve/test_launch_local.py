@@ -241,7 +241,7 @@ def test_a_local_ray_starts_as_a_loopback_node() -> None:
     pytest.importorskip("ray", reason="Ray Serve is not installed")
     from ray._private import ray_constants, services
 
-    from qkan_pack.serve._launch import loopback_ray_node
+    from qkan_pack.serve._ray_compat import loopback_ray_node
 
     saved = ray_constants.ENABLE_RAY_CLUSTER
     with loopback_ray_node(True):

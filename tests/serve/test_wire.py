@@ -482,7 +482,7 @@ def test_ray_does_not_start_anew_from_a_cut_short_deploy(monkeypatch) -> None:
     import ray
     from ray._private import auto_init_hook
 
-    from qkan_pack.serve._launch import without_auto_init
+    from qkan_pack.serve._ray_compat import without_auto_init
 
     monkeypatch.setattr(auto_init_hook, "enable_auto_connect", True)
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started anew"))

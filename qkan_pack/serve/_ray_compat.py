@@ -1,0 +1,109 @@
+"""Every access to Ray's internals, in one place, checked against the releases it was
+written for.
+
+``qkan-pack serve`` reaches past Ray Serve's public API where the public API cannot do the
+job: deploying without blocking (``serve._run(_blocking=False)``: ``serve.run`` waits forever
+for replicas a cluster cannot place), re-reading Ray's cached config (``ray._raylet.Config``),
+keeping a local node's exporters on loopback (``ray._private.ray_constants``) and turning off
+auto-init after shutdown (``ray._private.auto_init_hook``). The HAProxy ingress also depends
+on the config Ray Serve generates (``_haproxy`` rewrites it). ``check_ray`` runs before Ray
+starts and refuses a release outside ``SUPPORTED`` with the range and the fix; a test pins
+each private name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from ..errors import ServeError
+
+#: Ray releases whose internals (and generated HAProxy config) this module was read from:
+#: [2.60, 2.61).
+SUPPORTED = ((2, 60), (2, 61))
+#: The extra's pin, for the message.
+INSTALL = "pip install 'ray[serve]==2.60.*'"
+
+
+def check_ray() -> None:
+    """Refuse a Ray outside ``SUPPORTED`` before any of it runs (``ServeError``)."""
+    import ray
+
+    version = ray.__version__
+    parts = version.split(".")
+    try:
+        release = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        release = None
+    low, high = SUPPORTED
+    if release is None or not low <= release < high:
+        raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
+                         f"Ray {low[0]}.{low[1]} (up to {high[0]}.{high[1] - 1}.x)",
+                         hint=INSTALL)
+
+
+def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any]) -> Any:
+    """Deploy ``app`` at route ``/`` and return its handle without waiting for replicas."""
+    from ray import serve
+
+    return serve._run(app, _blocking=False, name=name, route_prefix="/",
+                      logging_config=dict(logging_config))
+
+
+def refresh_ray_config() -> None:
+    """Have Ray's core read the environment again. It caches its config (``RAY_AUTH_MODE``
+    among it, set by ``ingress_env``) when ray is first imported: a caller that imported ray
+    before ``serve_forever`` left it 'disabled', and the driver could not authenticate to the
+    control store it had just started with tokens (``AuthenticationError`` after a minute of
+    retries, CPU). Ray refreshes the same cache itself when it turns token auth on
+    (``ray._private.authentication``)."""
+    with suppress(ImportError, AttributeError):
+        from ray._raylet import Config
+
+        Config.initialize("")
+
+
+@contextmanager
+def loopback_ray_node(local: bool) -> Iterator[None]:
+    """Start a local Ray as a loopback node (``127.0.0.1``). Its processes bind their
+    unauthenticated Prometheus exporters (the dashboard agent's, the dashboard's on 44227,
+    the autoscaler's on 44217) to every interface unless the node's address is loopback,
+    whatever ``--host`` says; as a loopback node they, its dashboard agent and its gRPC ports
+    listen on 127.0.0.1 only. ``ray.init(_node_ip_address="127.0.0.1")`` cannot do it: Ray
+    replaces a loopback address with the host's outward one unless its
+    ``ENABLE_RAY_CLUSTER`` is off (set by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before ray
+    is imported, or here, on the imported constant, for the ``ray.init`` only). Serve's own
+    listeners still bind ``--host``. A cluster joined with ``--address`` is left as it is."""
+    if not local:
+        yield
+        return
+    import ray
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        raise ServeError(f"Ray {ray.__version__} has no ray_constants.ENABLE_RAY_CLUSTER: its "
+                         "metrics exporters could not be kept on loopback",
+                         hint="use Ray 2.60 (pip install 'ray[serve]==2.60.*')")
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def without_auto_init() -> None:
+    """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
+    at import, so the flag is set on its module): a Ray call after ``ray.shutdown`` must fail,
+    not start a new local Ray. Seen when the deploy wait was ``serve.run`` in a thread: a stop
+    while the replicas loaded left it polling, and its first call after the shutdown started
+    a Ray from that thread ("SIGTERM handler is not set because current thread is not the
+    main thread"). The wait now polls from the caller's thread (``_run_with_deadline``); this
+    stays for any other late call (a caller's own handle, Ray's callbacks)."""
+    with suppress(ImportError, AttributeError):
+        from ray._private import auto_init_hook
+
+        auto_init_hook.enable_auto_connect = False
+
+

@@ -1,0 +1,37 @@
+"""The Ray seam: every private Ray name serve relies on exists in the installed release,
+and a release outside the supported range is refused before Ray starts."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from qkan_pack.errors import ServeError
+from qkan_pack.serve._ray_compat import SUPPORTED, check_ray
+
+ray = pytest.importorskip("ray")
+
+
+def test_the_private_ray_names_relied_on_exist() -> None:
+    from ray import serve
+    from ray._private import auto_init_hook, ray_constants
+    from ray._raylet import Config
+
+    check_ray()  # the installed release is supported
+    assert "_blocking" in inspect.signature(serve._run).parameters
+    assert callable(Config.initialize)
+    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    assert hasattr(auto_init_hook, "enable_auto_connect")
+
+
+@pytest.mark.parametrize("version", ["2.59.1", "2.61.0", "3.0.0", "nightly"])
+def test_another_ray_release_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch,
+                                                     version: str) -> None:
+    monkeypatch.setattr(ray, "__version__", version)
+    with pytest.raises(ServeError) as info:
+        check_ray()
+    low, _ = SUPPORTED
+    assert f"Ray {version} is installed" in str(info.value)
+    assert f"{low[0]}.{low[1]}" in str(info.value) and "pip install 'ray[serve]==2.60.*'" in \
+        str(info.value)
