@@ -73,7 +73,7 @@ PUBLIC = {
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
         "check_metadata", "check_range", "check_reference_bytes", "check_seed",
         "dumps_manifest", "embedding_range", "format_shape", "loads_strict", "manifest_schema",
-        "manifest_to_dict", "padding_table", "pair_inputs", "parse_batch_sizes",
+        "manifest_to_dict", "metadata_to_dict", "padding_table", "pair_inputs", "parse_batch_sizes",
         "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes", "with_batch_sizes",
     ],

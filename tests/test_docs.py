@@ -77,3 +77,17 @@ def test_the_command_line_page_names_every_command_and_option() -> None:
                 if f"`{option}" not in text and f"{option}`" not in text:
                     missing.append(f"{name} {option}")
     assert missing == [], f"docs/cli.md does not document: {missing}"
+
+
+#: A repository path in a code span (``tests/serve/test_wire.py``, ``qkan_pack/format/_old/``,
+#: ``runtime/_load.py``-style module paths without the package are not checked; nor are
+#: patterns with ``*``, ``…`` or placeholders).
+REPO_PATH = re.compile(r"`((?:benchmarks|tests|examples|qkan_pack|docs)/[^`\s*…<>{}]+?)(?:::[^`]*)?`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_file_a_page_names_exists(page: Path) -> None:
+    missing = [path for path in REPO_PATH.findall(page.read_text())
+               if not any((ROOT / candidate).exists()
+                          for candidate in (path.rstrip("/"), path + ".py"))]
+    assert missing == [], f"{page.relative_to(ROOT)} names files that do not exist: {missing}"

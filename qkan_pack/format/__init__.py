@@ -68,7 +68,7 @@ from ._manifest import (
     padding_table,
     parse_manifest,
 )
-from ._metadata import DEFAULT_VERSION, Metadata, check_metadata
+from ._metadata import DEFAULT_VERSION, Metadata, check_metadata, metadata_to_dict
 
 __all__ = [
     "CAPTURE_POLICIES",
@@ -121,6 +121,7 @@ __all__ = [
     "loads_strict",
     "manifest_schema",
     "manifest_to_dict",
+    "metadata_to_dict",
     "padding_table",
     "pair_inputs",
     "parse_batch_sizes",

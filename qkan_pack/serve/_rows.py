@@ -8,7 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import InputError
-from ..format import Manifest, Shape, Signature, format_shape, padding_table
+from ..format import (
+    Manifest,
+    Shape,
+    Signature,
+    format_shape,
+    manifest_schema,
+    metadata_to_dict,
+    padding_table,
+)
 
 Tail = tuple[Shape, ...]
 
@@ -78,7 +86,9 @@ def describe_artifact(manifest: Manifest, digest: str,
         "rows": [{"row": {n: list(t) for (n, _), t in zip(manifest.shapes[0].inputs, tail)},
                   "captured_batches": [b for b, _ in sizes]} for tail, sizes in plan.items()],
         "capture_policy": manifest.capture.policy,
-        "created": manifest.created,
+        "metadata": metadata_to_dict(manifest.metadata),
+        "schema": manifest_schema(manifest),
+        **({"created": manifest.created} if manifest.created else {}),  # format 1 only
     }
 
 
