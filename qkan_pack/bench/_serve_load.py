@@ -340,9 +340,7 @@ class KillLoop(threading.Thread):
     def run(self) -> None:
         due = self.first_at
         while len(self.kills) < self.count and due < self.until:
-            if self._stopped.wait(max(0.0, due - time.monotonic())):
-                return
-            victim = self._settled_replica()
+            victim = self._settled_replica(due)
             if victim is None:
                 return
             with contextlib.suppress(ProcessLookupError):
@@ -355,18 +353,19 @@ class KillLoop(threading.Thread):
         self._stopped.set()
         self.join()
 
-    def _settled_replica(self) -> int | None:
-        """A replica to kill once all serve and have for ``KILL_SETTLE_S`` (the oldest
-        process); None when stopped or past ``until`` first."""
+    def _settled_replica(self, due: float) -> int | None:
+        """A replica to kill (the oldest process) at ``due`` or once all serve and have for
+        ``KILL_SETTLE_S``, watching them meanwhile (so that a replacement's start is seen
+        when it comes); None when stopped or past ``until`` first."""
         while not self._stopped.is_set() and time.monotonic() < self.until:
             now = time.monotonic()
             serving = [pid for pid in self.server.replica_pids()
                        if listening_ports(pid) & set(INGRESS_PORTS)]
             self._serving_since = {pid: self._serving_since.get(pid, now) for pid in serving}
-            if (len(serving) >= self.replicas
+            if (now >= due and len(serving) >= self.replicas
                     and all(now - since >= KILL_SETTLE_S for since in self._serving_since.values())):
                 return min(serving)
-            self._stopped.wait(0.2)
+            self._stopped.wait(min(0.2, max(0.01, due - now)))
         return None
 
 

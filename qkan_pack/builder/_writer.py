@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import ArtifactError
 from ..format import MANIFEST_NAME, FileEntry, Manifest, dumps_manifest
@@ -206,14 +207,33 @@ def _target_lock(target: Path) -> Iterator[None]:
     if lock_path in held:
         yield
         return
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    with _locked_file(lock_path) as handle:
         held.add(lock_path)
         try:
             yield
         finally:
             held.discard(lock_path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)  # removed while held: no lock file is left beside it
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _locked_file(lock_path: str) -> Any:
+    """The lock file, open and flocked. A waiter can get the lock on a file its holder has
+    just removed: then the path names another file (or none), and the lock is taken again on
+    what the path names now, so that every holder locks the same file."""
+    while True:
+        handle = open(lock_path, "a+")  # noqa: SIM115  (closed by the caller's with)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            if os.fstat(handle.fileno()).st_ino == os.stat(lock_path).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            handle.close()
+            raise
+        handle.close()
 
 
 _THREAD = threading.local()

@@ -200,3 +200,39 @@ def test_a_build_after_warms_read_is_not_undone(tmp_path: Path,
     assert final.digest == new.digest != old.digest, "the build was undone by the old artifact"
     assert warmed.digest not in (old.digest, new.digest)  # warm wrote old + kernels, then
     assert final.manifest.kernels == ()  # the build replaced it, as --force does
+
+
+def test_no_lock_file_is_left_beside_the_artifact(tmp_path: Path) -> None:
+    """A `.NAME.lock` file was left beside every artifact built."""
+    from qkan_pack import build
+
+    build(MODELS / "plain_mlp.py", "2x2", output=tmp_path / "art", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_the_removed_lock_file_still_excludes_every_other_writer(tmp_path: Path) -> None:
+    """Each holder removes the lock file; a waiter that got the lock on a removed file takes
+    it again on the current one, so that two writers are never inside at once."""
+    import threading
+    import time
+
+    from qkan_pack.builder._writer import _target_lock
+
+    inside, worst, lock = [0], [0], threading.Lock()
+
+    def writer() -> None:
+        for _ in range(25):
+            with _target_lock(tmp_path / "art"):
+                with lock:
+                    inside[0] += 1
+                    worst[0] = max(worst[0], inside[0])
+                time.sleep(0.0005)
+                with lock:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert worst[0] == 1 and not list(tmp_path.iterdir())
