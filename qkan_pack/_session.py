@@ -5,9 +5,9 @@ Ray starts its own processes (control store, raylet, agents) as children of the 
 calls ``ray.init``, in that process's group. Ray makes them ignore SIGINT, so a terminal's
 Ctrl-C (SIGINT to the whole foreground group) reaches only the serve, which drains and stops
 Ray itself. SIGTERM to the whole group does not: ``kill -TERM -PGID``, GNU ``timeout`` and
-process managers that stop a group kill Ray's control store and raylet at once. The serve
-then waited ~60 s for the control store, exited 1 without its cleanup and left HAProxy
-holding the port (measured on the CPU: exit 1 after 60.6 s).
+process managers that stop a group kill Ray's control store and raylet at once, and a serve
+in that group then waits about a minute for the control store, exits 1 without its cleanup
+and leaves HAProxy holding the port.
 
 So the command runs as two processes. The one started (the supervisor) only starts the real
 serve as a child in a new session, passes SIGINT on as SIGINT and SIGTERM or SIGHUP as

@@ -22,6 +22,8 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── WeakReferencesError (ValueError)    references that cannot tell a right model from
     │                                       a wrong one (empty or constant outputs)
     │                                       [.shape, .outputs]
+    ├── PaddingError (ValueError)           declared padding that changes the model's answers
+    │                                       [.input, .dim, .output, .max_rel, .tolerance]
     ├── InputFileError (ValueError)         a file of inputs (--reference-inputs, predict
     │                                       --input) or outputs that cannot be used
     │                                       [.path, .problem]
@@ -78,6 +80,7 @@ __all__ = [
     "ModelSourceError",
     "OptionError",
     "OverloadedError",
+    "PaddingError",
     "PredictorClosedError",
     "QkanPackError",
     "SelfTestError",
@@ -219,6 +222,24 @@ class WeakReferencesError(QkanPackError, ValueError):
             "or example_input() in the model file: a detector needs a real image), or pass "
             "--allow-constant-references to build anyway (the load then warns that its "
             "self-test proves nothing for these outputs)")
+
+
+class PaddingError(QkanPackError, ValueError):
+    """A ``--pad`` declaration build cannot prove: padding ``input`` along ``dim`` changes
+    ``output`` (sliced back) by ``max_rel`` of its scale, beyond ``tolerance``; or the
+    declaration itself is unusable (``max_rel`` None, ``problem`` says why)."""
+
+    def __init__(self, *, problem: str, input: str | None = None, dim: int | None = None,
+                 output: str | None = None, max_rel: float | None = None,
+                 tolerance: float | None = None, cause: str = "") -> None:
+        self.problem = problem
+        self.input = input
+        self.dim = dim
+        self.output = output
+        self.max_rel = max_rel
+        self.tolerance = tolerance
+        super().__init__(f"cannot pad: {problem}" + (f". {cause}" if cause else "")
+                         + "; nothing was written")
 
 
 class InputFileError(QkanPackError, ValueError):

@@ -11,7 +11,7 @@ stay warm after the first run.
 The breakdown per run: the stages (interpreter start, ``import torch``, ``import
 qkan_pack``, the load's stages, the first call), imports by top-level package (the
 exclusive ``-X importtime`` times of every module, summed per package, whichever stage
-imported it), and which heavy modules ran. Variants: ``predictor`` (today's load),
+imported it), and which heavy modules ran. Variants: ``predictor`` (the default load),
 ``compiled`` (``compiled="shipped"``) and ``torch_compile`` (``reduce-overhead``, CUDA).
 With ``profile`` one extra, untimed run per variant is profiled (cProfile, load + first
 call). Tables and plots: ``_cold_render``.

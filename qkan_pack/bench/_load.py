@@ -67,7 +67,7 @@ def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
     """A single-row request (a batch of one): ``{"inputs": [row]}`` for one input, by name
     for several. ``size``: as many rows as fit in about that many bytes, padded with
     whitespace to exactly ``size`` -- numbers, which is what makes a large body costly to
-    parse (whitespace padding alone parses in microseconds and hid that cost)."""
+    parse (whitespace padding alone parses in microseconds and would hide that cost)."""
     count = 1
     if size:  # bytes per row: two rows' body less one row's (names and brackets cancel)
         per_row = max(1, len(_body(rows, rng, 2)) - len(_body(rows, rng, 1)))

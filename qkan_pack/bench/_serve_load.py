@@ -38,7 +38,7 @@ SERVE_SCHEMA = "qkan-pack/bench-serve/1"
 INGRESS_PORTS = range(30000, 31001)
 #: How long every replica must have listened before the kill loop kills one: Ray adds a
 #: replacement to HAProxy's config after it listens, and a kill before that would leave the
-#: other replicas' load with nowhere to go for a moment (no longer a kill in a healthy set).
+#: other replicas' load with nowhere to go for a moment (not a kill in a healthy set).
 KILL_SETTLE_S = 2.0
 
 

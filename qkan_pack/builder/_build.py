@@ -32,6 +32,7 @@ from ..format import (
     InputDecl,
     Manifest,
     ModelInfo,
+    PadValue,
     ShapeEntry,
     check_config,
     check_metadata,
@@ -68,6 +69,7 @@ from ._inputs import (
     reference_inputs,
 )
 from ._packages import model_packages
+from ._padding import Reference, declare_padding, pad_names
 from ._references import reference_bytes, run_reference
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
@@ -106,6 +108,7 @@ def build(
     license: str = "",
     labels: Mapping[str, str] | None = None,
     batch_sizes: Sequence[int] | None = None,
+    pad: Mapping[str, PadValue] | None = None,
     force: bool = False,
     progress: bool | None = None,
 ) -> BuildResult:
@@ -122,6 +125,10 @@ def build(
     (arrays named after the inputs; ``builder._given``), used where they fit a declared
     shape. References with an empty output, or only constant ones, are refused
     (``WeakReferencesError``) unless ``allow_constant_references``.
+    ``pad`` (``{"input_ids": 0, "attention_mask": 0}``; ``x`` for a single positional input)
+    lets calls be smaller than a declared entry along every dimension in which the entries
+    differ, padded with these values; build proves it leaves the outputs unchanged
+    (``builder._padding``) or refuses with ``PaddingError``.
     With ``batch_sizes``, ``shapes`` are per-row shapes (``"128"``, ``[{"input_ids": (128,)}]``)
     and every one is declared at every batch size (``format.with_batch_sizes``).
     ``name`` (default: the model file's stem), ``model_version``, ``description``,
@@ -145,18 +152,24 @@ def build(
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
     input_range = check_range(input_range, list(declared.dtypes.values()))
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
+    padded = pad_names(pad, declared.names, declared.call) if pad else {}
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     given = (read_reference_inputs(Path(reference_inputs), declared.dtypes, declared.per_shape)
              if reference_inputs is not None else None)
-    entries, reference_notes = _record_references(
+    entries, reference_notes, references = _record_references(
         user, declared, decls, _Sources(hook, given, seed), model_path, files, progress,
         allow_constant=allow_constant_references)
+    padding = declare_padding(
+        padded, decls, references, forward, list(entries[0].outputs.leaf_names()),
+        progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
+    ) if padded else None
     info = user.info()
     manifest = Manifest(
         producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
         inputs=tuple(decls),
         shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
         reference_precision=torch.get_float32_matmul_precision(), metadata=metadata,
+        padding=padding,
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
     final, digest = write_artifact(target, manifest, files, force=force,
@@ -285,11 +298,12 @@ class _Sources:
 def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[InputDecl],
                        sources: _Sources, model_path: Path, files: dict[str, bytes],
                        progress: bool | None, *, allow_constant: bool
-                       ) -> tuple[list[ShapeEntry], list[str]]:
+                       ) -> tuple[list[ShapeEntry], list[str], list[Reference]]:
     """Run the model once per declared shape; add each reference file to ``files``; check
     that the references can tell a wrong model from this one and that the factory rebuilds
     this model (``_checks``); then measure each reference's rounding noise, which sets how
-    far a load may drift from it (``runtime.float64_noise``). Returns the entries and notes."""
+    far a load may drift from it (``runtime.float64_noise``). Returns the entries, notes, and
+    each entry's reference run (what ``--pad`` is proven on)."""
     model = user.model
     forward = bind_forward(model, declared.names, declared.call)
     entries, samples, outputs, notes = [], [], [], []
@@ -315,7 +329,10 @@ def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[I
                        model_path)
     noises = float64_noise(model, declared.names, declared.call, samples, outputs,
                            progress=progress)
-    return [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)], notes
+    entries = [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)]
+    references = [Reference(entry, inputs, flat)
+                  for entry, inputs, flat in zip(entries, samples, outputs)]
+    return entries, notes, references
 
 
 def _ungiven_note(entries: Sequence[ShapeEntry], given: Given) -> list[str]:

@@ -54,8 +54,8 @@ class WarmResult:
 
 def check_warm_device(device: str) -> torch.device:
     """The GPU ``warm`` compiles for, or a ``DeviceError`` before anything is read or built
-    (``build --warm`` checks first: a CPU host or a mistyped device used to fail only after
-    the build). ``auto`` is the current GPU."""
+    (``build --warm`` checks first, so that a CPU host or a mistyped device fails before the
+    build, not after it). ``auto`` is the current GPU."""
     import torch
 
     check_device_text(device)

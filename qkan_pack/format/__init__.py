@@ -69,6 +69,17 @@ from ._manifest import (
     parse_manifest,
 )
 from ._metadata import DEFAULT_VERSION, Metadata, check_metadata, metadata_to_dict
+from ._padding import (
+    PaddedAxis,
+    Padding,
+    PadValue,
+    accepted_ranges,
+    check_pad_value,
+    describe_axes,
+    find_axes,
+    fit_entry,
+    ranges_text,
+)
 
 __all__ = [
     "CAPTURE_POLICIES",
@@ -104,19 +115,27 @@ __all__ = [
     "ModelInfo",
     "OutputClass",
     "OutputNode",
+    "PadValue",
+    "PaddedAxis",
+    "Padding",
     "Shape",
     "ShapeEntry",
     "Signature",
     "TensorSpec",
+    "accepted_ranges",
     "check_config",
     "check_device_text",
     "check_dtype",
     "check_metadata",
+    "check_pad_value",
     "check_range",
     "check_reference_bytes",
     "check_seed",
+    "describe_axes",
     "dumps_manifest",
     "embedding_range",
+    "find_axes",
+    "fit_entry",
     "format_shape",
     "loads_strict",
     "manifest_schema",
@@ -131,5 +150,6 @@ __all__ = [
     "parse_range",
     "parse_shape",
     "parse_shapes",
+    "ranges_text",
     "with_batch_sizes",
 ]

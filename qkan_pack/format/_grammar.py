@@ -182,8 +182,8 @@ def check_dtype(name: str) -> str:
     return canonical
 
 
-#: Python's spellings of the JSON constants, as ``--config`` takes them: ``bias=False``
-#: was the truthy string "False" and built the opposite model.
+#: Python's spellings of the JSON constants, as ``--config`` takes them: as text,
+#: ``bias=False`` would be the truthy string "False" and build the opposite model.
 _PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
 
 

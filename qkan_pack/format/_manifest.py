@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import IncompatibleArtifactError, ManifestError, ShapeSpecError
 from ._constants import (
     CAPTURE_POLICIES,
+    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -30,6 +31,7 @@ from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
 from ._metadata import Metadata, metadata_from, metadata_to_dict
 from ._old.v1 import upgrade_v1
+from ._padding import Padding, padding_from, padding_to_dict
 
 #: Producer fields the runtime compares with its own versions: text or null.
 _PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",
@@ -225,6 +227,9 @@ class Manifest:
     created: str = ""  # format 1 only: builds are reproducible, nothing time-dependent
     kernels: tuple[KernelSet, ...] = ()
     metadata: Metadata = field(default_factory=Metadata)
+    #: Declared padding (``build --pad``): calls may be smaller along its axes. None: exact
+    #: shapes only.
+    padding: Padding | None = None
     format_name: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -298,6 +303,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             {"key": k.key, "directory": k.directory, "details": dict(k.details)}
             for k in manifest.kernels
         ],
+        **({"padding": padding_to_dict(manifest.padding)} if manifest.padding else {}),
         "files": {
             name: {"size": entry.size, "sha256": entry.sha256}
             for name, entry in sorted(manifest.files.items())
@@ -405,8 +411,28 @@ def _manifest_from(reader: _Reader) -> Manifest:
         capture=reader.child("capture").build(_capture_from),
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
         metadata=metadata_from(reader.raw.get("metadata")),
+        padding=_padding_from(reader.raw.get("padding"), inputs, shapes),
         files=files,
     )
+
+
+def _padding_from(raw: Any, inputs: Sequence[InputDecl],
+                  shapes: Sequence[ShapeEntry]) -> Padding | None:
+    """``manifest.padding`` checked against the declared inputs and entries: every axis's
+    members share their size in each entry."""
+    kinds = {d.name: DTYPES[d.dtype].kind for d in inputs}
+    first = dict(shapes[0].inputs)
+    leaf_ranks = [len(leaf.shape) for leaf in shapes[0].outputs.leaves()]
+    padding = padding_from(raw, kinds, {n: len(s) for n, s in first.items()}, leaf_ranks)
+    if padding is None:
+        return None
+    for entry in shapes:
+        sizes = dict(entry.inputs)
+        for axis in padding.axes:
+            if len({sizes[name][dim] for name, dim in axis.inputs}) != 1:
+                raise ManifestError(f"manifest.padding: axis {axis.label} has members of "
+                                    f"different sizes in shape {entry.label}")
+    return padding
 
 
 def _inputs_from(reader: _Reader) -> tuple[InputDecl, ...]:

@@ -92,7 +92,7 @@ def clear_cublas_workspaces() -> None:
     workspace allocated eagerly lives in the general pool, and whatever later clears these
     caches -- torch.compile(mode="reduce-overhead") does before and after every recording --
     hands that memory back to the allocator while the graph still writes to it: silent
-    corruption, or an illegal memory access once ``empty_cache`` unmaps it (seen on an H200).
+    corruption, or an illegal memory access once ``empty_cache`` unmaps it.
     Cleared just before capture, the workspace is allocated inside the capture, in the
     graph's private pool, which is neither released nor lent out while the graph lives.
     """

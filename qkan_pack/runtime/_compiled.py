@@ -10,8 +10,8 @@ The replay self-test compares with the compiled outputs on this device.
 Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) as the bytes
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
 populated into a private inductor cache directory that lives as long as the load (the
-user's own cache is never written). No matching set: ``"shipped"`` warns and serves today's
-eager graphs; ``"on"`` compiles here (tens of seconds on a GPU). A model that dynamo or
+user's own cache is never written). No matching set: ``"shipped"`` warns and serves the
+eager model's graphs; ``"on"`` compiles here (tens of seconds on a GPU). A model that dynamo or
 inductor cannot compile, or whose compiled graph cannot be captured, is served as without
 compiled mode, with a warning. The cache holds pickles that torch unpickles: shipped
 compiled code, under the same trust as the model source.
@@ -70,7 +70,7 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
                    artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
                    eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
                    report: LoadReport, options: LoadOptions, make_runner: MakeRunner) -> Any:
-    """The runner to serve with: the compiled model's (compiled mode) or today's."""
+    """The runner to serve with: the compiled model's (compiled mode) or ``make_runner``'s."""
     manifest = artifact.manifest
     today = (model, forward, target, manifest, samples, eager, report, options)
     if options.compiled == "off":

@@ -15,7 +15,7 @@ finder in front of the import system that, for the importing thread only:
   the submodule that defines it; any other lookup (``qkan.feynman``, ``dir(qkan)``) runs the
   real ``__init__`` in place, after which the package is exactly what a plain import gives.
 
-Why not ``importlib.util.LazyLoader`` (measured with qkan 0.2.3): a lazy package loads on
+Why not ``importlib.util.LazyLoader`` (as of qkan 0.2.3): a lazy package loads on
 *any* attribute, ``__path__`` included, which the import system reads to import a
 submodule, so ``import matplotlib.pyplot`` still loads matplotlib; and ``from sympy import
 *`` inside ``qkan.feynman``, imported by qkan's ``__init__``, loads sympy. Deferral through

@@ -49,7 +49,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
 class ContextStart:
     """``target``'s CUDA context and cuBLAS handle, being created on a helper thread.
 
-    Why: creating the primary context takes ~0.1 s on an H200 and runs in the driver with
+    Why: creating the primary context takes on the order of 0.1 s and runs in the driver with
     the GIL released, so the load verifies the artifact, matches shipped kernels and imports
     Triton meanwhile instead of afterwards (process start -> first result is the figure
     users time). The tiny matmul creates the cuBLAS handle the first forward would create;

@@ -38,9 +38,9 @@ _SKIPPED_SUFFIXES = (".lock",)
 #: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
 INDUCTOR_SUFFIX = "-inductor.bin"
 #: Held while a load points a process-wide cache (Triton's or inductor's directory, Triton's
-#: key) at its private copy: two loads doing that at once restored each other's settings out
-#: of order (the second load ran on without its kernels, and the process was left pointing
-#: Triton at a deleted directory). Re-entrant: compiled mode takes it inside a load that
+#: key) at its private copy: two loads doing that at once would restore each other's settings
+#: out of order (the second load would run on without its kernels, and the process be left
+#: pointing Triton at a deleted directory). Re-entrant: compiled mode takes it inside a load that
 #: holds it; always taken before the capture session's lock (``_load``).
 PROCESS_CACHES = threading.RLock()
 

@@ -230,7 +230,7 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
             with report.stage("replay baseline"):
                 eager = _eager_outputs(forward, samples, shown)
         runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
-                                report, options, _make_runner)  # today's runner unless asked
+                                report, options, _make_runner)  # the default runner unless asked
     for record, check in zip(runner.records, checks, strict=True):
         record.reference_max_abs, record.reference_tolerance = check.max_abs, check.tolerance
     report.shapes = runner.records

@@ -41,7 +41,8 @@ __all__ = ["compare", "float64_noise", "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
-#: (cross-device at most 4.5x on the H200 zoo) ...
+#: (cross-device drift stays several times below it; measurements:
+#: benchmarks/results/*zoo-noise-bound*) ...
 NOISE_FACTOR = 16.0
 #: ... and the bound is never below this share of the output's scale (float32 outputs
 #: that happen to be exact still reassociate on another host).

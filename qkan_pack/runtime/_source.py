@@ -297,7 +297,7 @@ def _execute(source: bytes, filename: str, shown: str, module: ModuleType) -> No
     ``KeyboardInterrupt``."""
     try:
         # dont_inherit: the user's file gets its own __future__ flags, not this one's
-        # (inherited `annotations` turned a dataclass's `y: Tensor` into a string)
+        # (an inherited `annotations` would turn a dataclass's `y: Tensor` into a string)
         exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
     except SyntaxError as exc:
         raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}",

@@ -59,15 +59,15 @@ def raise_young_gc_threshold() -> None:
 
     Why: a request waiting for its batch holds ~200 container objects of Ray's and ours
     (coroutines, contexts, headers); CPython counts their allocation, but their release
-    later counts only while the count is above zero, so with 16 requests in flight a replica
-    ran a young collection every ~18 requests, each scanning the live requests' objects:
-    3,768 in ~22 s of load finding almost nothing, 4.8 µs of every request's CPU (gc
-    callbacks in a replica, 2-core VM;
+    later counts only while the count is above zero, so with many requests in flight a
+    replica at the default threshold runs a young collection every few dozen requests, each
+    scanning the live requests' objects and finding almost nothing: microseconds of every
+    request's CPU (measurements:
     ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``). At 7,000 the count
     stays above zero and collections are rare; garbage cycles are still collected, just in
     larger, rarer batches. Ray Serve freezes a replica's startup objects but leaves this
     threshold alone (it tunes only its proxy's: ``RAY_SERVE_PROXY_GC_THRESHOLD``). A no-op
-    replica, whose requests never wait, was already unaffected."""
+    replica, whose requests never wait, is unaffected either way."""
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(REPLICA_GC_THRESHOLD, older, oldest)
 

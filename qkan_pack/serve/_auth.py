@@ -60,7 +60,7 @@ def check_token(token: str, source: str) -> str:
 
     Printable ASCII only: HTTP header values are bytes that servers read as latin-1, and
     clients encode text beyond ASCII differently (curl sends the terminal's UTF-8, Python's
-    http.client latin-1), so a non-ASCII token admitted some clients and refused others."""
+    http.client latin-1), so a non-ASCII token would admit some clients and refuse others."""
     problem = _token_problem(token)
     if problem:
         raise ServeTokenError(source=source, problem=problem)

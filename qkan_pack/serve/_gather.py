@@ -11,16 +11,16 @@ The whole group is handed to ``run`` at once, on the event loop: a GPU replay ta
 microseconds and a thread hop would cost more.
 
 Why close on a quiet pass rather than on a timer alone: a replica's requests reach this
-point a few at a time, each after Ray's own per-request work on the same loop. A timer
-closed groups of ~9 rows at 32 clients on the H200 (2 ms), and the replays per second that
-followed cost more loop time than they saved; closing when arrivals stop fills the group
-with everything in flight (32 clients: on the H200 31.8 rows per replay with this rule and
-a 10 ms bound; on the 2-core CPU 11 rows with the 2 ms timer, 23 with this rule).
+point a few at a time, each after Ray's own per-request work on the same loop. A short
+timer closes groups holding a fraction of the requests in flight, and the extra replays
+cost more loop time than they save; closing when arrivals stop fills the group with
+everything in flight (measurements:
+``benchmarks/results/2026-12-04_h200_serve-at-cf7e86e_timer-gatherer.txt``).
 
 Why not Ray Serve's ``@serve.batch``: it is made for any method, so every call binds its
 arguments against the body's signature, wraps them in a request object, goes through a queue
-and a batch-forming task; on the replica's one event loop that was the largest item in a
-request's cost (profile in ``benchmarks/results/2026-12-04_cpu_replica-microbench.md``). Here
+and a batch-forming task; on the replica's one event loop that is the largest item in a
+request's cost (profile: ``benchmarks/results/2026-12-04_cpu_replica-microbench.md``). Here
 a row costs a list append and a future, and everything else is paid once per replay.
 """
 

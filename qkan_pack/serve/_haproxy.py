@@ -38,19 +38,21 @@ binary. Ray 2.60 offers no setting for these:
 - ``retries 3`` ran out on a SIGKILLed replica. HAProxy retries a request whose replica
   died on another (``option redispatch 1``), but ``leastconn`` passes over replicas at
   their ``maxconn`` and then falls back to the one it was told to avoid: while the live
-  replicas are full, the retry goes back to the dead one, still marked up until
-  ``ERROR_LIMIT`` refused connections in a row (``observe layer4``). A refusal costs a retry
-  in microseconds, so 3 were spent just as the third marked it down, and the request got
-  HAProxy's 503, or, when its last attempt reused a pooled connection to the dead replica
-  or it came on a kept-alive client connection, a closed connection with no reply at all
-  (HAProxy closes those on purpose so that the client may retry): 2 of 133,471 in a kill
-  loop on the 2-core CPU (2 replicas, 48 keep-alive clients, 11 kills). Here the rewrite
-  owns the policy (``RETRY_POLICY``, ``ERROR_LIMIT`` on every replica's server line):
-  ``RETRIES`` outlasts the mark-down, after which the request waits in HAProxy's queue for
-  a live replica. Replaying is safe: a prediction (``POST /``) is a pure function of its
-  body, so a request replayed on another replica gets the same answer and changes nothing,
-  and the only other POST, ``/stats/reset``, zeroes counters (twice is once). A reply
-  HAProxy has begun to pass on cannot be replayed: replies leave a replica in one write
+  replicas are full, the retry goes back to the dead one, still marked up until 3 failed
+  connections in a row (Ray's ``observe layer4 error-limit 3``; reusing one of the pooled
+  connections to it counts as a success and starts the count again). A refusal costs a
+  retry in microseconds, so the 3 were spent as the dead replica was marked down, and the
+  request got HAProxy's 503, or a connection closed with no reply at all when it came on a
+  kept-alive client connection or its last attempt reused a pooled connection (HAProxy
+  closes those on purpose, so that the client may retry): 2 of 133,471 and 3 of 286,370
+  requests in kill loops on the 2-core CPU (2 replicas, 48 keep-alive clients, 11 kills
+  each). Here the rewrite owns the policy (``RETRY_POLICY``, and ``ERROR_LIMIT`` on every
+  replica's server line): the first refused connection takes a dead replica out of
+  rotation, ``RETRIES`` outlasts that, and the request then waits in HAProxy's queue for a
+  live replica. Replaying is safe: a prediction (``POST /``) is a pure function of its
+  body, so a request replayed on another replica gets the same answer and changes nothing;
+  the only other POST, ``/stats/reset``, zeroes counters (twice is once). A reply HAProxy
+  has begun to pass on cannot be replayed: replies leave a replica in one write
   (``_whole_replies``), and bodies over HAProxy's buffer stream and are never replayed;
 - no admission bound: HAProxy opens as many concurrent requests to a replica as clients
   send, so the replica's own Python admission had to refuse the excess, spending the
@@ -117,14 +119,18 @@ APP_REQUEST_RULES = ("    http-request set-header x-request-disconnect-disabled 
 #: line for either is dropped wherever it is.
 REQUIRED_OPTIONS = ("http-buffer-request", "abortonclose")
 _DISABLES_REQUIRED = re.compile(rf"\s*no\s+option\s+({'|'.join(REQUIRED_OPTIONS)})\s*")
-#: Refused connections in a row after which HAProxy takes a replica out of rotation at once
-#: (health checks bring it back): Ray's default, set on every replica here because
-#: ``RETRIES`` counts on it.
-ERROR_LIMIT = 3
+#: Failed connections in a row after which HAProxy takes a replica out of rotation at once
+#: (its health checks bring it back within half a second). One: a replica on this host
+#: refuses a connection only when it is gone or stopping (HAProxy opens at most ``maxconn``
+#: to it, so its backlog never fills). Ray's 3 let a dead replica stay in rotation while
+#: requests kept coming back to it, and a pooled connection to it that HAProxy reuses
+#: counts as a successful connection, starting the count again.
+ERROR_LIMIT = 1
 #: Attempts a request may need when its replica dies while the others are full: the one in
-#: flight, ``ERROR_LIMIT`` refused ones on the dead replica before it is marked down, one on
-#: a live replica; and two to spare for HAProxy's threads racing the mark-down.
-RETRIES = ERROR_LIMIT + 3
+#: flight, ``ERROR_LIMIT`` refused before the dead replica is out of rotation, one on a live
+#: replica; the rest to spare for pooled connections to the dead replica that HAProxy reuses
+#: before it has seen them close (each fails without a reply, and is retried).
+RETRIES = 6
 #: HAProxy's retry policy (see above): replay a request that got no reply byte, each time
 #: on another replica. ``response-timeout`` is left out: there is no server timeout.
 RETRY_POLICY = {"retry-on": "retry-on conn-failure empty-response junk-response",

@@ -55,9 +55,10 @@ class HttpLimits:
 
     def with_admission(self, batch_rows: int) -> HttpLimits:
         """Unset bounds filled in: at work, one full batch (at least ``MIN_DEFAULT_ONGOING``);
-        waiting, half as many. Measured on an H200 (1 replica of a 32-row model, 4x the
-        saturating 32 clients): bounds near the saturation point held throughput (1.02x) and
-        accepted p99 (1.74x), where 64 + 64 let every request in and p99 rose 6x."""
+        waiting, half as many: bounds near a replica's saturation point keep its throughput
+        and bound the p99 of the requests it accepts, where bounds far above it let every
+        request in and p99 grows with the queue (measurements:
+        ``benchmarks/results/2026-12-04_h200_serve_default-bounds-at-800394d.txt``)."""
         ongoing, queued = self.admission_bounds(batch_rows)
         return replace(self, max_ongoing=ongoing, max_queued=queued)
 
@@ -69,7 +70,7 @@ class HttpLimits:
 
 class Admission:
     """At most ``ongoing`` requests at work and ``queued`` waiting; the rest are refused at
-    once (an unbounded queue is what made latency collapse under load). ``acquire`` takes a
+    once (an unbounded queue makes latency collapse under load). ``acquire`` takes a
     free slot without suspending; every acquire is paired with one ``release``."""
 
     def __init__(self, ongoing: int, queued: int) -> None:
@@ -333,7 +334,7 @@ def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None
 def _json_reply_type() -> type[Response]:
     """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
     written out directly: starlette's constructor re-derives them from the media type for
-    every reply (1.4 µs, against 0.3 µs here, timeit on the 2-core VM). Made on first use, so
+    every reply, several times what writing them here costs. Made on first use, so
     that this module loads without starlette."""
     from starlette.responses import Response
 

@@ -102,8 +102,9 @@ def side_ports(count: int, exclude: set[int], host: str = "127.0.0.1",
     stats and metrics, Ray's fallback proxy) that nothing started later takes first: above
     Ray's worker ports and below the kernel's ephemeral range. A port the kernel hands out
     for ``bind(0)`` is ephemeral, and Ray's own processes bind ephemeral ports while the app
-    deploys; one of them took such a port before HAProxy listened on it (seen on the H200:
-    "Some protocols failed to start their listeners", reported as if ``--port`` were taken)."""
+    deploys; one of them can take such a port before HAProxy listens on it, and HAProxy then
+    fails ("Some protocols failed to start their listeners", reported as if ``--port`` were
+    taken)."""
     low, _ = ephemeral or ephemeral_port_range()
     candidates = range(RAY_WORKER_PORTS_END + 1, low)
     rng = rng or random.Random()
@@ -175,8 +176,9 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
 
 def _replica_address(host: str) -> str | None:
     """Where HAProxy reaches local replicas when Ray's ``127.0.0.1`` cannot: replicas bind
-    ``--host`` itself, so any host but the wildcards and IPv4 loopback (``::1`` and
-    ``127.0.0.2`` failed the start after 60 s); IPv6 in brackets."""
+    ``--host`` itself, so any host but the wildcards and IPv4 loopback (a replica on ``::1``
+    or ``127.0.0.2`` is never reached at ``127.0.0.1``, and the start times out); IPv6 in
+    brackets."""
     if host in ("0.0.0.0", "::", "127.0.0.1", "localhost"):
         return None
     return f"[{host}]" if ":" in host else host
@@ -413,17 +415,18 @@ def _run_with_deadline(app: Any, timeout_s: float,
     """Deploy ``app`` without waiting (``serve.run`` would wait forever for replicas it cannot
     place), then watch it from this thread: a replica unplaced for ``PLACEMENT_TIMEOUT_S`` or
     a failed deployment raises ServeError; ``stopping()`` turning true returns None at once
-    (the caller then closes the session: a Ctrl-C while replicas load was only seen after
-    they had loaded). Returns the app's handle once it runs.
+    (the caller then closes the session, so a Ctrl-C while replicas load takes effect at
+    once, not after they have loaded). Returns the app's handle once it runs.
 
-    No thread of ours calls Ray while the caller shuts it down: the wait used to be
-    ``serve.run`` in a daemon thread, whose next poll after ``ray.shutdown`` made Ray end the
-    process ("The core worker has already been shutdown ... The process will exit") before the
-    error that stopped the serve was printed (CI, 2026-12-04).
+    No thread of ours calls Ray while the caller shuts it down: a wait in a daemon thread
+    (``serve.run``) would poll again after ``ray.shutdown``, and Ray then ends the process
+    ("The core worker has already been shutdown ... The process will exit") before the
+    error that stopped the serve is printed.
 
     Replicas log at ``replica_log_level``: at INFO, Ray Serve builds a log record for every
-    request (its access line, then dropped when access logs are off), about 4% of a
-    replica's CPU per request (py-spy, ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``)."""
+    request (its access line, then dropped when access logs are off), a few percent of a
+    replica's CPU per request (py-spy profile:
+    ``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``)."""
 
     try:
         handle = deploy_without_waiting(app, APP_NAME, {"enable_access_log": False,

@@ -2,17 +2,17 @@
 
 Why a process and not a thread: orjson and numpy hold the GIL for the whole of a call, so
 parsing a body in a worker thread still stops the replica's event loop, and with it every
-small request, for as long as the parse takes. On the 2-core CPU VM a 7.3 MB body of numbers
-takes ~150-250 ms to parse (orjson then numpy), a list reply of 8 MB ~46 ms to encode, and
-with two clients sending such bodies a single-row request's p99 went from 5.6 to 177 ms
-while the parse ran in a thread (``benchmarks/results/2026-12-05_cpu_large-bodies.md``).
-In a helper the replica's loop only waits on a pipe; what crosses it is the body in and
-numpy arrays out (pickle protocol 5: ~3 ms for 5 MB of arrays).
+small request, for as long as the parse takes: a body of megabytes of numbers takes a tenth
+of a second or more to parse (orjson then numpy), a list reply of that size tens of
+milliseconds to encode, and every single-row request behind them waits as long
+(measurements: ``benchmarks/results/2026-12-05_cpu_large-bodies.md``). In a helper the
+replica's loop only waits on a pipe; what crosses it is the body in and numpy arrays out
+(pickle protocol 5, a small fraction of the parse).
 
 One helper per replica (``HELPER_MAIN``: numpy and orjson, no torch), started on first use,
 one job at a time. It exits when its socket closes, so it never outlives the replica. A job
 whose helper died (killed, out of memory) or went silent past ``job_timeout_s`` runs in the
-calling thread instead, the old way, and the next job starts a fresh helper.
+calling thread instead, as without a helper, and the next job starts a fresh helper.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ HELPER_MAIN = "from qkan_pack.serve._offload import main; main()"
 #: Helper failures in a row after which a replica stops starting new ones.
 MAX_FAILURES = 3
 def job_timeout_s(payload_bytes: int) -> float:
-    """How long a job may take in the helper: 10 s, plus 2 s per MB (a 7 MB body of numbers
-    parses in ~0.25 s on the 2-core CPU VM)."""
+    """How long a job may take in the helper: 10 s, plus 2 s per MB, far beyond what a parse
+    takes (a fraction of a second per MB), so that only a stuck helper reaches it."""
     return 10.0 + 2.0 * payload_bytes / 2**20
 
 

@@ -54,9 +54,9 @@ def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any
 def refresh_ray_config() -> None:
     """Have Ray's core read the environment again. It caches its config (``RAY_AUTH_MODE``
     among it, set by ``ingress_env``) when ray is first imported: a caller that imported ray
-    before ``serve_forever`` left it 'disabled', and the driver could not authenticate to the
-    control store it had just started with tokens (``AuthenticationError`` after a minute of
-    retries, CPU). Ray refreshes the same cache itself when it turns token auth on
+    before ``serve_forever`` leaves it 'disabled', and the driver then cannot authenticate to
+    the control store it has just started with tokens (``AuthenticationError`` after a minute
+    of retries). Ray refreshes the same cache itself when it turns token auth on
     (``ray._private.authentication``)."""
     with suppress(ImportError, AttributeError):
         from ray._raylet import Config
@@ -96,11 +96,10 @@ def loopback_ray_node(local: bool) -> Iterator[None]:
 def without_auto_init() -> None:
     """Turn off Ray's auto-init in this process (Ray reads ``RAY_ENABLE_AUTO_CONNECT`` once,
     at import, so the flag is set on its module): a Ray call after ``ray.shutdown`` must fail,
-    not start a new local Ray. Seen when the deploy wait was ``serve.run`` in a thread: a stop
-    while the replicas loaded left it polling, and its first call after the shutdown started
-    a Ray from that thread ("SIGTERM handler is not set because current thread is not the
-    main thread"). The wait now polls from the caller's thread (``_run_with_deadline``); this
-    stays for any other late call (a caller's own handle, Ray's callbacks)."""
+    not start a new local Ray from whatever thread made it ("SIGTERM handler is not set
+    because current thread is not the main thread"). The deploy wait polls from the caller's
+    thread (``_run_with_deadline``) and makes no such call; this guards any other late call
+    (a caller's own handle, Ray's callbacks)."""
     with suppress(ImportError, AttributeError):
         from ray._private import auto_init_hook
 

@@ -96,7 +96,7 @@ def _lenient(body: bytes, problem: str) -> Any:
 def _int_or_float(text: str) -> int | float:
     """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range), so
     that ``fit`` refuses it naming the input (422), as it does ``1e400``: as a Python int it
-    made an object array and a 400 that blamed the body's layout."""
+    would make an object array and a 400 that blames the body's layout."""
     value = int(text)
     return value if -2**63 <= value < 2**64 else float(text)
 

@@ -19,8 +19,8 @@ directory of this user's that no one else may write, records read without follow
 or blocking (a FIFO) and of bounded size, an owner recorded in this PID namespace that no
 longer runs (its id is gone, or held by a process started at another time). It stops only
 the recorded processes still running with their recorded start time: never a process found
-by its command line, which stopped an operator's ``tail`` or editor of the old config and a
-live serve whose directory name extends the stale one's. Anything it cannot be sure of is
+by its command line, which would also match an operator's ``tail`` or editor of the old
+config, or a live serve whose directory name extends the stale one's. Anything it cannot be sure of is
 left alone with a one-line note.
 """
 
@@ -292,7 +292,7 @@ def _recorded(directory_fd: int) -> list[ProcessId]:
 def _read_record(directory_fd: int, name: str, limit: int) -> bytes:
     """The bytes of record ``name``, opened relative to the directory without following a
     link or blocking (a FIFO), read only from a regular file of this user's of at most
-    ``limit`` bytes (a link to ``/dev/zero`` ran a read out of memory)."""
+    ``limit`` bytes (a link to ``/dev/zero`` would run a read out of memory)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=directory_fd)

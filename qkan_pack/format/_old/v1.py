@@ -1,4 +1,4 @@
-"""Format 1 (qkan-pack 0.1, until 2026-12-03): inputs were passed to ``forward``
+"""Format 1 (written by qkan-pack 0.1, superseded by format 2): inputs were passed to ``forward``
 positionally in declared order, output containers were plain tuples/lists/dicts, and the
 manifest carried a build timestamp."""
 

@@ -1,0 +1,241 @@
+"""``build --pad``: declare which inputs may be padded, find which outputs follow each padded
+axis, and prove on the model that padding leaves the sliced-back outputs unchanged.
+
+Padding is only safe when the model ignores padded positions: an attention mask that masks
+them, rows that do not see each other. A global pool, a mean over the sequence without the
+mask, or batch statistics break it, and nothing at serve time could see that. So build runs
+the model both ways, on its own reference inputs cut to smaller sizes, for every entry and
+several sizes that fit in it (one below the entry, the next smaller entry plus one, one),
+and refuses a declaration whose padded outputs differ beyond the model's noise bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import PaddingError, ShapeSpecError
+from ..format import (
+    DTYPES,
+    InputDecl,
+    PaddedAxis,
+    Padding,
+    PadValue,
+    ShapeEntry,
+    check_pad_value,
+    find_axes,
+    format_shape,
+)
+from ..runtime import compare, flatten
+
+#: How far padded outputs may be from unpadded ones, as a multiple of the entry's rounding
+#: noise (the same arithmetic in another order), and never below this share of the scale.
+PAD_NOISE_FACTOR = 16.0
+PAD_FLOOR = 1e-6
+#: The bound when the noise was not measured: the fixed cross-device tolerance.
+PAD_CEILING = 1e-4
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One declared entry's reference run: its inputs (declared order) and flat outputs."""
+
+    entry: ShapeEntry
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+def pad_names(pad: Mapping[str, PadValue], names: Sequence[str], call: str) -> dict[str, PadValue]:
+    """``pad`` keyed by input name; the single positional input may be called ``x``."""
+    resolved = {}
+    for name, value in pad.items():
+        if name == "x" and call == "positional" and len(names) == 1:
+            name = names[0]
+        if name not in names:
+            raise ShapeSpecError(f"--pad {name}: not an input of the model (inputs: "
+                                 f"{', '.join(names)}; a single positional input is x)")
+        resolved[name] = value
+    return resolved
+
+
+def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
+                    references: Sequence[Reference], forward: Callable[..., Any],
+                    leaf_names: Sequence[str],
+                    progress: Callable[[Any], Any] = lambda items: items) -> Padding:
+    """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes."""
+    by_name = {d.name: d for d in decls}
+    for name, value in pad.items():
+        _check_value(by_name[name], value)
+    names = [d.name for d in decls]
+    per_shape = [dict(r.entry.inputs) for r in references]
+    axes, problems = find_axes(per_shape, list(pad))
+    if problems:
+        raise PaddingError(problem="; ".join(problems))
+    axes = tuple(_with_followers(axis, references, names, pad, forward, leaf_names)
+                 for axis in axes)
+    padding = Padding(values=dict(pad), axes=axes)
+    for reference in progress(references):
+        for sizes in _trial_sizes(reference, references, padding, names):
+            _prove(reference, sizes, padding, names, forward, leaf_names)
+    return padding
+
+
+def _check_value(decl: InputDecl, value: PadValue) -> None:
+    check_pad_value(value, DTYPES[decl.dtype].kind, f"--pad {decl.name}", ShapeSpecError)
+    bounds = decl.index_bounds
+    if bounds is not None and not bounds[0] <= value < bounds[1]:
+        raise PaddingError(
+            problem=f"pad value {value} of {decl.name} is outside [{bounds[0]}, {bounds[1]}), "
+                    f"the rows of the embedding it indexes ({decl.range_source})",
+            input=decl.name, cause="use the model's pad token id (often 0)")
+
+
+def _with_followers(axis: PaddedAxis, references: Sequence[Reference], names: Sequence[str],
+                    pad: Mapping[str, PadValue], forward: Callable[..., Any],
+                    leaf_names: Sequence[str]) -> PaddedAxis:
+    """Which output dims follow ``axis``: run its largest entry one size smaller, unpadded,
+    and see which output dims shrink with it. A dim that changes without being the axis's
+    size cannot be sliced back: refused."""
+    name, dim = axis.inputs[0]
+    position = names.index(name)
+    largest = max(references, key=lambda r: r.inputs[position].shape[dim])
+    size = largest.inputs[position].shape[dim]
+    smaller = _cut(largest.inputs, names, {axis: size - 1})
+    shrunk = _run(forward, smaller, largest.entry.label, axis.label)
+    followers = []
+    for leaf, (before, after) in enumerate(zip(largest.outputs, shrunk)):
+        if before.dim() != after.dim():
+            raise PaddingError(problem=f"output {leaf_names[leaf]} changes rank with {axis.label}",
+                               input=name, dim=dim, output=leaf_names[leaf])
+        for d, (b, a) in enumerate(zip(before.shape, after.shape)):
+            if b == a:
+                continue
+            if (b, a) != (size, size - 1):
+                raise PaddingError(
+                    problem=f"output {leaf_names[leaf]} dim {d} changes with {axis.label} "
+                            f"({size} -> {b}, {size - 1} -> {a}) but is not its size: it "
+                            "cannot be sliced back", input=name, dim=dim,
+                    output=leaf_names[leaf])
+            followers.append((leaf, d))
+    return PaddedAxis(axis.inputs, tuple(followers))
+
+
+def _trial_sizes(reference: Reference, references: Sequence[Reference], padding: Padding,
+                 names: Sequence[str]) -> list[dict[PaddedAxis, int]]:
+    """Sizes smaller than ``reference``'s entry to prove padding with: per axis one below
+    the entry, the next smaller entry's size plus one, and one; then all axes one below."""
+    trials: list[dict[PaddedAxis, int]] = []
+    below_all = {}
+    for axis in padding.axes:
+        name, dim = axis.inputs[0]
+        position = names.index(name)
+        size = reference.inputs[position].shape[dim]
+        others = sorted({r.inputs[position].shape[dim] for r in references} - {size})
+        next_smaller = max((s for s in others if s < size), default=None)
+        candidates = {size - 1, 1} | ({next_smaller + 1} if next_smaller is not None else set())
+        for candidate in sorted(c for c in candidates if 1 <= c < size):
+            trials.append({axis: candidate})
+        if size > 1:
+            below_all[axis] = size - 1
+    if len(below_all) > 1:
+        trials.append(below_all)
+    return trials
+
+
+def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Padding,
+           names: Sequence[str], forward: Callable[..., Any], leaf_names: Sequence[str]) -> None:
+    """Outputs of the cut inputs, and of the cut inputs padded back to the entry then sliced,
+    must agree within the entry's noise bound."""
+    label = reference.entry.label
+    cut = _cut(reference.inputs, names, sizes)
+    padded = _pad(cut, reference.inputs, names, padding)
+    want = _run(forward, cut, label, _axes_text(sizes))
+    got = _slice(_run(forward, padded, label, _axes_text(sizes)), padding, sizes)
+    bound = _bound(reference.entry.noise)
+    for leaf, (g, w) in enumerate(zip(got, want)):
+        agreement = compare([g], [w], (0.0, bound))
+        if agreement.ok:
+            continue
+        axis = next(iter(sizes))
+        name, dim = axis.inputs[0]
+        follows = any(leaf == f for a in sizes for f, _ in a.outputs)
+        shown = "; ".join(f"{a.label} cut to {n}" for a, n in sizes.items())
+        raise PaddingError(
+            problem=f"shape {label} with {shown}, padded back with "
+                    f"{_values_text(padding, sizes)}, changes {leaf_names[leaf]} by "
+                    f"{agreement.max_rel:.3g} of its scale (bound {bound:.2g}, from the "
+                    "model's rounding noise)",
+            input=name, dim=dim, output=leaf_names[leaf], max_rel=agreement.max_rel,
+            tolerance=bound, cause=_likely_cause(dim, follows))
+
+
+def _likely_cause(dim: int, follows: bool) -> str:
+    if dim == 0:
+        return ("Rows are not independent in this model: does it use batch statistics "
+                "(batch norm in training mode) or attend or pool across the batch?")
+    if follows:
+        return ("This model's outputs at kept positions depend on padded positions: does it "
+                "attend without the attention mask, or mix positions (convolutions) over them?")
+    return ("This model's output depends on padded positions: does it use attention_mask in "
+            "pooling (mean pooling over every position, a global pool)?")
+
+
+def _bound(noise: float | None) -> float:
+    if noise is None:
+        return PAD_CEILING
+    return min(PAD_CEILING, max(PAD_FLOOR, PAD_NOISE_FACTOR * noise))
+
+
+def _cut(inputs: Sequence[torch.Tensor], names: Sequence[str],
+         sizes: Mapping[PaddedAxis, int]) -> list[torch.Tensor]:
+    cut = list(inputs)
+    for axis, size in sizes.items():
+        for name, dim in axis.inputs:
+            position = names.index(name)
+            cut[position] = cut[position].narrow(dim, 0, size)
+    return [t.contiguous() for t in cut]
+
+
+def _pad(cut: Sequence[torch.Tensor], full: Sequence[torch.Tensor], names: Sequence[str],
+         padding: Padding) -> list[torch.Tensor]:
+    padded = []
+    for name, small, big in zip(names, cut, full):
+        if name not in padding.values or small.shape == big.shape:
+            padded.append(small)
+            continue
+        tensor = torch.full(big.shape, padding.values[name], dtype=big.dtype)
+        tensor[tuple(slice(0, n) for n in small.shape)] = small
+        padded.append(tensor)
+    return padded
+
+
+def _slice(outputs: Sequence[torch.Tensor], padding: Padding,
+           sizes: Mapping[PaddedAxis, int]) -> list[torch.Tensor]:
+    sliced = list(outputs)
+    for axis, size in sizes.items():
+        for leaf, dim in axis.outputs:
+            sliced[leaf] = sliced[leaf].narrow(dim, 0, size)
+    return sliced
+
+
+def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor], label: str,
+         what: str) -> list[torch.Tensor]:
+    try:
+        with torch.inference_mode():
+            return flatten(forward(*inputs))
+    except Exception as exc:
+        shapes = ", ".join(format_shape(t.shape) for t in inputs)
+        raise PaddingError(problem=f"the model fails on shape {label} cut along {what} "
+                                   f"({shapes}): {type(exc).__name__}: {exc}"[:600]) from exc
+
+
+def _axes_text(sizes: Mapping[PaddedAxis, int]) -> str:
+    return ", ".join(f"{axis.label} to {size}" for axis, size in sizes.items())
+
+
+def _values_text(padding: Padding, sizes: Mapping[PaddedAxis, int]) -> str:
+    names = {name for axis in sizes for name, _ in axis.inputs}
+    return ", ".join(f"{name}={padding.values[name]!r}" for name in sorted(names))

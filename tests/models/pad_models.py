@@ -1,0 +1,61 @@
+"""Models for declared padding: some ignore padded positions, some cannot."""
+
+import torch
+from torch import nn
+
+
+class MeanPool(nn.Module):
+    """Token embeddings averaged over every position: padding changes the mean unless the
+    mask is used (``masked=True``)."""
+
+    def __init__(self, masked: bool) -> None:
+        super().__init__()
+        self.masked = masked
+        self.embed = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        if self.masked:
+            weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        else:
+            pooled = hidden.mean(1)
+        return self.head(pooled)
+
+
+class GlobalPool(nn.Module):
+    """A CNN with a global average pool: padded pixels change every output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def build_model(kind: str = "meanpool") -> nn.Module:
+    torch.manual_seed(0)
+    if kind in ("meanpool", "masked_meanpool"):
+        return MeanPool(masked=kind == "masked_meanpool")
+    if kind == "global_pool":
+        return GlobalPool()
+    if kind == "rows":
+        return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 2))
+    if kind == "batchnorm_train":
+        return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 2)).train()
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def example_input(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                  generator: torch.Generator) -> torch.Tensor:
+    """Masks of ones (each row ends with a few masked positions); ids and pixels at random."""
+    if name == "attention_mask":
+        mask = torch.ones(shape, dtype=dtype)
+        mask[:, max(1, shape[1] - 2):] = 0
+        return mask
+    if name == "input_ids":
+        return torch.randint(1, 50, shape, generator=generator, dtype=dtype)
+    return torch.randn(shape, generator=generator, dtype=dtype)
