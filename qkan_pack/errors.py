@@ -388,17 +388,22 @@ class InputError(QkanPackError, ValueError):
     """A predictor input outside what the artifact accepts.
 
     ``accepted`` lists the input signatures the artifact takes, each a mapping of input
-    name to ``(shape, dtype)``; the message shows them, callers read the data.
+    name to ``(shape, dtype)``; for an artifact with declared padding, ``ranges`` lists per
+    entry what a call may send: per input ``{"dtype", "dims": [[low, high], ...]}``
+    (inclusive). The message shows them, callers read the data.
     """
 
     def __init__(self, problem: str, *,
                  accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]] = (),
-                 padded: bool = False) -> None:
+                 padded: bool = False, ranges: Sequence[Mapping[str, Any]] = ()) -> None:
         self.problem = problem
         self.accepted = tuple(accepted)
         self.padded = padded
+        self.ranges = tuple(ranges)
         message = problem
-        if self.accepted:
+        if self.ranges:
+            message += f"; accepted: {format_ranges(self.ranges)}"
+        elif self.accepted:
             message += f"; accepted: {format_accepted(self.accepted, padded=padded)}"
         super().__init__(message)
 
@@ -427,3 +432,18 @@ def format_accepted(accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]
 
     text = " | ".join(one(signature) for signature in accepted)
     return text + (" (smaller batches padded)" if padded else "")
+
+
+def format_ranges(ranges: Sequence[Mapping[str, Any]]) -> str:
+    """Accepted ranges as one line: ``(1-8)x(1-128) int64`` per entry, an exact dimension as
+    its size, inputs named when there are several, entries joined by ``|``."""
+    def dims(spec: Mapping[str, Any]) -> str:
+        return "x".join(str(hi) if lo == hi else f"({lo}-{hi})" for lo, hi in spec["dims"])
+
+    def one(entry: Mapping[str, Any]) -> str:
+        parts = [f"{dims(spec)} {spec['dtype']}" for spec in entry.values()]
+        if len(entry) == 1:
+            return parts[0]
+        return ", ".join(f"{name} {part}" for name, part in zip(entry, parts))
+
+    return " | ".join(one(entry) for entry in ranges)

@@ -78,7 +78,6 @@ from ._padding import (
     describe_axes,
     find_axes,
     fit_entry,
-    ranges_text,
 )
 
 __all__ = [
@@ -150,6 +149,5 @@ __all__ = [
     "parse_range",
     "parse_shape",
     "parse_shapes",
-    "ranges_text",
     "with_batch_sizes",
 ]

@@ -145,20 +145,6 @@ def accepted_ranges(entries: Sequence[Sequence[Shape]], names: Sequence[str],
     return ranges
 
 
-def ranges_text(ranges: Sequence[Mapping[str, Any]]) -> str:
-    """``accepted_ranges`` as one line: ``input_ids (1-8)x(1-128) int64, ... | ...``."""
-    def dims(spec: Mapping[str, Any]) -> str:
-        return "x".join(str(hi) if lo == hi else f"({lo}-{hi})" for lo, hi in spec["dims"])
-
-    def one(entry: Mapping[str, Any]) -> str:
-        parts = [f"{dims(spec)} {spec['dtype']}" for spec in entry.values()]
-        if len(entry) == 1:
-            return parts[0]
-        return ", ".join(f"{name} {part}" for name, part in zip(entry, parts))
-
-    return " | ".join(one(entry) for entry in ranges)
-
-
 def padding_to_dict(padding: Padding) -> dict[str, Any]:
     return {"values": dict(padding.values),
             "axes": [{"inputs": [[n, d] for n, d in axis.inputs],

@@ -6,13 +6,14 @@ Every refusal is an ``InputError`` carrying the accepted signatures as data.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import InputError, format_accepted
-from ..format import Manifest, format_shape, padding_table
+from ..errors import InputError, format_accepted, format_ranges
+from ..format import Manifest, accepted_ranges, fit_entry, format_shape, padding_table
 from ._tree import torch_dtype
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
@@ -22,24 +23,42 @@ __all__: list[str] = []
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """How a smaller call fills a captured entry: per input the region it covers (None: the
+    whole buffer) and the value the rest takes; per output leaf the region to give back."""
+
+    inputs: tuple[tuple[slice, ...] | None, ...]
+    values: tuple[Any, ...]
+    outputs: tuple[tuple[slice, ...] | None, ...]
+    shapes: tuple[tuple[int, ...], ...]  # the entry's input shapes
+
+
 class InputMatcher:
-    """Turns ``(args, kwargs)`` into tensors and the manifest shape they replay."""
+    """Turns ``(args, kwargs)`` into tensors, the manifest shape they replay, and how they
+    are padded into it (``Fit``, None for an exact call)."""
 
     def __init__(self, manifest: Manifest, device: torch.device, pad_batch: bool) -> None:
         self.manifest = manifest
         self.device = device
-        self.pad_batch = pad_batch
+        self.declared = manifest.padding
+        self.pad_batch = pad_batch and self.declared is None  # declared padding supersedes it
         self._names = manifest.input_names
         self._dtypes = tuple(torch_dtype(d.dtype) for d in manifest.inputs)
         self._index = {tuple(torch.Size(s) for _, s in e.inputs): i
                        for i, e in enumerate(manifest.shapes)}
-        self._padding = padding_table(manifest) if pad_batch else {}
+        self._entries = [[tuple(s) for _, s in e.inputs] for e in manifest.shapes]
+        self._leaves = [len(list(e.outputs.leaves())) for e in manifest.shapes]
+        self._padding = padding_table(manifest) if self.pad_batch else {}
+        self._ranges = (accepted_ranges(self._entries, self._names,
+                                        [d.dtype for d in manifest.inputs], self.declared)
+                        if self.declared is not None else [])
         self.signatures = manifest.signatures()
         self.fast = _fast_table(manifest, self._dtypes, device)
 
     def match(self, args: tuple, kwargs: dict[str, Any]
-              ) -> tuple[list[torch.Tensor], bool, int, int | None, Any]:
-        """(tensors, given as numpy, shape index, rows to keep, padded shape) for a call."""
+              ) -> tuple[list[torch.Tensor], bool, int, Fit | None]:
+        """(tensors, given as numpy, shape index, how they are padded) for a call."""
         if kwargs:
             args = self._order_keywords(args, kwargs)
         if len(args) != len(self._names):
@@ -53,8 +72,8 @@ class InputMatcher:
             elif type(value) not in PLAIN_TENSOR_TYPES:
                 raise self._subclass(value, position)
             tensors.append(value.detach() if value.requires_grad else value)
-        index, rows, padded = self._lookup(tensors, numpy=as_numpy)
-        return tensors, as_numpy, index, rows, padded
+        index, fit = self._lookup(tensors, numpy=as_numpy)
+        return tensors, as_numpy, index, fit
 
     def _order_keywords(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
         unknown = sorted(set(kwargs) - set(self._names))
@@ -100,7 +119,7 @@ class InputMatcher:
             f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor or numpy.ndarray")
 
     def _lookup(self, tensors: Sequence[torch.Tensor],
-                numpy: bool = False) -> tuple[int, int | None, Any]:
+                numpy: bool = False) -> tuple[int, Fit | None]:
         for position, (tensor, dtype) in enumerate(zip(tensors, self._dtypes)):
             if tensor.is_nested:
                 raise self.refuse(
@@ -121,13 +140,37 @@ class InputMatcher:
         key = tuple(t.shape for t in tensors)
         index = self._index.get(key)
         if index is not None:
-            return index, None, None
+            return index, None
+        if self.declared is not None:
+            return self._declared_fit(key)
         if self._padding:
             return self._padded_entry(key)
         shown = ", ".join(_shape_text(s) for s in key)
         raise self.refuse(f"input shape {shown} is not in the manifest")
 
-    def _padded_entry(self, key: tuple) -> tuple[int, int, Any]:
+    def _declared_fit(self, key: tuple) -> tuple[int, Fit]:
+        """The smallest entry the call pads into (``format.fit_entry``), with its regions."""
+        assert self.declared is not None
+        call = [tuple(shape) for shape in key]
+        found = fit_entry(call, self._entries, self._names, self.declared)
+        if found is None:
+            shown = ", ".join(_shape_text(s) for s in key)
+            raise self.refuse(f"input shape {shown} fits no captured shape, even padded")
+        index, sizes = found
+        entry = self._entries[index]
+        regions = tuple(None if got == have else tuple(slice(0, n) for n in got)
+                        for got, have in zip(call, entry))
+        values = tuple(self.declared.values.get(name) for name in self._names)
+        kept: list[list[slice]] = [[] for _ in range(self._leaves[index])]
+        for axis, size in zip(self.declared.axes, sizes):
+            for leaf, dim in axis.outputs:
+                while len(kept[leaf]) <= dim:
+                    kept[leaf].append(slice(None))
+                kept[leaf][dim] = slice(0, size)
+        outputs = tuple(tuple(k) if k else None for k in kept)
+        return index, Fit(regions, values, outputs, tuple(entry))
+
+    def _padded_entry(self, key: tuple) -> tuple[int, Fit]:
         rows = {s[0] for s in key if len(s)}
         tail = tuple(tuple(s[1:]) for s in key)
         candidates = self._padding.get(tail, [])
@@ -135,8 +178,12 @@ class InputMatcher:
             (count,) = rows
             for batch, index in candidates:
                 if count <= batch and count > 0:
-                    padded = tuple(shape for _, shape in self.manifest.shapes[index].inputs)
-                    return index, count, padded
+                    shapes = tuple(tuple(shape) for _, shape in self.manifest.shapes[index].inputs)
+                    region = (slice(0, count),)
+                    return index, Fit(inputs=tuple(region for _ in shapes),
+                                      values=tuple(0 for _ in shapes),
+                                      outputs=tuple(region for _ in range(self._leaves[index])),
+                                      shapes=shapes)
         shown = ", ".join(_shape_text(s) for s in key)
         largest = max((b for b, _ in candidates), default=None)
         hint = f"; batches up to {largest} are padded" if largest else ""
@@ -146,10 +193,13 @@ class InputMatcher:
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
         holds the same as data)."""
+        if self._ranges:
+            return format_ranges(self._ranges)
         return format_accepted(self.signatures, padded=self.pad_batch)
 
     def refuse(self, problem: str) -> InputError:
-        return InputError(problem, accepted=self.signatures, padded=self.pad_batch)
+        return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
+                          ranges=self._ranges)
 
 
 def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device

@@ -422,7 +422,7 @@ def _check_replay(runner: GraphRunner, samples: list[Sample], eager: list[list[t
                   tolerance: Tolerance, target: torch.device) -> None:
     """Replay each shape on its reference inputs; a wrong capture must fail loudly."""
     for index, ((label, inputs), want) in enumerate(zip(samples, eager)):
-        got = runner.run(index, inputs, None, None, copy=True)
+        got = runner.run(index, inputs, None, copy=True)
         runner.records[index].replay_max_abs = check_outputs(
             label, f"replayed outputs and eager outputs on {target}", got, want, tolerance,
             _REPLAY_HINT)

@@ -102,13 +102,13 @@ class Predictor:
     def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """The general path: keywords, numpy, several inputs, structured outputs, padding."""
         self._open_runner()  # a closed predictor says so before judging the inputs
-        tensors, as_numpy, index, rows, padded = self._inputs.match(args, kwargs)
+        tensors, as_numpy, index, fit = self._inputs.match(args, kwargs)
         out_device = tensors[0].device if tensors[0].device != self.device else None
         copy = self.copy_outputs or as_numpy  # numpy outputs are host copies in any case
         if as_numpy:
             out_device = torch.device("cpu")
         with self._lock:
-            leaves = self._open_runner().run(index, tensors, rows, padded, copy=copy,
+            leaves = self._open_runner().run(index, tensors, fit, copy=copy,
                                              out_device=out_device if copy else None)
         if as_numpy:
             leaves = [leaf.numpy() for leaf in leaves]

@@ -1,7 +1,8 @@
 """Run a loaded model per manifest shape: CUDA-graph replay, or eager with the same interface.
 
-Runners expose ``run(index, inputs, rows, padded, copy, out_device) -> list[Tensor]`` (flat
-output leaves). The caller (the predictor) serialises calls; a runner is never entered by
+Runners expose ``run(index, inputs, fit, copy, out_device) -> list[Tensor]`` (flat output
+leaves; ``fit`` says how a smaller call is padded into the entry and sliced back, None for an
+exact call). The caller (the predictor) serialises calls; a runner is never entered by
 two threads at once. Not owned here: input checking (the predictor), the capture recipe
 (``_capture``), which submodules to graph (``_submodules``).
 """
@@ -24,6 +25,7 @@ from ._capture import (
     release_graph_memory,
     stream_id,
 )
+from ._inputs import Fit
 from ._progress import progress_bar
 from ._report import ShapeRecord
 from ._source import model_code_failed
@@ -36,10 +38,10 @@ __all__: list[str] = []
 Sample = tuple[str, list[torch.Tensor]]  # (shape label, reference inputs on the device)
 
 
-def _prepare_for_out(tensor: torch.Tensor, rows: int | None, out_device: torch.device | None,
-                     copy: bool) -> torch.Tensor:
-    if rows is not None:
-        tensor = tensor[:rows]
+def _prepare_for_out(tensor: torch.Tensor, region: tuple[slice, ...] | None,
+                     out_device: torch.device | None, copy: bool) -> torch.Tensor:
+    if region is not None:
+        tensor = tensor[region]
     if not copy:
         return tensor
     if out_device is not None and out_device != tensor.device:
@@ -60,11 +62,9 @@ class EagerRunner:
         self.shown = shown
         self.records: list[ShapeRecord] = []
 
-    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
-            padded: Sequence[int] | None, copy: bool = True,
-            out_device: torch.device | None = None) -> list[torch.Tensor]:
-        moved = [self._to_device(x, None if padded is None else padded[i])
-                 for i, x in enumerate(inputs)]
+    def run(self, index: int, inputs: Sequence[torch.Tensor], fit: Fit | None,
+            copy: bool = True, out_device: torch.device | None = None) -> list[torch.Tensor]:
+        moved = [self._to_device(x, fit, i) for i, x in enumerate(inputs)]
         assert self.forward is not None, "run after close"
         try:
             with torch.no_grad():
@@ -74,20 +74,24 @@ class EagerRunner:
         except Exception as exc:  # e.g. a token id beyond the embedding: the model's own check
             raise model_code_failed("call", self.shown, "forward", exc) from exc
         # Always copy: a forward may return a parameter, an input or a tensor it caches.
-        return [_prepare_for_out(leaf, rows, out_device, copy=True) for leaf in leaves]
+        kept = fit.outputs if fit is not None else [None] * len(leaves)
+        return [_prepare_for_out(leaf, region, out_device, copy=True)
+                for leaf, region in zip(leaves, kept)]
 
     def run_one(self, index: int, x: torch.Tensor, copy: bool) -> torch.Tensor:
         out_device = x.device if x.device != self.device else None
-        return self.run(index, [x], None, None, copy=copy, out_device=out_device)[0]
+        return self.run(index, [x], None, copy=copy, out_device=out_device)[0]
 
-    def _to_device(self, x: torch.Tensor, padded: Sequence[int] | None) -> torch.Tensor:
-        """Move to the model's device; zero-pad the batch up to ``padded`` when given."""
+    def _to_device(self, x: torch.Tensor, fit: Fit | None, position: int) -> torch.Tensor:
+        """Move to the model's device; pad up to the entry's shape as ``fit`` says."""
         x = x.to(self.device).contiguous()
-        if padded is not None and tuple(x.shape) != tuple(padded):
-            full = torch.zeros(padded, dtype=x.dtype, device=self.device)
-            full[: x.shape[0]].copy_(x)
-            return full
-        return x
+        region = None if fit is None else fit.inputs[position]
+        if region is None:
+            return x
+        full = torch.full(fit.shapes[position], fit.values[position], dtype=x.dtype,
+                          device=self.device)
+        full[region].copy_(x)
+        return full
 
     def close(self) -> None:
         self.forward = None
@@ -163,23 +167,28 @@ class GraphRunner:
 
     # -- replay ----------------------------------------------------------------------
 
-    def run(self, index: int, inputs: Sequence[torch.Tensor], rows: int | None,
-            padded: Sequence[int] | None, copy: bool = True,
-            out_device: torch.device | None = None) -> list[torch.Tensor]:
+    def run(self, index: int, inputs: Sequence[torch.Tensor], fit: Fit | None,
+            copy: bool = True, out_device: torch.device | None = None) -> list[torch.Tensor]:
         self._order_after_last_stream()
         shape_graph = self._full.get(index)
         if shape_graph is None:
             with torch.cuda.device(self.device):  # eager glue launches on the current device
-                return self._eager.run(index, inputs, rows, padded, copy=True,
-                                       out_device=out_device)
-        for static, x in zip(shape_graph.static_inputs, inputs):
-            if rows is None:
+                return self._eager.run(index, inputs, fit, copy=True, out_device=out_device)
+        if fit is None:
+            for static, x in zip(shape_graph.static_inputs, inputs):
                 static.copy_(x, non_blocking=True)
-            else:
-                static[:rows].copy_(x, non_blocking=True)
-                static[rows:].zero_()
+        else:
+            for static, x, region, value in zip(shape_graph.static_inputs, inputs, fit.inputs,
+                                                fit.values):
+                if region is None:
+                    static.copy_(x, non_blocking=True)
+                else:
+                    static.fill_(value)
+                    static[region].copy_(x, non_blocking=True)
         shape_graph.graph.replay()
-        return [_prepare_for_out(t, rows, out_device, copy) for t in shape_graph.static_outputs]
+        kept = fit.outputs if fit is not None else [None] * len(shape_graph.static_outputs)
+        return [_prepare_for_out(t, region, out_device, copy)
+                for t, region in zip(shape_graph.static_outputs, kept)]
 
     def whole_graph(self, index: int) -> ShapeGraph | None:
         """The whole-model graph of shape ``index``, or None where that shape is not one."""
