@@ -29,6 +29,7 @@ from .format import (
     SIGNATURE_NAME,
     check_dtype,
     check_seed,
+    describe_axes,
     format_shape,
     manifest_schema,
     manifest_to_dict,
@@ -153,6 +154,25 @@ def _batch_sizes_option(ctx: click.Context, param: click.Parameter,
         raise _usage("--batch-sizes", exc) from None
 
 
+def _pads_option(ctx: click.Context, param: click.Parameter,
+                 value: Sequence[str]) -> dict[str, Any]:
+    """Repeated ``NAME=VALUE``: VALUE as JSON (``0``, ``0.0``, ``true``)."""
+    pads: dict[str, Any] = {}
+    for item in value:
+        name, sep, text = item.partition("=")
+        try:
+            parsed = json.loads(text) if sep else None
+        except ValueError:
+            parsed = None
+        if not sep or not name.strip().isidentifier() or parsed is None:
+            raise click.BadParameter(f"{item!r}: write NAME=VALUE with a number or true/false "
+                                     "as VALUE (input_ids=0)", param_hint="--pad")
+        if name.strip() in pads:
+            raise click.BadParameter(f"{name.strip()!r} is given twice", param_hint="--pad")
+        pads[name.strip()] = parsed
+    return pads
+
+
 def _labels_option(ctx: click.Context, param: click.Parameter,
                    value: Sequence[str]) -> dict[str, str]:
     """Repeated ``KEY=VALUE`` labels, kept as text (checked with the rest of the metadata)."""
@@ -268,6 +288,11 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--allow-constant-references", is_flag=True,
               help="Build even if a reference output is empty or all outputs are constant "
               "(the load self-test then proves nothing for them).")
+@click.option("--pad", "pads", multiple=True, callback=_pads_option, metavar="NAME=VALUE",
+              help="Let calls be smaller than a declared shape along every dimension in which "
+              "the declared shapes differ, padding input NAME (x for a single one) with VALUE: "
+              "--pad input_ids=0 --pad attention_mask=0. Build proves it leaves the outputs "
+              "unchanged, or refuses. Repeatable.")
 @click.option("--name", help="The model's name (URL-safe) [default: the model file's stem].")
 @click.option("--model-version", default=DEFAULT_VERSION, show_default=True,
               help="The model's version (letters, digits, '.', '_', '-').")
@@ -288,8 +313,8 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
           dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
           capture: str, submodules: tuple, input_range: Any, seed: int,
           reference_inputs: Path | None, allow_constant_references: bool, name: str | None,
-          model_version: str, description: str, license_: str, labels: dict[str, str],
-          force: bool, warm_device: str | None, as_json: bool) -> None:
+          pads: dict[str, Any], model_version: str, description: str, license_: str,
+          labels: dict[str, str], force: bool, warm_device: str | None, as_json: bool) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
     from .builder import check_warm_device
@@ -308,7 +333,7 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
                                 allow_constant_references=allow_constant_references,
                                 name=name, model_version=model_version,
                                 description=description, license=license_, labels=labels,
-                                batch_sizes=batch_sizes, force=force)
+                                batch_sizes=batch_sizes, pad=pads or None, force=force)
     for note in result.notes:
         _say(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
@@ -422,6 +447,12 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
     ]
     if model.packages:
         lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in model.packages.items()))
+    if manifest.padding is not None:
+        values = ", ".join(f"{k}={json.dumps(v)}" for k, v in manifest.padding.values.items())
+        entries = [[shape for _, shape in e.inputs] for e in manifest.shapes]
+        lines.append(f"padded     {values}; calls may be smaller along:")
+        lines += [f"             {axis}" for axis in
+                  describe_axes(manifest.padding, entries, manifest.input_names)]
     shown = [", ".join(f"{n} {format_shape(s)}" for n, s in e.inputs) for e in manifest.shapes]
     width = max(len("inputs"), *map(len, shown)) + 2
     lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}  outputs"]

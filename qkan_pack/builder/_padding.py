@@ -104,7 +104,7 @@ def _with_followers(axis: PaddedAxis, references: Sequence[Reference], names: Se
     largest = max(references, key=lambda r: r.inputs[position].shape[dim])
     size = largest.inputs[position].shape[dim]
     smaller = _cut(largest.inputs, names, {axis: size - 1})
-    shrunk = _run(forward, smaller, largest.entry.label, axis.label)
+    shrunk = _run(forward, smaller, largest.entry.label, f"cut along {axis.label} to {size - 1}")
     followers = []
     for leaf, (before, after) in enumerate(zip(largest.outputs, shrunk)):
         if before.dim() != after.dim():
@@ -152,8 +152,12 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
     label = reference.entry.label
     cut = _cut(reference.inputs, names, sizes)
     padded = _pad(cut, reference.inputs, names, padding)
-    want = _run(forward, cut, label, _axes_text(sizes))
-    got = _slice(_run(forward, padded, label, _axes_text(sizes)), padding, sizes)
+    want = _run(forward, cut, label, f"cut along {_axes_text(sizes)}")
+    got = _slice(_run(forward, padded, label,
+                      f"cut along {_axes_text(sizes)} and padded back with "
+                      f"{_values_text(padding, sizes)}",
+                      hint="Is each pad value valid for the model (a token id below its "
+                           "vocabulary size)?"), padding, sizes)
     bound = _bound(reference.entry.noise)
     for leaf, (g, w) in enumerate(zip(got, want)):
         agreement = compare([g], [w], (0.0, bound))
@@ -222,14 +226,15 @@ def _slice(outputs: Sequence[torch.Tensor], padding: Padding,
 
 
 def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor], label: str,
-         what: str) -> list[torch.Tensor]:
+         what: str, hint: str = "") -> list[torch.Tensor]:
     try:
         with torch.inference_mode():
             return flatten(forward(*inputs))
     except Exception as exc:
         shapes = ", ".join(format_shape(t.shape) for t in inputs)
-        raise PaddingError(problem=f"the model fails on shape {label} cut along {what} "
-                                   f"({shapes}): {type(exc).__name__}: {exc}"[:600]) from exc
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        raise PaddingError(problem=f"the model fails on shape {label} {what} ({shapes}): "
+                                   f"{reason[:300]}", cause=hint) from exc
 
 
 def _axes_text(sizes: Mapping[PaddedAxis, int]) -> str:

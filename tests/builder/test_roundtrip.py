@@ -396,7 +396,7 @@ def test_pickle_payload_in_weights_is_never_run(tmp_path: Path, strict_model: Pa
     monkeypatch.setenv("BOOM", str(boom))
     weights = tmp_path / "evil.pt"
     weights.write_bytes(pickle.dumps({"linear.weight": _Boom()}, protocol=2))
-    with pytest.raises(WeightsMismatchError, match="pickled Python objects.*never unpickles"):
+    with pytest.raises(WeightsMismatchError, match=r"pickled Python objects.*never unpickles"):
         build(strict_model, "1x2", output=tmp_path / "a", weights=weights)
     assert not boom.exists()
 
