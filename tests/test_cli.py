@@ -143,6 +143,7 @@ def test_existing_artifact_needs_force(tmp_path: Path) -> None:
     (["build"], ["Missing argument 'MODEL_PY'"]),
     (["inspect"], ["Missing argument 'DIRECTORY'"]),
     (["verify", "x", "--override", "1=2"], ["--override", "KEY=VALUE"]),
+    (["bench-serve", "x", "--kills", "3"], ["--kills goes with --kill-at"]),
     (["frobnicate"], ["No such command 'frobnicate'"]),
 ])
 def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:

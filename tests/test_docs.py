@@ -79,15 +79,18 @@ def test_the_command_line_page_names_every_command_and_option() -> None:
     assert missing == [], f"docs/cli.md does not document: {missing}"
 
 
-#: A repository path in a code span (``tests/serve/test_wire.py``, ``qkan_pack/format/_old/``,
-#: ``runtime/_load.py``-style module paths without the package are not checked; nor are
-#: patterns with ``*``, ``…`` or placeholders).
+#: A repository path in a code span (``tests/serve/test_wire.py``, ``qkan_pack/format/_old/``),
+#: or a module path inside the package (``runtime/_load.py``, ``qkan_pack/_session``); patterns
+#: with ``*``, ``…`` or placeholders are not paths.
 REPO_PATH = re.compile(r"`((?:benchmarks|tests|examples|qkan_pack|docs)/[^`\s*…<>{}]+?)(?:::[^`]*)?`")
+MODULE_PATH = re.compile(r"`((?:runtime|serve|builder|format|bench|predict)/_[\w/]+\.py)`")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_file_a_page_names_exists(page: Path) -> None:
-    missing = [path for path in REPO_PATH.findall(page.read_text())
+    text = page.read_text()
+    paths = [*REPO_PATH.findall(text), *(f"qkan_pack/{path}" for path in MODULE_PATH.findall(text))]
+    missing = [path for path in paths
                if not any((ROOT / candidate).exists()
                           for candidate in (path.rstrip("/"), path + ".py"))]
     assert missing == [], f"{page.relative_to(ROOT)} names files that do not exist: {missing}"

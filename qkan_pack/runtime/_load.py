@@ -25,7 +25,7 @@ import torch
 
 from .._extras import install_hint, missing_module
 from ..errors import ModelSourceError, QkanPackError
-from ..format import WEIGHTS_NAME, Manifest
+from ..format import WEIGHTS_NAME, Manifest, describe_axes
 from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
 from ._capture import capture_session
@@ -151,7 +151,13 @@ def _new_report(artifact: VerifiedArtifact, target: torch.device,
                 options: LoadOptions) -> LoadReport:
     manifest = artifact.manifest
     overrides = dict(options.config_overrides)
+    padding = []
+    if manifest.padding is not None:
+        entries = [[shape for _, shape in e.inputs] for e in manifest.shapes]
+        padding = [", ".join(f"{k}={v!r}" for k, v in manifest.padding.values.items()),
+                   *describe_axes(manifest.padding, entries, manifest.input_names)]
     return LoadReport(
+        padding=padding,
         artifact=str(artifact.path), digest=artifact.digest, device=str(target),
         capture_policy=manifest.capture.policy if target.type == "cuda" else "eager (no CUDA)",
         factory_device=str(target) if manifest.model.device_argument else None,

@@ -44,7 +44,8 @@ class LoadOptions:
 
     - ``expected_digest``: refuse unless the artifact's digest is this ``sha256:…``;
     - ``config_overrides``: factory arguments replaced at load (e.g. ``{"solver": "flash"}``);
-    - ``pad_batch``: zero-pad smaller batches up to a captured one (rows must be independent);
+    - ``pad_batch``: deprecated (unproven): zero-pad smaller batches up to a captured one;
+      an artifact built with ``--pad`` pads as declared, proven at build, without it;
     - ``copy_outputs``: False returns the graphs' static buffers (overwritten by the next call);
     - ``reference_tolerance``: ``(rtol, atol)`` against the build references (default by device);
     - ``replay_tolerance``: ``(rtol, atol)`` of replay against eager on this device;

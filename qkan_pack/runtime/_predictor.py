@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["Predictor"]
+
+#: ``pad_batch`` pads without proof; ``build --pad`` proves padding and makes it the default.
+PAD_BATCH_DEPRECATED = (
+    "pad_batch=True zero-pads smaller batches without proof that the model's rows are "
+    "independent, and is deprecated: rebuild with --pad x=0 (build(..., pad={'x': 0})), which "
+    "proves padding on the model at build; every call of such an artifact pads as declared")
 
 class Predictor:
     """Replay-only inference over the shapes an artifact declares.
@@ -73,7 +80,10 @@ class Predictor:
             options = LoadOptions.from_keywords(keywords)
         elif keywords:
             raise TypeError("pass either options=LoadOptions(...) or keywords, not both")
-        return cls(load(path, device, options), options)
+        predictor = cls(load(path, device, options), options)
+        if options.pad_batch and predictor.manifest.padding is None:
+            warnings.warn(PAD_BATCH_DEPRECATED, DeprecationWarning, stacklevel=2)
+        return predictor
 
     # -- calls -------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ class LoadReport:
     pool_bytes: int = 0
     kernel_cache: str = "not used"
     compiled: str = "off"
+    #: Declared padding (``build --pad``): the pad values and each axis with its sizes.
+    padding: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,6 +96,8 @@ class LoadReport:
         stages = ", ".join(f"{k} {v:.3f}s" for k, v in self.stages.items())
         lines.append(f"ready in {self.load_to_ready_seconds:.3f}s ({stages})")
         lines.append(f"kernel cache: {self.kernel_cache}")
+        if self.padding:
+            lines.append("padding: " + "; ".join(self.padding))
         if self.compiled != "off":
             lines.append(f"compiled mode: {self.compiled}")
         lines.extend(f"warning: {w}" for w in self.warnings)

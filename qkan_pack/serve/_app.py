@@ -27,6 +27,7 @@ import gc
 import logging
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -134,8 +135,11 @@ class ArtifactServer:
 
         options = options or ServeOptions()
         tune_replica_process()
-        predictor = Predictor.load(path, options.device, expected_digest=digest, pad_batch=True,
-                                   progress=False, **dict(predictor_options or {}))
+        with warnings.catch_warnings():  # serve's row batching of artifacts without --pad
+            warnings.simplefilter("ignore", DeprecationWarning)
+            predictor = Predictor.load(path, options.device, expected_digest=digest,
+                                       pad_batch=True, progress=False,
+                                       **dict(predictor_options or {}))
         plan = row_plan(predictor.manifest)
         self.core = ModelCore(predictor, max_batch_size=options.max_batch_size or largest_batch(plan),
                               max_batch_wait_ms=options.max_batch_wait_ms, exact=options.exact)

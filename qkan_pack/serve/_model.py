@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ServeError
+from ..format import fit_entry
 from ._gather import QUIET_BOUND_MS, RowGatherer
+from ._ragged import RaggedPlan, RaggedRow
 from ._rows import Tail, captured_batch, route_table, row_plan, unrouted
 from ._stats import ReplicaStats
 from ._wire import (
@@ -59,11 +61,17 @@ class ModelCore:
         self.accepted = manifest.signatures()
         self.exact = exact
         self.max_batch_size = 1 if exact else max_batch_size
-        self.stats = ReplicaStats([label for sizes in self.plan.values() for _, label in sizes])
+        self._ragged = RaggedPlan(manifest) if manifest.padding is not None else None
+        self._labels = [e.label for e in manifest.shapes]
+        self.stats = ReplicaStats(self._labels if self._ragged is not None else
+                                  [label for sizes in self.plan.values() for _, label in sizes])
         self.fault: str | None = None
         quiet = max_batch_wait_ms is None
+        body, rows = self._run_rows, self.max_batch_size
+        if self._ragged is not None:
+            body, rows = self._run_ragged, min(self.max_batch_size, self._ragged.max_rows)
         self._gatherer = None if exact else RowGatherer(
-            self._run_rows, max_rows=self.max_batch_size, until_quiet=quiet,
+            body, max_rows=max(1, rows), until_quiet=quiet,
             wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000)
         self.batch_rule = ("never: each row replays alone (exact)" if self._gatherer is None
                            else self._gatherer.rule)
@@ -87,6 +95,8 @@ class ModelCore:
         try:
             arrays = self._fit(given)
             shapes = tuple(a.shape for a in arrays)
+            if self._ragged is not None:
+                return await self._infer_ragged(arrays, shapes)
             way = self._routes.get(shapes)
             if way is None:
                 raise unrouted(shapes, self.plan, self.names, self.accepted)
@@ -109,6 +119,52 @@ class ModelCore:
         # [0, ...]: a row's share of a per-row output is a 0-d array (a numpy scalar would
         # lose its array type, and the handle could not give it back as a tensor)
         return map_leaves(lambda t: t[0, ...], out) if way.squeezed else out
+
+    async def _infer_ragged(self, arrays: list[np.ndarray], shapes: tuple) -> Any:
+        """A request of an artifact with declared padding that is not a captured shape: a
+        single row joins a ragged group (``_ragged``); a larger request that fits replays
+        alone, padded by the predictor. ``InputError`` stays the caller's to count."""
+        assert self._ragged is not None
+        found = self._ragged.row(arrays)
+        if found is None:
+            if not self._ragged.fits(shapes):
+                raise self._ragged.refuse(shapes)
+            self.stats.request("direct", self._exact_shapes.get(shapes, "padded"))
+            if shapes[0] and shapes[0][0] >= THREAD_ROWS:
+                return await asyncio.to_thread(self.replay, arrays)
+            return self.replay(arrays)
+        row, squeezed = found
+        self.stats.request("rows")
+        if self._gatherer is None:  # exact: the row replays alone, padded by the predictor
+            out = self._ragged.share(self.replay(row.arrays), 0, row)
+            self.stats.replay(self._entry_label([row]), 1)
+        else:
+            out = await self._gatherer.submit(row)
+        return map_leaves(lambda t: t[0, ...], out) if squeezed else out
+
+    def _run_ragged(self, rows: list[RaggedRow]) -> list[Any]:
+        """The gatherer's body for ragged rows: per chunk, pad to the longest row, stack,
+        replay, give each row its own share."""
+        assert self._ragged is not None
+        results: list[Any] = [None] * len(rows)
+        for chunk in self._ragged.chunks(rows):
+            members = [rows[i] for i in chunk]
+            try:
+                out = self.replay(self._ragged.stack(members))
+            except Exception as exc:
+                for i in chunk:
+                    results[i] = exc
+                continue
+            self.stats.replay(self._entry_label(members), len(members))
+            for j, i in enumerate(chunk):
+                results[i] = self._ragged.share(out, j, rows[i])
+        return results
+
+    def _entry_label(self, rows: Sequence[RaggedRow]) -> str:
+        assert self._ragged is not None
+        found = fit_entry(self._ragged.stack_shapes(rows), self._ragged.entries, self.names,
+                          self._ragged.padding)
+        return self._labels[found[0]] if found is not None else "padded"
 
     def _fit(self, given: Mapping[str, Given]) -> list[np.ndarray]:
         if given.keys() != self._name_set:
