@@ -1,6 +1,6 @@
 # `make test` and `make demo` each do all set-up on a fresh machine: a .venv with the pinned
 # CPU torch installed first (a bare `torch` requirement would pull a multi-GB CUDA build),
-# then qkan from its sdist without its CUDA extension, then this project with test extras.
+# then qkan from its sdist without its CUDA extension, then this project with every extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,19 +8,21 @@ STAMP := $(VENV)/.qkan-pack-installed
 TORCH_PIN := torch==2.13.0
 QKAN_PIN := qkan==0.2.3
 
-.PHONY: test test-fast demo lint clean bench-reference
+.PHONY: test test-fast demo lint docs clean bench-reference
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q $(TORCH_PIN)
 	QKAN_SKIP_CUDA_BUILD=TRUE $(PY) -m pip install -q --no-build-isolation $(QKAN_PIN)
-	$(PY) -m pip install -q -e '.[test,bench,serve,qkan,sign]'
+	$(PY) -m pip install -q -e '.[test,bench,serve,qkan,sign,docs]'
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check qkan_pack tests examples
+	$(PY) -m ruff check qkan_pack tests examples mkdocs_hooks.py
 	$(VENV)/bin/lint-imports
+	site=$$(mktemp -d) && $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
+		status=$$?; rm -rf "$$site"; exit $$status
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -30,8 +32,13 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check qkan_pack tests examples
+	$(PY) -m ruff check qkan_pack tests examples mkdocs_hooks.py
 	$(VENV)/bin/lint-imports
+
+# The manual (docs/, mkdocs.yml) as a site in build/site/; strict: a broken link, a missing
+# anchor or a page left out of the navigation fails.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) artifacts/*/ .pytest_cache
