@@ -165,7 +165,7 @@ class ArtifactSignatureError(ArtifactError):
     CODE_SIGNING_LEAF: ClassVar[str] = (
         "a leaf certificate with extendedKeyUsage codeSigning and basicConstraints CA:FALSE "
         "(keyUsage, if present, digitalSignature and no keyCertSign), issued under a trusted "
-        "root; SECURITY.md, \"Issuing a code-signing certificate\", shows how")
+        "root; docs/signing.md, \"Issuing a code-signing certificate\", shows how")
 
     def __init__(self, *, path: str, problem: str, detail: str = "",
                  name: str = "model.sig") -> None:

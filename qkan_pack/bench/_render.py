@@ -58,6 +58,8 @@ def _variant_row(item: VariantResult) -> str:
            f"{_ratio(item.ratio_to_kernel):>11}")
     if item.warmup_s is not None and item.name in ("torch_compile", "qkan_compile_inference"):
         row += f"   warm-up {item.warmup_s:.2f}s (first call {item.first_call_s:.2f}s)"
+    if item.vs_exact_call is not None:
+        row += f"   {item.vs_exact_call:.3f}x the exact call ({item.note})"
     if item.max_abs_diff_vs_eager is not None and item.max_abs_diff_vs_eager > 1e-3:
         row += f"   max |diff| vs eager {item.max_abs_diff_vs_eager:.2e}"
     return row

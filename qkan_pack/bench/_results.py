@@ -68,6 +68,8 @@ class VariantResult:
     speedup_vs_eager: float | None = None
     overhead_vs_bare: float | None = None
     ratio_to_kernel: float | None = None
+    #: A padded call's median over the exact call's (the predictor at this entry's shape).
+    vs_exact_call: float | None = None
 
 
 @dataclass
@@ -137,6 +139,9 @@ def finish_shape(variants: list[Variant], result: ShapeResult) -> ShapeResult:
             item.overhead_vs_bare = item.median_us / bare.median_us
         if result.kernel_us:
             item.ratio_to_kernel = item.median_us / result.kernel_us
+    exact, padded = result.variants.get("predictor"), result.variants.get("predictor_padded")
+    if exact is not None and padded is not None and exact.median_us and padded.median_us:
+        padded.vs_exact_call = padded.median_us / exact.median_us
     return result
 
 
