@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from ._names import LABELS, SKIPPABLE
 
-SCHEMA = "qkan-pack-bench/2"  # 2: cold starts left for their own report (bench --cold)
+SCHEMA = "qkan-pack-bench/3"  # 3: padded calls (vs_exact_call); 2: cold starts apart
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VARIANT_KEYS = {"name", "label", "status", "reason", "note", "median_us", "p90_us", "p99_us",
                 "mean_us", "min_us", "spread_pct", "throughput_cps", "throughput_spread_pct",
                 "repeats", "first_call_s", "warmup_s", "max_abs_diff_vs_eager",
-                "speedup_vs_eager", "overhead_vs_bare", "ratio_to_kernel"}
+                "speedup_vs_eager", "overhead_vs_bare", "ratio_to_kernel", "vs_exact_call"}
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +233,19 @@ def test_named_inputs_reach_every_variant_by_name(tmp_path: Path) -> None:
     (shape,) = report.shapes
     assert shape.variants["predictor"].status == "ok"
     assert shape.variants["predictor"].max_abs_diff_vs_eager == 0.0
+
+
+def test_a_padded_call_is_timed_beside_the_exact_call(tmp_path: Path) -> None:
+    from qkan_pack import build
+
+    from ..conftest import MODELS
+
+    path = build(MODELS / "pad_models.py", "1x6,8x6", config={"kind": "rows"},
+                 output=tmp_path / "rows", pad={"x": 0.0}, progress=False).path
+    report = run_bench(path, "cpu", settings=FAST, progress=False)
+    padded = report.shape("8x6").variants["predictor_padded"]
+    assert padded.status == "ok" and padded.vs_exact_call is not None
+    assert padded.max_abs_diff_vs_eager is not None and padded.max_abs_diff_vs_eager < 1e-5
+    assert "input dim 0 7: padded into this shape" in padded.note
+    assert "predictor_padded" not in report.shape("1x6").variants  # a batch of one: minimal
+    assert "the exact call" in render_table(report)
