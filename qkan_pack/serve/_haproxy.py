@@ -15,9 +15,13 @@ binary. Ray 2.60 offers no setting for these:
   replica is up) are a plain-text ``500 Internal Server Error``: here a JSON 503 with
   ``Retry-After``, like the replica's own overload reply;
 - with no replica up, HAProxy sends requests to Ray's Python proxy as a backup server, which
-  holds them or answers a plain-text 404 (while the app drains): here the backup line is
-  dropped, so HAProxy answers the JSON 503 with ``Retry-After`` at once; likewise its
-  no-route reply (while the app deploys or drains), a plain-text 404 in Ray's config;
+  holds them or answers a plain-text 404 (while the app drains): here the backup is HAProxy
+  itself, a listener on a unix socket in the serve's work directory (``UNAVAILABLE_SECTION``)
+  that answers the JSON 503 with ``Retry-After`` at once; likewise its no-route reply (while
+  the app deploys or drains), a plain-text 404 in Ray's config. The backup also answers a
+  request whose last replica died under it: without one, HAProxy closed a kept-alive
+  client's connection with no reply instead of sending its 503 (it sends none for a request
+  that went over a reused server connection, so that the client may retry);
 - no ``timeout http-request``: a client that trickles its headers holds a connection for an
   hour (``timeout client``); here it is cut after ``HEADER_TIMEOUT_S`` (or the body timeout,
   if shorter) with a JSON 408;
@@ -130,7 +134,7 @@ ERROR_LIMIT = 1
 #: flight, ``ERROR_LIMIT`` refused before the dead replica is out of rotation, one on a live
 #: replica; the rest to spare for pooled connections to the dead replica that HAProxy reuses
 #: before it has seen them close (each fails without a reply, and is retried).
-RETRIES = 6
+RETRIES = 10
 #: HAProxy's retry policy (see above): replay a request that got no reply byte, each time
 #: on another replica. ``response-timeout`` is left out: there is no server timeout.
 RETRY_POLICY = {"retry-on": "retry-on conn-failure empty-response junk-response",
@@ -141,6 +145,14 @@ _WATCH = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"
 _WATCH_KEYWORDS = re.compile(r"\s+(?:observe|error-limit|on-error)\s+\S+")
 _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
                 b'replacing a replica); retry after 1 s"}')
+#: HAProxy's own listener answering every request with the JSON 503 (see above): each app
+#: backend's backup server, on a unix socket in the error files' directory. Where that path
+#: is too long for a socket it is left out, and a request that no replica can take may end
+#: in a closed connection again.
+UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable"
+UNAVAILABLE_SOCKET = "unavailable.sock"
+_UNAVAILABLE_SERVER = "qkan-pack-unavailable"
+_SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 
 
 @dataclass(frozen=True)
@@ -177,10 +189,15 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     ``admission``, bounded admission to each replica; given ``replica_host`` (where local
     replicas bind, IPv6 in brackets), local replicas addressed there; given
     ``token_sha256``, the token required on every listener but the liveness route; always
-    HAProxy's retry policy (``RETRY_POLICY``, ``ERROR_LIMIT``) over the template's
-    (idempotent: a rewritten config rewrites to itself)."""
+    HAProxy's retry policy (``RETRY_POLICY``, ``ERROR_LIMIT``) over the template's, and
+    HAProxy itself as each app backend's backup (``UNAVAILABLE_SECTION``) (idempotent: a
+    rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
-    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals))
+    unavailable = _unavailable_socket(error_dir)
+    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
+                                         unavailable))
+    if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
+        config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     config = _RETRY_SETTING.sub(lambda m: m[1] + RETRY_POLICY[" ".join(m[2].split())], config)
@@ -203,6 +220,19 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", present)]
 
 
+def _unavailable_socket(error_dir: str) -> str | None:
+    """Where HAProxy's own JSON 503 listens, if that path fits a unix socket."""
+    path = f"{error_dir}/{UNAVAILABLE_SOCKET}"
+    return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
+
+
+def _unavailable_section(socket_path: str) -> list[str]:
+    """The listener every app backend falls back to when no replica can take a request."""
+    return [UNAVAILABLE_SECTION, "    mode http", "    no log", f"    bind unix@{socket_path} mode 600",
+            "    http-request return status 503 content-type application/json hdr Retry-After 1 "
+            f"hdr Cache-Control no-cache string '{_UNAVAILABLE.decode()}'"]
+
+
 def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, str]:
     """The rule refusing a request without the token, by section (none without a token):
     the HTTP frontend's spares the liveness route, the side sections' spare nothing."""
@@ -220,16 +250,20 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, str]:
 
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
-                      replica_host: str | None, refusals: dict[str, str]) -> list[str]:
+                      replica_host: str | None, refusals: dict[str, str],
+                      unavailable: str | None) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
-    frontend, which binds where ``--host`` says); no backup server; ``http-reuse safe``; the
-    no-route reply as JSON 503; liveness replies without text; each app backend's admission
-    (``IngressAdmission``) and ``APP_REQUEST_RULES``; each ``refusals`` rule first in its
-    section."""
+    frontend, which binds where ``--host`` says); no backup server but ``unavailable`` (the
+    socket of HAProxy's own JSON 503), declared before Ray's ``default-server`` line and
+    without health checks; ``http-reuse safe``; the no-route reply as JSON 503; liveness
+    replies without text; each app backend's admission (``IngressAdmission``) and
+    ``APP_REQUEST_RULES``; each ``refusals`` rule first in its section."""
     section = ""
     out = []
     added = [admission.refusal_rule()] if admission else []
     added.extend(APP_REQUEST_RULES)
+    if unavailable:
+        added.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
     for line in lines:
         if line and not line[0].isspace():
             section = line.strip()

@@ -148,4 +148,6 @@ def test_the_private_triton_names_relied_on_exist() -> None:
     assert unsupported_triton() is None, triton.__version__
     assert callable(cache.triton_key)
     knobs = cache_knobs()
-    assert knobs is not None and hasattr(type(knobs), "dir")
+    # ``dir`` is a class-level descriptor (env var, else default) that a value in the
+    # instance's __dict__ overrides: the seam sets that value aside while it loads
+    assert knobs is not None and "dir" in vars(type(knobs))

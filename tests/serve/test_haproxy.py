@@ -23,6 +23,7 @@ from qkan_pack.serve._haproxy import (
     APP_REQUEST_RULES,
     ERROR_LIMIT,
     RETRIES,
+    UNAVAILABLE_SECTION,
     IngressAdmission,
     error_response,
     install_wrapper,
@@ -55,12 +56,18 @@ def test_haproxy_config_rewrite() -> None:
     assert "timeout http-request 7s" in out and "status 404" not in out
     assert "option http-buffer-request" in out and "errorfile 408 /E/408.http" in out
     assert "option abortonclose" in out
-    assert "server r1 127.0.0.1:30000 check" in out and "backup" not in out
+    assert "server r1 127.0.0.1:30000 check" in out and "fallback" not in out
     assert "    http-reuse safe" in out and "http-reuse always" not in out
     lines = out.split("\n")  # Ray's disconnect watch off, no client timeout: the app only
     at = lines.index("backend app_1") + 1
     assert tuple(lines[at:at + 2]) == APP_REQUEST_RULES
     assert all(lines.count(rule) == 1 for rule in APP_REQUEST_RULES)
+    backup = "    server qkan-pack-unavailable unix@/E/unavailable.sock backup no-check"
+    assert lines[at + 2] == backup and lines.count(backup) == 1  # HAProxy's own JSON 503
+    unavailable = lines[lines.index(UNAVAILABLE_SECTION):]
+    assert "    bind unix@/E/unavailable.sock mode 600" in unavailable
+    answer = next(line for line in unavailable if "http-request return" in line)
+    assert "status 503" in answer and "hdr Retry-After 1" in answer
     assert rewrite(out, "/E", 7) == out
     head, body = error_response().split(b"\r\n\r\n")
     assert b"503" in head and b"Retry-After: 1" in head and strict_json(body)["error"]
@@ -187,8 +194,8 @@ def _dies_mid_request(listener: socket.socket) -> None:
 
 @pytest.fixture
 def haproxy(tmp_path: Path) -> Iterator[int]:
-    """HAProxy, configured the way qkan-pack configures Ray's (retry policy from
-    ``_launch``, the rest from ``rewrite``), round-robin over a dying and a good replica."""
+    """HAProxy, configured the way qkan-pack configures Ray's (``rewrite``), round-robin over
+    a dying and a good replica."""
     good = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
     threading.Thread(target=good.serve_forever, daemon=True).start()
     dying = socket.create_server(("127.0.0.1", 0))
@@ -201,12 +208,18 @@ def haproxy(tmp_path: Path) -> Iterator[int]:
         dying.close()
 
 
+#: How Ray's template declares a replica's server (``inter`` aside: a check a minute keeps
+#: health checks out of the tests' way).
+RAY_WATCH = "check inter 60s observe layer4 error-limit 3 on-error mark-down"
+
+
 def _haproxy_over(tmp_path: Path, servers: dict[str, int],
                   admission: IngressAdmission | None = None, *,
                   frontend: Sequence[str] = (), sections: Sequence[str] = (),
                   token_sha256: str | None = None) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
-    always``, which the wrapper rewrites), in front of ``servers`` (name -> port); Ray's
+    always``, which the wrapper rewrites; health checks, here once a minute, and Ray's watch
+    on each server's connections), in front of ``servers`` (name -> port); Ray's
     ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
     wrapper as the serve hands it to Ray's processes."""
     binary = real_haproxy()
@@ -223,7 +236,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
         "frontend http_frontend", f"    bind 127.0.0.1:{port}", *frontend,
         "    default_backend app", "backend app", "    http-reuse always",
-        *(f"    server {name} 127.0.0.1:{at}" for name, at in servers.items()), *sections, ""]))
+        *(f"    server {name} 127.0.0.1:{at} {RAY_WATCH}" for name, at in servers.items()),
+        *sections, ""]))
     env = {**os.environ, TOKEN_DIGEST_ENV: token_sha256} if token_sha256 else None
     process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -618,9 +632,8 @@ def test_a_request_whose_replica_dies_while_the_others_are_full_waits_for_a_live
     first attempt had reused a pooled connection); now the request waits for the live
     replica and gets its answer."""
     replicas = [_KillableReplica(), _KillableReplica()]
-    watch = "check inter 60s observe layer4 error-limit 3 on-error mark-down"  # Ray's lines
     backend = ["backend replicas", "    balance leastconn", "    http-reuse always",
-               *(f"    server r{i} 127.0.0.1:{r.port} {watch}" for i, r in enumerate(replicas))]
+               *(f"    server r{i} 127.0.0.1:{r.port} {RAY_WATCH}" for i, r in enumerate(replicas))]
     try:
         for port in _haproxy_over(tmp_path, {}, IngressAdmission(ongoing=1, queued=4),
                                   frontend=["    use_backend replicas"], sections=backend):
@@ -658,11 +671,46 @@ def _kill_the_replica_of_a_kept_alive_request(port: int, replicas: list[_Killabl
     return statuses
 
 
-def _send(conn: http.client.HTTPConnection, into: dict[str, object], key: str) -> None:
+def _send(conn: http.client.HTTPConnection, into: dict[str, object], key: str,
+          replies: dict[str, tuple[dict[str, str], bytes]] | None = None) -> None:
+    """POST a row: its status into ``into[key]`` (its headers and body into ``replies``), or
+    the error that ended it."""
     try:
         conn.request("POST", "/", b'{"inputs": [[0.1, 0.2]]}')
         reply = conn.getresponse()
-        reply.read()
+        body = reply.read()
         into[key] = reply.status
+        if replies is not None:
+            replies[key] = ({k.lower(): v for k, v in reply.getheaders()}, body)
     except (OSError, http.client.HTTPException) as exc:
         into[key] = type(exc).__name__  # closed without a reply: RemoteDisconnected
+
+
+def test_the_only_replica_dying_under_a_kept_alive_client_gives_a_json_503(
+        tmp_path: Path) -> None:
+    """Regression (issue 32, item 9): with no replica left to retry on, HAProxy closed a
+    kept-alive client's connection with no reply (``RemoteDisconnected``): it sends no error
+    for a request that went over a reused server connection. HAProxy's own listener, each
+    app backend's backup, now answers it with the JSON 503 and ``Retry-After``."""
+    replica = _KillableReplica()
+    backend = ["backend replicas", "    balance leastconn", "    http-reuse always",
+               f"    server only 127.0.0.1:{replica.port} {RAY_WATCH}"]
+    statuses: dict[str, object] = {}
+    replies: dict[str, tuple[dict[str, str], bytes]] = {}
+    try:
+        for port in _haproxy_over(tmp_path, {}, IngressAdmission(ongoing=4, queued=4),
+                                  frontend=["    use_backend replicas"], sections=backend):
+            client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            _send(client, statuses, "first")
+            replica.holding.set()
+            sender = threading.Thread(target=_send, args=(client, statuses, "second", replies))
+            sender.start()
+            _until(lambda: replica.held)
+            replica.kill()
+            sender.join(30)
+            assert statuses == {"first": 200, "second": 503}
+            headers, body = replies["second"]
+            assert headers["retry-after"] == "1" and "retry after" in strict_json(body)["error"]
+    finally:
+        replica.release.set()
+        replica.kill()
