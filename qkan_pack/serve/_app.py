@@ -37,7 +37,7 @@ from ..format import check_device_text
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._rows import describe_artifact, largest_batch, row_plan
-from ._whole_replies import write_replies_whole
+from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def raise_young_gc_threshold() -> None:
 def tune_replica_process() -> None:
     """What every replica's process gets, a model's and the no-op's alike (the no-op stays
     the same server without the model): rare young collections, and replies written whole
-    (``_whole_replies``)."""
+    (``_uvicorn_compat``)."""
     raise_young_gc_threshold()
     for reason in write_replies_whole():
         logger.warning("replies are written in two pieces here: %s", reason)

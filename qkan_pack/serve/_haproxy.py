@@ -57,7 +57,7 @@ binary. Ray 2.60 offers no setting for these:
   body, so a request replayed on another replica gets the same answer and changes nothing;
   the only other POST, ``/stats/reset``, zeroes counters (twice is once). A reply HAProxy
   has begun to pass on cannot be replayed: replies leave a replica in one write
-  (``_whole_replies``), and bodies over HAProxy's buffer stream and are never replayed;
+  (``_uvicorn_compat``), and bodies over HAProxy's buffer stream and are never replayed;
 - no admission bound: HAProxy opens as many concurrent requests to a replica as clients
   send, so the replica's own Python admission had to refuse the excess, spending the
   replica's one event loop on requests it will not serve. Here each replica server gets

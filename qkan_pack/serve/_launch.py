@@ -198,8 +198,6 @@ def _haproxy_env(binary: str, options: ServeOptions, workdir: Path, stats_port: 
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
-        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
-        "RAY_SERVE_HAPROXY_RETRIES": "3",
         "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "60",
         "RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "1s",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{drain:g}",

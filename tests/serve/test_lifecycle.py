@@ -174,7 +174,7 @@ def test_a_specific_host_serves_through_haproxy(artifact: Path, host: str) -> No
 def test_the_python_ingress_serves_json_replies_and_stops(artifact: Path) -> None:
     """``--ingress python`` (Ray's proxy actor in front, no HAProxy): replies travel from the
     replica to the proxy as ASGI messages, so the replica's own reply type and its one-write
-    replies (``serve/_whole_replies``) must not change what a client gets."""
+    replies (``serve/_uvicorn_compat``) must not change what a client gets."""
     server = Server(artifact, ["--ingress", "python", "--grace-s", "1"], token=ENV_TOKEN,
                     env={"QKAN_PACK_SERVE_TOKEN": ENV_TOKEN}).start(timeout_s=120)
     try:

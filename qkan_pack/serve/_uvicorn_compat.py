@@ -1,4 +1,5 @@
-"""Each reply leaves a replica in one socket write: status line, headers and body together.
+"""Every access to uvicorn's internals, in one place: each reply leaves a replica in one
+socket write (status line, headers and body together).
 
 uvicorn (the HTTP server inside every Ray Serve replica) writes a reply's status line and
 headers when the app sends ``http.response.start`` and its body when the app sends
@@ -19,7 +20,8 @@ another replica (``retry-on empty-response``); an app that fails after starting 
 its connection closed with nothing sent, where the client used to get headers and no body.
 Streamed replies are unchanged after their first chunk. The change is to uvicorn's two
 protocol classes, in the replica's process only (each replica calls it once at start), and is
-skipped, with the reason, if their ``send`` is not what this was written against.
+skipped, with the reason, if uvicorn is outside ``SUPPORTED`` or their ``send`` is not what
+this was written against.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+#: uvicorn releases whose ``RequestResponseCycle.send`` this was written against: [0.30, 1.0).
+SUPPORTED = ((0, 30), (1, 0))
 #: Marks a protocol class whose ``send`` already holds reply heads.
 _MARK = "_qkan_pack_whole_replies"
 _HELD = "_qkan_pack_held_head"
@@ -122,6 +126,9 @@ def _holding_heads(send: Send) -> Send:
 def write_replies_whole() -> list[str]:
     """Make this process's uvicorn write each reply in one piece (idempotent). Returns why
     an installed protocol class was left alone, one line each (nothing when all changed)."""
+    release = unsupported_uvicorn()
+    if release is not None:
+        return [release]
     skipped = []
     for module_name in ("uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl"):
         try:
@@ -136,6 +143,25 @@ def write_replies_whole() -> list[str]:
             cycle.send = _holding_heads(cycle.send)
             setattr(cycle, _MARK, True)
     return skipped
+
+
+def unsupported_uvicorn() -> str | None:
+    """Why this uvicorn is not one the change was written against, or None."""
+    try:
+        import uvicorn
+    except ImportError:
+        return "uvicorn is not installed"
+    parts = uvicorn.__version__.split(".")
+    try:
+        release = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        release = None
+    low, high = SUPPORTED
+    if release is None or not low <= release < high:
+        return (f"uvicorn {uvicorn.__version__} is outside the releases this was written for "
+                f"({low[0]}.{low[1]} up to {high[0]}.{high[1]}): replies are written as uvicorn "
+                "writes them")
+    return None
 
 
 def _unexpected(cycle: Any) -> str | None:

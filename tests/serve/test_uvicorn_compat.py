@@ -1,4 +1,4 @@
-"""A replica's uvicorn writes each reply in one piece (``serve/_whole_replies``): nothing of a
+"""A replica's uvicorn writes each reply in one piece (``serve/_uvicorn_compat``): nothing of a
 reply reaches the client before its body is ready, the bytes are the same as before, and a
 reply that fails after its start sends nothing at all. A real uvicorn server on loopback,
 for each of its two HTTP implementations."""
@@ -60,7 +60,7 @@ def _http_kinds() -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _whole_replies() -> None:
-    from qkan_pack.serve._whole_replies import write_replies_whole
+    from qkan_pack.serve._uvicorn_compat import write_replies_whole
 
     assert write_replies_whole() == []
 
@@ -138,7 +138,7 @@ def test_a_head_reply_still_sends_its_headers(http: str) -> None:
 
 
 def test_a_uvicorn_this_was_not_written_for_is_left_alone() -> None:
-    from qkan_pack.serve._whole_replies import _unexpected
+    from qkan_pack.serve._uvicorn_compat import _unexpected
 
     class Slotted:
         __slots__ = ()
@@ -180,3 +180,16 @@ def test_an_app_that_catches_a_failed_send_keeps_its_head(http: str) -> None:
 
     reply = asyncio.run(scenario())
     assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"\r\n\r\nok")
+
+
+def test_a_uvicorn_outside_the_supported_releases_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from qkan_pack.serve._uvicorn_compat import SUPPORTED, unsupported_uvicorn, write_replies_whole
+
+    assert unsupported_uvicorn() is None, uvicorn.__version__  # the installed one is supported
+    monkeypatch.setattr(uvicorn, "__version__", "1.2.0")
+    said = write_replies_whole()
+    assert len(said) == 1 and "uvicorn 1.2.0 is outside" in said[0]
+    assert f"{SUPPORTED[0][0]}.{SUPPORTED[0][1]}" in said[0]
