@@ -705,6 +705,20 @@ def _bench_cold(directory: Path, device: str, overrides: dict, json_path: Path |
         click.echo(f"wrote {write_cold_plot(report, plot_path)}", err=to_stdout)
 
 
+def _lengths_option(ctx: click.Context, param: click.Parameter,
+                    value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        low, high = (int(v) for v in value.split(","))
+    except ValueError:
+        low = high = 0
+    if not 1 <= low <= high:
+        raise click.BadParameter("write LOW,HIGH with 1 <= LOW <= HIGH, e.g. 8,128",
+                                 param_hint="--lengths")
+    return low, high
+
+
 def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
     try:
         counts = tuple(int(v) for v in value.split(",") if v.strip())
@@ -741,6 +755,9 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
 @click.option("--large-body-mb", type=click.FloatRange(min=0.001),
               help="Also measure single-row latency while two clients send bodies of this "
                    "many MB of numbers (rows; a 422 unless that row count is captured).")
+@click.option("--lengths", callback=_lengths_option, metavar="LOW,HIGH",
+              help="Requests of random lengths, uniform in [LOW, HIGH], along the artifact's "
+              "padded length axis (an artifact built with --pad).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
               help="Port the server under test listens on (loopback).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -750,7 +767,7 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
 def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                 processes: int | None, serve_args: str, no_noop: bool, kill_at: float | None,
                 kill_clients: int, kills: int, kill_every: float, large_body_mb: float | None,
-                port: int,
+                lengths: tuple[int, int] | None, port: int,
                 json_path: Path | None, plot_path: Path | None) -> None:
     """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
     req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
@@ -770,7 +787,8 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                                  serve_args=args, noop=not no_noop,
                                  kill_at_s=kill_at, kill_clients=kill_clients, kills=kills,
                                  kill_every_s=kill_every,
-                                 large_body_mb=large_body_mb, port=port, **extra)
+                                 large_body_mb=large_body_mb, lengths=lengths, port=port,
+                                 **extra)
     report = run_serve_load(directory, settings, token=_read_token(_token_file_in(args)))
     click.echo(render_serve_load(report))
     if json_path is not None:

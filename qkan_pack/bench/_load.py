@@ -10,7 +10,7 @@ import multiprocessing
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from threading import Thread
 from typing import Any
 
@@ -28,6 +28,9 @@ class RowInput:
     kind: str = "float"
     low: float = -1.0
     high: float = 1.0
+    #: Dims of ``shape`` that take the request's length (``LoadSpec.lengths``): the row's
+    #: dims of an artifact's padded length axis.
+    varying: tuple[int, ...] = ()
 
 
 Rows = tuple[RowInput, ...]
@@ -46,6 +49,9 @@ class LoadSpec:
     token: str | None = None
     backoff_s: float = 0.05  # after an error without Retry-After
     body_bytes: int = 0  # > 0: every request is this large (the large-body sender)
+    #: (low, high): each request's length drawn uniformly from [low, high] (inclusive) along
+    #: the rows' ``varying`` dims; None: the rows' own shapes.
+    lengths: tuple[int, int] | None = None
 
 
 @dataclass
@@ -63,11 +69,17 @@ class LoadResult:
 BODIES_PER_CLIENT = 8
 
 
-def request_body(rows: Rows, rng: random.Random, size: int = 0) -> bytes:
+def request_body(rows: Rows, rng: random.Random, size: int = 0,
+                 lengths: tuple[int, int] | None = None) -> bytes:
     """A single-row request (a batch of one): ``{"inputs": [row]}`` for one input, by name
     for several. ``size``: as many rows as fit in about that many bytes, padded with
     whitespace to exactly ``size`` -- numbers, which is what makes a large body costly to
     parse (whitespace padding alone parses in microseconds and would hide that cost)."""
+    if lengths is not None:
+        length = rng.randint(*lengths)
+        rows = tuple(replace(row, shape=tuple(length if d in row.varying else n
+                                              for d, n in enumerate(row.shape)))
+                     for row in rows)
     count = 1
     if size:  # bytes per row: two rows' body less one row's (names and brackets cancel)
         per_row = max(1, len(_body(rows, rng, 2)) - len(_body(rows, rng, 1)))
@@ -104,7 +116,7 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
     # A large body's row count is rarely a captured shape: its 422 comes after the parse,
     # which is the load it exists to make, so it counts as answered (no back-off).
     answered = (200, 422) if spec.body_bytes else (200,)
-    bodies = [request_body(spec.rows, rng, spec.body_bytes) for _ in range(count)]
+    bodies = [request_body(spec.rows, rng, spec.body_bytes, spec.lengths) for _ in range(count)]
     stop_at = start_at + spec.warmup + spec.seconds
     sent = 0
     while (now := time.time()) < stop_at:

@@ -57,6 +57,9 @@ class ServeLoadSettings:
     kills: int = 1
     kill_every_s: float = 15.0
     large_body_mb: float | None = None
+    #: (low, high): requests of random lengths along the artifact's padded length axis
+    #: (``build --pad``); None: rows of the first captured shape family.
+    lengths: tuple[int, int] | None = None
     probe_clients: int = 8
     port: int = 8765
     start_timeout_s: float = 600.0
@@ -183,11 +186,12 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def row_inputs(artifact: str) -> Rows:
+def row_inputs(artifact: str, lengths: tuple[int, int] | None = None) -> Rows:
     """What one single-row request carries, from the manifest: per input its name, the row
     shape of the first shape family that takes rows, and values of its dtype drawn from the
     range the build drew reference inputs from (token ids stay inside the embedding),
-    clipped to what the dtype holds."""
+    clipped to what the dtype holds. With ``lengths``, the dims of the artifact's first
+    padded length axis are marked to vary (``build --pad``; refused without it)."""
     from ..format import padding_table
     from ..runtime import read_artifact
 
@@ -196,7 +200,21 @@ def row_inputs(artifact: str) -> Rows:
     if not tails:
         raise BenchError("bench-serve sends single rows, and no captured shape of this "
                          "artifact takes rows (every input must lead with one batch size)")
-    return tuple(_row_input(decl, shape) for decl, shape in zip(manifest.inputs, tails[0]))
+    rows = tuple(_row_input(decl, shape) for decl, shape in zip(manifest.inputs, tails[0]))
+    if lengths is None:
+        return rows
+    padding = manifest.padding
+    axis = next((a for a in padding.axes if a.inputs[0][1] != 0), None) if padding else None
+    if axis is None:
+        raise BenchError("--lengths needs an artifact built with --pad and a padded length "
+                         "axis (besides the batch); this one has none")
+    longest = max(dict(e.inputs)[axis.inputs[0][0]][axis.inputs[0][1]] for e in manifest.shapes)
+    if not 1 <= lengths[0] <= lengths[1] <= longest:
+        raise BenchError(f"--lengths {lengths[0]},{lengths[1]}: give 1 <= LOW <= HIGH <= "
+                         f"{longest}, the longest captured length")
+    varying = {name: dim - 1 for name, dim in axis.inputs}  # row dims: without the batch
+    return tuple(replace(row, varying=(varying[row.name],)) if row.name in varying else row
+                 for row in rows)
 
 
 def _row_input(decl: InputDecl, shape: tuple[int, ...]) -> RowInput:
@@ -219,7 +237,7 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     serve arguments); it is sent, never recorded in the report."""
     settings = settings or ServeLoadSettings()
     artifact = str(artifact)
-    rows = row_inputs(artifact)
+    rows = row_inputs(artifact, settings.lengths)
     report = ServeLoadReport(
         schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
@@ -275,7 +293,8 @@ def _optional_runs(server: ServerProcess, rows: Rows, settings: ServeLoadSetting
 def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
           **changes: Any) -> LoadSpec:
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
-                    warmup=settings.warmup, rows=rows, token=server.token, **changes)
+                    warmup=settings.warmup, rows=rows, token=server.token,
+                    **{"lengths": settings.lengths, **changes})
 
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,

@@ -82,3 +82,31 @@ def test_bool_inputs_are_json_booleans_and_ranges_fit_the_dtype(tmp_path: Path) 
     body = orjson.loads(request_body(rows, random.Random(2)))["inputs"]
     assert all(isinstance(v, bool) for v in body["mask"][0])
     assert all(isinstance(v, int) and 0 <= v < 256 for v in body["level"][0])
+
+
+def test_requests_of_random_lengths_for_a_padded_artifact(tmp_path: Path) -> None:
+    """``bench-serve --lengths LOW,HIGH``: each request's length drawn along the artifact's
+    padded length axis, the same for every input of that axis."""
+    import json
+
+    from qkan_pack.format import with_batch_sizes
+
+    tokens = with_batch_sizes([{"input_ids": (8,), "attention_mask": (8,)},
+                               {"input_ids": (16,), "attention_mask": (16,)}], [1, 4])
+    path = build(MODELS / "pad_models.py", tokens, dtype="int64",
+                 config={"kind": "masked_meanpool"}, output=tmp_path / "a",
+                 pad={"input_ids": 0, "attention_mask": 0}, progress=False).path
+    rows = row_inputs(str(path), (3, 16))
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(200):
+        body = json.loads(request_body(rows, rng, 0, (3, 16)))["inputs"]
+        length = len(body["input_ids"][0])
+        assert len(body["attention_mask"][0]) == length
+        seen.add(length)
+    assert seen == set(range(3, 17))
+    with pytest.raises(BenchError, match="HIGH <= 16"):
+        row_inputs(str(path), (3, 17))
+    plain = build(MODELS / "plain_mlp.py", "1x2,8x2", output=tmp_path / "b", progress=False).path
+    with pytest.raises(BenchError, match="built with --pad"):
+        row_inputs(str(plain), (1, 2))
