@@ -12,6 +12,7 @@ from ..format import (
     Manifest,
     Shape,
     Signature,
+    accepted_ranges,
     format_shape,
     manifest_schema,
     metadata_to_dict,
@@ -88,6 +89,12 @@ def describe_artifact(manifest: Manifest, digest: str,
         "capture_policy": manifest.capture.policy,
         "metadata": metadata_to_dict(manifest.metadata),
         "schema": manifest_schema(manifest),
+        **({"padded": {"values": dict(manifest.padding.values),
+                       "ranges": accepted_ranges([[s for _, s in e.inputs] for e in manifest.shapes],
+                                                 manifest.input_names,
+                                                 [d.dtype for d in manifest.inputs],
+                                                 manifest.padding)}}
+           if manifest.padding is not None else {}),
         **({"created": manifest.created} if manifest.created else {}),  # format 1 only
     }
 

@@ -78,3 +78,13 @@ def test_too_long_a_row_is_a_422_with_the_ranges(gpt: Path) -> None:
             "input_ids": Given(np.ones((3, 5), np.int64), "int64"),
             "attention_mask": Given(np.ones((3, 5), np.int64), "int64")}))
         assert np.asarray(reply["logits"]).shape == (3, 5, 100)
+
+
+def test_get_root_shows_the_padded_ranges(gpt: Path) -> None:
+    from qkan_pack.serve import describe_artifact, row_plan
+
+    manifest = read_artifact(gpt).manifest
+    shown = describe_artifact(manifest, "sha256:x", row_plan(manifest))
+    assert shown["padded"]["values"] == {"input_ids": 0, "attention_mask": 0}
+    assert {"dtype": "int64", "dims": [[1, 4], [1, 16]]} in [
+        entry["input_ids"] for entry in shown["padded"]["ranges"]]
