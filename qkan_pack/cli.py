@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from ._extras import install_hint, missing_module
 from ._session import TOKEN_ENV
 from ._version import __version__
 from .bench import COLD_VARIANTS, SKIPPABLE
-from .errors import DeviceError, QkanPackError, ShapeSpecError
+from .errors import DeviceError, InputError, QkanPackError, ShapeSpecError
 from .format import (
     CAPTURE_POLICIES,
     DEFAULT_VERSION,
@@ -42,6 +43,8 @@ from .format import (
 )
 
 DEBUG_ENV = "QKAN_PACK_DEBUG"
+#: An extra argument that looks like a shape (``--shapes 1x4 32x4``).
+SHAPE_LIKE = re.compile(r"\d+(x\d+)*( \d+(x\d+)*)*\Z")
 #: ``ctx.meta`` key: the option that named the device, when it is not ``--device``.
 DEVICE_OPTION = "qkan_pack.device_option"
 
@@ -52,6 +55,12 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            extra = re.search(r"unexpected extra arguments? \((.*)\)", exc.message)
+            if extra and SHAPE_LIKE.match(extra.group(1)):
+                exc.message += ("; shapes are joined by commas, without spaces: "
+                                "--shapes 1x4,32x4")
+            raise
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
@@ -552,17 +561,27 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
     """Run DIRECTORY's model on inputs read from files: a summary table, or --output FILE.
 
     Loads as Predictor.load does (verify, self-test, capture on a GPU) and checks the
-    inputs as every call is checked: exact declared shapes and dtypes.
+    inputs as every call is checked: declared shapes and dtypes (smaller along the padded
+    dimensions of an artifact built with --pad).
     """
-    from .predict import named_outputs, read_inputs, summarize, write_outputs
+    from .predict import OUTPUT_SUFFIXES, named_outputs, read_inputs, summarize, write_outputs
     from .runtime import Predictor
+
+    if output is not None and output.suffix not in OUTPUT_SUFFIXES:  # before the load
+        raise click.BadParameter(f"{output}: write {', '.join(OUTPUT_SUFFIXES)}",
+                                 param_hint="--output")
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
                         trusted_keys=keys, progress=False) as predictor:
         manifest = predictor.manifest
         dtypes = {d.name: d.dtype for d in manifest.inputs}
         arrays = read_inputs(inputs, manifest.input_names, dtypes)
-        outputs = named_outputs(predictor(**arrays))
+        try:
+            outputs = named_outputs(predictor(**arrays))
+        except InputError as exc:  # name the files the inputs came from
+            files = ", ".join(str(path) for _, path in inputs)
+            raise InputError(f"inputs from {files}: {exc.problem}", accepted=exc.accepted,
+                             padded=exc.padded, ranges=exc.ranges) from None
     if output is not None:
         _say(f"wrote {write_outputs(outputs, output)}")
     else:

@@ -58,7 +58,8 @@ PUBLIC = {
         "map_leaves", "model_code_failed", "model_solvers", "module_state", "package_versions",
         "parse_weights", "progress_bar", "read_artifact", "rebuild_model", "record_installation",
         "reference_samples", "referenced_modules", "release_graph_memory", "resolve_device",
-        "resolve_output_classes", "safetensors_header", "sha256_hex", "torch_dtype",
+        "resolve_output_classes", "safetensors_header", "sha256_hex", "structure_difference",
+        "torch_dtype",
         "triton_key_file", "uninformative_outputs", "warm_up",
     ],
     "qkan_pack.format": [

@@ -144,3 +144,36 @@ def test_a_pickled_model_as_weights_says_so_without_escape_codes(tmp_path: Path)
                tmp_path / "model.pt", "-o", tmp_path / "a")
     assert done.exit_code == 1 and "pickled Python objects" in done.output
     assert "\\x1b" not in done.output and "\x1b" not in done.output
+
+
+def test_newcomer_mistakes_get_a_one_line_fix(tmp_path: Path) -> None:
+    """From a newcomer audit: each message says what was wrong and how to fix it."""
+    from .conftest import EXAMPLES
+
+    mlp = EXAMPLES / "plain_mlp.py"
+    spaced = run("build", mlp, "--shapes", "1x4", "32x4", "-o", tmp_path / "a")
+    assert spaced.exit_code == 2 and "joined by commas" in spaced.output
+    typo = run("build", mlp, "--shapes", "1x4", "--config", "hiden=64", "-o", tmp_path / "b")
+    assert typo.exit_code == 1 and "did you mean hidden?" in typo.output
+    assert "It takes: features, hidden, classes" in typo.output
+    entry = run("build", mlp, "--shapes", "1x4", "--entry", "buildmodel", "-o", tmp_path / "c")
+    assert entry.exit_code == 1 and "did you mean build_model()?" in entry.output
+
+
+def test_predict_names_the_input_and_the_file(artifact: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    wrong = run("predict", artifact, "--input", f"y={tmp_path / 'x.npy'}")
+    assert wrong.exit_code == 1 and "no input is named 'y'; inputs are input (or x)" in wrong.output
+    csv = run("predict", artifact, "--input", tmp_path / "x.npy", "-o", tmp_path / "out.csv")
+    assert csv.exit_code == 2 and "out.csv" in csv.output  # refused before the load
+    np.save(tmp_path / "wide.npy", np.ones((2, 2)))
+    wide = run("predict", artifact, "--input", tmp_path / "wide.npy")
+    assert wide.exit_code == 1 and f"inputs from {tmp_path / 'wide.npy'}" in wide.output
+
+
+def test_an_unnamed_array_for_a_model_of_several_inputs_says_to_name_it(tmp_path: Path) -> None:
+    path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}],
+                 dtype={"a": "float32", "b": "int64"}, output=tmp_path / "m", progress=False).path
+    np.save(tmp_path / "a.npy", np.ones((1, 3), np.float32))
+    done = run("predict", path, "--input", tmp_path / "a.npy")
+    assert done.exit_code == 1 and "name its input, --input a=" in done.output

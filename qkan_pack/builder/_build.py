@@ -58,7 +58,7 @@ from ..runtime import (
     referenced_modules,
     resolve_output_classes,
 )
-from ._checks import check_informative, check_reproducible
+from ._checks import buffers_before_forward, check_informative, check_reproducible
 from ._given import Given, given_of_shape, read_reference_inputs
 from ._inputs import (
     EXAMPLE_INPUT_HOOK,
@@ -160,7 +160,7 @@ def build(
         user, declared, decls, _Sources(hook, given, seed), model_path, files, progress,
         allow_constant=allow_constant_references)
     padding = declare_padding(
-        padded, decls, references, forward, list(entries[0].outputs.leaf_names()),
+        padded, decls, references, forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
     ) if padded else None
     info = user.info()
@@ -323,7 +323,7 @@ def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[I
         outputs.append(flatten(result))
     if sources.given is not None:
         notes += _ungiven_note(entries, sources.given)
-    check_reproducible(model, user.module, user.entry, user.config, files, user.tied,
+    check_reproducible(user.buffers, user.module, user.entry, user.config, files, user.tied,
                        partial(bind_forward, names=declared.names, call=declared.call),
                        samples[0], outputs[0], list(entries[0].outputs.leaf_names()),
                        model_path)
@@ -357,6 +357,7 @@ class _UserModel:
     device_argument: bool
     model: torch.nn.Module
     tied: list[list[str]]
+    buffers: dict[str, torch.Tensor]  # as the factory and weights left them (no forward yet)
 
     def info(self) -> ModelInfo:
         return ModelInfo(
@@ -385,7 +386,7 @@ def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: st
     model.eval()  # after weights: QKAN folds masks/biases into eval-time caches here
     return _UserModel(source_name=source_name, sources=sources, module=module, entry=entry,
                       config=config, device_argument=accepts_device(factory), model=model,
-                      tied=tied)
+                      tied=tied, buffers=buffers_before_forward(model))
 
 
 def _capture_policy(capture: str, submodules: Sequence[str]) -> CapturePolicy:

@@ -47,14 +47,23 @@ def check_informative(label: str, outputs: Sequence[torch.Tensor], names: Sequen
             "self-test cannot tell a wrong model from this one by them"]
 
 
-def check_reproducible(first: torch.nn.Module, module: Any, entry: str,
+def buffers_before_forward(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of ``model``'s buffers as its factory and weights left them. A forward may
+    fill a cache buffer (rotary tables grown to the longest sequence seen), which a fresh
+    model fills the same way when it runs: the second build is compared with this state,
+    not with the model after the reference runs."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def check_reproducible(first: Mapping[str, torch.Tensor], module: Any, entry: str,
                        config: Mapping[str, Any], files: Mapping[str, bytes],
                        tied: Sequence[Sequence[str]], forward_of: Callable[[torch.nn.Module], Any],
                        inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                        names: Sequence[str], model_path: Path) -> None:
     """Build the model a second time as a load will (factory, then the artifact's weights,
-    strictly, then eval) and require the same buffers and the same outputs on ``inputs``;
-    raise ``FactoryNotReproducibleError`` naming what differs."""
+    strictly, then eval) and require the same buffers as the first build had before any
+    forward (``first``, from ``buffers_before_forward``) and the same outputs on
+    ``inputs``; raise ``FactoryNotReproducibleError`` naming what differs."""
     shown = str(model_path)
     factory = entry_function(module, entry, shown)
     second = call_factory(factory, config, shown, entry, device="cpu")
@@ -76,11 +85,11 @@ def check_reproducible(first: torch.nn.Module, module: Any, entry: str,
         raise FactoryNotReproducibleError(path=shown, entry=entry, differs=differs)
 
 
-def _differing_buffers(first: torch.nn.Module, second: torch.nn.Module) -> list[str]:
+def _differing_buffers(first: Mapping[str, torch.Tensor], second: torch.nn.Module) -> list[str]:
     """Buffers (non-persistent ones too: they are not saved with the weights) that differ
     between two builds of the model."""
     theirs = dict(second.named_buffers())
-    return [f"buffer {name}" for name, buffer in first.named_buffers()
+    return [f"buffer {name}" for name, buffer in first.items()
             if name not in theirs or not _same(buffer, theirs[name])]
 
 

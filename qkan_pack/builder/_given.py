@@ -11,6 +11,7 @@ that keeps every value (float64 images become float32; integer ids must fit).
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
     arrays = _read(path)
     given: dict[str, list[torch.Tensor]] = {}
     only = next(iter(dtypes)) if len(dtypes) == 1 else None
-    for key, array in arrays.items():
+    for key, tensor in arrays.items():
         name = key.split(".", 1)[0]
         if only is not None and name == "x":
             name = only  # the single positional input is ``x`` whatever forward calls it
@@ -43,11 +44,12 @@ def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
             raise InputFileError(path=f"--reference-inputs {path}", problem=(
                 f"array {key!r} names no input of the model; name arrays after the inputs "
                 f"({', '.join(dtypes)}), optionally with a suffix (x.batch8)"))
-        tensor = _cast(torch.from_numpy(np.ascontiguousarray(array)), dtypes[name], key, path)
+        tensor = _cast(tensor, dtypes[name], key, path)
         declared = [tuple(s[name]) for s in shapes]
         if tuple(tensor.shape) not in declared:
             raise InputFileError(path=f"--reference-inputs {path}", problem=(
-                f"array {key!r} is {format_shape(tensor.shape)}, but {name} is declared as "
+                f"array {key!r} is {format_shape(tensor.shape) or 'a 0-d array'}, but {name} "
+                "is declared as "
                 f"{', '.join(format_shape(s) for s in declared)}: give an array of a declared "
                 "shape (with its batch dimension)"))
         given.setdefault(name, []).append(tensor)
@@ -64,7 +66,7 @@ def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor
     return None
 
 
-def _read(path: Path) -> dict[str, np.ndarray]:
+def _read(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix not in SUFFIXES:
         raise InputFileError(path=f"--reference-inputs {path}", problem=(
             f"unknown file type {path.suffix or '(none)'}; use {', '.join(SUFFIXES)}"))
@@ -73,21 +75,48 @@ def _read(path: Path) -> dict[str, np.ndarray]:
         if size > MAX_REFERENCE_INPUTS_BYTES:
             raise InputFileError(path=f"--reference-inputs {path}", problem=(
                 f"{size} bytes, more than the {MAX_REFERENCE_INPUTS_BYTES} a build reads"))
-        if path.suffix == ".safetensors":
-            from safetensors.numpy import load_file
+        if path.suffix == ".safetensors":  # torch's reader: bfloat16 inputs too
+            from safetensors.torch import load_file
 
             return dict(load_file(str(path)))
+        if path.suffix == ".npz":
+            _check_unpacked_size(path)
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.ndarray):
-            return {"x": loaded}
+            return {"x": _tensor(loaded, "x", path)}
         with loaded:
-            return {key: loaded[key] for key in loaded.files}
+            return {key: _tensor(loaded[key], key, path) for key in loaded.files}
     except InputFileError:
         raise
     except (OSError, ValueError, EOFError) as exc:  # pickled objects refused by allow_pickle
         raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
     except Exception as exc:  # safetensors' own error type
         raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
+
+
+def _check_unpacked_size(path: Path) -> None:
+    """An .npz is a zip: a few megabytes of compressed zeros unpack to gigabytes. Its
+    directory says how much each member unpacks to (``zipfile`` reads no further), so the
+    limit holds for what is unpacked, before anything is."""
+    with zipfile.ZipFile(path) as archive:
+        unpacked = sum(member.file_size for member in archive.infolist())
+    if unpacked > MAX_REFERENCE_INPUTS_BYTES:
+        raise InputFileError(path=f"--reference-inputs {path}", problem=(
+            f"its arrays unpack to {unpacked} bytes, more than the "
+            f"{MAX_REFERENCE_INPUTS_BYTES} a build reads"))
+
+
+def _tensor(array: np.ndarray, key: str, path: Path) -> torch.Tensor:
+    """A numpy array as a tensor: in native byte order (an array saved big-endian holds the
+    same numbers), refused by name where torch has no such dtype (text, dates, records)."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    try:
+        return torch.from_numpy(np.require(array, requirements="C"))  # 0-d stays 0-d
+    except TypeError:
+        raise InputFileError(path=f"--reference-inputs {path}", problem=(
+            f"array {key!r} has numpy dtype {array.dtype}, which is no tensor dtype; save "
+            "numbers or booleans")) from None
 
 
 def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.Tensor:

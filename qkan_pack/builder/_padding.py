@@ -19,7 +19,6 @@ import torch
 
 from ..errors import PaddingError, ShapeSpecError
 from ..format import (
-    DTYPES,
     InputDecl,
     PaddedAxis,
     Padding,
@@ -29,7 +28,7 @@ from ..format import (
     find_axes,
     format_shape,
 )
-from ..runtime import compare, flatten
+from ..runtime import compare, flatten, structure_difference
 
 #: How far padded outputs may be from unpadded ones, as a multiple of the entry's rounding
 #: noise (the same arithmetic in another order), and never below this share of the scale.
@@ -63,7 +62,6 @@ def pad_names(pad: Mapping[str, PadValue], names: Sequence[str], call: str) -> d
 
 def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
                     references: Sequence[Reference], forward: Callable[..., Any],
-                    leaf_names: Sequence[str],
                     progress: Callable[[Any], Any] = lambda items: items) -> Padding:
     """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes."""
     by_name = {d.name: d for d in decls}
@@ -74,17 +72,16 @@ def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
     axes, problems = find_axes(per_shape, list(pad))
     if problems:
         raise PaddingError(problem="; ".join(problems))
-    axes = tuple(_with_followers(axis, references, names, pad, forward, leaf_names)
-                 for axis in axes)
+    axes = tuple(_with_followers(axis, references, names, forward) for axis in axes)
     padding = Padding(values=dict(pad), axes=axes)
     for reference in progress(references):
         for sizes in _trial_sizes(reference, references, padding, names):
-            _prove(reference, sizes, padding, names, forward, leaf_names)
+            _prove(reference, sizes, padding, names, forward)
     return padding
 
 
 def _check_value(decl: InputDecl, value: PadValue) -> None:
-    check_pad_value(value, DTYPES[decl.dtype].kind, f"--pad {decl.name}", ShapeSpecError)
+    check_pad_value(value, decl.dtype, f"--pad {decl.name}", ShapeSpecError)
     bounds = decl.index_bounds
     if bounds is not None and not bounds[0] <= value < bounds[1]:
         raise PaddingError(
@@ -94,8 +91,7 @@ def _check_value(decl: InputDecl, value: PadValue) -> None:
 
 
 def _with_followers(axis: PaddedAxis, references: Sequence[Reference], names: Sequence[str],
-                    pad: Mapping[str, PadValue], forward: Callable[..., Any],
-                    leaf_names: Sequence[str]) -> PaddedAxis:
+                    forward: Callable[..., Any]) -> PaddedAxis:
     """Which output dims follow ``axis``: run its largest entry one size smaller, unpadded,
     and see which output dims shrink with it. A dim that changes without being the axis's
     size cannot be sliced back: refused."""
@@ -103,8 +99,14 @@ def _with_followers(axis: PaddedAxis, references: Sequence[Reference], names: Se
     position = names.index(name)
     largest = max(references, key=lambda r: r.inputs[position].shape[dim])
     size = largest.inputs[position].shape[dim]
+    leaf_names = list(largest.entry.outputs.leaf_names())
     smaller = _cut(largest.inputs, names, {axis: size - 1})
     shrunk = _run(forward, smaller, largest.entry.label, f"cut along {axis.label} to {size - 1}")
+    if len(shrunk) != len(largest.outputs):
+        raise PaddingError(problem=f"the number of outputs changes with {axis.label} "
+                                   f"({len(largest.outputs)} tensors at size {size}, "
+                                   f"{len(shrunk)} at {size - 1}): outputs whose number follows "
+                                   "a padded axis cannot be sliced back", input=name, dim=dim)
     followers = []
     for leaf, (before, after) in enumerate(zip(largest.outputs, shrunk)):
         if before.dim() != after.dim():
@@ -146,7 +148,7 @@ def _trial_sizes(reference: Reference, references: Sequence[Reference], padding:
 
 
 def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Padding,
-           names: Sequence[str], forward: Callable[..., Any], leaf_names: Sequence[str]) -> None:
+           names: Sequence[str], forward: Callable[..., Any]) -> None:
     """Outputs of the cut inputs, and of the cut inputs padded back to the entry then sliced,
     must agree within the entry's noise bound."""
     label = reference.entry.label
@@ -159,14 +161,23 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
                       hint="Is each pad value valid for the model (a token id below its "
                            "vocabulary size)?"), padding, sizes)
     bound = _bound(reference.entry.noise)
+    axis = next(iter(sizes))
+    name, dim = axis.inputs[0]
+    shown = "; ".join(f"{a.label} cut to {n}" for a, n in sizes.items())
+    leaf_names = list(reference.entry.outputs.leaf_names())  # this entry's own outputs
+    structure = structure_difference(got, want, leaf_names,
+                                     sides=("padded and sliced back", "unpadded"))
+    if structure is not None:  # no tolerance applies: no slicing gives the unpadded outputs
+        raise PaddingError(
+            problem=f"shape {label} with {shown}, padded back with "
+                    f"{_values_text(padding, sizes)}: {structure}; outputs whose number or "
+                    "shape change with a padded axis other than by following its size cannot "
+                    "be sliced back", input=name, dim=dim)
     for leaf, (g, w) in enumerate(zip(got, want)):
         agreement = compare([g], [w], (0.0, bound))
         if agreement.ok:
             continue
-        axis = next(iter(sizes))
-        name, dim = axis.inputs[0]
         follows = any(leaf == f for a in sizes for f, _ in a.outputs)
-        shown = "; ".join(f"{a.label} cut to {n}" for a, n in sizes.items())
         raise PaddingError(
             problem=f"shape {label} with {shown}, padded back with "
                     f"{_values_text(padding, sizes)}, changes {leaf_names[leaf]} by "

@@ -37,7 +37,14 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
     except Exception as exc:
         error = model_code_failed("build forward", str(model_path), f"forward on shape {label}",
                                   exc)
-        if dtypes and _DTYPE_FAILURE.search(str(exc)):
+        floats = [name for name, dtype in (dtypes or {}).items() if "float" in dtype]
+        if floats and "indices" in str(exc) and "embedding" in str(exc):
+            error = ModelSourceError(
+                f"{error}. An embedding was given floats: declare token ids as integers, "
+                f"--dtype int64 (or --input NAME:SHAPES:int64); the float inputs were "
+                f"{', '.join(floats)}",
+                stage=error.stage, path=error.path)
+        elif dtypes and _DTYPE_FAILURE.search(str(exc)):
             error = ModelSourceError(f"{error}. {dtype_hint(dtypes)}", stage=error.stage,
                                      path=error.path)
         raise error from exc

@@ -166,7 +166,7 @@ def refuse_unsafe_output(target: Path, protect: Sequence[str | os.PathLike[str]]
     if cwd == target or target in cwd.parents:
         raise ArtifactError(
             f"output path {target} is or contains the working directory {cwd}; replacing it "
-            "would pull the directory from under you: cd out of it and run again",
+            "would pull the directory from under you: choose another -o (a new folder)",
             path=str(target))
     for folder in protect:
         kept = Path(folder).resolve()

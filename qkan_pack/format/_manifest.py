@@ -15,7 +15,6 @@ from typing import Any
 from ..errors import IncompatibleArtifactError, ManifestError, ShapeSpecError
 from ._constants import (
     CAPTURE_POLICIES,
-    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -419,19 +418,29 @@ def _manifest_from(reader: _Reader) -> Manifest:
 def _padding_from(raw: Any, inputs: Sequence[InputDecl],
                   shapes: Sequence[ShapeEntry]) -> Padding | None:
     """``manifest.padding`` checked against the declared inputs and entries: every axis's
-    members share their size in each entry."""
-    kinds = {d.name: DTYPES[d.dtype].kind for d in inputs}
+    members share their size in each entry, and every output dimension said to follow an
+    axis is that axis's size in each entry (else a padded call's outputs would be cut
+    along a dimension that does not follow it)."""
+    dtypes = {d.name: d.dtype for d in inputs}
     first = dict(shapes[0].inputs)
     leaf_ranks = [len(leaf.shape) for leaf in shapes[0].outputs.leaves()]
-    padding = padding_from(raw, kinds, {n: len(s) for n, s in first.items()}, leaf_ranks)
+    padding = padding_from(raw, dtypes, {n: len(s) for n, s in first.items()}, leaf_ranks)
     if padding is None:
         return None
     for entry in shapes:
         sizes = dict(entry.inputs)
+        leaves = [leaf.shape for leaf in entry.outputs.leaves()]
         for axis in padding.axes:
             if len({sizes[name][dim] for name, dim in axis.inputs}) != 1:
                 raise ManifestError(f"manifest.padding: axis {axis.label} has members of "
                                     f"different sizes in shape {entry.label}")
+            name, dim = axis.inputs[0]
+            for leaf, out_dim in axis.outputs:
+                if leaf >= len(leaves) or out_dim >= len(leaves[leaf]) \
+                        or leaves[leaf][out_dim] != sizes[name][dim]:
+                    raise ManifestError(f"manifest.padding: output {leaf} dim {out_dim} is said "
+                                        f"to follow axis {axis.label}, but is not its size in "
+                                        f"shape {entry.label}")
     return padding
 
 

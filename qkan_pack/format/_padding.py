@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ManifestError
+from ._constants import DTYPES
 from ._grammar import Shape, format_shape
 
 PadValue = int | float | bool
@@ -154,7 +155,7 @@ def padding_to_dict(padding: Padding) -> dict[str, Any]:
 
 def padding_from(raw: Any, inputs: Mapping[str, str], ranks: Mapping[str, int],
                  leaf_ranks: Sequence[int], where: str = "manifest.padding") -> Padding | None:
-    """Parse ``manifest.padding`` against the declared inputs (name -> dtype kind), their
+    """Parse ``manifest.padding`` against the declared inputs (name -> dtype name), their
     ranks and the output leaves' ranks; absent is None (no padding declared)."""
     if raw is None:
         return None
@@ -198,18 +199,25 @@ def _pairs(value: Any, where: str) -> list[tuple[Any, int]]:
     return [(p[0], p[1]) for p in value]
 
 
-def check_pad_value(value: Any, kind: str, where: str, error: type[Exception]) -> None:
-    """A pad value fits its input's dtype kind: a bool for bool inputs, an integer for
-    integer ones, a finite number for floats."""
-    if kind == "bool":
+def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) -> None:
+    """A pad value fits its input's dtype (a manifest dtype name): a bool for bool inputs,
+    an integer within the dtype's range for integer ones, a finite number within the
+    dtype's largest for floats. torch would refuse any other value only when the first
+    padded call fills a buffer with it (or round it to infinity)."""
+    spec = DTYPES[dtype]
+    limits = spec.int_limits
+    if spec.kind == "bool":
         ok = isinstance(value, bool)
-    elif kind == "int":
-        ok = type(value) is int
+    elif limits is not None:
+        ok = type(value) is int and limits[0] <= value <= limits[1]
     else:
-        ok = type(value) in (int, float) and math.isfinite(value)
+        ok = type(value) in (int, float) and math.isfinite(value) \
+            and abs(value) <= (spec.largest or math.inf)
     if not ok:
-        expected = {"bool": "true or false", "int": "an integer"}.get(kind, "a finite number")
-        raise error(f"{where}: pad value {value!r} must be {expected}")
+        expected = ("true or false" if spec.kind == "bool"
+                    else f"an integer from {limits[0]} to {limits[1]}" if limits is not None
+                    else f"a finite number within ±{spec.largest:g}")
+        raise error(f"{where}: pad value {value!r} must be {expected} ({dtype})")
 
 
 def describe_axes(padding: Padding, entries: Sequence[Sequence[Shape]],

@@ -33,14 +33,20 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
     only input from its only array."""
     arrays: dict[str, np.ndarray] = {}
     for name, path in given:
-        found = _read(path, dtypes)
         if name == "x" and len(names) == 1:
             name = names[0]  # the single positional input is ``x`` whatever forward calls it
+        if name is not None and name not in names:
+            raise _error(path, f"no input is named {name!r}; inputs are {', '.join(names)}"
+                               + (" (or x)" if len(names) == 1 else ""))
+        found = _read(path, dtypes)
         if name is not None:
             arrays[_one(found, name, path)] = found.get(name, next(iter(found.values())))
             continue
         if len(names) == 1 and len(found) == 1:
             arrays[names[0]] = next(iter(found.values()))
+        elif list(found) == [""]:
+            raise _error(path, f"holds one unnamed array and the model takes "
+                               f"{', '.join(names)}: name its input, --input {names[0]}={path}")
         else:
             unknown = sorted(set(found) - set(names))
             if unknown:

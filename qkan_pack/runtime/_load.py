@@ -67,6 +67,9 @@ __all__ = ["model_solvers", "rebuild_model", "reference_samples"]
 #: Solvers whose arithmetic is the plain PyTorch one a float32 build ran (QKAN's ``exact``):
 #: another solver on the loading host is other arithmetic, whatever the manifest records.
 EXACT_SOLVERS = ("exact",)
+#: Where build computes every reference: a load on this device type is the build's own
+#: arithmetic, whatever ``reference_device`` the manifest records.
+BUILD_DEVICE_TYPE = "cpu"
 _REFERENCE_HINT = ("The model, weights or runtime differ from the build host; if the difference "
                    "is expected (another solver or device), pass reference_tolerance=(rtol, atol)")
 _REPLAY_HINT = ("The captured graph is wrong; report a bug with the artifact, or use "
@@ -319,7 +322,9 @@ def default_tolerance(manifest: Manifest, target: torch.device, overrides: Mappi
     other than QKAN's exact one that differs from what the build recorded (QKAN's fused GPU
     solver on a host where the build ran the exact one). Manifest fields can only tighten
     it: recorded solvers that differ from an exact solver running here do not loosen the
-    check, so a re-hashed ``model.solvers`` cannot widen the bound a weight edit must pass.
+    check, so a re-hashed ``model.solvers`` cannot widen the bound a weight edit must pass;
+    nor can a ``reference_device`` other than the CPU, where every build computes its
+    references, widen a CPU load to the cross-device bound.
     """
     if overrides:
         return CROSS_SOLVER_TOLERANCE
@@ -327,7 +332,7 @@ def default_tolerance(manifest: Manifest, target: torch.device, overrides: Mappi
     other_arithmetic = [s for s in solvers if s not in EXACT_SOLVERS]
     if other_arithmetic and (recorded is None or list(recorded) != solvers):
         return CROSS_SOLVER_TOLERANCE
-    if manifest.reference_device == target.type:
+    if target.type in (manifest.reference_device, BUILD_DEVICE_TYPE):
         return SAME_HOST_TOLERANCE
     return CROSS_DEVICE_TOLERANCE
 

@@ -12,6 +12,7 @@ holds them: tracebacks, ``inspect`` and TorchScript read the verified bytes, nev
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -344,9 +345,15 @@ def check_entry_named(entry: str, sources: Mapping[str, bytes], shown: str) -> N
 def entry_function(module: ModuleType, entry: str, shown: str) -> Any:
     factory = getattr(module, entry, None)
     if factory is None:
+        defined = sorted(name for name, value in vars(module).items()
+                         if callable(value) and not name.startswith("_")
+                         and getattr(value, "__module__", None) == module.__name__)
+        close = difflib.get_close_matches(entry, defined, n=1)
+        hint = (f"did you mean {close[0]}()? " if close else "") + (
+            f"it defines {', '.join(defined[:8])}; " if defined else "")
         raise ModelSourceError(
-            f"{shown} defines no {entry}(); define `def {entry}(**config) -> torch.nn.Module` "
-            "or pass --entry NAME", path=shown)
+            f"{shown} defines no {entry}(); {hint}define `def {entry}(**config) -> "
+            "torch.nn.Module` or pass --entry NAME", path=shown)
     if not callable(factory):
         raise ModelSourceError(f"{shown}: {entry} is not callable", path=shown)
     return factory
@@ -368,6 +375,10 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
     kwargs = dict(config)
     if device is not None and accepts_device(factory) and "device" not in kwargs:
         kwargs["device"] = device
+    unknown = _unknown_arguments(factory, kwargs)
+    if unknown:
+        raise ModelSourceError(f"{shown}: {entry}() takes no argument {unknown}", stage="factory",
+                               path=shown)
     try:
         model = factory(**kwargs)
     except (Exception, SystemExit) as exc:  # Ctrl-C stays KeyboardInterrupt
@@ -376,7 +387,43 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
         raise ModelSourceError(
             f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module",
             stage="factory", path=shown)
+    _refuse_meta_tensors(model, shown, entry)
     return model
+
+
+def _unknown_arguments(factory: Any, kwargs: Mapping[str, Any]) -> str:
+    """A config key the factory's signature does not take, as a message naming what it does
+    take (a misspelt ``--config hiden=64`` says ``did you mean hidden?``); "" when all fit or
+    the signature takes ``**kwargs`` or cannot be read."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return ""
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return ""
+    names = [n for n, p in parameters.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            return f"{key!r}{hint} It takes: {', '.join(names) or 'no arguments'}"
+    return ""
+
+
+def _refuse_meta_tensors(model: Any, shown: str, entry: str) -> None:
+    """A tensor on the meta device has no data: loading weights does not fill a
+    non-persistent buffer, and moving the model to a device fails on it. Said at build,
+    where it can be fixed, not first by a load."""
+    tensors = (*model.named_parameters(), *model.named_buffers())
+    meta = [name for name, tensor in tensors if tensor.is_meta]
+    if meta:
+        shown_names = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
+        raise ModelSourceError(
+            f"{shown}: {entry}() returned a model with tensors on the meta device, which hold "
+            f"no data: {shown_names}; create them with data in {entry}() (a non-persistent "
+            "buffer is never in the weights: compute it, or module.to_empty(device=...) and "
+            "initialise it)", stage="factory", path=shown)
 
 
 def model_code_failed(stage: str, shown: str, what: str, exc: BaseException) -> ModelSourceError:

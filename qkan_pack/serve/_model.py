@@ -136,16 +136,17 @@ class ModelCore:
         row, squeezed = found
         self.stats.request("rows")
         if self._gatherer is None:  # exact: the row replays alone, padded by the predictor
-            out = self._ragged.share(self.replay(row.arrays), 0, row)
+            out = self._ragged.share(self.replay(row.arrays), 0, row, squeezed)
             self.stats.replay(self._entry_label([row]), 1)
-        else:
-            out = await self._gatherer.submit(row)
-        return map_leaves(lambda t: t[0, ...], out) if squeezed else out
+            return out
+        return await self._gatherer.submit((row, squeezed))
 
-    def _run_ragged(self, rows: list[RaggedRow]) -> list[Any]:
-        """The gatherer's body for ragged rows: per chunk, pad to the longest row, stack,
-        replay, give each row its own share."""
+    def _run_ragged(self, submitted: list[tuple[RaggedRow, bool]]) -> list[Any]:
+        """The gatherer's body for ragged rows (each with whether it came without its batch
+        dimension): per chunk, pad to the longest row, stack, replay, give each row its own
+        share."""
         assert self._ragged is not None
+        rows = [row for row, _ in submitted]
         results: list[Any] = [None] * len(rows)
         for chunk in self._ragged.chunks(rows):
             members = [rows[i] for i in chunk]
@@ -157,7 +158,7 @@ class ModelCore:
                 continue
             self.stats.replay(self._entry_label(members), len(members))
             for j, i in enumerate(chunk):
-                results[i] = self._ragged.share(out, j, rows[i])
+                results[i] = self._ragged.share(out, j, rows[i], squeezed=submitted[i][1])
         return results
 
     def _entry_label(self, rows: Sequence[RaggedRow]) -> str:

@@ -54,7 +54,7 @@ class RaggedPlan:
     def _pad_value(self, name: str, dtype: str) -> Any:
         value = self.padding.values.get(name, 0)
         if dtype == "bfloat16":  # host arrays hold bfloat16's raw bits
-            return np.float32(value).view(np.uint32) >> 16
+            return bfloat16_bits(value)
         return np.array(value, dtype=DTYPES[dtype].wire).item()
 
     # -- requests --------------------------------------------------------------------
@@ -134,12 +134,18 @@ class RaggedPlan:
             stacked.append(out)
         return stacked
 
-    def share(self, outputs: Any, j: int, row: RaggedRow) -> Any:
-        """Row ``j``'s own outputs: its batch slice, cut to its own sizes."""
-        cuts: dict[int, dict[int, slice]] = {}
+    def share(self, outputs: Any, j: int, row: RaggedRow, squeezed: bool = False) -> Any:
+        """Row ``j``'s own outputs: its batch slice, cut to its own sizes. ``squeezed`` (a
+        row sent without its batch dimension) drops the dimension that follows the batch,
+        wherever the model puts it (a sequence-first output has it in dim 1); an output
+        that does not follow the batch is the row's whole."""
+        cuts: dict[int, dict[int, slice | int]] = {}
         for axis, size in zip(self.padding.axes, row.sizes):
             for leaf, dim in axis.outputs:
-                cut = slice(j, j + 1) if axis is self._batch() else slice(0, size)
+                if axis is self._batch():
+                    cut: slice | int = j if squeezed else slice(j, j + 1)
+                else:
+                    cut = slice(0, size)
                 cuts.setdefault(leaf, {})[dim] = cut
         counter = iter(range(1 << 30))
 
@@ -148,10 +154,21 @@ class RaggedPlan:
             dims = cuts.get(index)
             if not dims:
                 return leaf
-            region = tuple(dims.get(d, slice(None)) for d in range(max(dims) + 1))
+            # the trailing Ellipsis keeps a 0-d share an array (a numpy scalar would lose
+            # its array type, and the handle could not give it back as a tensor)
+            region = (*(dims.get(d, slice(None)) for d in range(max(dims) + 1)), Ellipsis)
             return leaf[region]
 
         return map_leaves(one, outputs)
 
     def _batch(self) -> Any:
         return None if self.batch_axis is None else self.padding.axes[self.batch_axis]
+
+
+def bfloat16_bits(value: float) -> int:
+    """``value`` as bfloat16's raw 16 bits, rounded to nearest even as torch rounds it: the
+    predictor fills the rest of an entry with torch's rounding, and build proved padding
+    with it (truncating the float32 bits gives another value, 0x3dcc for 0.1 where torch
+    has 0x3dcd)."""
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16

@@ -120,6 +120,10 @@ def test_an_image_pads_its_height_and_width_apart(tmp_path: Path) -> None:
     ({"input_ids": 0}, PaddingError, "attention_mask dim 0 varies with input_ids"),
     ({"input_ids": 99, "attention_mask": 0}, PaddingError,
      "fails on shape .* padded back with attention_mask=0, input_ids=99.*Is each pad value"),
+    # beyond int64: was a RuntimeError from torch.full after every reference had run
+    ({"input_ids": 0, "attention_mask": 2**63}, ShapeSpecError,
+     r"attention_mask: pad value 9223372036854775808 must be an integer from "
+     r"-9223372036854775808 to 9223372036854775807 \(int64\)"),
 ])
 def test_bad_declarations_say_what_is_wrong(tmp_path: Path, pad: dict, error: type,
                                             says: str) -> None:
@@ -200,3 +204,58 @@ def test_any_call_that_fits_equals_eager(masked: Path, batch: int, length: int, 
     inputs["attention_mask"][:, length // 2 + 1:] = 0  # right padding of the caller's own
     with Predictor.load(masked) as predictor, torch.no_grad():
         torch.testing.assert_close(predictor(**inputs), eager(**inputs), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    # one tensor per row: build crashed with IndexError naming its outputs
+    ("per_row", r"the number of outputs changes with input_ids dim 0, attention_mask dim 0 "
+                r"\(4 tensors at size 4, 3 at 3\)"),
+    # the batch dimension squeezed away at batch 1: refused as "Rows are not independent"
+    ("squeezed", r"output is 1x8x4 padded and sliced back, 8x4 unpadded"),
+])
+def test_outputs_whose_number_or_shape_change_with_an_axis_are_refused_as_such(
+        tmp_path: Path, kind: str, says: str) -> None:
+    with pytest.raises(PaddingError, match=says) as info:
+        build(PADS, TOKENS, dtype="int64", config={"kind": kind}, output=tmp_path / "a",
+              pad=PAD_TOKENS, progress=False)
+    assert info.value.max_rel is None and "Rows are not independent" not in str(info.value)
+    assert not (tmp_path / "a").exists()
+
+
+def test_outputs_that_follow_an_axis_in_another_dim_are_sliced_there(tmp_path: Path) -> None:
+    """A sequence-first output (length, batch, features): each axis is sliced back in the
+    output dimension that follows it."""
+    path = build(PADS, TOKENS, dtype="int64", config={"kind": "seq_first"},
+                 output=tmp_path / "a", pad=PAD_TOKENS, progress=False).path
+    batch, length = read_artifact(path).manifest.padding.axes
+    assert batch.outputs == ((0, 1),) and length.outputs == ((0, 0),)
+    eager = _eager(path)
+    with Predictor.load(path) as predictor:
+        for rows, tokens in ((1, 1), (3, 5), (2, 16)):
+            inputs = _tokens(rows, tokens)
+            with torch.no_grad():
+                want = eager(**inputs)
+            assert want.shape == (tokens, rows, 4)
+            assert torch.equal(predictor(**inputs), want)
+
+
+def test_a_manifest_whose_padding_the_entries_contradict_is_refused(masked: Path) -> None:
+    """A re-hashed manifest saying the classifier's class dimension follows the length axis
+    used to load, and cut every padded call's answer to its length (3 classes -> 2)."""
+    from dataclasses import replace
+
+    from qkan_pack import ManifestError
+    from qkan_pack.format import PaddedAxis
+
+    manifest = read_artifact(masked).manifest
+    assert manifest.padding is not None
+    batch, length = manifest.padding.axes
+    edited = replace(manifest, padding=replace(manifest.padding, axes=(
+        batch, PaddedAxis(length.inputs, ((0, 1),)))))
+    with pytest.raises(ManifestError, match=r"output 0 dim 1 is said to follow axis "
+                                            r"input_ids dim 1, attention_mask dim 1"):
+        parse_manifest(dumps_manifest(edited))
+    too_big = replace(manifest, padding=replace(manifest.padding,
+                                                values={"input_ids": 0, "attention_mask": 2**63}))
+    with pytest.raises(ManifestError, match="must be an integer from"):
+        parse_manifest(dumps_manifest(too_big))

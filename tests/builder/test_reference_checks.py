@@ -160,6 +160,99 @@ def test_a_dtype_failure_says_how_input_dtypes_are_declared(tmp_path: Path) -> N
     """Whisper/BERT built with the default float32 failed inside F.embedding with no word
     about per-input dtypes."""
     pytest.importorskip("transformers")
-    with pytest.raises(ModelSourceError, match=r"declared as input_ids float32.*--dtype"):
+    with pytest.raises(ModelSourceError, match=r"An embedding was given floats.*--dtype int64"):
         build(MODELS / "hf_models.py", [{"input_ids": (1, 16), "attention_mask": (1, 16)}],
               config={"arch": "bert"}, output=tmp_path / "a", progress=False)
+
+
+def test_an_npz_is_held_to_the_size_it_unpacks_to(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An .npz is a zip: 3 MB of compressed zeros unpacked to a 3 GiB array (18 s, 3.3 GB
+    of memory) before the 2 GiB limit, which only looked at the file, could say a word."""
+    from qkan_pack.builder import _given
+
+    monkeypatch.setattr(_given, "MAX_REFERENCE_INPUTS_BYTES", 1 << 20)
+    np.savez_compressed(tmp_path / "in.npz", x=np.zeros((512, 1024), np.float32))  # 2 MiB
+    assert (tmp_path / "in.npz").stat().st_size < 1 << 16
+    with pytest.raises(InputFileError, match=r"unpack to 2097\d+ bytes, more than the 1048576"):
+        _given.read_reference_inputs(tmp_path / "in.npz", {"x": "float32"}, [{"x": (16, 4)}])
+
+
+@pytest.mark.parametrize(("array", "problem"), [
+    (np.array([["a"] * 4] * 16), "numpy dtype <U1, which is no tensor dtype"),
+    (np.zeros((16, 4), dtype=[("a", "<i4")]), "which is no tensor dtype"),
+    (np.zeros((16, 4), dtype="datetime64[s]"), "numpy dtype datetime64"),
+    (np.array(1.0, np.float32), "'x' is a 0-d array, but x is declared as 16x4"),
+])
+def test_arrays_torch_cannot_take_are_refused_by_name(tmp_path: Path, array: np.ndarray,
+                                                      problem: str) -> None:
+    """Text, records and dates were a bare TypeError from torch.from_numpy; a 0-d array was
+    widened to shape 1 (and taken for a declared 1-element input)."""
+    from qkan_pack.builder._given import read_reference_inputs
+
+    np.save(tmp_path / "in.npy", array)
+    with pytest.raises(InputFileError, match=problem):
+        read_reference_inputs(tmp_path / "in.npy", {"x": "float32"}, [{"x": (16, 4)}])
+
+
+def test_big_endian_and_bfloat16_reference_inputs_are_read(tmp_path: Path) -> None:
+    """A big-endian array was a bare ValueError from torch; bfloat16 safetensors "cannot be
+    read" (numpy has no bfloat16), so a bfloat16 model could not be given real inputs."""
+    from safetensors.torch import save_file as save_torch_file
+
+    from qkan_pack.builder._given import read_reference_inputs
+
+    values = np.arange(64, dtype=np.float32).reshape(16, 4)
+    np.save(tmp_path / "in.npy", values.astype(">f4"))
+    read = read_reference_inputs(tmp_path / "in.npy", {"x": "float32"}, [{"x": (16, 4)}])
+    assert torch.equal(read["x"][0], torch.from_numpy(values))
+    save_torch_file({"x": torch.from_numpy(values).bfloat16()}, str(tmp_path / "in.safetensors"))
+    read = read_reference_inputs(tmp_path / "in.safetensors", {"x": "bfloat16"}, [{"x": (16, 4)}])
+    assert torch.equal(read["x"][0], torch.from_numpy(values).bfloat16())
+
+
+def test_a_model_with_tensors_on_the_meta_device_is_refused_at_build(tmp_path: Path) -> None:
+    """A non-persistent buffer left on the meta device built fine; every load then failed
+    with "unexpected NotImplementedError: Cannot copy out of meta tensor"."""
+    source = tmp_path / "meta_buffer.py"
+    source.write_text(
+        "import torch\n\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(4, 4)\n"
+        "        self.register_buffer('table', torch.empty(4, device='meta'), persistent=False)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.linear(x)\n\n\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    return Net()\n")
+    with pytest.raises(ModelSourceError, match=r"tensors on the meta device.*: table;") as info:
+        build(source, "2x4", output=tmp_path / "a", progress=False)
+    assert info.value.stage == "factory" and not (tmp_path / "a").exists()
+
+
+def test_a_cache_buffer_a_forward_fills_is_no_unreproducible_factory(tmp_path: Path) -> None:
+    """A non-persistent cache grown in forward to the longest sequence seen (older
+    transformers rotary embeddings) was compared after the reference runs with a fresh
+    model's empty one, and a seeded, deterministic model was refused as "not reproducible:
+    seed your factory"."""
+    source = tmp_path / "rotary_cache.py"
+    source.write_text(
+        "import torch\n\n\n"
+        "class Rotary(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(4, 4)\n"
+        "        self.register_buffer('cos_cached', torch.zeros(0, 4), persistent=False)\n\n"
+        "    def forward(self, x):\n"
+        "        if self.cos_cached.shape[0] < x.shape[1]:\n"
+        "            steps = torch.arange(x.shape[1], dtype=torch.float32)[:, None]\n"
+        "            self.cos_cached = torch.cos(steps * torch.ones(4))\n"
+        "        return self.linear(x) * self.cos_cached[:x.shape[1]]\n\n\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    return Rotary()\n")
+    path = build(source, "2x8x4,2x16x4", output=tmp_path / "a", progress=False).path
+    with Predictor.load(path, progress=False) as predictor:
+        assert predictor(torch.ones(2, 8, 4)).shape == (2, 8, 4)

@@ -1,5 +1,7 @@
 """Models for declared padding: some ignore padded positions, some cannot."""
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -47,10 +49,33 @@ class BatchCentred(nn.Module):
         return self.linear(x - x.mean(0, keepdim=True))
 
 
+class PerToken(nn.Module):
+    """Token embeddings where the mask keeps them, one output row per token, laid out as
+    ``layout`` says: ``seq_first`` (length, batch, features), ``per_row`` one tensor per
+    batch row, ``squeezed`` without the batch dimension when it is one."""
+
+    def __init__(self, layout: str) -> None:
+        super().__init__()
+        self.layout = layout
+        self.embed = nn.Embedding(100, 4)  # ids of tests/serve/test_ragged.py
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
+        if self.layout == "seq_first":
+            return hidden.transpose(0, 1).contiguous()
+        if self.layout == "per_row":
+            return tuple(hidden.unbind(0))
+        return hidden.squeeze(0)
+
+
 def build_model(kind: str = "meanpool") -> nn.Module:
     torch.manual_seed(0)
     if kind in ("meanpool", "masked_meanpool"):
         return MeanPool(masked=kind == "masked_meanpool")
+    if kind in ("seq_first", "per_row", "squeezed"):
+        return PerToken(kind)
+    if kind == "bfloat16_rows":  # (batch, length, 6) in bfloat16, each position alone
+        return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 2)).to(torch.bfloat16)
     if kind == "global_pool":
         return GlobalPool()
     if kind == "rows":

@@ -287,3 +287,48 @@ def test_re_hashed_solvers_cannot_switch_to_the_cross_solver_tolerance(tmp_path:
     write_artifact(tmp_path / "claimed", claimed, files)
     with pytest.raises(SelfTestError):
         Predictor.load(tmp_path / "claimed", progress=False)
+
+
+def test_a_half_precision_output_loosens_no_float32_output_beside_it() -> None:
+    """float32 logits beside a bfloat16 auxiliary output were held to the bfloat16 ceiling:
+    a 1% edit of the logits passed with a re-hashed noise figure of 0.02."""
+    torch.manual_seed(0)
+    truth, aux = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    edited = _near(truth, 1e-2)
+    with pytest.raises(SelfTestError, match="loosen the bound for themselves only"):
+        check_reference("4x10", [edited.float(), aux.bfloat16()], [truth.float(), aux.bfloat16()],
+                        noise=0.02, ceiling=CEILING, device_float64=lambda: [edited, aux],
+                        warn=print, hint="HINT")
+    # the bfloat16 output's own rounding still passes where the logits agree
+    got = [truth.float(), _half(_near(aux, 3e-3))]
+    noise = float(f"{(aux.bfloat16().double() - aux).abs().max() / aux.abs().max():.2g}")
+    check_reference("4x10", got, [truth.float(), aux.bfloat16()], noise=noise, ceiling=CEILING,
+                    device_float64=lambda: [truth, aux], warn=print, hint="HINT")
+    # float32 logits cast up from bfloat16 (``logits.float()``) carry bfloat16 rounding,
+    # here as at build: held as bfloat16, by their own rounding against float64 here
+    upcast = [_half(_near(truth, 3e-3)).float(), _half(_near(aux, 3e-3))]
+    want = [_half(truth).float(), _half(aux)]
+    noise = max(noise, float(f"{(want[0].double() - truth).abs().max() / truth.abs().max():.2g}"))
+    check_reference("4x10", upcast, want, noise=noise, ceiling=CEILING,
+                    device_float64=lambda: [truth, aux], warn=print, hint="HINT")
+
+
+def test_a_re_hashed_reference_device_cannot_widen_a_cpu_load(tmp_path: Path) -> None:
+    """Every build computes its references on the CPU. A manifest re-hashed to say "cuda"
+    (with the noise figures raised) switched a CPU load to the cross-device tolerance
+    (1e-4, 1e-4), and a bias edit of 5e-5 of the outputs' scale, refused as built, loaded."""
+    path = build(MODELS / "plain_mlp.py", "4x2", output=tmp_path / "mlp", progress=False).path
+    artifact = read_artifact(path)
+    manifest = artifact.manifest
+    references = load_safetensors(artifact.files[manifest.shapes[0].reference])
+    scale = max(float(v.abs().max()) for k, v in references.items() if k.startswith("output"))
+    tensors = load_safetensors(artifact.files[WEIGHTS_NAME])
+    weights = save_safetensors({**tensors, "2.bias": tensors["2.bias"] + 5e-5 * scale},
+                               metadata={"format": "pt"})
+    files = {**artifact.files, WEIGHTS_NAME: weights}
+    noisy = tuple(dataclasses.replace(entry, noise=1e-5) for entry in manifest.shapes)
+    for device in ("cpu", "cuda"):
+        claimed = dataclasses.replace(manifest, shapes=noisy, reference_device=device)
+        write_artifact(tmp_path / device, claimed, files)
+        with pytest.raises(SelfTestError):
+            Predictor.load(tmp_path / device, device="cpu", progress=False)

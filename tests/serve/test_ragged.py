@@ -88,3 +88,44 @@ def test_get_root_shows_the_padded_ranges(gpt: Path) -> None:
     assert shown["padded"]["values"] == {"input_ids": 0, "attention_mask": 0}
     assert {"dtype": "int64", "dims": [[1, 4], [1, 16]]} in [
         entry["input_ids"] for entry in shown["padded"]["ranges"]]
+
+
+def test_a_row_without_its_batch_dimension_drops_the_dimension_that_follows_the_batch(
+        tmp_path: Path) -> None:
+    """A sequence-first output (length, batch, features): a row sent without its batch
+    dimension used to lose dim 0 of every output, its length, and got the first token's
+    features back as a 1x4 array."""
+    path = build(MODELS / "pad_models.py", TOKENS, dtype="int64", config={"kind": "seq_first"},
+                 output=tmp_path / "seq", pad={"input_ids": 0, "attention_mask": 0},
+                 progress=False).path
+    lengths = [1, 3, 8, 11, 16, 5]
+    with Predictor.load(path) as predictor:
+        for exact in (False, True):
+            core = ModelCore(predictor, max_batch_size=4, max_batch_wait_ms=None, exact=exact)
+
+            async def all_rows(core: ModelCore) -> list:
+                return await asyncio.gather(*(core.infer(_row(n, batched=i % 2 == 0))
+                                              for i, n in enumerate(lengths)))
+
+            for i, (n, reply) in enumerate(zip(lengths, asyncio.run(all_rows(core)))):
+                given = _row(n, True)
+                alone = predictor(input_ids=torch.from_numpy(given["input_ids"].array),
+                                  attention_mask=torch.from_numpy(given["attention_mask"].array))
+                want = alone.numpy() if i % 2 == 0 else alone.numpy()[:, 0]
+                assert np.asarray(reply).shape == want.shape, (exact, n)
+                np.testing.assert_array_equal(np.asarray(reply), want)
+
+
+def test_rows_are_padded_with_the_bfloat16_value_build_proved(tmp_path: Path) -> None:
+    """bfloat16 pad values used to be truncated (0.1 became 0x3dcc) where torch, the
+    predictor and the build's proof round them (0x3dcd)."""
+    from qkan_pack.serve._ragged import RaggedPlan
+
+    path = build(MODELS / "pad_models.py", "1x4x6,2x8x6", dtype="bfloat16",
+                 config={"kind": "bfloat16_rows"}, output=tmp_path / "bf16", pad={"x": 0.1},
+                 progress=False).path
+    plan = RaggedPlan(read_artifact(path).manifest)
+    rows = [plan.row([np.zeros((n, 6), np.uint16)])[0] for n in (3, 8)]
+    stacked = plan.stack(rows)[0]
+    torch_bits = torch.full((1,), 0.1, dtype=torch.bfloat16).view(torch.int16).item() & 0xFFFF
+    assert stacked.shape == (2, 8, 6) and (stacked[0, 3:] == torch_bits).all()
