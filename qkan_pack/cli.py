@@ -412,7 +412,7 @@ def inspect(directory: Path, as_json: bool, keys: tuple[Path, ...]) -> None:
         payload = {"digest": artifact.digest, "signed_by": artifact.signed_by,
                    "manifest": manifest_to_dict(artifact.manifest),
                    "schema": manifest_schema(artifact.manifest)}
-        click.echo(json.dumps(payload, indent=2))
+        _emit(payload)
         return
     click.echo(render_manifest(artifact.manifest, artifact.digest, str(artifact.path),
                                _signature_line(artifact)))  # every line made visible there

@@ -47,3 +47,17 @@ def gpt_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build(EXAMPLES / "hqkan_gpt.py", "1x16,4x16", output=out, dtype="int64",
           config={"block_size": 16, "n_embd": 32, "hidden": 16})
     return out
+
+
+def forget_imports(path: Path) -> None:
+    """Drop qkan-pack's cached import of an artifact's sources, so that the next load imports
+    them again (as if another process had built the artifact)."""
+    import sys
+
+    from qkan_pack.runtime import content_name, read_artifact
+
+    artifact = read_artifact(path)
+    info = artifact.manifest.model
+    name = content_name({p: artifact.files[p] for p in (info.source, *info.includes)})
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]

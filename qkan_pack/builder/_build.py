@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from .._extras import install_hint, missing_module
 from ..errors import ModelSourceError, OptionError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
@@ -144,8 +143,7 @@ def build(
     if batch_sizes is not None:
         shapes = with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
                                   batch_sizes)
-    user = _with_install_hint(_load_user_model, model_path, includes, entry,
-                              check_config(config or {}), weights)
+    user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
     metadata = dataclasses.replace(metadata, class_labels=class_labels_of(user.model))
     declared = declare_inputs(shapes, dtype, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
@@ -209,19 +207,6 @@ def _dtype_names(dtype: Any) -> str | dict[str, str]:
     if isinstance(dtype, Mapping):
         return {name: one(value, f"dtype[{name!r}]") for name, value in dtype.items()}
     return one(dtype, "dtype")
-
-
-def _with_install_hint(load: Any, *args: Any) -> Any:
-    """``load(*args)``; a model whose import or factory needs a module that is not installed
-    fails with the line that installs it (``pip install 'qkan-pack[qkan]'``)."""
-    try:
-        return load(*args)
-    except ModelSourceError as exc:
-        module = missing_module(exc)
-        if module is None:
-            raise
-        raise ModelSourceError(f"{exc}; install it: {install_hint(module)}", stage=exc.stage,
-                               path=exc.path) from exc
 
 
 def _model_name(name: str | None, model_path: Path) -> str:

@@ -31,9 +31,9 @@ def check_informative(label: str, outputs: Sequence[torch.Tensor], names: Sequen
     are all constant: a self-test against it passes whatever the weights. Constant outputs
     beside informative ones are only noted. ``allow``: note instead of refusing. Returns
     the notes."""
-    empty, constant = uninformative_outputs(outputs, names)
-    weak = bool(empty) or (bool(constant) and len(constant) == len(outputs))
-    if weak and not allow:
+    found = uninformative_outputs(outputs, names)
+    empty, constant = found.empty, found.constant
+    if found.proves_nothing and not allow:
         problem = "; ".join(filter(None, (
             f"{', '.join(empty)} {'has' if len(empty) == 1 else 'have'} no elements"
             if empty else "",

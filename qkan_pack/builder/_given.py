@@ -11,7 +11,6 @@ that keeps every value (float64 images become float32; integer ids must fit).
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,11 +19,10 @@ import torch
 
 from ..errors import InputFileError
 from ..format import Shape, format_shape
-from ..runtime import torch_dtype
+from ..runtime import read_array_file, torch_dtype
 
 #: What a reference-inputs file may weigh: it is read whole, before the model runs.
 MAX_REFERENCE_INPUTS_BYTES = 2 * 1024**3
-SUFFIXES = (".npz", ".npy", ".safetensors")
 
 Given = Mapping[str, Sequence[torch.Tensor]]
 
@@ -67,50 +65,15 @@ def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix not in SUFFIXES:
-        raise InputFileError(path=f"--reference-inputs {path}", problem=(
-            f"unknown file type {path.suffix or '(none)'}; use {', '.join(SUFFIXES)}"))
-    try:
-        size = path.stat().st_size
-        if size > MAX_REFERENCE_INPUTS_BYTES:
-            raise InputFileError(path=f"--reference-inputs {path}", problem=(
-                f"{size} bytes, more than the {MAX_REFERENCE_INPUTS_BYTES} a build reads"))
-        if path.suffix == ".safetensors":  # torch's reader: bfloat16 inputs too
-            from safetensors.torch import load_file
-
-            return dict(load_file(str(path)))
-        if path.suffix == ".npz":
-            _check_unpacked_size(path)
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            return {"x": _tensor(loaded, "x", path)}
-        with loaded:
-            return {key: _tensor(loaded[key], key, path) for key in loaded.files}
-    except InputFileError:
-        raise
-    except (OSError, ValueError, EOFError) as exc:  # pickled objects refused by allow_pickle
-        raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
-    except Exception as exc:  # safetensors' own error type
-        raise InputFileError(path=f"--reference-inputs {path}", problem=f"cannot be read: {exc}") from None
-
-
-def _check_unpacked_size(path: Path) -> None:
-    """An .npz is a zip: a few megabytes of compressed zeros unpack to gigabytes. Its
-    directory says how much each member unpacks to (``zipfile`` reads no further), so the
-    limit holds for what is unpacked, before anything is."""
-    with zipfile.ZipFile(path) as archive:
-        unpacked = sum(member.file_size for member in archive.infolist())
-    if unpacked > MAX_REFERENCE_INPUTS_BYTES:
-        raise InputFileError(path=f"--reference-inputs {path}", problem=(
-            f"its arrays unpack to {unpacked} bytes, more than the "
-            f"{MAX_REFERENCE_INPUTS_BYTES} a build reads"))
+    where = f"--reference-inputs {path}"
+    arrays = read_array_file(path, where, MAX_REFERENCE_INPUTS_BYTES)
+    return {key or "x": value if isinstance(value, torch.Tensor) else _tensor(value, key, path)
+            for key, value in arrays.items()}
 
 
 def _tensor(array: np.ndarray, key: str, path: Path) -> torch.Tensor:
-    """A numpy array as a tensor: in native byte order (an array saved big-endian holds the
-    same numbers), refused by name where torch has no such dtype (text, dates, records)."""
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
+    """A numpy array as a tensor, refused by name where torch has no such dtype (text,
+    dates, records)."""
     try:
         return torch.from_numpy(np.require(array, requirements="C"))  # 0-d stays 0-d
     except TypeError:

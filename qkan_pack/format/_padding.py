@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ManifestError
 from ._constants import DTYPES
-from ._grammar import Shape, format_shape
+from ._grammar import Shape
 
 PadValue = int | float | bool
 
@@ -230,7 +230,3 @@ def describe_axes(padding: Padding, entries: Sequence[Sequence[Shape]],
         sizes = sorted({entry[position][dim] for entry in entries})
         lines.append(f"{axis.label}: {', '.join(map(str, sizes))}")
     return lines
-
-
-def shape_text(shape: Shape) -> str:
-    return format_shape(shape) or "a scalar"

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import InputError, InputFileError
+from ..runtime import read_array_file
 
 INPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 OUTPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
@@ -70,23 +72,19 @@ def _read(path: Path, dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
     if path.suffix not in INPUT_SUFFIXES:
         raise _error(path, f"unknown file type {path.suffix or '(none)'}; use "
                            f"{', '.join(INPUT_SUFFIXES)}")
+    if path.suffix != ".json":
+        arrays = read_array_file(path, f"--input {path}", MAX_INPUT_BYTES)
+        # numpy for the predictor (numpy in, numpy advice on a wrong dtype); bfloat16,
+        # which numpy lacks, stays a tensor
+        return {key: value.numpy() if isinstance(value, torch.Tensor)
+                and value.dtype != torch.bfloat16 else value for key, value in arrays.items()}
     try:
         if path.stat().st_size > MAX_INPUT_BYTES:
             raise _error(path, f"larger than {MAX_INPUT_BYTES} bytes")
-        if path.suffix == ".json":
-            return _from_json(json.loads(path.read_text()), dtypes, path)
-        if path.suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
-            return dict(load_file(str(path)))
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            return {"": loaded}
-        with loaded:
-            return {key: loaded[key] for key in loaded.files}
+        return _from_json(json.loads(path.read_text()), dtypes, path)
     except InputFileError:
         raise
-    except Exception as exc:  # numpy, safetensors and json each raise their own
+    except Exception as exc:  # json's own
         raise _error(path, f"cannot be read: {exc}") from None
 
 

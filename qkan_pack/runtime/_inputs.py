@@ -50,6 +50,8 @@ class InputMatcher:
         self._entries = [[tuple(s) for _, s in e.inputs] for e in manifest.shapes]
         self._leaves = [len(list(e.outputs.leaves())) for e in manifest.shapes]
         self._padding = padding_table(manifest) if self.pad_batch else {}
+        self._pad_values = tuple(self.declared.values.get(name) for name in self._names) \
+            if self.declared is not None else ()
         self._ranges = (accepted_ranges(self._entries, self._names,
                                         [d.dtype for d in manifest.inputs], self.declared)
                         if self.declared is not None else [])
@@ -160,7 +162,6 @@ class InputMatcher:
         entry = self._entries[index]
         regions = tuple(None if got == have else tuple(slice(0, n) for n in got)
                         for got, have in zip(call, entry))
-        values = tuple(self.declared.values.get(name) for name in self._names)
         kept: list[list[slice]] = [[] for _ in range(self._leaves[index])]
         for axis, size in zip(self.declared.axes, sizes):
             for leaf, dim in axis.outputs:
@@ -168,7 +169,7 @@ class InputMatcher:
                     kept[leaf].append(slice(None))
                 kept[leaf][dim] = slice(0, size)
         outputs = tuple(tuple(k) if k else None for k in kept)
-        return index, Fit(regions, values, outputs, tuple(entry))
+        return index, Fit(regions, self._pad_values, outputs, tuple(entry))
 
     def _padded_entry(self, key: tuple) -> tuple[int, Fit]:
         rows = {s[0] for s in key if len(s)}

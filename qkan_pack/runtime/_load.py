@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from .._extras import install_hint, missing_module
-from ..errors import ModelSourceError, QkanPackError
+from ..errors import QkanPackError
 from ..format import WEIGHTS_NAME, Manifest, describe_axes
 from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
@@ -298,9 +297,10 @@ def _warn_if_uninformative(label: str, want: list[torch.Tensor], names: list[str
                            report: LoadReport) -> None:
     """Say so when a reference cannot tell models apart (built with
     ``--allow-constant-references``): the self-test passed, but proves nothing for it."""
-    empty, constant = uninformative_outputs(want, names)
-    if empty or (constant and len(constant) == len(want)):
-        report.warn(f"shape {label}: the build references {', '.join([*empty, *constant])} "
+    found = uninformative_outputs(want, names)
+    if found.proves_nothing:
+        report.warn(f"shape {label}: the build references "
+                    f"{', '.join([*found.empty, *found.constant])} "
                     "carry no information, so the self-test cannot tell this model from an "
                     "edited one: rely on the pinned digest or the signature")
 
@@ -367,15 +367,8 @@ def source_module(artifact: VerifiedArtifact) -> ModuleType:
     module is named after its content), its lines held by the artifact's ``source_lines``."""
     info = artifact.manifest.model
     sources = {p: artifact.files[p] for p in (info.source, *info.includes)}
-    try:
-        return import_model_source(info.source, sources, lines=artifact.source_lines)
-    except ModelSourceError as exc:
-        module = missing_module(exc)
-        if module is None:
-            raise
-        raise ModelSourceError(f"{exc}; the model needs {module}: "
-                               f"{install_hint(module, info.packages)}",
-                               stage=exc.stage, path=exc.path) from exc
+    return import_model_source(info.source, sources, lines=artifact.source_lines,
+                               packages=info.packages)
 
 
 def reference_samples(artifact: VerifiedArtifact, target: torch.device

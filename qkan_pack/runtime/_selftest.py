@@ -26,7 +26,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -105,17 +105,30 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     return Agreement(worst_abs, worst_rel, ok)
 
 
+class Uninformative(NamedTuple):
+    """A reference's outputs by which no self-test can tell one model from another, as
+    ``name (why)`` texts: the empty ones and the constant ones."""
+
+    empty: list[str]
+    constant: list[str]
+    count: int  # outputs in all
+
+    @property
+    def proves_nothing(self) -> bool:
+        """An output with no elements, or every output constant: any weights pass."""
+        return bool(self.empty) or (bool(self.constant) and len(self.constant) == self.count)
+
+
 def uninformative_outputs(outputs: Sequence[torch.Tensor],
-                          names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(empty outputs, constant outputs) among one reference's flat outputs, as
-    ``name (why)`` texts: outputs by which no self-test can tell one model from another."""
+                          names: Sequence[str]) -> Uninformative:
+    """The empty and the constant outputs among one reference's flat outputs."""
     empty, constant = [], []
     for name, tensor in zip(names, outputs):
         if tensor.numel() == 0:
             empty.append(f"{name} (empty, {'x'.join(map(str, tensor.shape))})")
         elif tensor.numel() > 1 and bool((tensor == tensor.reshape(-1)[0]).all()):
             constant.append(f"{name} (every element {tensor.reshape(-1)[0].item():g})")
-    return empty, constant
+    return Uninformative(empty, constant, len(outputs))
 
 
 def check_outputs(label: str, compared: str, got: Sequence[torch.Tensor],

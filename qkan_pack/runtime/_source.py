@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
+from .._extras import install_hint, missing_module
 from ..errors import ModelSourceError
 from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
@@ -240,7 +241,8 @@ class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def import_model_source(source: str, sources: Mapping[str, bytes], *,
                         display_path: str | None = None,
-                        lines: SourceLines | None = None) -> ModuleType:
+                        lines: SourceLines | None = None,
+                        packages: Mapping[str, str] | None = None) -> ModuleType:
     """Execute ``sources[source]`` as a fresh module; include modules resolve from ``sources``.
 
     At load (no ``display_path``) every file is compiled under its ``source_filename`` and
@@ -251,7 +253,8 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
 
     ``display_path`` (a build: the user's path) names the file in error messages, and the
     files are compiled under the user's own paths, which ``linecache`` reads as it reads
-    any module the user imports.
+    any module the user imports. ``packages``: the versions the artifact recorded, named
+    when an import fails for a missing package (``model_code_failed``).
     """
     name = content_name(sources)
     verified = display_path is None
@@ -276,7 +279,7 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         sys.modules[name] = module
         try:
             with _serving(includes, name), deferred_imports():  # heavy unused imports wait
-                _execute(sources[source], filenames[source], shown, module)
+                _execute(sources[source], filenames[source], shown, module, packages)
         except BaseException:
             for imported in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
                 del sys.modules[imported]  # the includes it re-homed under it go too
@@ -292,7 +295,8 @@ def _user_path(path: str, base: str, display_path: str) -> str:
     return os.path.join(os.path.dirname(display_path), path.removeprefix(f"{base}/"))
 
 
-def _execute(source: bytes, filename: str, shown: str, module: ModuleType) -> None:
+def _execute(source: bytes, filename: str, shown: str, module: ModuleType,
+             packages: Mapping[str, str] | None = None) -> None:
     """Run the model source in ``module``, compiled under ``filename``; what it raises
     (``sys.exit`` included) is a model error naming the import, while Ctrl-C stays
     ``KeyboardInterrupt``."""
@@ -304,7 +308,7 @@ def _execute(source: bytes, filename: str, shown: str, module: ModuleType) -> No
         raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}",
                                stage="import", path=shown) from exc
     except (Exception, SystemExit) as exc:
-        raise model_code_failed("import", shown, "import", exc) from exc
+        raise model_code_failed("import", shown, "import", exc, packages) from exc
 
 
 @contextmanager
@@ -426,10 +430,18 @@ def _refuse_meta_tensors(model: Any, shown: str, entry: str) -> None:
             "initialise it)", stage="factory", path=shown)
 
 
-def model_code_failed(stage: str, shown: str, what: str, exc: BaseException) -> ModelSourceError:
-    """The one error for model code that raised: the stage, the file, what ran, the cause."""
-    return ModelSourceError(f"{shown}: {what} failed ({stage}): {describe(exc)}", stage=stage,
-                            path=shown)
+def model_code_failed(stage: str, shown: str, what: str, exc: BaseException,
+                      packages: Mapping[str, str] | None = None) -> ModelSourceError:
+    """The one error for model code that raised: the stage, the file, what ran, the cause;
+    for a module that is not installed, the line that installs it (at the version the
+    artifact recorded, given its ``packages``)."""
+    message = f"{shown}: {what} failed ({stage}): {describe(exc)}"
+    module = missing_module(exc)
+    if module is not None and packages is not None:
+        message += f"; the model needs {module}: {install_hint(module, packages)}"
+    elif module is not None:
+        message += f"; install it: {install_hint(module)}"
+    return ModelSourceError(message, stage=stage, path=shown)
 
 
 def describe(exc: BaseException) -> str:

@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .._extras import release_within
+
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["record_installation", "triton_key_file"]
 
@@ -170,21 +172,12 @@ def unsupported_triton() -> str | None:
         import triton
     except ImportError:
         return None
-    version = _release(triton.__version__)
     low, high = SUPPORTED
-    if version is None or not low <= version < high:
+    if not release_within(triton.__version__, SUPPORTED):
         return (f"Triton {triton.__version__} is outside the releases qkan-pack's kernel "
                 f"cache supports ({low[0]}.{low[1]} to {high[0]}.{high[1] - 1}); compiled as "
                 "usual")
     return None
-
-
-def _release(text: str) -> tuple[int, int] | None:
-    parts = text.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def cache_knobs() -> object | None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ServeError
-from ..format import fit_entry
 from ._gather import QUIET_BOUND_MS, RowGatherer
 from ._ragged import RaggedPlan, RaggedRow
 from ._rows import Tail, captured_batch, route_table, row_plan, unrouted
@@ -137,7 +136,7 @@ class ModelCore:
         self.stats.request("rows")
         if self._gatherer is None:  # exact: the row replays alone, padded by the predictor
             out = self._ragged.share(self.replay(row.arrays), 0, row, squeezed)
-            self.stats.replay(self._entry_label([row]), 1)
+            self.stats.replay(self._label(self._ragged.entry_of([row])), 1)
             return out
         return await self._gatherer.submit((row, squeezed))
 
@@ -148,7 +147,7 @@ class ModelCore:
         assert self._ragged is not None
         rows = [row for row, _ in submitted]
         results: list[Any] = [None] * len(rows)
-        for chunk in self._ragged.chunks(rows):
+        for chunk, entry in self._ragged.chunks(rows):
             members = [rows[i] for i in chunk]
             try:
                 out = self.replay(self._ragged.stack(members))
@@ -156,16 +155,13 @@ class ModelCore:
                 for i in chunk:
                     results[i] = exc
                 continue
-            self.stats.replay(self._entry_label(members), len(members))
+            self.stats.replay(self._label(entry), len(members))
             for j, i in enumerate(chunk):
                 results[i] = self._ragged.share(out, j, rows[i], squeezed=submitted[i][1])
         return results
 
-    def _entry_label(self, rows: Sequence[RaggedRow]) -> str:
-        assert self._ragged is not None
-        found = fit_entry(self._ragged.stack_shapes(rows), self._ragged.entries, self.names,
-                          self._ragged.padding)
-        return self._labels[found[0]] if found is not None else "padded"
+    def _label(self, entry: int | None) -> str:
+        return self._labels[entry] if entry is not None else "padded"
 
     def _fit(self, given: Mapping[str, Given]) -> list[np.ndarray]:
         if given.keys() != self._name_set:

@@ -14,6 +14,7 @@ Artifacts without declared padding keep the fixed-shape rows of ``_rows``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,27 +88,32 @@ class RaggedPlan:
 
     # -- groups ----------------------------------------------------------------------
 
-    def chunks(self, rows: Sequence[RaggedRow]) -> list[list[int]]:
-        """Row indices per call: rows of one key, at most ``max_rows`` a call, split again
-        where a chunk fits no entry (long rows may only fit the smaller batches)."""
+    def chunks(self, rows: Sequence[RaggedRow]) -> list[tuple[list[int], int | None]]:
+        """Row indices per call, with the entry the call pads into: rows of one key, at most
+        ``max_rows`` a call, split again where a chunk fits no entry (long rows may only fit
+        the smaller batches). A single row always fits (``row`` checked it)."""
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
             groups.setdefault(row.key, []).append(i)
-        calls: list[list[int]] = []
+        calls: list[tuple[list[int], int | None]] = []
         for members in groups.values():
             members.sort(key=lambda i: rows[i].sizes)  # similar lengths pad least together
             pending = [members[s:s + self.max_rows] for s in range(0, len(members), self.max_rows)]
             while pending:
                 chunk = pending.pop()
-                if len(chunk) == 1 or self.fits(self.stack_shapes([rows[i] for i in chunk])):
-                    calls.append(chunk)
+                entry = self.entry_of([rows[i] for i in chunk])
+                if entry is not None or len(chunk) == 1:
+                    calls.append((chunk, entry))
                 else:
                     half = len(chunk) // 2
                     pending += [chunk[:half], chunk[half:]]
         return calls
 
-    def stack_shapes(self, rows: Sequence[RaggedRow]) -> list[Shape]:
-        return [self._padded_shape(rows, position) for position in range(len(self.names))]
+    def entry_of(self, rows: Sequence[RaggedRow]) -> int | None:
+        """The entry the stack of ``rows`` pads into (``format.fit_entry``), or None."""
+        shapes = [self._padded_shape(rows, position) for position in range(len(self.names))]
+        found = fit_entry(shapes, self.entries, self.names, self.padding)
+        return None if found is None else found[0]
 
     def _padded_shape(self, rows: Sequence[RaggedRow], position: int) -> Shape:
         name = self.names[position]
@@ -140,14 +146,14 @@ class RaggedPlan:
         wherever the model puts it (a sequence-first output has it in dim 1); an output
         that does not follow the batch is the row's whole."""
         cuts: dict[int, dict[int, slice | int]] = {}
-        for axis, size in zip(self.padding.axes, row.sizes):
+        for index, (axis, size) in enumerate(zip(self.padding.axes, row.sizes)):
             for leaf, dim in axis.outputs:
-                if axis is self._batch():
+                if index == self.batch_axis:
                     cut: slice | int = j if squeezed else slice(j, j + 1)
                 else:
                     cut = slice(0, size)
                 cuts.setdefault(leaf, {})[dim] = cut
-        counter = iter(range(1 << 30))
+        counter = itertools.count()
 
         def one(leaf: Any) -> Any:
             index = next(counter)
@@ -160,9 +166,6 @@ class RaggedPlan:
             return leaf[region]
 
         return map_leaves(one, outputs)
-
-    def _batch(self) -> Any:
-        return None if self.batch_axis is None else self.padding.axes[self.batch_axis]
 
 
 def bfloat16_bits(value: float) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from .._extras import release_within
 from ..errors import ServeError
 
 #: Ray releases whose internals (and generated HAProxy config) this module was read from:
@@ -31,13 +32,8 @@ def check_ray() -> None:
     import ray
 
     version = ray.__version__
-    parts = version.split(".")
-    try:
-        release = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        release = None
     low, high = SUPPORTED
-    if release is None or not low <= release < high:
+    if not release_within(version, SUPPORTED):
         raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
                          f"Ray {low[0]}.{low[1]} (up to {high[0]}.{high[1] - 1}.x)",
                          hint=INSTALL)

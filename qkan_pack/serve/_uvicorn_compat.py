@@ -32,6 +32,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._extras import release_within
+
 #: uvicorn releases whose ``RequestResponseCycle.send`` this was written against: [0.30, 1.0).
 SUPPORTED = ((0, 30), (1, 0))
 #: Marks a protocol class whose ``send`` already holds reply heads.
@@ -151,13 +153,8 @@ def unsupported_uvicorn() -> str | None:
         import uvicorn
     except ImportError:
         return "uvicorn is not installed"
-    parts = uvicorn.__version__.split(".")
-    try:
-        release = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        release = None
     low, high = SUPPORTED
-    if release is None or not low <= release < high:
+    if not release_within(uvicorn.__version__, SUPPORTED):
         return (f"uvicorn {uvicorn.__version__} is outside the releases this was written for "
                 f"({low[0]}.{low[1]} up to {high[0]}.{high[1]}): replies are written as uvicorn "
                 "writes them")

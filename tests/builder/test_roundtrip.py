@@ -32,9 +32,8 @@ from qkan_pack import (
     build,
     read_artifact,
 )
-from qkan_pack.runtime import content_name
 
-from ..conftest import EXAMPLES, MODELS, ROOT
+from ..conftest import EXAMPLES, MODELS, ROOT, forget_imports
 
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
 _loaded: dict[Path, ModuleType] = {}
@@ -60,15 +59,6 @@ def eager(path: Path, state: dict[str, torch.Tensor] | None = None, **config: An
 
 def fresh(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(1000 + seed))
-
-
-def forget_imports(path: Path) -> None:
-    """Drop qkan-pack's cached import of an artifact's sources, so a load imports them again."""
-    artifact = read_artifact(path)
-    info = artifact.manifest.model
-    name = content_name({p: artifact.files[p] for p in (info.source, *info.includes)})
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
 
 
 def header_keys(data: bytes) -> list[str]:

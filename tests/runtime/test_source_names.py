@@ -25,6 +25,8 @@ import torch
 from qkan_pack import Predictor, SelfTestError, build, read_artifact
 from qkan_pack.runtime import content_name
 
+from ..conftest import forget_imports
+
 MODEL = '''\
 # {tag}
 MARKER = "a line of the artifact's source"
@@ -63,15 +65,6 @@ def write_model(folder: Path, tag: str, offset: float) -> Path:
 def build_one(folder: Path, tag: str, offset: float) -> Path:
     return build(write_model(folder, tag, offset), "2x2", output=folder / "artifact",
                  progress=False).path
-
-
-def forget_imports(path: Path) -> None:
-    """Drop the cached import of an artifact's sources (as if another process had built it)."""
-    artifact = read_artifact(path)
-    info = artifact.manifest.model
-    name = content_name({p: artifact.files[p] for p in (info.source, *info.includes)})
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
 
 
 def model_module(predictor: Predictor) -> ModuleType:
