@@ -23,6 +23,10 @@ __all__: list[str] = []
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+#: Call shapes whose padded fit an ``InputMatcher`` remembers.
+FIT_MEMORY = 4096
+
+
 @dataclass(frozen=True)
 class Fit:
     """How a smaller call fills a captured entry: per input the region it covers (None: the
@@ -57,6 +61,7 @@ class InputMatcher:
                         if self.declared is not None else [])
         self.signatures = manifest.signatures()
         self.fast = _fast_table(manifest, self._dtypes, device)
+        self._fits: dict[tuple, tuple[int, Fit]] = {}
 
     def match(self, args: tuple, kwargs: dict[str, Any]
               ) -> tuple[list[torch.Tensor], bool, int, Fit | None]:
@@ -144,11 +149,24 @@ class InputMatcher:
         if index is not None:
             return index, None
         if self.declared is not None:
-            return self._declared_fit(key)
+            return self._remembered_fit(key)
         if self._padding:
             return self._padded_entry(key)
         shown = ", ".join(_shape_text(s) for s in key)
         raise self.refuse(f"input shape {shown} is not in the manifest")
+
+    def _remembered_fit(self, key: tuple) -> tuple[int, Fit]:
+        """``_declared_fit``, worked out once per call shape: searching every entry and
+        building the regions is Python work of the order of a whole replay on a GPU, and
+        ragged traffic repeats a few hundred shapes. At most ``FIT_MEMORY`` shapes are kept
+        (the oldest go first), so a stream of distinct shapes cannot grow it."""
+        found = self._fits.get(key)
+        if found is None:
+            found = self._declared_fit(key)
+            if len(self._fits) >= FIT_MEMORY:
+                del self._fits[next(iter(self._fits))]
+            self._fits[key] = found
+        return found
 
     def _declared_fit(self, key: tuple) -> tuple[int, Fit]:
         """The smallest entry the call pads into (``format.fit_entry``), with its regions."""
