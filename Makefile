@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q $(TORCH_PIN)
 	QKAN_SKIP_CUDA_BUILD=TRUE $(PY) -m pip install -q --no-build-isolation $(QKAN_PIN)
-	$(PY) -m pip install -q -e '.[test,bench,serve,qkan,sign,docs]'
+	$(PY) -m pip install -q -e '.[test,bench,serve,grpc,qkan,sign,docs]'
 	touch $(STAMP)
 
 test: $(STAMP)

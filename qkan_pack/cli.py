@@ -25,8 +25,12 @@ from ._version import __version__
 from .bench import COLD_VARIANTS, SKIPPABLE
 from .errors import DeviceError, InputError, QkanPackError, ShapeSpecError
 from .format import (
+    AUTO_PRECISION,
     CAPTURE_POLICIES,
+    DEFAULT_MAX_ERROR,
     DEFAULT_VERSION,
+    MAX_MAX_ERROR,
+    PRECISIONS,
     SIGNATURE_NAME,
     check_dtype,
     check_seed,
@@ -40,6 +44,7 @@ from .format import (
     parse_input_option,
     parse_range,
     parse_shapes,
+    precision_choice_to_dict,
 )
 
 DEBUG_ENV = "QKAN_PACK_DEBUG"
@@ -302,6 +307,20 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               "the declared shapes differ, padding input NAME (x for a single one) with VALUE: "
               "--pad input_ids=0 --pad attention_mask=0. Build proves it leaves the outputs "
               "unchanged, or refuses. Repeatable.")
+@click.option("--precision", type=click.Choice([*PRECISIONS, AUTO_PRECISION]), default="fp32",
+              show_default=True,
+              help="Compute in reduced precision: tf32 (GPU matmuls), bf16 or fp16 (autocast); "
+              "weights stay float32. Gated here on the reference (and --calibration) inputs "
+              "and at every load on its device. auto: allow every one within --max-error, "
+              "serve fp32 until `qkan-pack warm --precision auto` picks the fastest per GPU.")
+@click.option("--max-error", type=click.FloatRange(0, MAX_MAX_ERROR, min_open=True),
+              metavar="REL", help="The largest difference from the float32 outputs a reduced "
+              "precision may make, as a share of each output's scale "
+              f"[default: {DEFAULT_MAX_ERROR:g}].")
+@click.option("--calibration", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              metavar="FILE", help="More inputs to gate --precision on (.npz/.npy/.safetensors, "
+              "arrays named after the inputs, one suffix per sample: input_ids.a, "
+              "attention_mask.a), at declared shapes.")
 @click.option("--name", help="The model's name (URL-safe) [default: the model file's stem].")
 @click.option("--model-version", default=DEFAULT_VERSION, show_default=True,
               help="The model's version (letters, digits, '.', '_', '-').")
@@ -322,7 +341,8 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
           dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
           capture: str, submodules: tuple, input_range: Any, seed: int,
           reference_inputs: Path | None, allow_constant_references: bool, name: str | None,
-          pads: dict[str, Any], model_version: str, description: str, license_: str,
+          pads: dict[str, Any], precision: str, max_error: float | None,
+          calibration: Path | None, model_version: str, description: str, license_: str,
           labels: dict[str, str], force: bool, warm_device: str | None, as_json: bool) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
     from .builder import build as build_artifact
@@ -342,7 +362,9 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
                                 allow_constant_references=allow_constant_references,
                                 name=name, model_version=model_version,
                                 description=description, license=license_, labels=labels,
-                                batch_sizes=batch_sizes, pad=pads or None, force=force)
+                                batch_sizes=batch_sizes, pad=pads or None,
+                                precision=precision, max_error=max_error,
+                                calibration=calibration, force=force)
     for note in result.notes:
         _say(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
@@ -368,33 +390,62 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
 @click.option("--compiled", is_flag=True,
               help="Also compile the model with torch.compile (inductor) and ship inductor's "
               "cache, for Predictor.load(..., compiled='shipped').")
+@click.option("--precision", type=click.Choice([AUTO_PRECISION]),
+              help="auto: first time every precision the build allowed on this device, gated "
+              "here against its max error, and record the fastest for this kind of device "
+              "(the kernels are then compiled at it). With --device cpu, only this.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON document (path, kernel key, files, bytes, digest) on "
-              "stdout; messages go to stderr.")
-def warm(directory: Path, device: str, compiled: bool, as_json: bool) -> None:
+              help="Print one JSON document (path, kernel key, files, bytes, digest, precision "
+              "choice) on stdout; messages go to stderr.")
+def warm(directory: Path, device: str, compiled: bool, precision: str | None,
+         as_json: bool) -> None:
     """Compile the GPU kernels DIRECTORY needs on this host's GPU and ship them inside it.
 
     A fresh GPU host then loads without compiling anything; one artifact can carry a
-    kernel set per GPU architecture + toolchain (warm it once on each kind of host).
+    kernel set per GPU architecture + toolchain (warm it once on each kind of host), and
+    a precision choice per kind of GPU (--precision auto).
     """
-    result = _warm(directory, device, compiled=compiled, as_json=as_json)
+    result = _warm(directory, device, compiled=compiled, precision=precision, as_json=as_json)
     if as_json:
         _emit({"path": str(result.path), "key": result.key, "files": result.files,
-               "bytes": result.bytes, "digest": result.digest})
+               "bytes": result.bytes, "digest": result.digest,
+               "precision": None if result.precision is None
+               else precision_choice_to_dict(result.precision)})
 
 
-def _warm(directory: Path, device: str, *, compiled: bool = False, as_json: bool = False) -> Any:
+def _warm(directory: Path, device: str, *, compiled: bool = False, precision: str | None = None,
+          as_json: bool = False) -> Any:
     from .builder import check_warm_device
     from .builder import warm as warm_artifact
 
-    check_warm_device(device)  # before saying it compiles
-    _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
-         err=True)
-    result = warm_artifact(directory, device, compiled=compiled)
-    _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
-         f"{result.key} in {result.path}", err=as_json)
+    if precision is None or device.split(":")[0] != "cpu":
+        check_warm_device(device)  # before saying it compiles
+    if precision is not None:
+        _say(f"timing the precisions {directory} allows on {device}…", err=True)
+    else:
+        _say(f"compiling kernels for {directory} on {device} (a fresh process, empty cache)…",
+             err=True)
+    result = warm_artifact(directory, device, compiled=compiled, precision=precision)
+    if result.precision is not None:
+        _say(_choice_text(result.precision), err=as_json)
+    if result.files or precision is None:
+        _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
+             f"{result.key} in {result.path}", err=as_json)
     _say(f"digest {result.digest}", err=as_json)
     return result
+
+
+def _choice_text(choice: Any) -> str:
+    """A precision choice as lines: the choice, then each precision's latency per shape and
+    measured error, then the refused ones."""
+    lines = [f"precision {choice.precision} chosen for {choice.key}"]
+    for precision, times in choice.latency_us.items():
+        error = choice.error.get(precision)
+        lines.append(f"  {precision:<5} " + ", ".join(f"{t:.1f} us" for t in times)
+                     + ("" if error is None else
+                        "; error " + ", ".join(f"{e:.2g}" for e in error)))
+    lines += [f"  {precision:<5} refused: {why}" for precision, why in choice.refused.items()]
+    return "\n".join(lines)
 
 
 @cli.command()
@@ -451,6 +502,7 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
                                               if model.tied else ""),
         f"capture    {manifest.capture.policy}"
         + (f" ({', '.join(manifest.capture.submodules)})" if manifest.capture.submodules else ""),
+        *_precision_lines(manifest.precision),
         "producer   " + ", ".join(f"{k} {v}" for k, v in producer.items() if v),
         "inputs     " + ", ".join(_input_text(d) for d in manifest.inputs),
     ]
@@ -464,10 +516,15 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
                   describe_axes(manifest.padding, entries, manifest.input_names)]
     shown = [", ".join(f"{n} {format_shape(s)}" for n, s in e.inputs) for e in manifest.shapes]
     width = max(len("inputs"), *map(len, shown)) + 2
-    lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}  outputs"]
-    for index, (inputs, entry) in enumerate(zip(shown, manifest.shapes)):
+    errors = [_precision_errors_text(entry.precision_error) for entry in manifest.shapes]
+    error_width = max(len("precision err"), *map(len, errors)) + 2 if any(errors) else 0
+    error_head = f"  {'precision err':<{error_width - 2}}" if error_width else ""
+    lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}{error_head}  outputs"]
+    for index, (inputs, entry, error) in enumerate(zip(shown, manifest.shapes, errors)):
         noise = "-" if entry.noise is None else f"{entry.noise:.2g}"
-        lines.append(f"  {index:>2}  {inputs:<{width}}{noise:>9}  {entry.outputs.label}")
+        shown_error = f"  {error or '-':<{error_width - 2}}" if error_width else ""
+        lines.append(f"  {index:>2}  {inputs:<{width}}{noise:>9}{shown_error}  "
+                     f"{entry.outputs.label}")
     lines += ["", f"  {'file':<44}{'bytes':>12}  sha256"]
     for name, entry in sorted(manifest.files.items()):
         lines.append(f"  {name:<44}{entry.size:>12,}  {entry.sha256[:16]}…")
@@ -475,6 +532,31 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
         lines += ["", "  shipped kernels:"]
         lines += [f"    {k.key}  ({k.directory})" for k in manifest.kernels]
     return "\n".join(_visible(line) for line in lines)
+
+
+def _precision_lines(policy: Any) -> list[str]:
+    """The manifest's precision, its bound, and the choice per kind of device."""
+    if policy is None:
+        return []
+    allowed = ", ".join(policy.allowed)
+    auto = policy.default == "fp32" and len(policy.allowed) > 1
+    head = ("fp32 until `qkan-pack warm --precision auto` chooses per device" if auto
+            else policy.default)
+    lines = [f"precision  {head}; max error {policy.max_error:g} of each output's scale; "
+             f"allowed {allowed}"]
+    for choice in policy.choices:
+        timed = ", ".join(
+            f"{p} {choice.mean_latency_us(p):.1f} us" + (f" err {max(choice.error[p]):.2g}"
+                                                         if choice.error.get(p) else "")
+            for p in choice.latency_us)
+        lines.append(f"             {choice.key}: {choice.precision} ({timed})")
+        lines += [f"               {p} refused: {why}" for p, why in choice.refused.items()]
+    return lines
+
+
+def _precision_errors_text(errors: Any) -> str:
+    """A shape's build-measured errors per reduced precision: ``bf16 0.004, tf32 -``."""
+    return ", ".join(f"{p} {'-' if e is None else f'{e:.2g}'}" for p, e in errors.items())
 
 
 def _class_labels_text(labels: Sequence[str]) -> str:
@@ -499,11 +581,15 @@ def _input_text(decl: Any) -> str:
 @click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Refuse unless the artifact is signed by this public key or under this root "
                    "certificate (PEM); checked before any artifact code runs. Repeatable.")
+@click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]), default="recorded",
+              show_default=True,
+              help="Load at this precision (gated here against the artifact's max error) "
+              "instead of the one it records for this device.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document (digest, device, signer, the load report) on "
               "stdout; messages go to stderr.")
 def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
-           keys: tuple[Path, ...], as_json: bool) -> None:
+           keys: tuple[Path, ...], precision: str, as_json: bool) -> None:
     """Check integrity (and the signature, with --key), load on DEVICE and run the
     self-test; exit 0 only when sound."""
     from .runtime import Predictor
@@ -512,7 +598,8 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
         # warnings quote manifest strings (producer versions): shown visible, like all else
         warnings.showwarning = lambda message, *_: _say(f"warning: {message}", err=True)
         predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
-                                   config_overrides=overrides, trusted_keys=keys)
+                                   config_overrides=overrides, trusted_keys=keys,
+                                   precision=precision)
     with predictor:
         _say(str(predictor.report), err=as_json)
         if predictor.signed_by is not None:
@@ -637,6 +724,10 @@ def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tu
               help="Leave a variant out (e.g. torch_compile, whose warm-up takes long). Repeatable.")
 @click.option("--override", "overrides", multiple=True, callback=_config_option,
               metavar="KEY=VALUE", help="Override a factory argument at load. Repeatable.")
+@click.option("--precision", "precisions", callback=_list_option, metavar="NAME,...",
+              help=f"Also the whole model's graph at each of these precisions "
+              f"({', '.join(PRECISIONS)}), side by side: latency, GPU time per call, pool "
+              "memory and error against the float32 references (eager on a CPU).")
 @click.option("--json", "json_path", is_flag=False, flag_value="-", default=None,
               type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), metavar="[FILE]",
               help="Write the full results as JSON to FILE; alone, print them on stdout (the "
@@ -662,7 +753,8 @@ def sign(directory: Path, private_key: Path, certificate: Path | None, chain: tu
               "the processes with PYTHONPYCACHEPREFIX there (a host installed with bytecode, "
               "measured where the packages have no .pyc).")
 def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, skip: tuple,
-          overrides: dict, json_path: Path | None, plot_path: Path | None, cold: bool,
+          overrides: dict, precisions: tuple, json_path: Path | None, plot_path: Path | None,
+          cold: bool,
           runs: int, cold_variants: tuple, keep_caches: bool, profile: bool,
           bytecode_cache: Path | None) -> None:
     """Time eager PyTorch, the predictor and the alternatives on DIRECTORY, side by side
@@ -676,7 +768,7 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
     from .bench import BenchSettings, render_table, run_bench, write_json, write_plot
 
     settings = BenchSettings(iters=iters, repeats=repeats, warmup=warmup, skip=tuple(skip),
-                             config_overrides=overrides)
+                             config_overrides=overrides, precisions=tuple(precisions))
     report = run_bench(directory, device, settings=settings)
     to_stdout = json_path == Path("-")
     click.echo(render_table(report), err=to_stdout)
@@ -691,7 +783,7 @@ def bench(directory: Path, device: str, iters: int, repeats: int, warmup: int, s
 _COLD_OPTIONS = {"runs": "--runs", "cold_variants": "--variants", "keep_caches": "--keep-caches",
                  "profile": "--profile", "bytecode_cache": "--bytecode-cache"}
 _SIDE_BY_SIDE_OPTIONS = {"iters": "--iters", "repeats": "--repeats", "warmup": "--warmup",
-                         "skip": "--skip"}
+                         "skip": "--skip", "precisions": "--precision"}
 
 
 def _refuse_options_of_the_other_mode(cold: bool) -> None:
@@ -915,6 +1007,12 @@ def _read_token(path: Path | None, *, take: bool = False) -> str | None:
               help="Replica device: auto (cuda where Ray gave the replica a GPU), cpu or cuda.")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: RAY_ADDRESS, else a "
               "local Ray started and stopped by this command].")
+@click.option("--name", "model_name", metavar="NAME",
+              help="The model's name in the Open Inference Protocol's URLs "
+                   "(/v2/models/NAME) [default: the artifact's name].")
+@click.option("--grpc-port", type=click.IntRange(1, 65535),
+              help="Also serve the Open Inference Protocol over gRPC "
+                   "(inference.GRPCInferenceService) on this port; needs tritonclient[grpc].")
 @click.option("--verbose", is_flag=True, help="Show Ray's own log lines.")
 @click.option("--noop", is_flag=True, hidden=True,
               help="Serve a fixed reply without the model (the load test's baseline).")
@@ -923,14 +1021,17 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
           max_batch_wait_ms: float | None, exact: bool, max_ongoing_requests: int | None,
           max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
           auth_token_file: Path | None, keys: tuple[Path, ...], grace_s: float, device: str,
-          address: str | None, verbose: bool, noop: bool) -> None:
+          address: str | None, model_name: str | None, grpc_port: int | None, verbose: bool,
+          noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
     'qkan-pack[serve]').
 
     Single rows from concurrent requests are batched into the captured shapes. GET /
     describes the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays,
-    POST /stats/reset zeroes the counters. Every reply is JSON, but GET /-/healthz (liveness,
-    no token needed): its status only, 200 or 503, with an empty body.
+    POST /stats/reset zeroes the counters; /v2/... is the Open Inference Protocol (KServe v2,
+    Triton's API: tritonclient and KServe's clients work), over gRPC too with --grpc-port.
+    Every reply is JSON, but GET /-/healthz (liveness, no token needed): its status only,
+    200 or 503, with an empty body.
     """
     import importlib.util
 
@@ -950,8 +1051,9 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
                         max_ongoing=max_ongoing_requests, max_queued=max_queued_requests)
     options = ServeOptions(replicas=replicas, max_batch_size=max_batch_size,
                            max_batch_wait_ms=max_batch_wait_ms, exact=exact, device=device,
-                           grace_s=grace_s, limits=limits)
-    listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose)
+                           grace_s=grace_s, limits=limits, model_name=model_name)
+    listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose,
+                    grpc_port=grpc_port)
 
     def ready(url: str, description: dict) -> None:
         what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
@@ -960,6 +1062,10 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
              + ("; bearer token required" if token else ""))
         if not noop:
             _say(f"accepted: {'; '.join(description['accepted'])}")
+            oip = description["oip"]
+            grpc = f"; gRPC on port {grpc_port}" if grpc_port else ""
+            _say(f"Open Inference Protocol: {url}v2/models/{oip['model']} (version "
+                 f"{oip['version']}){grpc}")
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
 

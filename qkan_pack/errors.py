@@ -30,8 +30,12 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
     │                                       differences  [.source, .problems]
     ├── SelfTestError (RuntimeError)        outputs disagree with eager or the build references
-    │                                       [.shape, .max_abs, .max_rel, .tolerance,
-    │                                        .problem: a structural difference, or None]
+    │   │                                   [.shape, .max_abs, .max_rel, .tolerance,
+    │   │                                    .problem: a structural difference, or None]
+    │   └── PrecisionError                  reduced precision beyond max_error at build or on
+    │                                       the loading device, or not available there
+    │                                       [.precision, .output, .measured, .max_error,
+    │                                        .device, .build_measured, .figures]
     ├── CaptureError (RuntimeError)         a graph that could not be captured
     │                                       [.shape, .module, .op]
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
@@ -45,6 +49,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   │                                   or keep serving  [.problem, .hint]
     │   ├── OverloadedError                 a replica's admission is full (HTTP 503)
     │   │                                   [.ongoing, .queued]
+    │   ├── ReplicaLoadError                a replica that cannot load the artifact on its
+    │   │                                   node  [.node_ip, .node_id, .path, .reason;
+    │   │                                    the load's own error as __cause__]
     │   └── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
     │                                       use  [.source, .problem]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
@@ -81,8 +88,10 @@ __all__ = [
     "OptionError",
     "OverloadedError",
     "PaddingError",
+    "PrecisionError",
     "PredictorClosedError",
     "QkanPackError",
+    "ReplicaLoadError",
     "SelfTestError",
     "ServeError",
     "ServeTokenError",
@@ -289,6 +298,51 @@ class SelfTestError(QkanPackError, RuntimeError):
         )
 
 
+class PrecisionError(SelfTestError):
+    """A reduced precision that moves outputs further from the float32 references than the
+    artifact's ``max_error`` (a share of each output's scale), measured at build (``device``
+    the build host) or at load on the loading device; or, with ``problem`` set, a precision
+    that cannot run there at all (``measured`` None).
+
+    ``figures`` lists every output beyond the bound as ``(shape, output, measured)``;
+    ``output``/``measured``/``shape`` are the worst of them. ``build_measured`` is what build
+    recorded for that shape (None: not recorded, or at build itself).
+    """
+
+    def __init__(self, *, precision: str, device: str, max_error: float,
+                 figures: Sequence[tuple[str, str, float]] = (), max_abs: float = float("inf"),
+                 build_measured: float | None = None, problem: str | None = None,
+                 hint: str = "") -> None:
+        self.precision = precision
+        self.device = device
+        self.max_error = max_error
+        self.figures = tuple(figures)
+        worst = max(self.figures, key=lambda f: f[2], default=None)
+        self.shape, self.output, self.measured = worst if worst else ("", None, None)
+        self.build_measured = build_measured
+        self.compared = f"{precision} outputs on {device} and the float32 references"
+        self.max_abs = max_abs
+        self.max_rel = self.measured
+        self.tolerance = (0.0, max_error)
+        self.problem = problem
+        if problem is not None:
+            message = f"precision {precision} refused on {device}: {problem}"
+        else:
+            each = "; ".join(f"{output} {_precision_difference(measured, max_error)} (shape {shape})"
+                             for shape, output, measured in self.figures)
+            built = ("" if build_measured is None
+                     else f"; build measured {build_measured:.2g} for shape {self.shape}")
+            message = f"{precision} on {device}: {each}{built}"
+        QkanPackError.__init__(self, message + (f". {hint}" if hint else ""))
+
+
+def _precision_difference(measured: float, max_error: float) -> str:
+    if measured == float("inf"):
+        return ("differs beyond any bound (NaN/inf, or a non-float output that changed) > "
+                f"{max_error:.2g}")
+    return f"differs by {measured:.2g} of its scale > {max_error:.2g}"
+
+
 class CaptureError(QkanPackError, RuntimeError):
     """A CUDA graph that could not be captured under the requested policy.
 
@@ -371,6 +425,24 @@ class OverloadedError(ServeError):
         self.queued = queued
         super().__init__(f"overloaded: {ongoing} requests at work and {queued} waiting",
                          hint="retry after Retry-After seconds")
+
+
+class ReplicaLoadError(ServeError):
+    """A replica that cannot load the artifact on the Ray node it was placed on: the path
+    missing or another copy there, a package its model imports missing there, a device the
+    node lacks. Named by the node's address and id, since on a cluster one node can fail
+    where the others load; ``reason`` is the load's own error (kept as ``__cause__``)."""
+
+    def __init__(self, *, node_ip: str | None, node_id: str | None, path: str,
+                 reason: str) -> None:
+        self.node_ip = node_ip
+        self.node_id = node_id
+        self.path = path
+        self.reason = reason
+        where = f"node {node_ip} (id {node_id})" if node_id else "this node"
+        super().__init__(f"the replica on {where} cannot load the artifact at {path}: {reason}",
+                         hint="every node needs the artifact at this path, with the digest "
+                         "serve verified, and the packages its model imports")
 
 
 class ServeTokenError(ServeError, ValueError):

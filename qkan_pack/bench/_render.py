@@ -60,7 +60,13 @@ def _variant_row(item: VariantResult) -> str:
         row += f"   warm-up {item.warmup_s:.2f}s (first call {item.first_call_s:.2f}s)"
     if item.vs_exact_call is not None:
         row += f"   {item.vs_exact_call:.3f}x the exact call ({item.note})"
-    if item.max_abs_diff_vs_eager is not None and item.max_abs_diff_vs_eager > 1e-3:
+    if item.precision_error is not None:
+        row += f"   error {item.precision_error:.2g} of scale vs the float32 references"
+        if item.kernel_us is not None:
+            row += f"; GPU {item.kernel_us:.1f} us/call"
+        if item.pool_bytes is not None:
+            row += f"; pool {item.pool_bytes / MiB:.2f} MiB"
+    elif item.max_abs_diff_vs_eager is not None and item.max_abs_diff_vs_eager > 1e-3:
         row += f"   max |diff| vs eager {item.max_abs_diff_vs_eager:.2e}"
     return row
 

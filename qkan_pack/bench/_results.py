@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import BenchError
+from ..format import PRECISIONS
 
 if TYPE_CHECKING:
     from ._variants import Variant
 
 from ._names import LABELS, SKIPPABLE
 
-SCHEMA = "qkan-pack-bench/3"  # 3: padded calls (vs_exact_call); 2: cold starts apart
+#: 4: precision variants (kernel_us, pool_bytes, precision_error); 3: padded calls
+#: (vs_exact_call); 2: cold starts apart
+SCHEMA = "qkan-pack-bench/4"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class BenchSettings:
     kernel_replays: int = 100
     skip: tuple[str, ...] = ()
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    #: ``bench --precision``: also the whole model's graph at each of these precisions.
+    precisions: tuple[str, ...] = ()
 
     def check(self) -> None:
         for name in ("iters", "repeats", "warmup", "blocks", "kernel_replays"):
@@ -38,6 +43,10 @@ class BenchSettings:
         if bad:
             raise BenchError(f"cannot skip {', '.join(bad)}; skippable variants: "
                              f"{', '.join(SKIPPABLE)}")
+        unknown = [name for name in self.precisions if name not in PRECISIONS]
+        if unknown:
+            raise BenchError(f"unknown precision {', '.join(unknown)}; precisions: "
+                             f"{', '.join(PRECISIONS)}")
 
     @property
     def pipelined_calls(self) -> int:
@@ -70,6 +79,12 @@ class VariantResult:
     ratio_to_kernel: float | None = None
     #: A padded call's median over the exact call's (the predictor at this entry's shape).
     vs_exact_call: float | None = None
+    #: Precision variants: GPU time per replay of their graph (us), the graph pool's growth
+    #: at capture (bytes), and the largest difference from the float32 references as a share
+    #: of each output's scale.
+    kernel_us: float | None = None
+    pool_bytes: int | None = None
+    precision_error: float | None = None
 
 
 @dataclass
@@ -149,7 +164,9 @@ def _result_of(variant: Variant) -> VariantResult:
     result = VariantResult(name=variant.name, label=LABELS[variant.name], status=variant.status,
                            reason=variant.reason, note=variant.note,
                            first_call_s=variant.first_call_s, warmup_s=variant.warmup_s,
-                           max_abs_diff_vs_eager=variant.max_abs_diff)
+                           max_abs_diff_vs_eager=variant.max_abs_diff,
+                           kernel_us=variant.kernel_us, pool_bytes=variant.pool_bytes,
+                           precision_error=variant.precision_error)
     rounds = [s for s in variant.samples if s]
     if variant.status != "ok" or not rounds:
         return result
@@ -170,6 +187,7 @@ def _result_of(variant: Variant) -> VariantResult:
 def settings_dict(settings: BenchSettings) -> dict[str, Any]:
     data = asdict(settings)
     data["skip"] = list(settings.skip)
+    data["precisions"] = list(settings.precisions)
     data["throughput_calls"] = settings.pipelined_calls
     data["latency"] = "host call to result ready (synchronize after each call)"
     data["interleaving"] = (f"round-robin in {min(settings.blocks, settings.iters)} blocks per "

@@ -81,11 +81,11 @@ class _Session:
         config = dict(self.predictor.report.config)
         self.model = rebuild_model(artifact, target, config)
         names, call = self.manifest.input_names, self.manifest.call
-        self.samples, _ = reference_samples(artifact, target)
+        self.samples, self.references = reference_samples(artifact, target)
         self.contestants = Contestants(
             self.model, lambda: rebuild_model(artifact, target, config),
             lambda model: bind_forward(model, names, call), self.predictor, target,
-            len(self.samples), settings.skip)
+            len(self.samples), settings.skip, settings.precisions)
         self.forward = self.contestants.forward  # the predictor's call: named inputs by keyword
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(target)) if self.cuda \
             else (lambda: None)
@@ -125,7 +125,7 @@ class _Session:
     def _setup_shape(self, index: int) -> tuple[list[Variant], ShapeResult]:
         label, inputs = self.samples[index]
         result = ShapeResult(label=label)
-        variants = self.contestants.for_shape(inputs)
+        variants = self.contestants.for_shape(inputs, self.references[index])
         want = flatten(self.forward(*inputs))
         for variant in variants:
             if variant.call is None:
@@ -139,7 +139,19 @@ class _Session:
             self.contestants.note_first_calls(variant, before)
         if self.cuda:
             self._kernel_floor(next(v for v in variants if v.name == "bare_graph"), result)
+            for variant in variants:
+                if variant.name.startswith("precision_") and variant.graph is not None:
+                    self._graph_time(variant)
         return variants, result
+
+    def _graph_time(self, variant: Variant) -> None:
+        """A precision variant's GPU time per replay of its graph."""
+        assert variant.graph is not None
+        try:
+            variant.kernel_us, _ = kernel_time_per_call(variant.graph.graph, self.target,
+                                                        self.settings.kernel_replays)
+        except Exception as exc:
+            fail_variant(variant, "failed while measuring its GPU time", exc, self.target)
 
     def _timing_round(self, variants: list[Variant], result: ShapeResult) -> None:
         live = [v for v in variants if v.call is not None]
@@ -168,12 +180,12 @@ class _Session:
             return []
 
     def _kernel_floor(self, bare: Variant, result: ShapeResult) -> None:
-        if bare.call is None:
+        if bare.call is None or bare.graph is None:
             result.kernel_method = f"unavailable: bare replay {bare.status} ({bare.reason})"
             return
         try:
             result.kernel_us, result.kernel_method = kernel_time_per_call(
-                self.contestants.graphs[-1].graph, self.target, self.settings.kernel_replays)
+                bare.graph.graph, self.target, self.settings.kernel_replays)
         except Exception as exc:
             fail_variant(bare, "failed while measuring the GPU floor", exc, self.target)
             result.kernel_method = f"unavailable: {describe(exc)}"
@@ -208,4 +220,5 @@ class _Session:
         return {"load_to_ready_s": report.load_to_ready_seconds, "stages_s": dict(report.stages),
                 "capture_policy": report.capture_policy, "solvers": list(report.solvers),
                 "factory_device": report.factory_device, "kernel_cache": report.kernel_cache,
+                "precision": asdict(report.precision),
                 "shapes": [asdict(r) for r in report.shapes], "warnings": list(report.warnings)}

@@ -1,4 +1,5 @@
-"""Timing primitives: host-to-result latency, pipelined throughput, the GPU floor."""
+"""Timing primitives: host-to-result latency (the runtime's, shared with ``warm``), pipelined
+throughput, the GPU floor."""
 
 from __future__ import annotations
 
@@ -8,17 +9,9 @@ from typing import Any
 
 import torch
 
+from ..runtime import latencies
 
-def latencies(call: Callable[[], Any], count: int, sync: Callable[[], None]) -> list[float]:
-    """Host call to result ready, one call at a time (seconds)."""
-    clock = time.perf_counter
-    times = []
-    for _ in range(count):
-        started = clock()
-        call()
-        sync()
-        times.append(clock() - started)
-    return times
+__all__ = ["kernel_time_per_call", "latencies", "split", "throughput"]
 
 
 def throughput(call: Callable[[], Any], count: int, sync: Callable[[], None]) -> list[float]:

@@ -2,7 +2,10 @@
 
 Every variant is built from the same artifact: eager PyTorch (the rebuilt model), the
 ``Predictor``, a bare graph captured with the runtime's own primitives (the floor for any
-graph runtime), ``qkan.compile_inference`` and ``torch.compile(mode="reduce-overhead")``.
+graph runtime), ``qkan.compile_inference`` and ``torch.compile(mode="reduce-overhead")``;
+with ``--precision``, the whole model's graph at each precision asked (the runtime's own
+``served_forward`` and ``precision_scope``; eager on a CPU), with its error against the
+float32 references.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from ..runtime import (
     describe,
     flat_forward,
     flatten,
+    output_errors,
+    precision_scope,
+    precision_unavailable,
+    served_forward,
     warm_up,
 )
 from ._names import LABELS
@@ -49,6 +56,12 @@ class Variant:
     want: list[torch.Tensor] | None = None
     samples: list[list[float]] = field(default_factory=list)  # per repeat, seconds
     throughput: list[float] = field(default_factory=list)  # per repeat, calls/s
+    #: The float32 references its error is measured against (precision variants).
+    references: list[torch.Tensor] | None = None
+    precision_error: float | None = None
+    graph: ShapeGraph | None = None  # its own graph (bare and precision variants on CUDA)
+    kernel_us: float | None = None
+    pool_bytes: int | None = None
 
     def fail(self, status: str, reason: str) -> None:
         self.status, self.reason, self.call = status, reason, None
@@ -65,6 +78,21 @@ def bare_graph(forward: Callable[..., Any], inputs: list[torch.Tensor], device: 
         return capture_graph(forward, static, streams, pool=None)
 
 
+def precision_graph(forward: Callable[..., Any], inputs: list[torch.Tensor],
+                    device: torch.device, streams: Any, precision: str) -> tuple[ShapeGraph, int]:
+    """The whole model captured at ``precision`` in a private pool (warm-up and capture in
+    its math, under the capture-session lock its TF32 switches need); the bytes the capture
+    grew ``memory_reserved`` by."""
+    static = [t.detach().clone() for t in inputs]
+    forward = partial(flat_forward, forward)
+    with capture_session(), precision_scope(precision, device):
+        warm_up(forward, static, streams, device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(device)
+        graph = capture_graph(forward, static, streams, pool=None)
+        return graph, torch.cuda.memory_reserved(device) - before
+
+
 def first_calls(variant: Variant, want: list[torch.Tensor], warmup: int,
                 sync: Callable[[], None]) -> None:
     """First call (timed: compiles and captures happen here), warm-up calls, one check."""
@@ -78,7 +106,10 @@ def first_calls(variant: Variant, want: list[torch.Tensor], warmup: int,
         call()
     sync()
     variant.warmup_s = time.perf_counter() - started
-    variant.max_abs_diff = compare(flatten(call()), variant.want or want, (0.0, 0.0)).max_abs
+    outputs = flatten(call())
+    variant.max_abs_diff = compare(outputs, variant.want or want, (0.0, 0.0)).max_abs
+    if variant.references is not None:
+        variant.precision_error = max(output_errors(outputs, variant.references), default=0.0)
     sync()
 
 
@@ -120,7 +151,7 @@ class Contestants:
 
     def __init__(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module],
                  bind: Callable[[Any], Callable[..., Any]], predictor: Any, device: torch.device,
-                 shapes: int, skip: tuple[str, ...]) -> None:
+                 shapes: int, skip: tuple[str, ...], precisions: tuple[str, ...] = ()) -> None:
         self.model = model
         self.forward = bind(model)
         self.bind = bind
@@ -130,13 +161,17 @@ class Contestants:
         self.device = device
         self.shapes = shapes
         self.skip = set(skip)
+        self.precisions = precisions
         self.streams = capture_streams(device) if device.type == "cuda" else None
         self.graphs: list[ShapeGraph] = []
         self._wrapper: Any = None
         self._compiled: Any = None
         self.used_dynamo = False
 
-    def for_shape(self, inputs: list[torch.Tensor]) -> list[Variant]:
+    def for_shape(self, inputs: list[torch.Tensor],
+                  references: list[torch.Tensor] | None = None) -> list[Variant]:
+        """The variants at one shape; ``references``: its float32 reference outputs, which
+        precision variants measure their error against."""
         forward, predictor = self.forward, self.predictor
         variants = [Variant("eager", lambda: forward(*inputs)),
                     Variant("predictor", lambda: predictor(*inputs))]
@@ -145,6 +180,7 @@ class Contestants:
             variants.append(padded)
         if self.device.type == "cuda":
             variants += [self._bare(inputs), self._qkan(inputs), self._torch_compile(inputs)]
+        variants += [self._precision(inputs, references, name) for name in self.precisions]
         for variant in variants:
             if variant.name in self.skip:
                 variant.fail("skipped", "skipped on request (--skip)")
@@ -187,6 +223,35 @@ class Contestants:
             fail_variant(variant, "whole-model capture failed", exc, self.device)
             return variant
         self.graphs.append(graph)
+        variant.graph = graph
+        variant.call = lambda: graph.replay_copy(inputs)
+        return variant
+
+    def _precision(self, inputs: list[torch.Tensor], references: list[torch.Tensor] | None,
+                   precision: str) -> Variant:
+        """The whole model's graph at ``precision`` (eager at it on a CPU)."""
+        cuda = self.device.type == "cuda"
+        variant = Variant(f"precision_{precision}", references=references,
+                          note="private pool; copy_ in, replay, clone out" if cuda
+                          else "eager (no CUDA)")
+        unavailable = precision_unavailable(precision, self.device)
+        if variant.name in self.skip or unavailable is not None:
+            if unavailable is not None:
+                variant.fail("skipped", f"{precision} is not available on {self.device}: "
+                                        f"{unavailable}")
+            return variant
+        served = served_forward(self.forward, precision, self.device)
+        if not cuda:
+            variant.call = lambda: served(*inputs)
+            return variant
+        try:
+            graph, variant.pool_bytes = precision_graph(served, inputs, self.device,
+                                                        self.streams, precision)
+        except Exception as exc:
+            fail_variant(variant, "whole-model capture failed", exc, self.device)
+            return variant
+        self.graphs.append(graph)
+        variant.graph = graph
         variant.call = lambda: graph.replay_copy(inputs)
         return variant
 

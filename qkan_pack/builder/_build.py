@@ -58,7 +58,7 @@ from ..runtime import (
     resolve_output_classes,
 )
 from ._checks import buffers_before_forward, check_informative, check_reproducible
-from ._given import Given, given_of_shape, read_reference_inputs
+from ._given import Given, given_of_shape, read_calibration, read_reference_inputs
 from ._inputs import (
     EXAMPLE_INPUT_HOOK,
     DeclaredInputs,
@@ -69,6 +69,7 @@ from ._inputs import (
 )
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
+from ._precision import GateSample, check_precision_options, gate_precision
 from ._references import reference_bytes, run_reference
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
@@ -108,6 +109,9 @@ def build(
     labels: Mapping[str, str] | None = None,
     batch_sizes: Sequence[int] | None = None,
     pad: Mapping[str, PadValue] | None = None,
+    precision: str = "fp32",
+    max_error: float | None = None,
+    calibration: str | Path | None = None,
     force: bool = False,
     progress: bool | None = None,
 ) -> BuildResult:
@@ -130,6 +134,12 @@ def build(
     (``builder._padding``) or refuses with ``PaddingError``.
     With ``batch_sizes``, ``shapes`` are per-row shapes (``"128"``, ``[{"input_ids": (128,)}]``)
     and every one is declared at every batch size (``format.with_batch_sizes``).
+    ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``, or ``auto``: every one that passes,
+    float32 served until ``warm(precision="auto")`` chooses per device) is gated here: its
+    outputs on the reference inputs and the ``calibration`` file's (.npz/.npy/.safetensors,
+    arrays named as for ``reference_inputs``, one suffix per sample) must stay within
+    ``max_error`` (default ``format.DEFAULT_MAX_ERROR``) of the float32 outputs, a share of
+    each output's scale, else ``PrecisionError``; each load gates it again on its device.
     ``name`` (default: the model file's stem), ``model_version``, ``description``,
     ``license`` and ``labels`` describe the model (``format.Metadata``); a transformers
     classifier's ``id2label`` is recorded as its class labels.
@@ -138,6 +148,11 @@ def build(
     dtype = _dtype_names(dtype)
     policy = _capture_policy(capture, submodules)
     seed = check_seed(seed)  # before the model runs: torch takes seeds below 2**64 only
+    precision, max_error = check_precision_options(precision, max_error)
+    if calibration is not None and precision == "fp32":
+        raise OptionError(option="calibration", value=str(calibration),
+                          expected="no file with precision fp32 (calibration inputs measure a "
+                                   "reduced precision: pass --precision)")
     metadata = check_metadata(name=_model_name(name, model_path), version=model_version,
                               description=description, license=license, labels=labels)
     if batch_sizes is not None:
@@ -154,9 +169,21 @@ def build(
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     given = (read_reference_inputs(Path(reference_inputs), declared.dtypes, declared.per_shape)
              if reference_inputs is not None else None)
+    calibrating = (read_calibration(Path(calibration), declared.dtypes, declared.per_shape)
+                   if calibration is not None else [])
     entries, reference_notes, references = _record_references(
         user, declared, decls, _Sources(hook, given, seed), model_path, files, progress,
         allow_constant=allow_constant_references)
+    gated = None
+    if precision != "fp32":
+        samples = [GateSample(index, ref.inputs, ref.outputs)
+                   for index, ref in enumerate(references)]
+        samples += [GateSample(index, inputs, flatten(run_reference(
+            forward, dict(zip(declared.names, inputs)), declared.per_shape[index], model_path,
+            declared.dtypes))) for index, inputs in calibrating]
+        gated, entries, precision_notes = gate_precision(forward, entries, samples, precision,
+                                                          max_error or 0.0)
+        reference_notes += precision_notes
     padding = declare_padding(
         padded, decls, references, forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
@@ -167,7 +194,7 @@ def build(
         inputs=tuple(decls),
         shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
         reference_precision=torch.get_float32_matmul_precision(), metadata=metadata,
-        padding=padding,
+        padding=padding, precision=gated,
     )
     target = Path(output) if output is not None else Path("artifacts") / model_path.stem
     final, digest = write_artifact(target, manifest, files, force=force,

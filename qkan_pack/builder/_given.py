@@ -56,6 +56,46 @@ def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
     return given
 
 
+def read_calibration(path: Path, dtypes: Mapping[str, str],
+                     shapes: Sequence[Mapping[str, Shape]]) -> list[tuple[int, list[torch.Tensor]]]:
+    """``--calibration`` inputs: samples on which build measures a reduced precision beside
+    the references, each as (the declared entry it fits, its inputs in declared order).
+
+    Arrays are named as for ``--reference-inputs``; the arrays that share a suffix form one
+    sample (``input_ids.a`` with ``attention_mask.a``; a lone ``x`` or ``input_ids`` is a
+    sample of its own), and together they must fit one declared entry."""
+    where = f"--calibration {path}"
+    only = next(iter(dtypes)) if len(dtypes) == 1 else None
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in _read(path, where).items():
+        name, _, suffix = key.partition(".")
+        name = only if only is not None and name == "x" else name
+        if name not in dtypes:
+            raise InputFileError(path=where, problem=(
+                f"array {key!r} names no input of the model; name arrays after the inputs "
+                f"({', '.join(dtypes)}), one suffix per sample (input_ids.a, attention_mask.a)"))
+        groups.setdefault(suffix, {})[name] = _cast(tensor, dtypes[name], key, path, where)
+    samples = []
+    for suffix, arrays in groups.items():
+        label = f"sample {suffix!r}" if suffix else "the unsuffixed sample"
+        missing = [name for name in dtypes if name not in arrays]
+        if missing:
+            raise InputFileError(path=where, problem=(
+                f"{label} has no array for {', '.join(missing)}: give every input of a "
+                "sample under one suffix"))
+        fits = [index for index, shape in enumerate(shapes)
+                if all(tuple(arrays[name].shape) == tuple(shape[name]) for name in dtypes)]
+        if not fits:
+            found = ", ".join(f"{n} {format_shape(arrays[n].shape) or '0-d'}" for n in dtypes)
+            raise InputFileError(path=where, problem=(
+                f"{label} ({found}) fits no declared shape: calibration inputs are measured "
+                "at the declared shapes"))
+        samples.append((fits[0], [arrays[name] for name in dtypes]))
+    if not samples:
+        raise InputFileError(path=where, problem="it holds no arrays")
+    return samples
+
+
 def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor | None:
     """The given array for input ``name`` of exactly ``shape``, if any."""
     for tensor in (given or {}).get(name, ()):
@@ -64,25 +104,26 @@ def given_of_shape(given: Given | None, name: str, shape: Shape) -> torch.Tensor
     return None
 
 
-def _read(path: Path) -> dict[str, torch.Tensor]:
-    where = f"--reference-inputs {path}"
+def _read(path: Path, where: str | None = None) -> dict[str, torch.Tensor]:
+    where = where or f"--reference-inputs {path}"
     arrays = read_array_file(path, where, MAX_REFERENCE_INPUTS_BYTES)
-    return {key or "x": value if isinstance(value, torch.Tensor) else _tensor(value, key, path)
-            for key, value in arrays.items()}
+    return {key or "x": value if isinstance(value, torch.Tensor)
+            else _tensor(value, key, where) for key, value in arrays.items()}
 
 
-def _tensor(array: np.ndarray, key: str, path: Path) -> torch.Tensor:
+def _tensor(array: np.ndarray, key: str, where: str) -> torch.Tensor:
     """A numpy array as a tensor, refused by name where torch has no such dtype (text,
     dates, records)."""
     try:
         return torch.from_numpy(np.require(array, requirements="C"))  # 0-d stays 0-d
     except TypeError:
-        raise InputFileError(path=f"--reference-inputs {path}", problem=(
+        raise InputFileError(path=where, problem=(
             f"array {key!r} has numpy dtype {array.dtype}, which is no tensor dtype; save "
             "numbers or booleans")) from None
 
 
-def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.Tensor:
+def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path,
+          where: str | None = None) -> torch.Tensor:
     """``tensor`` in the declared dtype: floats from any number type, integers and bools
     only when every value survives the cast."""
     dtype = torch_dtype(dtype_name)
@@ -96,7 +137,7 @@ def _cast(tensor: torch.Tensor, dtype_name: str, key: str, path: Path) -> torch.
         cast = tensor.to(dtype)
         if torch.equal(cast.to(torch.int64), tensor.to(torch.int64)):
             return cast
-    raise InputFileError(path=f"--reference-inputs {path}", problem=(
+    raise InputFileError(path=where or f"--reference-inputs {path}", problem=(
         f"array {key!r} is {str(tensor.dtype).removeprefix('torch.')}, and input "
         f"{key.split('.', 1)[0]} is declared {dtype_name}: its values do not survive the cast; "
         f"save it as {dtype_name} (numpy: array.astype(np.{dtype_name}))"))

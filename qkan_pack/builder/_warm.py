@@ -8,7 +8,10 @@ The child also records Triton's installation key (``runtime/_triton_compat``) so
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
 inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
 ``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.
-The whole read-compile-write holds the target's writer lock (a concurrent build waits).
+With ``precision="auto"`` it first times every precision the build allowed on this device
+(``_precision.choose_precision``) and records the fastest for this kind of device; the
+kernels are then compiled at that precision. The whole read-compile-write holds the
+target's writer lock (a concurrent build waits).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import DeviceError, KernelCacheError
-from ..format import KERNELS_DIR, KernelSet, check_device_text
+from ..errors import DeviceError, KernelCacheError, OptionError
+from ..format import AUTO_PRECISION, KERNELS_DIR, KernelSet, PrecisionChoice, check_device_text
 from ..runtime import (
     INDUCTOR_MODE,
     TRITON_CACHE_ENV,
@@ -37,6 +40,7 @@ from ..runtime import (
     resolve_device,
     triton_key_file,
 )
+from ._precision import Timer, choose_precision, record_precision_choice
 from ._writer import locked_target, write_artifact
 
 if TYPE_CHECKING:
@@ -50,6 +54,8 @@ class WarmResult:
     files: int
     bytes: int
     digest: str
+    #: What ``precision="auto"`` measured and chose on this device (None: not asked).
+    precision: PrecisionChoice | None = None
 
 
 def check_warm_device(device: str) -> torch.device:
@@ -68,32 +74,63 @@ def check_warm_device(device: str) -> torch.device:
 
 def warm(path: str | os.PathLike[str], device: str = "cuda", *,
          config_overrides: Mapping[str, object] | None = None,
-         compiled: bool = False) -> WarmResult:
+         compiled: bool = False, precision: str | None = None,
+         timer: Timer | None = None) -> WarmResult:
     """Compile every kernel the artifact needs on ``device`` and store them inside it
-    (with ``compiled``, inductor's cache for compiled mode as well)."""
-    target = check_warm_device(device)
+    (with ``compiled``, inductor's cache for compiled mode as well).
+
+    ``precision="auto"`` first chooses, among the precisions the build allowed, the
+    fastest on this device that passes the gate here (``timer``: seconds per call, default
+    ``_precision.default_timer``) and records it for this kind of device; on a CPU
+    (``device="cpu"``) only that is done (CPUs run no compiled kernels). A model that
+    needs no compiled kernel then ships none, instead of failing."""
+    if precision not in (None, AUTO_PRECISION):
+        raise OptionError(option="precision", value=precision,
+                          expected="'auto' (or None: kernels only)")
+    choosing = precision == AUTO_PRECISION
+    if choosing and device.split(":")[0] == "cpu":
+        check_device_text(device)
+        target = resolve_device(device)
+    else:
+        target = check_warm_device(device)
     root = Path(path)
     # from the read to the write, under the writer lock: a build --force installing in
     # between would otherwise be undone by the old artifact plus kernels (it waits instead,
     # then replaces the warmed artifact, as --force says)
     with locked_target(root):
-        artifact = read_artifact(root)
+        choice = None
+        if choosing:
+            choice = choose_precision(root, target, timer=timer,
+                                      config_overrides=config_overrides)
+            digest = record_precision_choice(root, choice)
+            if target.type != "cuda":
+                return WarmResult(path=root, key=choice.key, files=0, bytes=0, digest=digest,
+                                  precision=choice)
+        artifact = read_artifact(root)  # the child loads at the precision just recorded
         key, details = kernel_key(target.index or 0)
         details, shipped = _compile_kernels(root, target, key, details,
-                                            config_overrides or {}, compiled)
-        return _store(root, artifact, key, details, shipped)
+                                            config_overrides or {}, compiled,
+                                            required=choice is None)
+        if not shipped:
+            return WarmResult(path=root, key=key, files=0, bytes=0, digest=artifact.digest,
+                              precision=choice)
+        return dataclasses.replace(_store(root, artifact, key, details, shipped),
+                                   precision=choice)
 
 
 def _compile_kernels(root: Path, target: torch.device, key: str, details: Mapping[str, str],
-                     overrides: Mapping[str, object], compiled: bool
+                     overrides: Mapping[str, object], compiled: bool, *, required: bool = True
                      ) -> tuple[dict[str, str], dict[str, bytes]]:
-    """Load ``root`` in a child with empty caches; the kernel set's details and files."""
+    """Load ``root`` in a child with empty caches; the kernel set's details and files (none,
+    when nothing compiled and ``required`` is off)."""
     details = dict(details)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
         cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
         _compile_in_child(root, str(target), Path(scratch), overrides, compiled)
         shipped = {f"{KERNELS_DIR}/{key}/{name}": data
                    for name, data in collect_kernel_cache(cache).items()}
+        if not shipped and not required:
+            return details, {}
         if not shipped:
             raise KernelCacheError(
                 f"loading {root} on {target} compiled no Triton kernels: nothing to ship "

@@ -6,7 +6,9 @@ without torch.
 """
 
 from ._constants import (
+    AUTO_PRECISION,
     CAPTURE_POLICIES,
+    DEFAULT_MAX_ERROR,
     DIGEST_PREFIX,
     DTYPES,
     FORMAT_NAME,
@@ -16,17 +18,20 @@ from ._constants import (
     MANIFEST_NAME,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
+    MAX_MAX_ERROR,
     MAX_RANK,
     MAX_REFERENCE_BYTES,
     MAX_SEED,
     MAX_SHAPES,
     MAX_SIGNATURE_BYTES,
+    PRECISIONS,
     REFERENCE_DIR,
     SHA256_HEX,
     SIGNATURE_NAME,
     SOURCE_DIR,
     WEIGHTS_NAME,
     DType,
+    Precision,
 )
 from ._grammar import (
     DEVICE_TEXT,
@@ -58,17 +63,21 @@ from ._manifest import (
     ModelInfo,
     OutputClass,
     OutputNode,
+    PrecisionChoice,
+    PrecisionPolicy,
     ShapeEntry,
     Signature,
     TensorSpec,
     dumps_manifest,
     embedding_range,
+    geometric_mean,
     manifest_schema,
     manifest_to_dict,
     padding_table,
     parse_manifest,
+    precision_choice_to_dict,
 )
-from ._metadata import DEFAULT_VERSION, Metadata, check_metadata, metadata_to_dict
+from ._metadata import DEFAULT_VERSION, MODEL_NAME, Metadata, check_metadata, metadata_to_dict
 from ._padding import (
     PaddedAxis,
     Padding,
@@ -81,7 +90,9 @@ from ._padding import (
 )
 
 __all__ = [
+    "AUTO_PRECISION",
     "CAPTURE_POLICIES",
+    "DEFAULT_MAX_ERROR",
     "DEFAULT_VERSION",
     "DEVICE_TEXT",
     "DIGEST_PREFIX",
@@ -94,11 +105,14 @@ __all__ = [
     "MANIFEST_NAME",
     "MAX_DIM",
     "MAX_MANIFEST_BYTES",
+    "MAX_MAX_ERROR",
     "MAX_RANK",
     "MAX_REFERENCE_BYTES",
     "MAX_SEED",
     "MAX_SHAPES",
     "MAX_SIGNATURE_BYTES",
+    "MODEL_NAME",
+    "PRECISIONS",
     "REFERENCE_DIR",
     "SHA256_HEX",
     "SIGNATURE_NAME",
@@ -117,6 +131,9 @@ __all__ = [
     "PadValue",
     "PaddedAxis",
     "Padding",
+    "Precision",
+    "PrecisionChoice",
+    "PrecisionPolicy",
     "Shape",
     "ShapeEntry",
     "Signature",
@@ -136,6 +153,7 @@ __all__ = [
     "find_axes",
     "fit_entry",
     "format_shape",
+    "geometric_mean",
     "loads_strict",
     "manifest_schema",
     "manifest_to_dict",
@@ -149,5 +167,6 @@ __all__ = [
     "parse_range",
     "parse_shape",
     "parse_shapes",
+    "precision_choice_to_dict",
     "with_batch_sizes",
 ]

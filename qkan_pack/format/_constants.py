@@ -42,6 +42,40 @@ CAPTURE_POLICIES = ("auto", "full", "submodules")
 
 
 @dataclass(frozen=True)
+class Precision:
+    """One precision an artifact may compute in (``build --precision``).
+
+    Weights stay float32 in the artifact whatever the precision: ``bf16``/``fp16`` run the
+    forward under ``torch.autocast`` (matmuls and convolutions in the half dtype, reductions,
+    softmax and norms kept in float32 by autocast's own op lists) and ``tf32`` lets cuBLAS and
+    cuDNN round float32 matmul and convolution inputs to TensorFloat-32.
+    """
+
+    name: str
+    autocast: str | None  # the DTYPES name autocast computes in; None: float32 tensors
+    #: The unit roundoff of its arithmetic: how far another kernel for the same op (a graph's
+    #: choice against eager's) may move a result, as a share of the output's scale.
+    unit: float
+
+
+PRECISIONS: Mapping[str, Precision] = {p.name: p for p in (
+    Precision("fp32", None, 2.0**-24),
+    Precision("tf32", None, 2.0**-11),
+    Precision("bf16", "bfloat16", 2.0**-8),
+    Precision("fp16", "float16", 2.0**-11),
+)}
+#: ``build --precision auto``: every precision within ``--max-error`` is allowed, float32 is
+#: served until ``qkan-pack warm --precision auto`` records the fastest one per device.
+AUTO_PRECISION = "auto"
+#: ``--max-error`` when none is given: the largest difference from the float32 references a
+#: reduced precision may make, as a share of each output's scale.
+DEFAULT_MAX_ERROR = 1e-2
+#: The loosest ``max_error`` an artifact may declare: beyond a tenth of an output's scale a
+#: "reduced precision" model is another model.
+MAX_MAX_ERROR = 0.1
+
+
+@dataclass(frozen=True)
 class DType:
     """One supported tensor dtype and how each file or wire format spells it."""
 
@@ -49,6 +83,7 @@ class DType:
     safetensors: str  # safetensors header code
     wire: str  # numpy little-endian format on the serve wire; bfloat16 as raw 16 bits
     kind: str  # "float" | "int" | "bool"
+    oip: str  # the Open Inference Protocol's (KServe v2, Triton) datatype name
     largest: float | None = None  # a float dtype's largest finite value
 
     @property
@@ -70,16 +105,16 @@ class DType:
 
 
 DTYPES: Mapping[str, DType] = {d.name: d for d in (
-    DType("float16", "F16", "<f2", "float", 65504.0),
-    DType("bfloat16", "BF16", "<u2", "float", 3.3895313892515355e38),
-    DType("float32", "F32", "<f4", "float", 3.4028234663852886e38),
-    DType("float64", "F64", "<f8", "float", sys.float_info.max),
-    DType("uint8", "U8", "u1", "int"),
-    DType("int8", "I8", "i1", "int"),
-    DType("int16", "I16", "<i2", "int"),
-    DType("int32", "I32", "<i4", "int"),
-    DType("int64", "I64", "<i8", "int"),
-    DType("bool", "BOOL", "?", "bool"),
+    DType("float16", "F16", "<f2", "float", "FP16", 65504.0),
+    DType("bfloat16", "BF16", "<u2", "float", "BF16", 3.3895313892515355e38),
+    DType("float32", "F32", "<f4", "float", "FP32", 3.4028234663852886e38),
+    DType("float64", "F64", "<f8", "float", "FP64", sys.float_info.max),
+    DType("uint8", "U8", "u1", "int", "UINT8"),
+    DType("int8", "I8", "i1", "int", "INT8"),
+    DType("int16", "I16", "<i2", "int", "INT16"),
+    DType("int32", "I32", "<i4", "int", "INT32"),
+    DType("int64", "I64", "<i8", "int", "INT64"),
+    DType("bool", "BOOL", "?", "bool", "BOOL"),
 )}
 INTEGER_DTYPES = tuple(name for name, d in DTYPES.items() if d.kind == "int")
 _ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64",

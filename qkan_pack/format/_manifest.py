@@ -20,8 +20,10 @@ from ._constants import (
     MANIFEST_NAME,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
+    MAX_MAX_ERROR,
     MAX_RANK,
     MAX_SHAPES,
+    PRECISIONS,
     SHA256_HEX,
     SIGNATURE_NAME,
     WEIGHTS_NAME,
@@ -161,6 +163,11 @@ class ShapeEntry:
     #: share of each output's scale); None where build could not measure it (and in
     #: artifacts from before it did).
     noise: float | None = None
+    #: Per reduced precision build gated: how far its outputs were from these references
+    #: (and the ``--calibration`` inputs of this shape) on the build host, as a share of each
+    #: output's scale, the worst output; None where the build host cannot compute in it (TF32
+    #: on a CPU). Shown, never used as a bound: each load measures its own.
+    precision_error: Mapping[str, float | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.noise is not None and not 0 <= self.noise <= 1:  # NaN too
@@ -193,6 +200,62 @@ class KernelSet:
     key: str
     directory: str
     details: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``qkan-pack warm --precision auto`` measured on one kind of device (``key``:
+    ``runtime.precision_key``) and the precision it chose there: per precision timed, each
+    shape's median call latency (microseconds) and measured error (share of the outputs'
+    scale against the float32 references), in manifest order; ``refused``: the precisions
+    that did not run there, and why."""
+
+    key: str
+    precision: str
+    details: Mapping[str, str] = field(default_factory=dict)
+    latency_us: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    error: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+    def mean_latency_us(self, precision: str) -> float:
+        """``precision``'s latency over the shapes: their geometric mean (``geometric_mean``)."""
+        return geometric_mean(self.latency_us[precision])
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of per-shape latencies: every shape weighs alike whatever its size
+    (what ``warm --precision auto`` compares precisions by)."""
+    if not values:
+        return math.inf
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """The reduced precision an artifact may compute in (``build --precision``).
+
+    ``default`` runs where no choice names the loading device (float32 for ``--precision
+    auto``); ``allowed`` are the precisions build gated (float32 always among them), which a
+    load may be asked for and ``warm --precision auto`` chooses among; ``max_error`` bounds
+    every one of them at every load, on the loading device (a share of each output's scale).
+    """
+
+    default: str
+    max_error: float
+    allowed: tuple[str, ...]
+    choices: tuple[PrecisionChoice, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.default not in self.allowed or "fp32" not in self.allowed:
+            raise ManifestError(f"precision: default {self.default!r} and fp32 must be among "
+                                f"the allowed precisions {list(self.allowed)}")
+        if not 0 < self.max_error <= MAX_MAX_ERROR:  # NaN too
+            raise ManifestError(f"precision.max_error must be in (0, {MAX_MAX_ERROR:g}], "
+                                f"got {self.max_error!r:.40}")
+
+    def choice(self, key: str) -> PrecisionChoice | None:
+        """The choice recorded for device ``key``, if any."""
+        return next((c for c in self.choices if c.key == key), None)
 
 
 @dataclass(frozen=True)
@@ -229,6 +292,9 @@ class Manifest:
     #: Declared padding (``build --pad``): calls may be smaller along its axes. None: exact
     #: shapes only.
     padding: Padding | None = None
+    #: Reduced precision (``build --precision``). None: float32, as every artifact built
+    #: without it.
+    precision: PrecisionPolicy | None = None
     format_name: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -303,6 +369,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
             for k in manifest.kernels
         ],
         **({"padding": padding_to_dict(manifest.padding)} if manifest.padding else {}),
+        **({"precision": _precision_to_dict(manifest.precision)} if manifest.precision else {}),
         "files": {
             name: {"size": entry.size, "sha256": entry.sha256}
             for name, entry in sorted(manifest.files.items())
@@ -330,7 +397,25 @@ def _shape_to_dict(entry: ShapeEntry) -> dict[str, Any]:
         "outputs": _output_to_dict(entry.outputs),
         "reference": entry.reference,
         **({} if entry.noise is None else {"noise": entry.noise}),
+        **({"precision_error": dict(entry.precision_error)} if entry.precision_error else {}),
     }
+
+
+def _precision_to_dict(policy: PrecisionPolicy) -> dict[str, Any]:
+    return {
+        "default": policy.default,
+        "max_error": policy.max_error,
+        "allowed": list(policy.allowed),
+        "choices": [precision_choice_to_dict(choice) for choice in policy.choices],
+    }
+
+
+def precision_choice_to_dict(choice: PrecisionChoice) -> dict[str, Any]:
+    """One device's precision choice as JSON-ready data (the manifest's, ``warm --json``'s)."""
+    return {"key": choice.key, "precision": choice.precision, "details": dict(choice.details),
+            "latency_us": {p: list(v) for p, v in choice.latency_us.items()},
+            "error": {p: list(v) for p, v in choice.error.items()},
+            "refused": dict(choice.refused)}
 
 
 def dumps_manifest(manifest: Manifest) -> bytes:
@@ -411,8 +496,61 @@ def _manifest_from(reader: _Reader) -> Manifest:
         kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
         metadata=metadata_from(reader.raw.get("metadata")),
         padding=_padding_from(reader.raw.get("padding"), inputs, shapes),
+        precision=_precision_from(reader.raw.get("precision"), len(shapes)),
         files=files,
     )
+
+
+def _precision_from(raw: Any, shapes: int) -> PrecisionPolicy | None:
+    """``manifest.precision``: known precisions only, float32 always allowed, ``max_error``
+    within ``MAX_MAX_ERROR``, one choice per device key naming an allowed precision, and
+    figures for every shape of each precision timed."""
+    if raw is None:
+        return None
+    reader = _Reader(raw, "manifest.precision")
+    allowed = tuple(_precision_names(reader.get("allowed", list), "manifest.precision.allowed"))
+    if len(set(allowed)) != len(allowed) or "fp32" not in allowed:
+        raise ManifestError(f"manifest.precision.allowed must list fp32 and each precision once, "
+                            f"got {list(allowed)}")
+    default = reader.choice("default", tuple(PRECISIONS))
+    max_error = reader.get("max_error", float)
+    choices = tuple(reader.each("choices", lambda r: _choice_from(r, allowed, shapes),
+                                default=[]))
+    if len({c.key for c in choices}) != len(choices):
+        raise ManifestError("manifest.precision.choices names a device key twice")
+    return PrecisionPolicy(default=default, max_error=float(max_error), allowed=allowed,
+                           choices=choices)
+
+
+def _precision_names(value: list[Any], where: str) -> list[str]:
+    if not all(isinstance(v, str) and v in PRECISIONS for v in value):
+        raise ManifestError(f"{where} must list precisions among {list(PRECISIONS)}")
+    return value
+
+
+def _choice_from(reader: _Reader, allowed: tuple[str, ...], shapes: int) -> PrecisionChoice:
+    precision = reader.choice("precision", allowed)
+    figures = {}
+    for name in ("latency_us", "error"):
+        table = reader.get(name, dict, default={})
+        _precision_names(list(table), f"{reader.where}.{name}")
+        for key, values in table.items():
+            if key not in allowed or not isinstance(values, list) or len(values) != shapes \
+                    or not all(_non_negative(v) for v in values):
+                raise ManifestError(f"{reader.where}.{name}.{key} must be {shapes} non-negative "
+                                    "numbers (one per shape) of an allowed precision")
+        figures[name] = {key: tuple(float(v) for v in values) for key, values in table.items()}
+    refused = _text_mapping(reader.get("refused", dict, default={}), f"{reader.where}.refused")
+    _precision_names(list(refused), f"{reader.where}.refused")
+    return PrecisionChoice(
+        key=reader.get("key", str), precision=precision,
+        details=_text_mapping(reader.get("details", dict, default={}), f"{reader.where}.details"),
+        latency_us=figures["latency_us"], error=figures["error"], refused=refused)
+
+
+def _non_negative(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0
 
 
 def _padding_from(raw: Any, inputs: Sequence[InputDecl],
@@ -519,7 +657,18 @@ def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
         outputs=_output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0),
         reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
         noise=_noise_from(reader),
+        precision_error=_precision_error_from(reader),
     )
+
+
+def _precision_error_from(reader: _Reader) -> dict[str, float | None]:
+    table = reader.get("precision_error", dict, default={})
+    _precision_names(list(table), f"{reader.where}.precision_error")
+    for key, value in table.items():
+        if value is not None and not _non_negative(value):
+            raise ManifestError(f"{reader.where}.precision_error.{key} must be a non-negative "
+                                f"number or null, got {value!r:.60}")
+    return {key: None if value is None else float(value) for key, value in table.items()}
 
 
 def _noise_from(reader: _Reader) -> float | None:

@@ -28,8 +28,9 @@ from ._triton_compat import *  # noqa: F403
 _EAGER = (_artifact, _deferred_imports, _kernels, _options, _signature, _source, _triton_compat)
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
-_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load", "_predictor",
-                 "_progress", "_report", "_selftest", "_tree", "_weights")
+_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load", "_precision",
+                 "_predictor", "_progress", "_report", "_selftest", "_timing", "_tree",
+                 "_weights")
 _names: dict[str, str] = {}
 
 

@@ -5,7 +5,8 @@ self-test, the model goes through ``torch.compile`` (inductor, ``INDUCTOR_MODE``
 inductor CUDA graphs, the runtime captures), every shape runs once compiled and is checked
 against the build references, and the runtime captures the *compiled* callable with its own
 recipe (one graph per shape, one pool): each replay then launches inductor's fused kernels.
-The replay self-test compares with the compiled outputs on this device.
+The replay self-test compares with the compiled outputs on this device. Reduced precision
+(``build --precision``) is served by the eager model's graphs: compiled mode is float32 only.
 
 Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) as the bytes
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
@@ -75,6 +76,10 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
     today = (model, forward, target, manifest, samples, eager, report, options)
     if options.compiled == "off":
         return make_runner(*today)
+    if report.precision.precision != "fp32":
+        return _today(today, report, make_runner,
+                      f"compiled mode computes in float32 only ({report.precision.precision} "
+                      "runs here)")
     cache, source = shipped_inductor(artifact, target)
     if cache is None and options.compiled == "shipped":
         return _today(today, report, make_runner, f"compiled='shipped' but {source}")

@@ -2,8 +2,10 @@
 
 verify (sizes, digests, layout, format) -> compatibility -> import the verified source ->
 build via the factory -> strict weights -> eval -> eager pass on the device (compiles
-kernels, and is the replay self-test's baseline) -> reference self-test -> capture ->
-replay self-test. Nothing from the artifact runs before its bytes have matched the manifest.
+kernels, and is the replay self-test's baseline) -> reference self-test (full float32) ->
+precision gate (a reduced precision's eager outputs against the references, within
+``max_error``) -> capture -> replay self-test. Nothing from the artifact runs before its
+bytes have matched the manifest.
 
 Not owned here: how calls are served (``Predictor``), the capture recipe (``_capture``).
 """
@@ -38,6 +40,13 @@ from ._options import (
     SAME_HOST_TOLERANCE,
     LoadOptions,
     Tolerance,
+)
+from ._precision import (
+    check_precision,
+    precision_scope,
+    replay_tolerance,
+    resolve_precision,
+    served_forward,
 )
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
@@ -213,10 +222,13 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
 
 def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,
              options: LoadOptions) -> tuple[torch.nn.Module, EagerRunner | GraphRunner, ClassTable]:
-    """Build, self-test against references, capture, self-test replay."""
+    """Build, self-test against references, gate the precision, capture, self-test replay."""
     manifest = artifact.manifest
+    report.precision = resolve_precision(manifest, target, options.precision, report.warn)
+    precision = report.precision.precision
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
+    served = served_forward(forward, precision, target)
     report.solvers = model_solvers(model)
     noises: list[float | None] = [None] * len(manifest.shapes)
     if options.reference_tolerance is None:
@@ -234,11 +246,17 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         with report.stage("reference self-test"):
             checks = _check_references(model, forward, samples, eager, expected, noises,
                                        target, report, manifest)
-        if target.type == "cuda":  # the replay baseline, in the math mode graphs capture
-            with report.stage("replay baseline"):
-                eager = _eager_outputs(forward, samples, shown)
-        runner = serve_compiled(model, forward, target, artifact, samples, eager, expected,
-                                report, options, _make_runner)  # the default runner unless asked
+        with precision_scope(precision, target):  # the math mode graphs capture in
+            if precision != "fp32":  # the gate's outputs are the replay baseline too
+                with report.stage("precision gate"):
+                    eager = _eager_outputs(served, samples, shown)
+                    check_precision(report.precision, manifest, target,
+                                    [label for label, _ in samples], eager, expected)
+            elif target.type == "cuda":  # the replay baseline
+                with report.stage("replay baseline"):
+                    eager = _eager_outputs(forward, samples, shown)
+            runner = serve_compiled(model, served, target, artifact, samples, eager, expected,
+                                    report, options, _make_runner)  # default runner unless asked
     for record, check in zip(runner.records, checks, strict=True):
         record.reference_max_abs, record.reference_tolerance = check.max_abs, check.tolerance
     report.shapes = runner.records
@@ -413,12 +431,19 @@ def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, man
     with report.stage("capture"):
         runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,
                        progress=options.progress)
+    precision = report.precision.precision
     try:
         with report.stage("self-test"):
-            _check_replay(runner, samples, eager, options.replay_tolerance, target)
+            _check_replay(runner, samples, eager,
+                          replay_tolerance(options.replay_tolerance, precision), target)
     except BaseException:
         runner.close()
         raise
+    glued = [r.label for r in runner.records if r.policy != "full"]
+    if precision == "tf32" and glued:
+        report.warn(f"tf32: shape(s) {', '.join(glued)} run eager code between captured blocks; "
+                    "that code computes in this process's float32 mode when called (TF32 is a "
+                    "process-wide switch, on only while capturing)")
     return runner
 
 

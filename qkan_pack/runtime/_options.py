@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoadOptionError, ShapeSpecError
-from ..format import DIGEST_PREFIX, SHA256_HEX, check_config
+from ..format import DIGEST_PREFIX, PRECISIONS, SHA256_HEX, check_config
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["INDUCTOR_MODE", "LoadOptions"]
@@ -20,6 +20,8 @@ __all__ = ["INDUCTOR_MODE", "LoadOptions"]
 KERNEL_MODES = ("auto", "off")
 #: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
 COMPILED_MODES = ("off", "shipped", "on")
+#: ``precision``: what the artifact records for this device, or one precision by name.
+PRECISION_MODES = ("recorded", *PRECISIONS)
 #: torch.compile mode of compiled mode: inductor's fusion without its own CUDA graphs (the
 #: runtime captures the compiled callable itself).
 INDUCTOR_MODE = "default"
@@ -60,6 +62,11 @@ class LoadOptions:
       artifacts). When given, the artifact's signature (``qkan-pack sign``) must verify with
       one of them and cover exactly its files, before anything of it is parsed or run
       (needs ``pip install 'qkan-pack[sign]'``). Empty: the signature is not looked at.
+    - ``precision``: ``"recorded"`` runs what the artifact records for this device (the
+      choice ``qkan-pack warm --precision auto`` made for its kind, else the built
+      precision); ``"fp32"`` runs float32 whatever it records; ``"tf32"``, ``"bf16"`` or
+      ``"fp16"`` runs that one if the artifact's build gated it. Every reduced precision is
+      held to the artifact's ``max_error`` on this device (``PrecisionError`` beyond it).
 
     Every field is checked here, so a wrong option fails before the artifact is touched.
     """
@@ -74,6 +81,7 @@ class LoadOptions:
     progress: bool | None = None
     compiled: str = "off"
     trusted_keys: Sequence[str | os.PathLike[str]] = ()
+    precision: str = "recorded"
 
     def __post_init__(self) -> None:
         checked = {
@@ -89,6 +97,7 @@ class LoadOptions:
             "compiled": _choice("compiled", self.compiled, COMPILED_MODES),
             "progress": None if self.progress is None else _flag("progress", self.progress),
             "trusted_keys": _key_paths(self.trusted_keys),
+            "precision": _choice("precision", self.precision, PRECISION_MODES),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

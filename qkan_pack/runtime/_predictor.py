@@ -73,8 +73,8 @@ class Predictor:
         ``device`` says which), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
-        ``kernels``, ``compiled``, ``progress``, ``trusted_keys``); see ``LoadOptions`` for
-        what each does.
+        ``kernels``, ``compiled``, ``progress``, ``trusted_keys``, ``precision``); see
+        ``LoadOptions`` for what each does.
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)

@@ -42,6 +42,30 @@ class ShapeRecord:
 
 
 @dataclass
+class PrecisionRecord:
+    """The precision a load runs (``fp32``, ``tf32``, ``bf16``, ``fp16``), why that one
+    (``source``), the artifact's ``max_error``, and per shape the error measured here against
+    the float32 references (a share of the outputs' scale) beside what build measured."""
+
+    precision: str = "fp32"
+    source: str = "built in float32"
+    max_error: float | None = None
+    errors: dict[str, float] = field(default_factory=dict)
+    build_errors: dict[str, float | None] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        text = f"precision {self.precision} ({self.source})"
+        if self.max_error is not None:
+            text += f"; max error {self.max_error:.2g}"
+        if self.errors:
+            text += "; measured here " + ", ".join(
+                f"{label} {error:.2g}" + ("" if self.build_errors.get(label) is None
+                                          else f" (build {self.build_errors[label]:.2g})")
+                for label, error in self.errors.items())
+        return text
+
+
+@dataclass
 class LoadReport:
     """What ``Predictor.load`` did, how long each stage took, and how well outputs agreed."""
 
@@ -62,6 +86,8 @@ class LoadReport:
     compiled: str = "off"
     #: Declared padding (``build --pad``): the pad values and each axis with its sizes.
     padding: list[str] = field(default_factory=list)
+    #: The precision this load runs and its measured error (``runtime._precision``).
+    precision: PrecisionRecord = field(default_factory=PrecisionRecord)
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +126,8 @@ class LoadReport:
             lines.append("padding: " + "; ".join(self.padding))
         if self.compiled != "off":
             lines.append(f"compiled mode: {self.compiled}")
+        if self.precision.precision != "fp32" or self.precision.max_error is not None:
+            lines.append(str(self.precision))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 

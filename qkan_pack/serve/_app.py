@@ -33,9 +33,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
-from ..format import check_device_text
+from ..format import MODEL_NAME, check_device_text
+from ._cluster import load_failed, this_node
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
+from ._oip import OipModel
 from ._rows import describe_artifact, largest_batch, row_plan
 from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
     from ..format import Manifest
     from ..runtime import VerifiedArtifact
+    from ._oip_grpc import GrpcApi
 
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
@@ -95,6 +98,9 @@ class ServeOptions:
     device: str = "auto"
     grace_s: float = 10.0
     limits: HttpLimits = field(default_factory=HttpLimits)
+    #: The model's name in the Open Inference Protocol's URLs (``/v2/models/{name}``); None:
+    #: the artifact's own (``build --name``, default the model file's stem).
+    model_name: str | None = None
 
     def __post_init__(self) -> None:
         problems = [name for name, ok in (
@@ -111,6 +117,10 @@ class ServeOptions:
         if problems:
             raise ServeError(f"serve options out of range: need {', '.join(problems)}")
         check_device_text(self.device)  # before Ray starts replicas that would all fail
+        if self.model_name is not None and not MODEL_NAME.match(self.model_name):
+            raise ServeError(f"--name {self.model_name!r}: a model name is letters, digits, "
+                             "'.', '_' and '-' (at most 128, starting with a letter or digit): "
+                             "it is part of the protocol's URLs")
 
     def for_artifact(self, manifest: Manifest) -> ServeOptions:
         """These options with the admission bounds the user left unset derived from the batch
@@ -135,11 +145,15 @@ class ArtifactServer:
 
         options = options or ServeOptions()
         tune_replica_process()
+        self._node = this_node()
         with warnings.catch_warnings():  # serve's row batching of artifacts without --pad
             warnings.simplefilter("ignore", DeprecationWarning)
-            predictor = Predictor.load(path, options.device, expected_digest=digest,
-                                       pad_batch=True, progress=False,
-                                       **dict(predictor_options or {}))
+            try:
+                predictor = Predictor.load(path, options.device, expected_digest=digest,
+                                           pad_batch=True, progress=False,
+                                           **dict(predictor_options or {}))
+            except Exception as exc:  # on a cluster, which node failed is half the answer
+                raise load_failed(exc, path, self._node) from exc
         plan = row_plan(predictor.manifest)
         self.core = ModelCore(predictor, max_batch_size=options.max_batch_size or largest_batch(plan),
                               max_batch_wait_ms=options.max_batch_wait_ms, exact=options.exact)
@@ -151,12 +165,16 @@ class ArtifactServer:
             **{k: v for k, v in asdict(options.limits).items() if k != "token_sha256"},
             "auth": options.limits.token_sha256 is not None,
         }
-        self._replica = {"id": _replica_id(), "device": str(predictor.device),
+        self._replica = {"id": _replica_id(), **self._node, "device": str(predictor.device),
                          "load_to_ready_seconds": round(predictor.report.load_to_ready_seconds, 3),
                          "captured": [r.label for r in predictor.report.shapes],
                          "ready_at": time.time()}
+        self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan))
+        self._grpc: GrpcApi | None = None
+        self._token_sha256 = options.limits.token_sha256
+        self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
-                            self._description["accepted"])
+                            self._description["accepted"], self.oip)
 
     @property
     def predictor(self) -> Any:
@@ -173,12 +191,14 @@ class ArtifactServer:
         return map_leaves(lambda a: a if is_tensor(a) else from_numpy(a), outputs)
 
     def describe(self) -> dict[str, Any]:
-        """The artifact and this replica, as ``GET /`` returns them (no process ids)."""
+        """The artifact and this replica (its Ray node among it: ``_cluster.this_node``), as
+        ``GET /`` returns them (no process ids)."""
         return {**self._description, "replica": dict(self._replica)}
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """This replica's counters (``reset`` zeroes them after reading)."""
-        return {"replica": self._replica["id"], **self.core.stats.view(reset=reset)}
+        return {"replica": self._replica["id"], **self._node,
+                **self.core.stats.view(reset=reset)}
 
     def check_health(self) -> None:
         """Ray Serve's health probe (see ``ModelCore.check_health``)."""
@@ -186,6 +206,60 @@ class ArtifactServer:
 
     async def __call__(self, request: Request) -> Response:
         return await self.http.handle(request)
+
+    # -- the Open Inference Protocol over gRPC (``serve --grpc-port``; ``_oip_grpc``) ----
+    # Ray Serve calls the method named after each RPC with its request message.
+
+    @property
+    def grpc(self) -> GrpcApi:
+        if self._grpc is None:  # tritonclient's stubs imported on the first gRPC call
+            from ._oip_grpc import GrpcApi
+
+            self._grpc = GrpcApi(self.oip, self.core, self._token_sha256)
+        return self._grpc
+
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
+        if self.grpc.authorized(grpc_context):
+            return self.grpc.pb.ServerLiveResponse(live=True)
+        return self.grpc.pb.ServerLiveResponse()
+
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
+        if self.grpc.authorized(grpc_context):
+            return self.grpc.pb.ServerReadyResponse(ready=True)
+        return self.grpc.pb.ServerReadyResponse()
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        if self.grpc.authorized(grpc_context):
+            return self.grpc.server_metadata()
+        return self.grpc.pb.ServerMetadataResponse()
+
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
+        api = self.grpc
+        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
+                                                             grpc_context):
+            return api.pb.ModelReadyResponse(ready=True)
+        return api.pb.ModelReadyResponse()
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        api = self.grpc
+        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
+                                                             grpc_context):
+            return api.model_metadata()
+        return api.pb.ModelMetadataResponse()
+
+    async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:
+        api = self.grpc
+        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
+                                                             grpc_context):
+            return api.model_config()
+        return api.pb.ModelConfigResponse()
+
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+        api = self.grpc
+        if api.authorized(grpc_context) and api.model_known(request.model_name,
+                                                             request.model_version, grpc_context):
+            return await api.infer(request, grpc_context)
+        return api.pb.ModelInferResponse()
 
 
 class NoopServer:
@@ -208,6 +282,15 @@ class NoopServer:
         return {"noop": True, "replica": {"id": _replica_id(), "device": "none"}}
 
 
+def oip_model(manifest: Manifest, name: str | None, *, batched: bool) -> OipModel:
+    """The Open Inference Protocol's view of the artifact: named ``name`` or as built."""
+    from .._version import __version__
+
+    metadata = manifest.metadata
+    return OipModel(manifest, name or metadata.name or "model", metadata.version or "1",
+                    batched=batched, server_version=__version__)
+
+
 def _replica_id() -> str:
     try:
         from ray import serve
@@ -228,9 +311,11 @@ def build_app(path: str | os.PathLike[str], options: ServeOptions | None = None,
               name: str = "QkanPack") -> Application:
     """A Ray Serve application serving the artifact at ``path`` (verified here first).
 
-    Replicas load the artifact from the same path (share it on every node) and refuse it
-    unless its digest is the one verified here. ``gpus_per_replica=1`` gives each replica a
-    GPU of its own; fractions pack several replicas onto one GPU.
+    Replicas load the artifact from the same absolute path (share it on every node, or copy
+    it to that path on each) and refuse it unless its digest is the one verified here; a
+    replica that cannot load it names its node (``ReplicaLoadError``).
+    ``gpus_per_replica=1`` gives each replica a GPU of its own; fractions pack several
+    replicas onto one GPU.
     """
     from ..runtime import read_artifact
 
@@ -256,5 +341,7 @@ def app_for(artifact: VerifiedArtifact, options: ServeOptions | None = None, *,
     )
     if noop:
         return deployment.bind(options.limits.max_body_bytes)
-    return deployment.bind(str(artifact.path), digest=artifact.digest, options=options,
+    # absolute: a relative path would be resolved in each replica's working directory,
+    # which on a joined cluster is wherever that node's Ray was started
+    return deployment.bind(os.path.abspath(artifact.path), digest=artifact.digest, options=options,
                            predictor_options=predictor_options)

@@ -2,7 +2,9 @@
 Every reply, errors included, is a JSON body (``_wire.dumps``).
 
 Routes (under the route prefix): ``GET /`` describes the artifact and replica, ``POST /``
-predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` zeroes them.
+predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` zeroes them;
+``/v2/...`` is the Open Inference Protocol (``_oip``), behind the same token, admission and
+limits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._offload import WireHelper
+from ._oip import BINARY_HEADER, InferRequest, OipModel
 from ._wire import dumps, encode_reply, output_nbytes, parse_request
 
 if TYPE_CHECKING:
@@ -171,8 +174,10 @@ class HttpApi:
     """Dispatches one starlette request; owns no model state (``ModelCore`` does)."""
 
     def __init__(self, core: ModelCore, limits: HttpLimits, describe: Callable[[], dict[str, Any]],
-                 stats: Callable[[bool], dict[str, Any]], accepted: list[str]) -> None:
+                 stats: Callable[[bool], dict[str, Any]], accepted: list[str],
+                 oip: OipModel | None = None) -> None:
         self.core = core
+        self.oip = oip
         self.limits = limits
         self._describe = describe
         self._stats = stats
@@ -195,12 +200,15 @@ class HttpApi:
         handler = self._routes.get((path, request.method))
         if handler is not None:
             return await handler(request)
+        if self.oip is not None and (path == "/v2" or path.startswith("/v2/")):
+            return await self._oip_route(request, path)
         if any(p == path for p, _ in self._routes):
             allowed = sorted(m for p, m in self._routes if p == path)
             return json_response(405, {"error": f"{request.method} is not allowed on "
                                        f"{path or '/'}; use {', '.join(allowed)}"})
         return json_response(404, {"error": f"no route {path!r}; use GET /, POST /, "
-                                   "GET /stats, POST /stats/reset"})
+                                   "GET /stats, POST /stats/reset, or /v2/... (the Open "
+                                   "Inference Protocol)"})
 
     def _authorized(self, request: Request) -> bool:
         want = self.limits.token_sha256
@@ -216,6 +224,11 @@ class HttpApi:
         return json_response(200, self._stats(True))
 
     async def _predict(self, request: Request) -> Response:
+        return await self._admitted(request, self._predict_admitted)
+
+    async def _admitted(self, request: Request,
+                        work: Callable[[Request], Awaitable[Response]]) -> Response:
+        """``work`` within the replica's admission bounds, else a 503 with Retry-After."""
         try:
             await self._admission.acquire()
         except OverloadedError:
@@ -224,11 +237,12 @@ class HttpApi:
                                        f"retry after {self.limits.retry_after_s} s"},
                                  {"Retry-After": str(self.limits.retry_after_s)})
         try:
-            return await self._predict_admitted(request)
+            return await work(request)
         finally:
             self._admission.release()
 
-    async def _predict_admitted(self, request: Request) -> Response:
+    async def _read_body(self, request: Request) -> bytes | Response:
+        """The body within the size and time limits, or the error reply that ends the request."""
         limit = self.limits.max_body_bytes
         try:
             body = await self._body_deadline.read(read_limited(request, limit))
@@ -244,6 +258,12 @@ class HttpApi:
         if body is None:
             return json_response(413, {"error": f"request body exceeds {limit} bytes; send "
                                        "fewer rows per request or base64 buffers"})
+        return body
+
+    async def _predict_admitted(self, request: Request) -> Response:
+        body = await self._read_body(request)
+        if not isinstance(body, bytes):
+            return body
         try:
             if len(body) >= INLINE_PARSE_BYTES:
                 given, encoding = await self._helper.parse(body, self.core.names)
@@ -258,6 +278,65 @@ class HttpApi:
             logger.exception("request failed")
             return json_response(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
         return raw_response(200, payload)
+
+    # -- the Open Inference Protocol (``_oip``) ---------------------------------------
+
+    async def _oip_route(self, request: Request, path: str) -> Response:
+        """``/v2``, ``/v2/health/{live,ready}``, ``/v2/models/{name}[/versions/{v}]`` and its
+        ``/ready``, ``/config`` and ``/infer``; errors as ``{"error": ...}``."""
+        assert self.oip is not None
+        parts = path.split("/")[2:]
+        method = request.method
+        if parts in ([], ["health", "live"], ["health", "ready"]):
+            if method not in ("GET", "HEAD"):
+                return _method_not_allowed(method, path, "GET")
+            if not parts:
+                return json_response(200, self.oip.server_metadata())
+            return json_response(200, {parts[1]: True})
+        if len(parts) < 2 or parts[0] != "models":
+            return json_response(404, {"error": f"no route {path!r} in the Open Inference "
+                                       "Protocol"})
+        name, version, rest = parts[1], None, parts[2:]
+        if rest[:1] == ["versions"] and len(rest) >= 2:
+            version, rest = rest[1], rest[2:]
+        if not self.oip.addresses(name, version):
+            return json_response(404, {"error": self.oip.unknown_model(name, version)})
+        action = "/".join(rest)
+        if action == "infer":
+            if method != "POST":
+                return _method_not_allowed(method, path, "POST")
+            return await self._admitted(request, self._oip_infer)
+        if method not in ("GET", "HEAD"):
+            return _method_not_allowed(method, path, "GET")
+        if action == "":
+            return json_response(200, self.oip.metadata())
+        if action == "ready":
+            return json_response(200, {"name": self.oip.name, "ready": True})
+        if action == "config":
+            return json_response(200, self.oip.config())
+        return json_response(404, {"error": f"no route {path!r}; a model has /ready, /config "
+                                   "and /infer"})
+
+    async def _oip_infer(self, request: Request) -> Response:
+        assert self.oip is not None
+        body = await self._read_body(request)
+        if not isinstance(body, bytes):
+            return body
+        try:
+            parsed: InferRequest = self.oip.parse_http(body, _header(request.scope, BINARY_HEADER))
+            outputs = await self.core.infer(parsed.inputs)
+            if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
+                payload, header_length = self.oip.reply(outputs, parsed)
+            else:
+                payload, header_length = await asyncio.to_thread(self.oip.reply, outputs, parsed)
+        except (MalformedRequestError, InputError) as exc:
+            return json_response(400, {"error": str(exc)})  # the protocol's one client error
+        except Exception as exc:
+            logger.exception("request failed")
+            return json_response(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+        if header_length is None:
+            return raw_response(200, payload)
+        return binary_response(payload, header_length)
 
     async def _encode(self, outputs: Any, encoding: str) -> bytes:
         """The reply body: small outputs here; a large array in the helper; large structured
@@ -320,6 +399,27 @@ def _content_length(scope: Mapping[str, Any]) -> int | None:
         if key == b"content-length":
             declared = int(value) if value.isdigit() else None
     return declared
+
+
+def _method_not_allowed(method: str, path: str, allowed: str) -> Response:
+    return json_response(405, {"error": f"{method} is not allowed on {path}; use {allowed}"},
+                         {"Allow": allowed})
+
+
+def _header(scope: Mapping[str, Any], name: str) -> str | None:
+    """One request header from the raw ASGI headers (``name`` in lower case)."""
+    wanted = name.encode("latin-1")
+    for key, value in scope.get("headers", ()):
+        if key.lower() == wanted:
+            return value.decode("latin-1")
+    return None
+
+
+def binary_response(payload: bytes, header_length: int) -> Response:
+    """An Open Inference Protocol reply with binary tensors after its JSON header."""
+    reply = raw_response(200, payload, {"Inference-Header-Content-Length": str(header_length)})
+    reply.raw_headers[1] = (b"content-type", b"application/octet-stream")
+    return reply
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:

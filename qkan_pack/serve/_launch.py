@@ -8,7 +8,9 @@ free, token authentication for Ray's own ports stated explicitly, the bearer tok
 by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches Ray's processes),
 retries of a request whose replica died (a prediction is a pure function), drain periods
 bounded by ``grace_s``. A local Ray runs as a loopback node, so that its unauthenticated
-metrics exporters listen on loopback only (``loopback_ray_node``).
+metrics exporters listen on loopback only (``loopback_ray_node``). A cluster joined with
+``--address`` gets the same settings through the job, its ingress on the head node where the
+command runs, and Serve stopped with the command (``_cluster``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 from ..errors import ServeError
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
+from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
 from ._ray_compat import (
@@ -46,6 +49,8 @@ APP_NAME = "qkan-pack"
 INGRESSES = ("auto", "haproxy", "python")
 #: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
 PLACEMENT_TIMEOUT_S = 20.0
+#: How Ray Serve's deployment status begins a replica's failed start (its error follows).
+REPLICA_START_FAILED = "A replica failed to start"
 DEPLOY_POLL_S = 0.25  # how often the deploy wait asks Serve for the app's status
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -62,6 +67,7 @@ class Listen:
     ingress: str = "auto"
     verbose: bool = False
     deploy_timeout_s: float = 900.0
+    grpc_port: int | None = None  # the Open Inference Protocol over gRPC (``_oip_grpc``)
 
     @property
     def url(self) -> str:
@@ -153,7 +159,7 @@ def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -
 def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
                 notice: Notice) -> dict[str, str]:
     """Environment for the Ray processes started here (see the module docstring)."""
-    http, grpc, stats, metrics = side_ports(4, exclude={listen.port})
+    http, grpc, stats, metrics = side_ports(4, exclude={listen.port, listen.grpc_port or 0})
     env = {"SERVE_SOCKET_REUSE_PORT_ENABLED": "0", "RAY_AUTH_MODE": "token",
            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "2", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1",
            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(http),
@@ -297,13 +303,15 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
         notice(f"signature verified: signed by {artifact.signed_by}")
     options = options.for_artifact(artifact.manifest)
     check_port_free(listen.host, listen.port)
+    grpc_options(listen)  # the stubs import and the port is free, before Ray starts
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
     sweep_stale_workdirs(notice=notice)
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
-            environment(ingress_env(listen, options, owned_workdir(Path(workdir)), notice)):
-        session = _RaySession(listen, Path(workdir))
+            environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
+                                           notice)):
+        session = _RaySession(listen, Path(workdir), env)
         with StopSignal() as signals:
             try:
                 options = fit_resources(options, cpus_per_replica, gpus_per_replica,
@@ -348,16 +356,23 @@ def _wait(signalled: threading.Event, stop: threading.Event | None) -> None:
 class _RaySession:
     """Ray started (or joined) for one serve; ``close`` undoes exactly what it did."""
 
-    def __init__(self, listen: Listen, workdir: Path) -> None:
+    def __init__(self, listen: Listen, workdir: Path, env: Mapping[str, str]) -> None:
+        """``env``: the serve's variables (``ingress_env``), already in this process's
+        environment, which a local Ray inherits; a joined cluster's processes get them
+        through the job (``_cluster.job_runtime_env``)."""
         import ray
 
         check_ray()
         self.listen, self.workdir = listen, workdir
         self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
+        self.haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
         quiet_ray(listen.verbose)
         refresh_ray_config()
         with loopback_ray_node(self.local):
-            ray.init(address=listen.address, include_dashboard=False if self.local else None,
+            # "local": never the cluster a `ray start` on this host left in Ray's address file
+            ray.init(address="local" if self.local else listen.address,
+                     include_dashboard=False if self.local else None,
+                     runtime_env=None if self.local else job_runtime_env(env),
                      logging_level=logging.INFO if listen.verbose else logging.WARNING,
                      log_to_driver=listen.verbose)
         quiet_ray(listen.verbose)  # ray.init configured its loggers anew
@@ -374,8 +389,12 @@ class _RaySession:
         ``stopping()`` turned true first (Ctrl-C or SIGTERM while replicas load)."""
         from ray import serve
 
+        if not self.local:
+            check_joinable(self.listen.host, self.haproxy)
         try:
-            serve.start(http_options={"host": self.listen.host, "port": self.listen.port})
+            serve.start(http_options={"host": self.listen.host, "port": self.listen.port},
+                        grpc_options=grpc_options(self.listen),
+                        proxy_location=None if self.local else PROXY_LOCATION)
         except Exception as exc:
             raise ServeError(f"cannot listen on {self.listen.host}:{self.listen.port}"
                              f"{_side_listeners()}: {_last_line(exc)}",
@@ -386,17 +405,34 @@ class _RaySession:
                                   replica_log_level="INFO" if self.listen.verbose else "WARNING")
 
     def close(self) -> None:
-        """Drain and delete the app; stop a local Ray (silently: ``serve.shutdown`` would print
-        a raylet line) and then any HAProxy of ``workdir`` that Ray's kill orphaned."""
+        """Drain and delete the app; stop Serve on a joined cluster (its controller and
+        ingress would outlive the command, holding the port) or a local Ray (silently:
+        ``serve.shutdown`` would print a raylet line), then any HAProxy of ``workdir`` that
+        Ray's kill orphaned."""
         import ray
         from ray import serve
 
         try:
             if self._serve_started:
                 serve.delete(APP_NAME)  # drains in-flight requests (graceful_shutdown_timeout_s)
+                if not self.local:
+                    serve.shutdown()
         finally:
             ray.shutdown()
             stop_recorded_processes(self.workdir)
+
+
+def grpc_options(listen: Listen) -> dict[str, Any] | None:
+    """Ray Serve's gRPC ingress serving ``inference.GRPCInferenceService`` on
+    ``--grpc-port`` (None: no gRPC). Checked here, before Ray starts its proxies, that the
+    protocol's stubs import (``_oip_grpc.protocol``) and the port is free."""
+    if listen.grpc_port is None:
+        return None
+    from ._oip_grpc import SERVICER_FUNCTION, protocol
+
+    protocol()
+    check_port_free(listen.host, listen.grpc_port)
+    return {"port": listen.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}
 
 
 def replica_device_text(device: str, replicas: int) -> str:
@@ -446,7 +482,9 @@ def _run_with_deadline(app: Any, timeout_s: float,
 
 def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
     """(whether the app runs, since when a replica waits to be placed); raises ServeError
-    for a deployment that failed or replicas unplaced for ``PLACEMENT_TIMEOUT_S``."""
+    for a deployment that failed, a replica that failed to start (its error, which names its
+    node: on a cluster, the replicas of one node can fail where the others serve, and Ray
+    then retries them for ever) or replicas unplaced for ``PLACEMENT_TIMEOUT_S``."""
     from ray import serve
 
     app = serve.status().applications.get(APP_NAME)
@@ -459,6 +497,9 @@ def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
     if status == "DEPLOY_FAILED":
         raise ServeError("no replica could load the artifact: "
                          + _last_line("\n".join(messages) or app.message))
+    failed = [m for m in messages if REPLICA_START_FAILED in m]
+    if failed:  # Ray would retry it for ever once another replica runs (a node that cannot load)
+        raise ServeError("a replica failed to start: " + _last_line(failed[0]))
     if not any("to be scheduled" in m for m in messages):
         return False, None
     now = time.monotonic()

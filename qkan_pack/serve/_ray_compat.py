@@ -4,8 +4,10 @@ written for.
 ``qkan-pack serve`` reaches past Ray Serve's public API where the public API cannot do the
 job: deploying without blocking (``serve._run(_blocking=False)``: ``serve.run`` waits forever
 for replicas a cluster cannot place), re-reading Ray's cached config (``ray._raylet.Config``),
-keeping a local node's exporters on loopback (``ray._private.ray_constants``) and turning off
-auto-init after shutdown (``ray._private.auto_init_hook``). The HAProxy ingress also depends
+keeping a local node's exporters on loopback (``ray._private.ray_constants``), turning off
+auto-init after shutdown (``ray._private.auto_init_hook``), finding a running Serve by its
+controller's actor name and the head node by its resource (``serve_running``,
+``HEAD_NODE_RESOURCE``). The HAProxy ingress also depends
 on the config Ray Serve generates (``_haproxy`` rewrites it). ``check_ray`` runs before Ray
 starts and refuses a release outside ``SUPPORTED`` with the range and the fix; a test pins
 each private name.
@@ -25,6 +27,8 @@ from ..errors import ServeError
 SUPPORTED = ((2, 60), (2, 61))
 #: The extra's pin, for the message.
 INSTALL = "pip install 'ray[serve]==2.60.*'"
+#: The resource only the head node has (``ray._common.constants.HEAD_NODE_RESOURCE_NAME``).
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 def check_ray() -> None:
@@ -45,6 +49,19 @@ def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any
 
     return serve._run(app, _blocking=False, name=name, route_prefix="/",
                       logging_config=dict(logging_config))
+
+
+def serve_running() -> bool:
+    """Whether Ray Serve's controller runs on the cluster Ray is connected to (asked by its
+    actor name: ``serve.status`` would start Serve where it does not run)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
 
 
 def refresh_ray_config() -> None:

@@ -213,7 +213,7 @@ def _encode_leaf(leaf: np.ndarray | torch.Tensor, encoding: str) -> Any:
         dtype = dtype_name(leaf.dtype)
         if encoding == "list" and dtype == "bfloat16":
             return _list_ready(leaf.detach().cpu().float().numpy())
-        array = _tensor_bits(leaf)
+        array = tensor_bits(leaf)
         if encoding == "list":
             return _list_ready(array)
     return _b64_object(_wire_array(array, dtype), dtype, list(array.shape))
@@ -262,7 +262,7 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np
     if is_tensor(array):
         if given.dtype != want:
             raise InputError(f"input {name!r} has dtype {given.dtype}", accepted=accepted)
-        array = _tensor_bits(array)
+        array = tensor_bits(array)
     elif given.dtype is not None and given.dtype != want:
         raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
                          accepted=accepted)
@@ -278,7 +278,7 @@ _HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).n
                 for name, spec in DTYPES.items()}
 
 
-def _tensor_bits(tensor: torch.Tensor) -> np.ndarray:
+def tensor_bits(tensor: torch.Tensor) -> np.ndarray:
     """A tensor's values as a numpy array (bfloat16 as its raw 16 bits)."""
     torch = torch_module()
     tensor = tensor.detach().cpu()

@@ -38,7 +38,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VARIANT_KEYS = {"name", "label", "status", "reason", "note", "median_us", "p90_us", "p99_us",
                 "mean_us", "min_us", "spread_pct", "throughput_cps", "throughput_spread_pct",
                 "repeats", "first_call_s", "warmup_s", "max_abs_diff_vs_eager",
-                "speedup_vs_eager", "overhead_vs_bare", "ratio_to_kernel", "vs_exact_call"}
+                "speedup_vs_eager", "overhead_vs_bare", "ratio_to_kernel", "vs_exact_call",
+                "kernel_us", "pool_bytes", "precision_error"}
 
 
 @pytest.fixture(scope="module")

@@ -90,25 +90,6 @@ def test_the_smallest_entry_is_chosen(masked: Path) -> None:
     assert entries[index] == [(1, 16), (1, 16)]  # 16 wasted beats 4x16 - 9 wasted
 
 
-def test_a_call_shape_is_fitted_once_and_the_memory_stays_bounded(
-        masked: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkan_pack.runtime import _inputs
-
-    searched = []
-    real = _inputs.fit_entry
-    monkeypatch.setattr(_inputs, "fit_entry", lambda *a: searched.append(a[0]) or real(*a))
-    monkeypatch.setattr(_inputs, "FIT_MEMORY", 3)
-    eager = _eager(masked)
-    with Predictor.load(masked) as predictor:
-        for length in (5, 5, 6, 5, 7, 9, 5):
-            inputs = _tokens(2, length)
-            with torch.no_grad():
-                want = eager(**inputs)
-            torch.testing.assert_close(predictor(**inputs), want, rtol=1e-5, atol=1e-6)
-        assert [call[0][1] for call in searched] == [5, 6, 7, 9, 5]  # 5 was dropped at 9
-        assert len(predictor._inputs._fits) == 3
-
-
 @pytest.mark.parametrize(("kind", "shapes", "pad", "dtype", "says"), [
     ("meanpool", TOKENS, PAD_TOKENS, "int64", "does it use attention_mask in pooling"),
     ("global_pool", [(1, 3, 8, 8), (1, 3, 16, 16)], {"x": 0.0}, "float32",

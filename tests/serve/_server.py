@@ -52,13 +52,15 @@ class Server:
     token: str | None = None
     port: int = field(default_factory=free_port)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+    cwd: Path | None = None  # where the command runs (a relative artifact path is from here)
 
     def start(self, timeout_s: float = 240.0) -> Server:
         env = {**os.environ, **self.env, TAG_ENV: self.tag}
         command = [sys.executable, "-m", "qkan_pack", "serve", str(self.artifact),
                    "--port", str(self.port), *self.args]
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                        cwd=self.cwd)
         self.stdout: list[str] = []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

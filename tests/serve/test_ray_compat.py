@@ -23,6 +23,13 @@ def test_the_private_ray_names_relied_on_exist() -> None:
     assert callable(Config.initialize)
     assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
     assert hasattr(auto_init_hook, "enable_auto_connect")
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    from qkan_pack.serve._ray_compat import HEAD_NODE_RESOURCE
+
+    assert HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME
+    assert isinstance(SERVE_CONTROLLER_NAME, str) and isinstance(SERVE_NAMESPACE, str)
 
 
 @pytest.mark.parametrize("version", ["2.59.1", "2.61.0", "3.0.0", "nightly"])

@@ -1,0 +1,296 @@
+"""Reduced precision on the build side: the gate at build, and the choice per device.
+
+The gate (``gate_precision``): the model's outputs at the declared precision, on the
+reference inputs and the ``--calibration`` inputs, against its float32 outputs, each output's
+largest difference as a share of its scale; beyond ``max_error`` build refuses
+(``PrecisionError``, the figures per output) and writes nothing. The figures are recorded per
+shape: they are the build host's (a CPU: its autocast keeps fewer ops in float32 than CUDA's,
+and it has no TF32, which build therefore cannot measure), so every load measures again on
+its own device against the same bound.
+
+The choice (``choose_precision``, ``qkan-pack warm --precision auto``): every precision the
+build allowed is loaded on the device, gated there as any load is, and timed per shape; the
+fastest is recorded for the device's kind (``runtime.precision_key``), with the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import OptionError, PrecisionError
+from ..format import (
+    AUTO_PRECISION,
+    DEFAULT_MAX_ERROR,
+    MAX_MAX_ERROR,
+    PRECISIONS,
+    Manifest,
+    PrecisionChoice,
+    PrecisionPolicy,
+    ShapeEntry,
+    geometric_mean,
+)
+from ..runtime import (
+    Predictor,
+    flatten,
+    latencies,
+    output_errors,
+    precision_key,
+    precision_unavailable,
+    read_artifact,
+    reference_samples,
+    resolve_device,
+    served_forward,
+)
+from ._writer import locked_target, write_artifact
+
+#: A timer: seconds per call of ``call`` (a ``TimedCall``: it names the precision and shape
+#: it runs; ``sync`` waits for its result), e.g. a median.
+Timer = Callable[["TimedCall", Callable[[], None]], float]
+#: Precisions within this share of the fastest one count as equally fast: the most precise
+#: of them is chosen (timing noise must not trade accuracy for nothing).
+SPEED_MARGIN = 0.03
+#: The default timer's untimed and timed calls per shape.
+WARMUP_CALLS, TIMED_CALLS = 10, 100
+#: Where build computes (``runtime._load.BUILD_DEVICE_TYPE``), as figures name it.
+BUILD_HOST = "cpu (build host)"
+#: Ordered most precise first: ties go to the first.
+_ORDER = ("fp32", "tf32", "fp16", "bf16")
+
+
+def check_precision_options(precision: Any, max_error: Any) -> tuple[str, float | None]:
+    """``build(precision=..., max_error=...)`` checked: a known precision or ``auto``, and a
+    ``max_error`` in (0, ``MAX_MAX_ERROR``] for a reduced one (``DEFAULT_MAX_ERROR`` when
+    None), none for float32."""
+    choices = (*PRECISIONS, AUTO_PRECISION)
+    if precision not in choices:
+        raise OptionError(option="precision", value=precision,
+                          expected=f"one of {', '.join(choices)}")
+    if precision == "fp32":
+        if max_error is not None:
+            raise OptionError(option="max_error", value=max_error,
+                              expected="no value with precision fp32 (the bound of a reduced "
+                                       "precision: pass --precision bf16, fp16, tf32 or auto)")
+        return precision, None
+    if max_error is None:
+        return precision, DEFAULT_MAX_ERROR
+    valid = isinstance(max_error, (int, float)) and not isinstance(max_error, bool) \
+        and math.isfinite(max_error) and 0 < max_error <= MAX_MAX_ERROR
+    if not valid:
+        raise OptionError(option="max_error", value=max_error,
+                          expected=f"a share of each output's scale in (0, {MAX_MAX_ERROR:g}], "
+                                   "e.g. 1e-2")
+    return precision, float(max_error)
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSample:
+    """Inputs build measures a precision on, the entry they fit and the float32 outputs."""
+
+    entry: int
+    inputs: list[torch.Tensor]
+    want: list[torch.Tensor]
+
+
+def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
+                   samples: Sequence[GateSample], precision: str,
+                   max_error: float) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
+    """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
+    return the policy to record, the entries with their figures, and notes. An explicit
+    precision beyond ``max_error`` is refused (``PrecisionError``); under ``auto`` it is
+    left out of the allowed ones, with a note."""
+    _refuse_half_models(entries, precision)
+    candidates = [p for p in PRECISIONS if p != "fp32"] if precision == AUTO_PRECISION \
+        else [precision]
+    measured: dict[str, list[float | None]] = {}
+    notes, allowed = [], ["fp32"]
+    for candidate in candidates:
+        per_entry, figures = _measure(forward, entries, samples, candidate, max_error)
+        if figures and precision != AUTO_PRECISION:
+            raise PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,
+                                 figures=figures, hint=_build_hint(candidate, figures))
+        if figures:
+            beyond = PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,
+                                    figures=figures)
+            notes.append(f"--precision auto: {candidate} left out ({beyond})")
+            continue
+        measured[candidate] = per_entry
+        allowed.append(candidate)
+        if per_entry and per_entry[0] is None:
+            notes.append(f"{candidate} cannot be measured on the build host (no TF32 on a CPU): "
+                         "each load measures it on its GPU against max_error")
+    entries = [dataclasses.replace(entry, precision_error={
+        name: errors[index] for name, errors in measured.items()})
+        for index, entry in enumerate(entries)]
+    default = "fp32" if precision == AUTO_PRECISION else precision
+    policy = PrecisionPolicy(default=default, max_error=max_error, allowed=tuple(allowed))
+    return policy, entries, notes
+
+
+def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
+    """Reduced precision applies to float32 models: a half-precision output says the model
+    computes in half precision already (and autocast would cast it to the other half dtype)."""
+    for entry in entries:
+        for name, leaf in zip(entry.outputs.leaf_names(), entry.outputs.leaves()):
+            if leaf.dtype in ("bfloat16", "float16"):
+                raise OptionError(option="precision", value=precision, expected=(
+                    f"precision fp32 for this model: {name} is {leaf.dtype} already (the model "
+                    "computes in half precision itself; --precision applies to float32 models)"))
+
+
+def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
+             samples: Sequence[GateSample], precision: str, max_error: float
+             ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
+    """Per entry the worst output's error at ``precision`` (None: not measurable here), and
+    every (shape, output, error) beyond ``max_error``."""
+    device = torch.device("cpu")
+    if precision_unavailable(precision, device) is not None and precision == "tf32":
+        return [None] * len(entries), []
+    served = served_forward(forward, precision, device)
+    worst: list[float | None] = [0.0] * len(entries)
+    beyond: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        entry = entries[sample.entry]
+        with torch.inference_mode():
+            got = flatten(served(*sample.inputs))
+        names = list(entry.outputs.leaf_names()) or ["output"]
+        for name, error in zip(names, output_errors(got, sample.want)):
+            worst[sample.entry] = max(worst[sample.entry] or 0.0, _rounded(error))
+            if error > max_error:
+                key = (entry.label, name)
+                beyond[key] = max(beyond.get(key, 0.0), error)
+    return worst, [(shape, name, error) for (shape, name), error in beyond.items()]
+
+
+def _rounded(error: float) -> float:
+    """Two digits, as the manifest records figures (an infinite one never is: refused)."""
+    return float(f"{error:.2g}") if math.isfinite(error) else error
+
+
+def _build_hint(precision: str, figures: Sequence[tuple[str, str, float]]) -> str:
+    overflow = precision == "fp16" and any(not math.isfinite(f[2]) for f in figures)
+    why = "float16 overflows beyond 65504: try bf16 (float32's range); " if overflow else ""
+    return (f"{why}raise --max-error if the difference is acceptable, choose another "
+            "--precision, or keep fp32; nothing was written")
+
+
+# ---------------------------------------------------------------------------
+# qkan-pack warm --precision auto
+# ---------------------------------------------------------------------------
+
+
+def default_timer(call: TimedCall, sync: Callable[[], None]) -> float:
+    """Median host-call-to-result latency (``runtime.latencies``) after warm-up calls."""
+    for _ in range(WARMUP_CALLS):
+        call()
+    sync()
+    return statistics.median(latencies(call, TIMED_CALLS, sync))
+
+
+def choose_precision(path: str | Path, device: str | torch.device = "cuda", *,
+                     timer: Timer | None = None,
+                     config_overrides: Mapping[str, Any] | None = None) -> PrecisionChoice:
+    """Load the artifact at each precision its build allowed that ``device`` can run (each
+    load gates it there against ``max_error``), time every shape with ``timer`` (default:
+    ``default_timer``), and choose the fastest; the figures and refusals come with it."""
+    manifest = read_artifact(path).manifest
+    policy = _policy_of(manifest, path)
+    target = resolve_device(device)
+    key, details = precision_key(target)
+    timer = timer or default_timer
+    sync: Callable[[], None] = ((lambda: torch.cuda.synchronize(target)) if target.type == "cuda"
+                                else (lambda: None))
+    latency: dict[str, tuple[float, ...]] = {}
+    error: dict[str, tuple[float, ...]] = {}
+    refused: dict[str, str] = {}
+    for precision in policy.allowed:
+        why = precision_unavailable(precision, target)
+        if why is not None:
+            refused[precision] = why
+            continue
+        try:
+            predictor = Predictor.load(path, device=target, precision=precision, progress=False,
+                                       config_overrides=dict(config_overrides or {}))
+        except PrecisionError as exc:
+            refused[precision] = str(exc)
+            continue
+        with predictor:
+            latency[precision], measured = _time_shapes(predictor, target, timer, sync)
+            if precision != "fp32":
+                error[precision] = measured
+    chosen = pick_precision(latency, error)
+    return PrecisionChoice(key=key, precision=chosen, details=details, latency_us=latency,
+                           error=error, refused=refused)
+
+
+def _policy_of(manifest: Manifest, path: str | Path) -> PrecisionPolicy:
+    if manifest.precision is None:
+        raise OptionError(option="precision", value="auto", expected=(
+            f"an artifact built with reduced precision: {path} was built in float32 only; "
+            "rebuild it with --precision auto --max-error REL (or a precision by name)"))
+    return manifest.precision
+
+
+def _time_shapes(predictor: Predictor, target: torch.device, timer: Timer,
+                 sync: Callable[[], None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per shape: ``timer``'s seconds per call in microseconds, and the error this load
+    measured against the references."""
+    artifact = read_artifact(predictor.path, expected_digest=predictor.digest)
+    samples, _ = reference_samples(artifact, target)
+    times, errors = [], []
+    precision = predictor.report.precision.precision
+    for label, inputs in samples:
+        call = TimedCall(predictor, inputs, precision=precision, label=label)
+        times.append(round(timer(call, sync) * 1e6, 3))
+        errors.append(predictor.report.precision.errors.get(label, 0.0))
+    return tuple(times), tuple(_rounded(e) for e in errors)
+
+
+class TimedCall:
+    """``predictor(*inputs)`` as a timer's zero-argument call, naming what it runs: the
+    ``precision`` and the shape ``label``."""
+
+    def __init__(self, predictor: Predictor, inputs: list[torch.Tensor], *, precision: str,
+                 label: str) -> None:
+        self.predictor, self.inputs = predictor, inputs
+        self.precision, self.label = precision, label
+
+    def __call__(self) -> Any:
+        return self.predictor(*self.inputs)
+
+
+def pick_precision(latency_us: Mapping[str, Sequence[float]],
+                   error: Mapping[str, Sequence[float]]) -> str:
+    """The fastest precision by the geometric mean of its per-shape latencies (every shape
+    weighs alike, whatever its size); among those within ``SPEED_MARGIN`` of it, the one
+    with the smallest measured error (float32: none), most precise first on a tie."""
+    if not latency_us:
+        raise PrecisionError(precision="auto", device="this device", max_error=0.0,
+                             problem="no precision could be loaded and timed")
+    score = {p: geometric_mean(times) for p, times in latency_us.items()}
+    fastest = min(score.values())
+    near = [p for p in score if score[p] <= fastest * (1 + SPEED_MARGIN)]
+    return min(near, key=lambda p: (max(error.get(p, (0.0,))), _ORDER.index(p)))
+
+
+def record_precision_choice(path: str | Path, choice: PrecisionChoice) -> str:
+    """Write ``choice`` into the artifact's manifest (replacing any for the same device key)
+    under the writer lock; the new digest."""
+    root = Path(path)
+    with locked_target(root):
+        artifact = read_artifact(root)
+        policy = _policy_of(artifact.manifest, root)
+        if choice.precision not in policy.allowed:
+            raise OptionError(option="precision", value=choice.precision,
+                              expected=f"one of the allowed {', '.join(policy.allowed)}")
+        choices = (*[c for c in policy.choices if c.key != choice.key], choice)
+        manifest = dataclasses.replace(
+            artifact.manifest, precision=dataclasses.replace(policy, choices=choices))
+        _, digest = write_artifact(root, manifest, dict(artifact.files), force=True)
+    return digest

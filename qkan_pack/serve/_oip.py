@@ -1,0 +1,325 @@
+"""The Open Inference Protocol (KServe v2; Triton Inference Server's HTTP/REST and gRPC API)
+over a replica's model: what Triton's and KServe's clients, gateways and load tools speak.
+
+This module holds the protocol's data (metadata, requests, replies) with no HTTP or gRPC in
+it: ``_http`` routes ``/v2/...`` here, ``_oip_grpc`` maps the gRPC messages onto the same
+requests and replies. Both reach the model through ``ModelCore.infer``, the path of the JSON
+route, so token, admission, limits, strict input checks and batching are the same.
+
+Tensors travel as JSON ``data`` (flat or nested, row-major) or, with the binary tensor data
+extension, as raw little-endian bytes after the JSON header (``Inference-Header-Content-
+Length``; per tensor ``"parameters": {"binary_data_size": n}``). Output names are the
+manifest's leaf names (``output``, ``output.logits``, ``output[0]``), as ``GET /`` shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..errors import MalformedRequestError
+from ..format import DTYPES, MAX_RANK, Manifest
+from ._wire import Given, is_tensor, map_leaves, parse_tensor, tensor_bits
+
+#: The protocol's name for each manifest dtype, and back (``DTYPES``' ``oip`` column).
+OIP_DATATYPE = {name: spec.oip for name, spec in DTYPES.items()}
+BINARY_HEADER = "inference-header-content-length"
+EXTENSIONS = ("binary_tensor_data",)
+PLATFORM = "qkan-pack"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One input or output as the protocol's metadata describes it (-1 where it varies)."""
+
+    name: str
+    dtype: str  # manifest dtype
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": OIP_DATATYPE[self.dtype], "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool
+
+
+@dataclass
+class InferRequest:
+    """One parsed ``infer`` request: inputs as wire inputs (``Given``), which outputs to send
+    and how."""
+
+    inputs: dict[str, Given]
+    id: str | None = None
+    outputs: list[RequestedOutput] | None = None  # None: every output
+    binary_outputs: bool = False  # ``binary_data_output`` (the default for unlisted outputs)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def merged_shape(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """One shape for a tensor declared at several: a dimension that differs between them
+    (or a rank that does) is ``-1``, as the protocol writes a variable dimension."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) != 1:
+        return (-1,)
+    return tuple(dims[0] if len(set(dims)) == 1 else -1 for dims in zip(*shapes))
+
+
+class OipModel:
+    """The protocol's view of one artifact: its name and version, metadata, and the
+    conversion of requests and replies. ``batched``: the server gathers single rows into
+    captured batches, so the first dimension of every input and output varies."""
+
+    def __init__(self, manifest: Manifest, name: str, version: str, *, batched: bool,
+                 server_version: str) -> None:
+        self.name, self.version = name, version
+        self.server_version = server_version
+        self.input_names = manifest.input_names
+        entries = manifest.shapes
+        self.inputs = [TensorMeta(decl.name, decl.dtype, self._varying(
+            [dict(e.inputs)[decl.name] for e in entries], batched)) for decl in manifest.inputs]
+        by_name: dict[str, list[tuple[int, ...]]] = {}
+        dtypes: dict[str, str] = {}
+        for entry in entries:
+            for leaf, spec in zip(entry.outputs.leaf_names(), entry.outputs.leaves()):
+                by_name.setdefault(leaf, []).append(tuple(spec.shape))
+                dtypes[leaf] = spec.dtype
+        self.outputs = [TensorMeta(leaf, dtypes[leaf], self._varying(shapes, batched))
+                        for leaf, shapes in by_name.items()]
+        self._dtypes = {t.name: t.dtype for t in self.inputs}
+        self._output_index = {t.name: i for i, t in enumerate(self.outputs)}
+
+    @staticmethod
+    def _varying(shapes: Sequence[Sequence[int]], batched: bool) -> tuple[int, ...]:
+        shape = merged_shape(shapes)
+        return (-1, *shape[1:]) if batched and shape else shape
+
+    # -- metadata -----------------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": PLATFORM, "version": self.server_version, "extensions": list(EXTENSIONS)}
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "versions": [self.version], "platform": PLATFORM,
+                "inputs": [t.to_dict() for t in self.inputs],
+                "outputs": [t.to_dict() for t in self.outputs]}
+
+    def config(self) -> dict[str, Any]:
+        """Triton's model configuration (``GET .../config``), the fields its clients read:
+        shapes as declared (``max_batch_size`` 0: the batch dimension is part of them)."""
+        def tensors(items: Sequence[TensorMeta]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "data_type": f"TYPE_{OIP_DATATYPE[t.dtype]}",
+                     "dims": list(t.shape)} for t in items]
+
+        return {"name": self.name, "platform": PLATFORM, "backend": PLATFORM,
+                "version_policy": {"specific": {"versions": [self.version]}},
+                "max_batch_size": 0, "input": tensors(self.inputs), "output": tensors(self.outputs)}
+
+    def addresses(self, name: str, version: str | None) -> bool:
+        """Whether ``/v2/models/{name}[/versions/{version}]`` is this model."""
+        return name == self.name and version in (None, "", self.version)
+
+    def unknown_model(self, name: str, version: str | None) -> str:
+        asked = name if not version else f"{name} version {version}"
+        return f"unknown model {asked!r}; this server serves {self.name!r} version {self.version}"
+
+    # -- requests -----------------------------------------------------------------------
+
+    def parse_http(self, body: bytes, header_length: str | None) -> InferRequest:
+        """An HTTP ``infer`` body: JSON alone, or (binary extension) ``header_length`` bytes
+        of JSON followed by the binary tensors in the order of the inputs that declare a
+        ``binary_data_size``."""
+        if header_length is None:
+            header, binary = body, b""
+        else:
+            if not header_length.isdigit() or int(header_length) > len(body):
+                raise MalformedRequestError(
+                    f"Inference-Header-Content-Length {header_length!r} is not a byte count "
+                    f"within the {len(body)}-byte body")
+            split = int(header_length)
+            header, binary = body[:split], body[split:]
+        try:
+            request = orjson.loads(header)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedRequestError(f"the inference request is not valid JSON ({exc})") from None
+        return self._request(request, memoryview(binary))
+
+    def _request(self, request: Any, binary: memoryview) -> InferRequest:
+        if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+            raise MalformedRequestError('an inference request is a JSON object with "inputs": '
+                                        '[{"name", "shape", "datatype", "data"}, ...]')
+        parameters = _parameters(request.get("parameters"), "parameters")
+        request_id = request.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise MalformedRequestError('"id" must be a string')
+        inputs: dict[str, Given] = {}
+        offset = 0
+        for index, tensor in enumerate(request["inputs"]):
+            name, given, used = self._input(tensor, f"inputs[{index}]", binary[offset:])
+            if name in inputs:
+                raise MalformedRequestError(f"input {name!r} appears twice")
+            inputs[name] = given
+            offset += used
+        if offset != len(binary):
+            raise MalformedRequestError(f"the body holds {len(binary) - offset} bytes of binary "
+                                        "data beyond those the inputs' binary_data_size declare")
+        self.check_complete(inputs)
+        return InferRequest(inputs, request_id, self._requested(request.get("outputs")),
+                            bool(parameters.get("binary_data_output", False)), parameters)
+
+    def _input(self, tensor: Any, where: str, binary: memoryview) -> tuple[str, Given, int]:
+        """(name, wire input, binary bytes used) for one request input."""
+        if not isinstance(tensor, dict):
+            raise MalformedRequestError(f"{where} must be an object with name, shape, datatype")
+        name, shape = tensor.get("name"), tensor.get("shape")
+        want = self.input_dtype(name, tensor.get("datatype"), where)
+        self.check_shape(shape, name, where)
+        size = _parameters(tensor.get("parameters"), f"{where}.parameters").get("binary_data_size")
+        if size is None:
+            if "data" not in tensor:
+                raise MalformedRequestError(f"{where} ({name}): no \"data\" and no binary_data_size")
+            return name, self._json_tensor(tensor["data"], shape, name, where), 0
+        if "data" in tensor:
+            raise MalformedRequestError(f"{where} ({name}): both \"data\" and binary_data_size")
+        return name, binary_tensor(binary, size, shape, want, name, where), size
+
+    def input_dtype(self, name: Any, datatype: Any, where: str) -> str:
+        """The manifest dtype of input ``name`` sent as ``datatype``; refused unless both fit."""
+        if name not in self._dtypes:
+            raise MalformedRequestError(f"{where}: unknown input {name!r}; {self.name} takes "
+                                        f"{list(self.input_names)}")
+        want = self._dtypes[name]
+        if datatype != OIP_DATATYPE[want]:
+            raise MalformedRequestError(f"{where} ({name}): datatype {datatype!r}; this input "
+                                        f"takes {OIP_DATATYPE[want]}")
+        return want
+
+    @staticmethod
+    def check_shape(shape: Any, name: str, where: str) -> None:
+        if (not isinstance(shape, list) or len(shape) > MAX_RANK
+                or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
+            raise MalformedRequestError(f"{where} ({name}): shape must be a list of at most "
+                                        f"{MAX_RANK} non-negative integers")
+
+    def check_complete(self, inputs: Mapping[str, Given]) -> None:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise MalformedRequestError(f"missing input(s) {missing}; {self.name} takes "
+                                        f"{list(self.input_names)}")
+
+    def check_outputs(self, names: Sequence[Any]) -> None:
+        for index, name in enumerate(names):
+            if name not in self._output_index:
+                raise MalformedRequestError(
+                    f"outputs[{index}]: unknown output {name!r}; {self.name} returns "
+                    f"{[t.name for t in self.outputs]}")
+
+    @staticmethod
+    def _json_tensor(data: Any, shape: list[int], name: str, where: str) -> Given:
+        given = parse_tensor(data, f"{where} ({name}).data")
+        if given.array.size != math.prod(shape):
+            raise MalformedRequestError(f"{where} ({name}): shape {shape} holds {math.prod(shape)} "
+                                        f"values, data has {given.array.size}")
+        return Given(given.array.reshape(shape), None)
+
+    def _requested(self, outputs: Any) -> list[RequestedOutput] | None:
+        if outputs is None:
+            return None
+        if not isinstance(outputs, list):
+            raise MalformedRequestError('"outputs" must be a list of {"name": ...} objects')
+        self.check_outputs([item.get("name") if isinstance(item, dict) else None
+                            for item in outputs])
+        requested = []
+        for index, item in enumerate(outputs):
+            name = item["name"]
+            binary = _parameters(item.get("parameters"), f"outputs[{index}].parameters")
+            requested.append(RequestedOutput(name, bool(binary.get("binary_data", False))))
+        return requested
+
+    # -- replies ------------------------------------------------------------------------
+
+    def output_values(self, outputs: Any, request: InferRequest
+                      ) -> list[tuple[str, np.ndarray, str]]:
+        """(name, host values, manifest dtype) of each output the request asked for, in its
+        order (all of them, in manifest order, when it named none)."""
+        leaves: list[Any] = []
+        map_leaves(leaves.append, outputs)
+        names = [o.name for o in request.outputs] if request.outputs else \
+            [t.name for t in self.outputs]
+        return [(name, _host_values(leaves[self._output_index[name]]),
+                 self.outputs[self._output_index[name]].dtype) for name in names]
+
+    def reply(self, outputs: Any, request: InferRequest) -> tuple[bytes, int | None]:
+        """(body, JSON header length when binary tensors follow it, else None)."""
+        binary = {o.name: o.binary for o in request.outputs or ()}
+        described, blobs = [], []
+        for name, values, dtype in self.output_values(outputs, request):
+            entry: dict[str, Any] = {"name": name, "datatype": OIP_DATATYPE[dtype],
+                                     "shape": list(values.shape)}
+            if binary.get(name, request.binary_outputs):
+                raw = _raw_bytes(values, dtype)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+            else:
+                entry["data"] = _json_values(values, dtype)
+            described.append(entry)
+        header = orjson.dumps(self._reply_head(request, described),
+                              option=orjson.OPT_SERIALIZE_NUMPY)
+        if not blobs:
+            return header, None
+        return b"".join((header, *blobs)), len(header)
+
+    def _reply_head(self, request: InferRequest, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+        head: dict[str, Any] = {"model_name": self.name, "model_version": self.version}
+        if request.id is not None:
+            head["id"] = request.id
+        head["outputs"] = outputs
+        return head
+
+
+def _parameters(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedRequestError(f"{where} must be an object")
+    return value
+
+
+def binary_tensor(binary: memoryview, size: Any, shape: list[int], dtype: str, name: str,
+                   where: str) -> Given:
+    """Raw little-endian bytes as a wire input of the declared dtype (bfloat16: its bits)."""
+    wire = np.dtype(DTYPES[dtype].wire)
+    expected = math.prod(shape) * wire.itemsize
+    if type(size) is not int or size != expected:
+        raise MalformedRequestError(f"{where} ({name}): binary_data_size {size!r}; shape {shape} "
+                                    f"of {OIP_DATATYPE[dtype]} is {expected} bytes")
+    if len(binary) < size:
+        raise MalformedRequestError(f"{where} ({name}): {size} binary bytes declared, "
+                                    f"{len(binary)} left in the body")
+    array = np.frombuffer(binary[:size], wire).reshape(shape)
+    return Given(array, dtype)
+
+
+def _host_values(leaf: Any) -> np.ndarray:
+    """An output leaf as a numpy array (a bfloat16 tensor as its raw 16 bits)."""
+    if is_tensor(leaf):
+        return tensor_bits(leaf)
+    return np.asarray(leaf)
+
+
+def _raw_bytes(values: np.ndarray, dtype: str) -> bytes:
+    return np.ascontiguousarray(values, dtype=np.dtype(DTYPES[dtype].wire)).tobytes()
+
+
+def _json_values(values: np.ndarray, dtype: str) -> Any:
+    """Row-major flat values for JSON (bfloat16 bits widened to the floats they are)."""
+    if dtype == "bfloat16":
+        values = (values.astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(values).reshape(-1)

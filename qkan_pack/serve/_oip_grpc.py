@@ -1,0 +1,189 @@
+"""The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService`` on Ray Serve's
+gRPC ingress (``serve --grpc-port``), mapped onto the same requests and replies as HTTP
+(``_oip``).
+
+The protocol's messages come from ``tritonclient[grpc]``: NVIDIA's generated stubs of the
+``inference`` package (Triton's superset of KServe's ``grpc_predict_v2.proto``, wire
+compatible with both clients), so that server and clients speak one definition. Ray Serve
+registers the service with ``add_inference_service`` and calls the replica's method named
+after each RPC (``ServerLive``, ``ModelInfer``...) with the request message and a
+``grpc_context``; methods the service has and this server does not implement answer
+UNIMPLEMENTED. The bearer token travels as ``authorization: Bearer ...`` metadata.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError, MalformedRequestError, ServeError
+from ..format import DTYPES
+from ._auth import bearer_matches
+from ._oip import OIP_DATATYPE, InferRequest, OipModel, RequestedOutput, binary_tensor
+from ._wire import Given
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+#: What ``gRPCOptions.grpc_servicer_functions`` names (importable in every Ray process).
+SERVICER_FUNCTION = "qkan_pack.serve._oip_grpc.add_inference_service"
+#: The RPCs this server answers; the service's others (Triton's repository, statistics,
+#: shared-memory and trace RPCs) answer UNIMPLEMENTED.
+IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+               "ModelInfer", "ModelConfig")
+#: The typed ``InferTensorContents`` field of each manifest dtype (half floats: raw only).
+CONTENTS_FIELD = {"float32": "fp32_contents", "float64": "fp64_contents",
+                  "int8": "int_contents", "int16": "int_contents", "int32": "int_contents",
+                  "int64": "int64_contents", "uint8": "uint_contents", "bool": "bool_contents"}
+
+
+def protocol() -> ModuleType:
+    """``tritonclient.grpc.service_pb2``, or a ServeError saying what to install."""
+    try:
+        from tritonclient.grpc import service_pb2
+    except ImportError as exc:
+        raise ServeError(f"--grpc-port needs the protocol's gRPC stubs: {exc}",
+                         hint="pip install 'qkan-pack[grpc]' (tritonclient[grpc])") from None
+    return service_pb2
+
+
+def add_inference_service(servicer: Any, server: Any) -> None:
+    """Ray Serve's servicer function for ``inference.GRPCInferenceService``."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+class GrpcApi:
+    """The replica's gRPC methods' bodies; the replica class forwards each RPC here."""
+
+    def __init__(self, oip: OipModel, core: Any, token_sha256: str | None) -> None:
+        self.oip, self.core, self.token_sha256 = oip, core, token_sha256
+        self.pb = protocol()
+
+    def authorized(self, context: Any) -> bool:
+        """The call's ``authorization`` metadata carries the token (or none is required);
+        else the status is UNAUTHENTICATED."""
+        if self.token_sha256 is None:
+            return True
+        import grpc
+
+        sent = next((v for k, v in (context.invocation_metadata() if context else ())
+                     if k.lower() == "authorization"), None)
+        sent = sent.decode("latin-1") if isinstance(sent, bytes) else sent
+        if sent is not None and bearer_matches(sent.encode("latin-1"), self.token_sha256):
+            return True
+        self.core.stats.request("unauthorized")
+        _fail(context, grpc.StatusCode.UNAUTHENTICATED,
+              "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'")
+        return False
+
+    def model_known(self, name: str, version: str, context: Any) -> bool:
+        """The request names this model (any version, or this one); else NOT_FOUND."""
+        import grpc
+
+        if self.oip.addresses(name, version):
+            return True
+        _fail(context, grpc.StatusCode.NOT_FOUND, self.oip.unknown_model(name, version))
+        return False
+
+    def server_metadata(self) -> Any:
+        meta = self.oip.server_metadata()
+        return self.pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                              extensions=meta["extensions"])
+
+    def model_metadata(self) -> Any:
+        pb = self.pb
+
+        def tensors(items: Any) -> list[Any]:
+            return [pb.ModelMetadataResponse.TensorMetadata(
+                name=t.name, datatype=OIP_DATATYPE[t.dtype], shape=list(t.shape)) for t in items]
+
+        return pb.ModelMetadataResponse(name=self.oip.name, versions=[self.oip.version],
+                                        platform="qkan-pack", inputs=tensors(self.oip.inputs),
+                                        outputs=tensors(self.oip.outputs))
+
+    def model_config(self) -> Any:
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        config = self.oip.config()
+
+        def tensors(items: list[dict[str, Any]], kind: Any) -> list[Any]:
+            return [kind(name=t["name"], data_type=mc.DataType.Value(t["data_type"]),
+                         dims=t["dims"]) for t in items]
+
+        return self.pb.ModelConfigResponse(config=mc.ModelConfig(
+            name=config["name"], platform=config["platform"], backend=config["backend"],
+            max_batch_size=0, input=tensors(config["input"], mc.ModelInput),
+            output=tensors(config["output"], mc.ModelOutput)))
+
+    async def infer(self, request: Any, context: Any) -> Any:
+        import grpc
+
+        try:
+            parsed = self.parse(request)
+            outputs = await self.core.infer(parsed.inputs)
+            return self.reply(outputs, parsed)
+        except (MalformedRequestError, InputError) as exc:
+            _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            _fail(context, grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        return self.pb.ModelInferResponse()
+
+    def parse(self, request: Any) -> InferRequest:
+        """A ``ModelInferRequest`` as the protocol's request (raw contents in input order,
+        else each input's typed contents)."""
+        raw = list(request.raw_input_contents)
+        if raw and len(raw) != len(request.inputs):
+            raise MalformedRequestError(f"{len(raw)} raw_input_contents for "
+                                        f"{len(request.inputs)} inputs")
+        inputs: dict[str, Given] = {}
+        for index, tensor in enumerate(request.inputs):
+            where = f"inputs[{index}]"
+            want = self.oip.input_dtype(tensor.name, tensor.datatype, where)
+            shape = [int(d) for d in tensor.shape]
+            self.oip.check_shape(shape, tensor.name, where)
+            if tensor.name in inputs:
+                raise MalformedRequestError(f"input {tensor.name!r} appears twice")
+            if raw:
+                data = memoryview(raw[index])
+                inputs[tensor.name] = binary_tensor(data, len(data), shape, want, tensor.name,
+                                                    where)
+            else:
+                inputs[tensor.name] = _typed_contents(tensor, shape, want, where)
+        self.oip.check_complete(inputs)
+        requested = [RequestedOutput(o.name, True) for o in request.outputs] or None
+        if requested:
+            self.oip.check_outputs([o.name for o in requested])
+        return InferRequest(inputs, request.id or None, requested, True)
+
+    def reply(self, outputs: Any, parsed: InferRequest) -> Any:
+        pb = self.pb
+        response = pb.ModelInferResponse(model_name=self.oip.name, model_version=self.oip.version,
+                                         id=parsed.id or "")
+        for name, values, dtype in self.oip.output_values(outputs, parsed):
+            response.outputs.append(pb.ModelInferResponse.InferOutputTensor(
+                name=name, datatype=OIP_DATATYPE[dtype], shape=list(values.shape)))
+            response.raw_output_contents.append(
+                np.ascontiguousarray(values, dtype=np.dtype(DTYPES[dtype].wire)).tobytes())
+        return response
+
+
+def _typed_contents(tensor: Any, shape: list[int], dtype: str, where: str) -> Given:
+    field = CONTENTS_FIELD.get(dtype)
+    if field is None:
+        raise MalformedRequestError(f"{where} ({tensor.name}): send {OIP_DATATYPE[dtype]} as "
+                                    "raw_input_contents (the protocol has no typed field for it)")
+    values = np.asarray(list(getattr(tensor.contents, field)), dtype=np.dtype(DTYPES[dtype].wire))
+    if values.size != int(np.prod(shape)):
+        raise MalformedRequestError(f"{where} ({tensor.name}): shape {shape} holds "
+                                    f"{int(np.prod(shape))} values, contents has {values.size}")
+    return Given(values.reshape(shape), dtype)
+
+
+def _fail(context: Any, code: Any, details: str) -> None:
+    if context is not None:
+        context.set_code(code)
+        context.set_details(details)
+

@@ -1,0 +1,279 @@
+"""Reduced precision at build: declared, gated on the reference and calibration inputs,
+recorded per shape, shown by ``inspect``; and ``warm --precision auto``'s choice per device,
+which survives ``warm``, ``sign`` and ``verify``.
+
+The gate runs on the build host (a CPU: autocast emulates float16 and bfloat16 there), so a
+model whose activations overflow float16 is refused at fp16 and accepted at bf16 here.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from qkan_pack import OptionError, PrecisionError, Predictor, build, read_artifact
+from qkan_pack.builder import warm
+from qkan_pack.builder._precision import (
+    SPEED_MARGIN,
+    TimedCall,
+    pick_precision,
+    record_precision_choice,
+)
+from qkan_pack.builder._warm import _store
+from qkan_pack.cli import cli
+from qkan_pack.errors import InputFileError
+from qkan_pack.format import DEFAULT_MAX_ERROR, MANIFEST_NAME, PrecisionChoice
+from qkan_pack.runtime import precision_key
+
+from ..conftest import MODELS
+
+MODEL = MODELS / "precision_models.py"
+HALF = MODELS / "half_models.py"
+
+
+def _build(tmp_path: Path, name: str, **kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build(MODEL, kwargs.pop("shapes", "4x8"), output=tmp_path / name,
+                     progress=False, **kwargs)
+
+
+def test_the_gate_refuses_float16_overflow_with_the_figures_and_writes_nothing(
+        tmp_path: Path) -> None:
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "fp16", precision="fp16")
+    error = info.value
+    assert (error.precision, error.output, error.shape) == ("fp16", "output", "4x8")
+    assert error.measured == float("inf") and error.max_error == DEFAULT_MAX_ERROR
+    assert error.device.startswith("cpu") and error.figures == (("4x8", "output", float("inf")),)
+    assert "float16 overflows beyond 65504: try bf16" in str(error)
+    assert "nothing was written" in str(error)
+    assert not (tmp_path / "fp16").exists()
+
+
+def test_the_gate_accepts_the_same_model_in_bfloat16_and_records_its_error(
+        tmp_path: Path) -> None:
+    result = _build(tmp_path, "bf16", shapes="1x8,4x8", precision="bf16")
+    policy = result.manifest.precision
+    assert (policy.default, policy.allowed, policy.max_error) == ("bf16", ("fp32", "bf16"),
+                                                                 DEFAULT_MAX_ERROR)
+    errors = [entry.precision_error["bf16"] for entry in result.manifest.shapes]
+    assert all(0 < error <= DEFAULT_MAX_ERROR for error in errors), errors
+    weights = read_artifact(result.path).files["weights.safetensors"]
+    assert b'"F32"' in weights and b'"BF16"' not in weights  # weights stay float32
+
+
+def test_auto_allows_what_passes_and_says_why_the_rest_is_left_out(tmp_path: Path) -> None:
+    result = _build(tmp_path, "auto", precision="auto", max_error=2e-2)
+    policy = result.manifest.precision
+    assert policy.default == "fp32" and policy.allowed == ("fp32", "tf32", "bf16")
+    assert policy.max_error == 2e-2
+    assert result.manifest.shapes[0].precision_error.keys() == {"tf32", "bf16"}
+    assert result.manifest.shapes[0].precision_error["tf32"] is None  # no TF32 on a CPU
+    assert any("fp16 left out" in note and "output differs beyond any bound" in note
+               for note in result.notes)
+    assert any("tf32 cannot be measured on the build host" in note for note in result.notes)
+
+
+def test_calibration_inputs_are_gated_beside_the_references(tmp_path: Path) -> None:
+    """Activations 1e2 times a plain layer's stay within float16 on N(0, 1) references;
+    calibration inputs a thousand times larger overflow, and the gate sees them."""
+    _build(tmp_path, "plain", config={"scale": 1e2}, precision="fp16")  # references pass
+    calibration = tmp_path / "calibration.npz"
+    rng = np.random.default_rng(0)
+    np.savez(calibration, **{"x.big": rng.normal(size=(4, 8)).astype(np.float32) * 1e3,
+                             "x.small": rng.normal(size=(4, 8)).astype(np.float32)})
+    with pytest.raises(PrecisionError, match="shape 4x8") as info:
+        _build(tmp_path, "calibrated", config={"scale": 1e2}, precision="fp16",
+               calibration=calibration)
+    assert info.value.measured == float("inf")
+    result = _build(tmp_path, "calibrated_bf16", config={"scale": 1e2}, precision="bf16",
+                    calibration=calibration)
+    assert result.manifest.shapes[0].precision_error["bf16"] <= DEFAULT_MAX_ERROR
+
+
+@pytest.mark.parametrize(("arrays", "says"), [
+    ({"y": np.zeros((4, 8), np.float32)}, "names no input"),
+    ({"x": np.zeros((3, 8), np.float32)}, "fits no declared shape"),
+    ({"x": np.array(["a"] * 4)}, "no tensor dtype"),
+])
+def test_unusable_calibration_files_are_refused_naming_the_array(
+        tmp_path: Path, arrays: dict[str, Any], says: str) -> None:
+    path = tmp_path / "calibration.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(InputFileError, match=says) as info:
+        _build(tmp_path, "bad", precision="bf16", calibration=path)
+    assert info.value.path == f"--calibration {path}"
+
+
+@pytest.mark.parametrize(("kwargs", "option"), [
+    ({"precision": "fp8"}, "precision"),
+    ({"precision": "bf16", "max_error": 0.0}, "max_error"),
+    ({"precision": "bf16", "max_error": 0.5}, "max_error"),
+    ({"precision": "bf16", "max_error": float("nan")}, "max_error"),
+    ({"precision": "bf16", "max_error": True}, "max_error"),
+    ({"max_error": 1e-2}, "max_error"),  # float32 has no bound to set
+    ({"calibration": "x.npz"}, "calibration"),  # nor anything to calibrate
+])
+def test_precision_options_outside_their_domain_are_refused_before_the_model_runs(
+        tmp_path: Path, kwargs: dict[str, Any], option: str) -> None:
+    with pytest.raises(OptionError) as info:
+        build(tmp_path / "missing.py", "4x8", output=tmp_path / "x", **kwargs)
+    assert info.value.option == option
+
+
+def test_a_model_that_computes_in_half_precision_itself_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="bfloat16 already"):
+        build(HALF, "2x64", output=tmp_path / "half", dtype="bfloat16", precision="bf16",
+              progress=False)
+
+
+def test_cli_build_refuses_with_the_figures_and_inspect_shows_the_precision(
+        tmp_path: Path) -> None:
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["build", str(MODEL), "--shapes", "4x8", "--precision", "fp16",
+                                  "-o", str(tmp_path / "fp16")])
+    assert refused.exit_code == 1
+    assert "fp16 on cpu (build host): output differs beyond any bound" in refused.output
+    usage = runner.invoke(cli, ["build", str(MODEL), "--shapes", "4x8", "--precision", "bf16",
+                                "--max-error", "0.5", "-o", str(tmp_path / "x")])
+    assert usage.exit_code == 2 and "--max-error" in usage.output
+    built = runner.invoke(cli, ["build", str(MODEL), "--shapes", "4x8", "--precision", "bf16",
+                                "--max-error", "0.02", "-o", str(tmp_path / "bf16")])
+    assert built.exit_code == 0, built.output
+    shown = runner.invoke(cli, ["inspect", str(tmp_path / "bf16")])
+    assert "precision  bf16; max error 0.02 of each output's scale; allowed fp32, bf16" \
+        in shown.output
+    assert "precision err" in shown.output and "bf16 0.0" in shown.output
+    verified = runner.invoke(cli, ["verify", str(tmp_path / "bf16"), "--device", "cpu"])
+    assert verified.exit_code == 0 and "precision bf16 (recorded at build)" in verified.output
+    forced = runner.invoke(cli, ["verify", str(tmp_path / "bf16"), "--device", "cpu",
+                                 "--precision", "fp16"])
+    assert forced.exit_code == 1 and "the artifact's build gated only fp32, bf16" in forced.output
+    as_json = json.loads(runner.invoke(cli, ["inspect", str(tmp_path / "bf16"),
+                                             "--json"]).output)
+    assert as_json["manifest"]["precision"] == {"default": "bf16", "max_error": 0.02,
+                                                "allowed": ["fp32", "bf16"], "choices": []}
+    assert "bf16" in as_json["manifest"]["shapes"][0]["precision_error"]
+
+
+# ---------------------------------------------------------------------------
+# warm --precision auto
+# ---------------------------------------------------------------------------
+
+
+def test_the_fastest_precision_is_chosen_and_near_ties_go_to_the_more_precise() -> None:
+    latency = {"fp32": [100.0, 400.0], "bf16": [50.0, 200.0], "fp16": [52.0, 200.0]}
+    error = {"bf16": [0.004, 0.005], "fp16": [0.0006, 0.0007]}
+    assert pick_precision(latency, error) == "fp16"  # within the margin of bf16, more precise
+    assert pick_precision({**latency, "fp16": [60.0, 240.0]}, error) == "bf16"
+    near = 1 + SPEED_MARGIN / 2
+    assert pick_precision({"fp32": [100.0 * near], "bf16": [100.0]}, {"bf16": [0.004]}) == "fp32"
+    # one shape much larger cannot decide alone: every shape weighs alike
+    assert pick_precision({"fp32": [10.0, 1000.0], "bf16": [20.0, 900.0]}, {}) == "fp32"
+    with pytest.raises(PrecisionError, match="no precision could be loaded"):
+        pick_precision({}, {})
+
+
+def _timer_preferring(fast: str) -> Any:
+    """A timer that reports ``fast`` as twice as fast as anything else (the call names the
+    precision it runs; it is called once, so that the timed predictor really runs)."""
+    def timer(call: TimedCall, sync: Any) -> float:
+        assert call.label in ("1x8", "4x8")
+        call()
+        sync()
+        return 1e-4 if call.precision == fast else 2e-4
+    return timer
+
+
+@pytest.fixture
+def auto_artifact(tmp_path: Path) -> Path:
+    return _build(tmp_path, "auto", shapes="1x8,4x8", precision="auto", max_error=2e-2).path
+
+
+def test_warm_auto_records_the_fastest_passing_precision_for_this_kind_of_device(
+        auto_artifact: Path) -> None:
+    key = precision_key(torch.device("cpu"))[0]
+    result = warm(auto_artifact, "cpu", precision="auto", timer=_timer_preferring("bf16"))
+    choice = result.precision
+    assert (result.files, choice.key, choice.precision) == (0, key, "bf16")
+    assert set(choice.latency_us) == {"fp32", "bf16"} and choice.latency_us["bf16"] == (100.0,
+                                                                                       100.0)
+    assert set(choice.error) == {"bf16"} and all(0 < e <= 2e-2 for e in choice.error["bf16"])
+    assert set(choice.refused) == {"tf32"} and "CPUs compute float32 in full" in \
+        choice.refused["tf32"]
+    manifest = read_artifact(auto_artifact).manifest
+    assert manifest.precision.choices == (choice,) and result.digest == read_artifact(
+        auto_artifact).digest
+    with Predictor.load(auto_artifact, device="cpu", progress=False) as predictor:
+        record = predictor.report.precision
+        assert (record.precision, record.source) == ("bf16", f"chosen by warm for {key}")
+        assert set(record.errors) == {"1x8", "4x8"}
+    # warming again replaces this device's choice, and keeps other devices' choices
+    other = PrecisionChoice(key="sm90-NVIDIA_H100", precision="fp32",
+                            latency_us={"fp32": (1.0, 2.0)})
+    record_precision_choice(auto_artifact, other)
+    again = warm(auto_artifact, "cpu", precision="auto", timer=_timer_preferring("fp32"))
+    choices = read_artifact(auto_artifact).manifest.precision.choices
+    assert [c.key for c in choices] == ["sm90-NVIDIA_H100", key]
+    assert again.precision.precision == "fp32" and choices[1] == again.precision
+
+
+def test_a_precision_choice_survives_warm_sign_and_verify(auto_artifact: Path,
+                                                           tmp_path: Path) -> None:
+    pytest.importorskip("model_signing", reason="needs the [sign] extra")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from qkan_pack.builder import sign
+
+    warm(auto_artifact, "cpu", precision="auto", timer=_timer_preferring("bf16"))
+    choices = read_artifact(auto_artifact).manifest.precision.choices
+    # shipping a kernel set (what `warm` on a GPU stores) keeps the choices
+    _store(auto_artifact, read_artifact(auto_artifact), "sm90-fake", {"gpu": "fake"},
+           {"kernels/sm90-fake/a.bin": b"kernel"})
+    warmed = read_artifact(auto_artifact).manifest
+    assert warmed.precision.choices == choices and warmed.kernels[0].key == "sm90-fake"
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "a.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (tmp_path / "a.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    sign(auto_artifact, tmp_path / "a.key")
+    done = CliRunner().invoke(cli, ["verify", str(auto_artifact), "--device", "cpu", "--key",
+                                    str(tmp_path / "a.pub"), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)["report"]
+    assert report["precision"]["precision"] == "bf16"
+    assert report["precision"]["source"].startswith("chosen by warm for cpu-")
+    with Predictor.load(auto_artifact, device="cpu", trusted_keys=[tmp_path / "a.pub"],
+                        progress=False) as predictor:
+        assert predictor.report.precision.precision == "bf16"
+
+
+def test_warm_auto_on_a_float32_artifact_says_to_rebuild(tmp_path: Path) -> None:
+    path = _build(tmp_path, "fp32").path
+    with pytest.raises(OptionError, match="rebuild it with --precision auto"):
+        warm(path, "cpu", precision="auto", timer=_timer_preferring("fp32"))
+
+
+def test_cli_warm_auto_on_the_cpu_prints_and_records_the_choice(auto_artifact: Path) -> None:
+    done = CliRunner().invoke(cli, ["warm", str(auto_artifact), "--device", "cpu",
+                                    "--precision", "auto", "--json"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
+    assert payload["files"] == 0 and payload["precision"]["precision"] in ("fp32", "bf16")
+    assert payload["precision"]["key"] == precision_key(torch.device("cpu"))[0]
+    assert set(payload["precision"]["latency_us"]) == {"fp32", "bf16"}
+    recorded = json.loads((auto_artifact / MANIFEST_NAME).read_text())["precision"]["choices"]
+    assert recorded == [payload["precision"]]
+    without = CliRunner().invoke(cli, ["warm", str(auto_artifact), "--device", "cpu"])
+    assert without.exit_code == 1 and "needs a CUDA GPU" in without.output

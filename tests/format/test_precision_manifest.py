@@ -1,0 +1,118 @@
+"""The manifest's reduced-precision fields: optional (an artifact without them is float32, as
+every artifact built before them), round-tripped exactly, and every malformed one refused by
+name (a re-hashed manifest must not reach the runtime with a precision it cannot check)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from qkan_pack import ManifestError
+from qkan_pack.format import (
+    MAX_MAX_ERROR,
+    PRECISIONS,
+    PrecisionChoice,
+    PrecisionPolicy,
+    dumps_manifest,
+    geometric_mean,
+    manifest_to_dict,
+    parse_manifest,
+    precision_choice_to_dict,
+)
+
+from .test_manifest import encode, sample_manifest
+
+CHOICE = PrecisionChoice(key="sm90-NVIDIA_H100_80GB_HBM3", precision="bf16",
+                         details={"gpu": "NVIDIA H100 80GB HBM3", "arch": "sm_90"},
+                         latency_us={"fp32": (40.0, 90.0), "bf16": (30.0, 45.0)},
+                         error={"bf16": (0.004, 0.0051)}, refused={"fp16": "overflow"})
+
+
+def precise_manifest() -> Any:
+    manifest = sample_manifest()
+    shapes = (dataclasses.replace(manifest.shapes[0], precision_error={"bf16": 0.004,
+                                                                       "tf32": None}),
+              manifest.shapes[1])
+    policy = PrecisionPolicy(default="fp32", max_error=1e-2, allowed=("fp32", "tf32", "bf16"),
+                             choices=(CHOICE,))
+    return dataclasses.replace(manifest, shapes=shapes, precision=policy)
+
+
+def test_precision_fields_round_trip_exactly() -> None:
+    manifest = precise_manifest()
+    data = dumps_manifest(manifest)
+    parsed = parse_manifest(data)
+    assert parsed == manifest and dumps_manifest(parsed) == data
+    assert parsed.precision is not None
+    assert parsed.precision.choice(CHOICE.key) == CHOICE
+    assert parsed.precision.choice("sm80-other") is None
+    assert parsed.shapes[0].precision_error == {"bf16": 0.004, "tf32": None}
+    assert CHOICE.mean_latency_us("bf16") == pytest.approx(geometric_mean([30.0, 45.0]))
+    assert manifest_to_dict(parsed)["precision"]["choices"][0] == precision_choice_to_dict(CHOICE)
+
+
+def test_a_float32_artifact_carries_no_precision_fields() -> None:
+    """Float32 builds write what they wrote before (same bytes, same digests), and such a
+    manifest reads as float32."""
+    data = dumps_manifest(sample_manifest())
+    assert b"precision_error" not in data and b'"precision":' not in data
+    parsed = parse_manifest(data)
+    assert parsed.precision is None and parsed.shapes[0].precision_error == {}
+
+
+def _mutated(path: tuple[Any, ...], value: Any) -> bytes:
+    raw = copy.deepcopy(manifest_to_dict(precise_manifest()))
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return encode(raw)
+
+
+@pytest.mark.parametrize(("path", "value", "says"), [
+    (("precision", "default"), "fp8", "not one of"),
+    (("precision", "default"), "fp16", "must be among the allowed"),
+    (("precision", "allowed"), ["bf16"], "must list fp32 and each precision once"),
+    (("precision", "allowed"), ["fp32", "int8"], "must list precisions"),
+    (("precision", "allowed"), ["fp32", "bf16", "bf16"], "each precision once"),
+    (("precision", "max_error"), 0.0, r"max_error must be in \(0, 0.1\]"),
+    (("precision", "max_error"), MAX_MAX_ERROR * 2, "max_error must be in"),
+    (("precision", "max_error"), -1e-2, "max_error must be in"),
+    (("precision", "max_error"), "0.01", "must be a number"),
+    (("precision", "max_error"), True, "must be"),
+    (("precision", "choices", 0, "precision"), "fp16", "not one of"),
+    (("precision", "choices", 0, "latency_us", "bf16"), [30.0], "one per shape"),
+    (("precision", "choices", 0, "latency_us", "bf16"), [30.0, -1.0], "non-negative"),
+    (("precision", "choices", 0, "error", "fp16"), [0.1, 0.1], "of an allowed precision"),
+    (("precision", "choices", 0, "error", "int8"), [0.1, 0.1], "must list precisions"),
+    (("precision", "choices", 0, "refused"), {"bf16": 3}, "text"),
+    (("precision", "choices", 0, "key"), 7, "must be str"),
+    (("precision",), [], "must be a JSON object"),
+    (("shapes", 0, "precision_error"), {"bf16": -0.1}, "non-negative number or null"),
+    (("shapes", 0, "precision_error"), {"bf16": "0.1"}, "non-negative number or null"),
+    (("shapes", 0, "precision_error"), {"fp64": 0.1}, "must list precisions"),
+    (("shapes", 0, "precision_error"), [0.1], "must be dict"),
+])
+def test_malformed_precision_fields_are_refused_by_name(path: tuple[Any, ...], value: Any,
+                                                        says: str) -> None:
+    with pytest.raises(ManifestError, match=says):
+        parse_manifest(_mutated(path, value))
+
+
+def test_one_choice_per_device_key() -> None:
+    raw = manifest_to_dict(precise_manifest())
+    raw["precision"]["choices"].append(copy.deepcopy(raw["precision"]["choices"][0]))
+    with pytest.raises(ManifestError, match="names a device key twice"):
+        parse_manifest(encode(raw))
+
+
+def test_a_writer_cannot_make_an_invalid_policy_either() -> None:
+    """The dataclass checks itself: a hand-re-signed manifest is refused before it is written."""
+    with pytest.raises(ManifestError, match="max_error"):
+        PrecisionPolicy(default="bf16", max_error=float("nan"), allowed=("fp32", "bf16"))
+    with pytest.raises(ManifestError, match="allowed"):
+        PrecisionPolicy(default="bf16", max_error=1e-2, allowed=("bf16",))
+    assert set(PRECISIONS) == {"fp32", "tf32", "bf16", "fp16"}

@@ -1,0 +1,37 @@
+"""Models for reduced-precision tests: one whose activations overflow float16 (beyond
+65504) while its outputs are moderate, and a small CNN and MLP in float32."""
+
+import torch
+from torch import nn
+
+
+class Overflowing(nn.Module):
+    """Hidden activations ``scale`` times a plain layer's, scaled back down: at 1e6 (float16's
+    largest value is 65504) float32 and bfloat16 (float32's range) compute it, float16
+    overflows to inf; at 1e2 only inputs a thousand times larger than N(0, 1) overflow."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 32)
+        self.down = nn.Linear(32, 4)
+        with torch.no_grad():
+            self.up.weight.mul_(scale)
+            self.up.bias.mul_(scale)
+            self.down.weight.mul_(1 / scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "overflow":
+        return Overflowing(scale)
+    if kind == "cnn":
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
+                             nn.Linear(64, 8))
+    raise ValueError(f"unknown kind {kind!r}")

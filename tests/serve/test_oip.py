@@ -1,0 +1,344 @@
+"""The Open Inference Protocol (issue 35): NVIDIA's tritonclient (HTTP and gRPC, sync and
+asyncio, JSON and binary tensors), KServe's Python clients and curl against one
+``qkan-pack serve --grpc-port`` process with a token; answers equal the ``Predictor``'s.
+The protocol's conversions are checked without a server first."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from qkan_pack import Predictor, build
+from qkan_pack.errors import MalformedRequestError
+from qkan_pack.runtime import read_artifact
+from qkan_pack.serve._oip import OipModel, merged_shape
+
+from ._server import Server, free_port
+
+TOKEN = "oip-token-0123456789abcdef"
+NAME = "mlp"  # served under --name, not the artifact's own
+
+
+@pytest.fixture(scope="module")
+def manifest(artifact: Path) -> Any:
+    return read_artifact(artifact).manifest
+
+
+def _oip(manifest: Any) -> OipModel:
+    return OipModel(manifest, NAME, "1", batched=True, server_version="test")
+
+
+# -- the protocol's data, no server -------------------------------------------------------
+
+
+def test_metadata_marks_varying_dimensions(manifest: Any) -> None:
+    assert merged_shape([(1, 2), (8, 2)]) == (-1, 2)
+    assert merged_shape([(1, 2), (1, 2, 3)]) == (-1,)
+    meta = _oip(manifest).metadata()
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
+    assert meta["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 2]}]
+    assert meta["name"] == NAME and meta["versions"] == ["1"]
+
+
+def test_binary_and_json_inputs_parse_to_the_same_values(manifest: Any) -> None:
+    oip = _oip(manifest)
+    values = np.random.rand(1, 2).astype(np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 8}}]}).encode()
+    binary = oip.parse_http(header + values.tobytes(), str(len(header)))
+    plain = oip.parse_http(json.dumps({"inputs": [{"name": "x", "shape": [1, 2],
+                                                   "datatype": "FP32",
+                                                   "data": values.ravel().tolist()}]}).encode(), None)
+    np.testing.assert_array_equal(binary.inputs["x"].array, values)
+    np.testing.assert_allclose(plain.inputs["x"].array, values)
+
+
+@pytest.mark.parametrize(("request_", "header", "says"), [
+    ({"inputs": [{"name": "y", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}, None,
+     "unknown input 'y'"),
+    ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}, None,
+     "takes FP32"),
+    ({"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}]}, None,
+     "holds 3 values, data has 2"),
+    ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                  "parameters": {"binary_data_size": 4}}]}, "", "is 8 bytes"),
+    ({"inputs": []}, None, "missing input(s) ['x']"),
+    ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
+      "outputs": [{"name": "logits"}]}, None, "unknown output 'logits'"),
+    ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32"}]}, None, 'no "data"'),
+    ({"inputs": [{"name": "x", "shape": [-1, 2], "datatype": "FP32", "data": [1, 2]}]}, None,
+     "non-negative integers"),
+])
+def test_bad_requests_say_what_is_wrong(manifest: Any, request_: dict, header: str | None,
+                                        says: str) -> None:
+    body = json.dumps(request_).encode()
+    with pytest.raises(MalformedRequestError, match=re.escape(says)):
+        _oip(manifest).parse_http(body + (b"\0" * 4 if header is not None else b""),
+                                  str(len(body)) if header is not None else None)
+
+
+def test_a_header_length_beyond_the_body_is_refused(manifest: Any) -> None:
+    with pytest.raises(MalformedRequestError, match="not a byte count within"):
+        _oip(manifest).parse_http(b"{}", "99")
+
+
+def test_bfloat16_and_integer_outputs_reply_as_the_protocol_types(tmp_path: Path) -> None:
+    """BF16 as raw 16 bits in binary and as floats in JSON; a tuple's leaves named by place."""
+    from qkan_pack.serve._oip import InferRequest, RequestedOutput
+
+    oip = _oip(read_artifact(_bf16_artifact(tmp_path)).manifest)
+    assert [t.to_dict()["datatype"] for t in oip.outputs] == ["BF16", "INT64"]
+    values = torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16)
+    request = InferRequest({}, "r1", [RequestedOutput("output[0]", True),
+                                      RequestedOutput("output[1]", False)])
+    body, header = oip.reply((values, np.array([[3, 4]])), request)
+    assert header is not None
+    head = json.loads(body[:header])
+    assert head["id"] == "r1" and head["outputs"][1]["data"] == [3, 4]
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == 4
+    raw = np.frombuffer(body[header:], np.uint16)
+    np.testing.assert_array_equal(raw, values.view(torch.int16).numpy().view(np.uint16).ravel())
+    body, header = oip.reply((values, np.array([[3, 4]])), InferRequest({}))
+    assert header is None and json.loads(body)["outputs"][0]["data"] == [1.5, -2.25]
+
+
+def _bf16_artifact(tmp_path: Path) -> Path:
+    source = tmp_path / "bf16_model.py"
+    source.write_text(
+        "import torch\n\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(2, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        y = self.lin(x)\n"
+        "        return y.to(torch.bfloat16), (y > 0).long()\n\n"
+        "def build_model():\n"
+        "    return M()\n")
+    return build(source, "1x2,4x2", output=tmp_path / "bf16", progress=False).path
+
+
+# -- the real clients against a server ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    running = Server(artifact, ["--auth-token-file", str(token_file), "--name", NAME,
+                                "--grpc-port", str(free_port())], token=TOKEN).start()
+    running.grpc_port = int(running.args[-1])
+    try:
+        yield running
+    finally:
+        running.stop()
+        running.kill()
+
+
+@pytest.fixture(scope="module")
+def predictor(artifact: Path) -> Iterator[Predictor]:
+    with Predictor.load(artifact, "cpu") as loaded:
+        yield loaded
+
+
+def _rows(count: int) -> np.ndarray:
+    return np.random.default_rng(count).random((count, 2), dtype=np.float32)
+
+
+def _auth(key: str = "Authorization") -> dict[str, str]:
+    return {key: f"Bearer {TOKEN}"}  # a fresh dict: tritonclient adds its own headers to it
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_http_sync_and_asyncio(server: Server, predictor: Predictor,
+                                            binary: bool) -> None:
+    http = pytest.importorskip("tritonclient.http")
+    aio = pytest.importorskip("tritonclient.http.aio")
+    client = http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    assert client.is_server_live(headers=_auth()) and client.is_server_ready(headers=_auth())
+    assert client.is_model_ready(NAME, headers=_auth())
+    meta = client.get_model_metadata(NAME, headers=_auth())
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
+    for rows in (1, 8):
+        x = _rows(rows)
+        given = http.InferInput("x", [rows, 2], "FP32")
+        given.set_data_from_numpy(x, binary_data=binary)
+        wanted = [http.InferRequestedOutput("output", binary_data=binary)]
+        result = client.infer(NAME, [given], outputs=wanted, request_id=f"r{rows}",
+                              headers=_auth())
+        np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
+        assert result.get_response()["id"] == f"r{rows}"
+
+    async def with_asyncio() -> np.ndarray:
+        async_client = aio.InferenceServerClient(f"127.0.0.1:{server.port}")
+        try:
+            given = aio.InferInput("x", [1, 2], "FP32")
+            given.set_data_from_numpy(_rows(1), binary_data=binary)
+            return (await async_client.infer(NAME, [given], headers=_auth())).as_numpy("output")
+        finally:
+            await async_client.close()
+
+    np.testing.assert_allclose(asyncio.run(with_asyncio()), predictor(_rows(1)), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_tritonclient_http_errors_follow_the_protocol(server: Server) -> None:
+    http = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    client = http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    cases = [("x", [3, 5], "FP32", "400", "not accepted"),
+             ("x", [1, 2], "FP64", "400", "takes FP32"),
+             ("y", [1, 2], "FP32", "400", "unknown input 'y'")]
+    for name, shape, datatype, status, says in cases:
+        given = http.InferInput(name, shape, datatype)
+        given.set_data_from_numpy(np.zeros(shape, {"FP32": np.float32, "FP64": np.float64}[datatype]))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(NAME, [given], headers=_auth())
+        assert info.value.status() == status and says in info.value.message()
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("other", headers=_auth())
+    assert info.value.status() == "404" and "serves 'mlp' version 1" in info.value.message()
+    given = http.InferInput("x", [1, 2], "FP32")
+    given.set_data_from_numpy(_rows(1))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(NAME, [given])
+    assert info.value.status() == "401"
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_tritonclient_grpc_sync_and_asyncio(server: Server, predictor: Predictor) -> None:
+    grpc_client = pytest.importorskip("tritonclient.grpc")
+    aio = pytest.importorskip("tritonclient.grpc.aio")
+    from tritonclient.utils import InferenceServerException
+
+    url = f"127.0.0.1:{server.grpc_port}"
+    client = grpc_client.InferenceServerClient(url)
+    auth = _auth("authorization")
+    assert client.is_server_live(headers=auth) and client.is_model_ready(NAME, headers=auth)
+    meta = client.get_model_metadata(NAME, headers=auth, as_json=True)
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": ["-1", "2"]}]
+    for rows in (1, 8):
+        x = _rows(rows)
+        given = grpc_client.InferInput("x", [rows, 2], "FP32")
+        given.set_data_from_numpy(x)
+        result = client.infer(NAME, [given], request_id="g1", headers=auth)
+        np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
+        assert result.get_response().id == "g1"
+    given = grpc_client.InferInput("x", [1, 2], "FP32")
+    given.set_data_from_numpy(_rows(1))
+    with pytest.raises(InferenceServerException, match="UNAUTHENTICATED"):
+        client.infer(NAME, [given])
+    bad = grpc_client.InferInput("x", [3, 5], "FP32")
+    bad.set_data_from_numpy(np.zeros((3, 5), np.float32))
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*not accepted"):
+        client.infer(NAME, [bad], headers=auth)
+    with pytest.raises(InferenceServerException, match="NOT_FOUND"):
+        client.get_model_metadata("other", headers=auth)
+
+    async def with_asyncio() -> np.ndarray:
+        async with aio.InferenceServerClient(url) as async_client:
+            given = aio.InferInput("x", [1, 2], "FP32")
+            given.set_data_from_numpy(_rows(1))
+            return (await async_client.infer(NAME, [given], headers=auth)).as_numpy("output")
+
+    np.testing.assert_allclose(asyncio.run(with_asyncio()), predictor(_rows(1)), rtol=1e-5,
+                               atol=1e-6)
+
+
+#: KServe's clients, run in a process of their own: kserve and tritonclient each register
+#: the protocol's ``inference.*`` messages in protobuf's default pool, and a second
+#: registration in one process fails ("duplicate symbol").
+KSERVE_CLIENTS = """
+import asyncio, json, sys
+import numpy as np
+import kserve
+
+port, grpc_port, name, token = sys.argv[1:]
+x = np.array(json.loads(sys.stdin.read()), np.float32)
+auth = {"Authorization": f"Bearer {token}"}
+
+async def rest():
+    client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert await client.is_server_live(base, headers=dict(auth))
+        assert await client.is_model_ready(base, name, headers=dict(auth))
+        results = []
+        for binary in (True, False):
+            given = kserve.InferInput("x", list(x.shape), "FP32")
+            given.set_data_from_numpy(x, binary_data=binary)
+            reply = await client.infer(base, kserve.InferRequest(name, [given], request_id="k"),
+                                       model_name=name, headers=dict(auth))
+            assert reply.id == "k"
+            results.append(reply.outputs[0].as_numpy().tolist())
+        return results
+    finally:
+        await client.close()
+
+async def grpc():
+    client = kserve.InferenceGRPCClient(f"127.0.0.1:{grpc_port}")
+    try:
+        given = kserve.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        reply = await client.infer(kserve.InferRequest(name, [given]),
+                                   headers=(("authorization", auth["Authorization"]),))
+        return reply.outputs[0].as_numpy().tolist()
+    finally:
+        await client.close()
+
+print(json.dumps([*asyncio.run(rest()), asyncio.run(grpc())]))
+"""
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_kserve_rest_and_grpc_clients(server: Server, predictor: Predictor) -> None:
+    if importlib.util.find_spec("kserve") is None:  # not imported here: see KSERVE_CLIENTS
+        pytest.skip("kserve is not installed")
+    x = _rows(1)
+    done = subprocess.run([sys.executable, "-c", KSERVE_CLIENTS, str(server.port),
+                           str(server.grpc_port), NAME, TOKEN], input=json.dumps(x.tolist()),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 3  # REST binary, REST JSON, gRPC
+    for got in results:
+        np.testing.assert_allclose(np.array(got, np.float32), predictor(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_curl_json_infer(server: Server, predictor: Predictor) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    x = _rows(1)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]})
+    reply = subprocess.run(
+        ["curl", "-sS", "-H", f"Authorization: Bearer {TOKEN}", "-d", body,
+         f"http://127.0.0.1:{server.port}/v2/models/{NAME}/versions/1/infer"],
+        capture_output=True, text=True, check=True, timeout=60)
+    output = json.loads(reply.stdout)["outputs"][0]
+    assert output["name"] == "output" and output["shape"] == [1, 2]
+    np.testing.assert_allclose(np.array(output["data"], np.float32).reshape(1, 2), predictor(x),
+                               rtol=1e-5, atol=1e-6)
