@@ -79,7 +79,7 @@ def test_reduced_precision_graphs_pass_their_gate_and_replay_equals_reduced_eage
         assert [r.policy for r in predictor.report.shapes] == ["full"] * len(record.errors)
         artifact = read_artifact(path)
         samples, references = reference_samples(artifact, device)
-        model = rebuild_model(artifact, device, {})
+        model = rebuild_model(artifact, device, dict(artifact.manifest.model.config))
         reduced = served_forward(bind_forward(model, artifact.manifest.input_names,
                                               artifact.manifest.call), precision, device)
         for (label, inputs), want in zip(samples, references):
