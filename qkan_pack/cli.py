@@ -438,7 +438,8 @@ def _warm(directory: Path, device: str, *, compiled: bool = False, precision: st
 def _choice_text(choice: Any) -> str:
     """A precision choice as lines: the choice, then each precision's latency per shape and
     measured error, then the refused ones."""
-    lines = [f"precision {choice.precision} chosen for {choice.key}"]
+    lines = [f"precision {choice.precision} chosen for {choice.key}"
+             + (f"; per shape {', '.join(choice.shapes)}" if choice.shapes else "")]
     for precision, times in choice.latency_us.items():
         error = choice.error.get(precision)
         lines.append(f"  {precision:<5} " + ", ".join(f"{t:.1f} us" for t in times)
@@ -549,7 +550,8 @@ def _precision_lines(policy: Any) -> list[str]:
             f"{p} {choice.mean_latency_us(p):.1f} us" + (f" err {max(choice.error[p]):.2g}"
                                                          if choice.error.get(p) else "")
             for p in choice.latency_us)
-        lines.append(f"             {choice.key}: {choice.precision} ({timed})")
+        per_shape = f"; per shape {', '.join(choice.shapes)}" if choice.shapes else ""
+        lines.append(f"             {choice.key}: {choice.precision}{per_shape} ({timed})")
         lines += [f"               {p} refused: {why}" for p, why in choice.refused.items()]
     return lines
 
@@ -1005,8 +1007,9 @@ def _read_token(path: Path | None, *, take: bool = False) -> str | None:
               help="On Ctrl-C or SIGTERM, how long in-flight requests may finish.")
 @click.option("--device", default="auto", show_default=True,
               help="Replica device: auto (cuda where Ray gave the replica a GPU), cpu or cuda.")
-@click.option("--address", help="Ray cluster to join (e.g. auto) [default: RAY_ADDRESS, else a "
-              "local Ray started and stopped by this command].")
+@click.option("--address", help="Ray cluster to join (e.g. auto), from its head node, where "
+              "Serve's ingress runs (docs: cluster.md) [default: RAY_ADDRESS, else a local Ray "
+              "started and stopped by this command].")
 @click.option("--name", "model_name", metavar="NAME",
               help="The model's name in the Open Inference Protocol's URLs "
                    "(/v2/models/NAME) [default: the artifact's name].")

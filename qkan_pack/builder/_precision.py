@@ -225,8 +225,10 @@ def choose_precision(path: str | Path, device: str | torch.device = "cuda", *,
             if precision != "fp32":
                 error[precision] = measured
     chosen = pick_precision(latency, error)
+    per_shape = pick_per_shape(latency, error)
     return PrecisionChoice(key=key, precision=chosen, details=details, latency_us=latency,
-                           error=error, refused=refused)
+                           error=error, refused=refused,
+                           shapes=per_shape if set(per_shape) != {chosen} else ())
 
 
 def _policy_of(manifest: Manifest, path: str | Path) -> PrecisionPolicy:
@@ -277,6 +279,16 @@ def pick_precision(latency_us: Mapping[str, Sequence[float]],
     fastest = min(score.values())
     near = [p for p in score if score[p] <= fastest * (1 + SPEED_MARGIN)]
     return min(near, key=lambda p: (max(error.get(p, (0.0,))), _ORDER.index(p)))
+
+
+def pick_per_shape(latency_us: Mapping[str, Sequence[float]],
+                   error: Mapping[str, Sequence[float]]) -> tuple[str, ...]:
+    """Per shape, ``pick_precision``'s rule on that shape's latencies alone: a shape never
+    runs a precision slower than another one that passed by more than ``SPEED_MARGIN`` (a
+    launch-bound batch of one, where half precision saves nothing, keeps float32)."""
+    shapes = len(next(iter(latency_us.values()), ()))
+    return tuple(pick_precision({p: (t[i],) for p, t in latency_us.items()},
+                                {p: (e[i],) for p, e in error.items()}) for i in range(shapes))
 
 
 def record_precision_choice(path: str | Path, choice: PrecisionChoice) -> str:

@@ -208,7 +208,10 @@ class PrecisionChoice:
     ``runtime.precision_key``) and the precision it chose there: per precision timed, each
     shape's median call latency (microseconds) and measured error (share of the outputs'
     scale against the float32 references), in manifest order; ``refused``: the precisions
-    that did not run there, and why."""
+    that did not run there, and why. ``shapes``: the precision each shape runs, in manifest
+    order (each shape is its own graph, so a launch-bound batch of one may stay float32
+    where a large batch gains from bfloat16); empty: every shape runs ``precision``, the
+    choice over all shapes."""
 
     key: str
     precision: str
@@ -216,6 +219,11 @@ class PrecisionChoice:
     latency_us: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     error: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
+    shapes: tuple[str, ...] = ()
+
+    def for_shape(self, index: int) -> str:
+        """The precision manifest shape ``index`` runs on this kind of device."""
+        return self.shapes[index] if self.shapes else self.precision
 
     def mean_latency_us(self, precision: str) -> float:
         """``precision``'s latency over the shapes: their geometric mean (``geometric_mean``)."""
@@ -415,7 +423,8 @@ def precision_choice_to_dict(choice: PrecisionChoice) -> dict[str, Any]:
     return {"key": choice.key, "precision": choice.precision, "details": dict(choice.details),
             "latency_us": {p: list(v) for p, v in choice.latency_us.items()},
             "error": {p: list(v) for p, v in choice.error.items()},
-            "refused": dict(choice.refused)}
+            "refused": dict(choice.refused),
+            **({"shapes": list(choice.shapes)} if choice.shapes else {})}
 
 
 def dumps_manifest(manifest: Manifest) -> bytes:
@@ -542,10 +551,15 @@ def _choice_from(reader: _Reader, allowed: tuple[str, ...], shapes: int) -> Prec
         figures[name] = {key: tuple(float(v) for v in values) for key, values in table.items()}
     refused = _text_mapping(reader.get("refused", dict, default={}), f"{reader.where}.refused")
     _precision_names(list(refused), f"{reader.where}.refused")
+    per_shape = reader.get("shapes", list, default=[])
+    if per_shape and (len(per_shape) != shapes or not all(p in allowed for p in per_shape)):
+        raise ManifestError(f"{reader.where}.shapes must name one allowed precision per shape "
+                            f"({shapes}), among {list(allowed)}")
     return PrecisionChoice(
         key=reader.get("key", str), precision=precision,
         details=_text_mapping(reader.get("details", dict, default={}), f"{reader.where}.details"),
-        latency_us=figures["latency_us"], error=figures["error"], refused=refused)
+        latency_us=figures["latency_us"], error=figures["error"], refused=refused,
+        shapes=tuple(per_shape))
 
 
 def _non_negative(value: Any) -> bool:

@@ -76,10 +76,9 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
     today = (model, forward, target, manifest, samples, eager, report, options)
     if options.compiled == "off":
         return make_runner(*today)
-    if report.precision.precision != "fp32":
+    if report.precision.reduced:
         return _today(today, report, make_runner,
-                      f"compiled mode computes in float32 only ({report.precision.precision} "
-                      "runs here)")
+                      f"compiled mode computes in float32 only ({report.precision} here)")
     cache, source = shipped_inductor(artifact, target)
     if cache is None and options.compiled == "shipped":
         return _today(today, report, make_runner, f"compiled='shipped' but {source}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -42,11 +42,12 @@ from ._options import (
     Tolerance,
 )
 from ._precision import (
+    PerShapeForward,
     check_precision,
+    load_forward,
     precision_scope,
     replay_tolerance,
     resolve_precision,
-    served_forward,
 )
 from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
@@ -225,10 +226,9 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
     """Build, self-test against references, gate the precision, capture, self-test replay."""
     manifest = artifact.manifest
     report.precision = resolve_precision(manifest, target, options.precision, report.warn)
-    precision = report.precision.precision
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
-    served = served_forward(forward, precision, target)
+    served, precision = load_forward(forward, report.precision, manifest, target)
     report.solvers = model_solvers(model)
     noises: list[float | None] = [None] * len(manifest.shapes)
     if options.reference_tolerance is None:
@@ -247,7 +247,7 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
             checks = _check_references(model, forward, samples, eager, expected, noises,
                                        target, report, manifest)
         with precision_scope(precision, target):  # the math mode graphs capture in
-            if precision != "fp32":  # the gate's outputs are the replay baseline too
+            if report.precision.reduced:  # the gate's outputs are the replay baseline too
                 with report.stage("precision gate"):
                     eager = _eager_outputs(served, samples, shown)
                     check_precision(report.precision, manifest, target,
@@ -257,6 +257,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
                     eager = _eager_outputs(forward, samples, shown)
             runner = serve_compiled(model, served, target, artifact, samples, eager, expected,
                                     report, options, _make_runner)  # default runner unless asked
+    if isinstance(served, PerShapeForward):
+        served.scoped = False  # the lock is released: TF32 switches are no longer ours
     for record, check in zip(runner.records, checks, strict=True):
         record.reference_max_abs, record.reference_tolerance = check.max_abs, check.tolerance
     report.shapes = runner.records
@@ -431,16 +433,17 @@ def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, man
     with report.stage("capture"):
         runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,
                        progress=options.progress)
-    precision = report.precision.precision
+    record = report.precision
     try:
         with report.stage("self-test"):
             _check_replay(runner, samples, eager,
-                          replay_tolerance(options.replay_tolerance, precision), target)
+                          [replay_tolerance(options.replay_tolerance, record.of(label))
+                           for label, _ in samples], target)
     except BaseException:
         runner.close()
         raise
-    glued = [r.label for r in runner.records if r.policy != "full"]
-    if precision == "tf32" and glued:
+    glued = [r.label for r in runner.records if r.policy != "full" and record.of(r.label) == "tf32"]
+    if glued:
         report.warn(f"tf32: shape(s) {', '.join(glued)} run eager code between captured blocks; "
                     "that code computes in this process's float32 mode when called (TF32 is a "
                     "process-wide switch, on only while capturing)")
@@ -448,9 +451,10 @@ def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, man
 
 
 def _check_replay(runner: GraphRunner, samples: list[Sample], eager: list[list[torch.Tensor]],
-                  tolerance: Tolerance, target: torch.device) -> None:
-    """Replay each shape on its reference inputs; a wrong capture must fail loudly."""
-    for index, ((label, inputs), want) in enumerate(zip(samples, eager)):
+                  tolerances: Sequence[Tolerance], target: torch.device) -> None:
+    """Replay each shape on its reference inputs, held to its precision's bound; a wrong
+    capture must fail loudly."""
+    for index, ((label, inputs), want, tolerance) in enumerate(zip(samples, eager, tolerances)):
         got = runner.run(index, inputs, None, copy=True)
         runner.records[index].replay_max_abs = check_outputs(
             label, f"replayed outputs and eager outputs on {target}", got, want, tolerance,

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import PrecisionError
-from ..format import PRECISIONS, Manifest
+from ..format import PRECISIONS, Manifest, PrecisionChoice
 from ._options import Tolerance
 from ._report import PrecisionRecord
 from ._selftest import compare
@@ -90,6 +90,31 @@ class PrecisionForward:
         with torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=False):
             leaves = flatten(self.forward(*inputs))
         return [leaf.float() if leaf.dtype == self.dtype else leaf for leaf in leaves]
+
+
+class PerShapeForward:
+    """Each manifest shape in its own precision (``warm --precision auto`` chose per shape):
+    the call is dispatched on its inputs' shapes to that shape's ``served_forward``. TF32's
+    process-wide switches are set around a TF32 shape's call only while ``scoped`` (the load,
+    which holds the capture-session lock: the gate and the captures); after it, eager calls
+    run in the process's own float32 mode, as ``precision_scope`` documents. Outputs are
+    flat leaves for every shape, as ``PrecisionForward`` gives them."""
+
+    def __init__(self, forward: Callable[..., Any], precisions: dict[tuple, str],
+                 device: torch.device) -> None:
+        self.device = device
+        self.precisions = precisions
+        self.forwards = {key: served_forward(forward, p, device) for key, p in precisions.items()}
+        self.fallback = forward
+        self.scoped = True
+
+    def __call__(self, *inputs: Any) -> list[torch.Tensor]:
+        key = tuple(tuple(t.shape) for t in inputs)
+        forward = self.forwards.get(key, self.fallback)
+        if self.scoped and self.precisions.get(key) == "tf32":
+            with precision_scope("tf32", self.device):
+                return flatten(forward(*inputs))
+        return flatten(forward(*inputs))
 
 
 def served_forward(forward: Callable[..., Any], precision: str,
@@ -199,6 +224,8 @@ def resolve_precision(manifest: Manifest, device: torch.device, asked: str,
         return PrecisionRecord(precision=asked, source="asked at load", max_error=max_error)
     key = precision_key(device)[0] if policy.choices else ""
     choice = policy.choice(key) if key else None
+    if choice is not None and choice.shapes:
+        return _per_shape_record(manifest, choice, device, max_error, warn)
     if choice is not None:
         precision, source = choice.precision, f"chosen by warm for {key}"
     elif policy.default == "fp32":
@@ -215,6 +242,35 @@ def resolve_precision(manifest: Manifest, device: torch.device, asked: str,
     return PrecisionRecord(precision=precision, source=source, max_error=max_error)
 
 
+def _per_shape_record(manifest: Manifest, choice: PrecisionChoice, device: torch.device,
+                      max_error: float, warn: Callable[[str], None]) -> PrecisionRecord:
+    """A per-shape choice as this load runs it: a shape whose precision this device cannot
+    run serves float32 (with a warning), the others as chosen."""
+    shapes = {}
+    for index, entry in enumerate(manifest.shapes):
+        precision = choice.for_shape(index)
+        unavailable = precision_unavailable(precision, device)
+        if unavailable is not None:
+            warn(f"precision {precision} (chosen by warm for {choice.key}, shape {entry.label}) "
+                 f"is not available on {device}: {unavailable}; serving float32")
+            precision = "fp32"
+        shapes[entry.label] = precision
+    return PrecisionRecord(precision=choice.precision, source=f"chosen per shape by warm for "
+                           f"{choice.key}", max_error=max_error, shapes=shapes)
+
+
+def load_forward(forward: Callable[..., Any], record: PrecisionRecord, manifest: Manifest,
+                 device: torch.device) -> tuple[Callable[..., Any], str]:
+    """(the call a load serves, the precision its captures run under): one precision's
+    ``served_forward`` under ``precision_scope``, or, for a choice per shape, a
+    ``PerShapeForward`` that applies each shape's own (the scope around it then float32)."""
+    if not record.shapes:
+        return served_forward(forward, record.precision, device), record.precision
+    by_key = {tuple(tuple(s) for _, s in entry.inputs): record.of(entry.label)
+              for entry in manifest.shapes}
+    return PerShapeForward(forward, by_key, device), "fp32"
+
+
 def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.device,
                     labels: Sequence[str], got: Sequence[Sequence[torch.Tensor]],
                     want: Sequence[Sequence[torch.Tensor]]) -> None:
@@ -228,15 +284,15 @@ def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.d
         errors = output_errors(outputs, references)
         names = list(entry.outputs.leaf_names()) or ["output"]
         record.errors[label] = max(errors, default=0.0)
-        record.build_errors[label] = entry.precision_error.get(record.precision)
+        record.build_errors[label] = entry.precision_error.get(record.of(label))
         figures += [(label, name, error) for name, error in zip(names, errors)
                     if error > record.max_error]
     if figures:
         worst = max(figures, key=lambda f: f[2])
         raise PrecisionError(
-            precision=record.precision, device=str(device), max_error=record.max_error,
+            precision=record.of(worst[0]), device=str(device), max_error=record.max_error,
             figures=figures, build_measured=record.build_errors.get(worst[0]),
-            hint=_load_hint(record.precision, any(f[2] == float("inf") for f in figures)))
+            hint=_load_hint(record.of(worst[0]), any(f[2] == float("inf") for f in figures)))
 
 
 def _load_hint(precision: str, overflow: bool) -> str:

@@ -52,9 +52,24 @@ class PrecisionRecord:
     max_error: float | None = None
     errors: dict[str, float] = field(default_factory=dict)
     build_errors: dict[str, float | None] = field(default_factory=dict)
+    #: Per shape label, the precision it runs where shapes differ (``warm --precision auto``
+    #: chose per shape); empty: every shape runs ``precision``.
+    shapes: dict[str, str] = field(default_factory=dict)
+
+    def of(self, label: str) -> str:
+        """The precision shape ``label`` runs."""
+        return self.shapes.get(label, self.precision)
+
+    @property
+    def reduced(self) -> bool:
+        """Whether any shape runs below full float32."""
+        return self.precision != "fp32" or any(p != "fp32" for p in self.shapes.values())
 
     def __str__(self) -> str:
         text = f"precision {self.precision} ({self.source})"
+        if self.shapes:
+            text = "precision per shape " + ", ".join(
+                f"{label} {p}" for label, p in self.shapes.items()) + f" ({self.source})"
         if self.max_error is not None:
             text += f"; max error {self.max_error:.2g}"
         if self.errors:
@@ -126,7 +141,7 @@ class LoadReport:
             lines.append("padding: " + "; ".join(self.padding))
         if self.compiled != "off":
             lines.append(f"compiled mode: {self.compiled}")
-        if self.precision.precision != "fp32" or self.precision.max_error is not None:
+        if self.precision.reduced or self.precision.max_error is not None:
             lines.append(str(self.precision))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)

@@ -23,6 +23,7 @@ from qkan_pack.builder import warm
 from qkan_pack.builder._precision import (
     SPEED_MARGIN,
     TimedCall,
+    pick_per_shape,
     pick_precision,
     record_precision_choice,
 )
@@ -224,6 +225,60 @@ def test_warm_auto_records_the_fastest_passing_precision_for_this_kind_of_device
     choices = read_artifact(auto_artifact).manifest.precision.choices
     assert [c.key for c in choices] == ["sm90-NVIDIA_H100", key]
     assert again.precision.precision == "fp32" and choices[1] == again.precision
+
+
+def test_each_shape_gets_the_precision_fastest_for_it() -> None:
+    """The resnet50 case on an H100: fp16 won at batch 32 (3.8 ms against fp32's 5.7) and
+    lost at batch 1 (942 us against 928): batch 1 keeps fp32."""
+    latency = {"fp32": [928.0, 5728.0], "bf16": [1124.0, 4143.0], "fp16": [942.0, 3793.0]}
+    error = {"bf16": [0.0047, 0.0051], "fp16": [0.0006, 0.0008]}
+    assert pick_precision(latency, error) == "fp16"
+    assert pick_per_shape(latency, error) == ("fp32", "fp16")
+    assert pick_per_shape({"fp32": [10.0]}, {}) == ("fp32",)
+
+
+def _timer_by_shape(fast: dict[str, str]) -> Any:
+    """``fast[label]`` is twice as fast as anything else at that shape."""
+    def timer(call: TimedCall, sync: Any) -> float:
+        call()
+        sync()
+        return 1e-4 if call.precision == fast[call.label] else 2e-4
+    return timer
+
+
+def test_a_choice_per_shape_is_recorded_and_each_shape_loads_in_its_own(
+        auto_artifact: Path) -> None:
+    result = warm(auto_artifact, "cpu", precision="auto",
+                  timer=_timer_by_shape({"1x8": "fp32", "4x8": "bf16"}))
+    choice = result.precision
+    assert choice.shapes == ("fp32", "bf16")
+    assert read_artifact(auto_artifact).manifest.precision.choices == (choice,)
+    x1, x4 = torch.randn(1, 8), torch.randn(4, 8)
+    with Predictor.load(auto_artifact, device="cpu", progress=False) as mixed, \
+            Predictor.load(auto_artifact, device="cpu", precision="fp32", progress=False) as fp32, \
+            Predictor.load(auto_artifact, device="cpu", precision="bf16", progress=False) as bf16:
+        record = mixed.report.precision
+        assert record.shapes == {"1x8": "fp32", "4x8": "bf16"} and record.reduced
+        assert "precision per shape 1x8 fp32, 4x8 bf16" in str(record)
+        assert set(record.errors) == {"1x8", "4x8"} and record.errors["1x8"] < 1e-6
+        assert torch.equal(mixed(x1), fp32(x1)) and torch.equal(mixed(x4), bf16(x4))
+        assert not torch.equal(mixed(x4), fp32(x4))
+
+
+def test_a_choice_per_shape_outside_the_allowed_is_refused(auto_artifact: Path) -> None:
+    from qkan_pack.errors import ManifestError
+    from qkan_pack.format import dumps_manifest, parse_manifest
+
+    manifest = read_artifact(auto_artifact).manifest
+    key = precision_key(torch.device("cpu"))[0]
+    for shapes in (("fp32",), ("fp32", "fp16")):
+        bad = PrecisionChoice(key=key, precision="fp32", shapes=shapes)
+        text = dumps_manifest(manifest.__class__(**{**manifest.__dict__, "precision":
+                                                    manifest.precision.__class__(**{
+                                                        **manifest.precision.__dict__,
+                                                        "choices": (bad,)})}))
+        with pytest.raises(ManifestError, match="one allowed precision per shape"):
+            parse_manifest(text)
 
 
 def test_a_precision_choice_survives_warm_sign_and_verify(auto_artifact: Path,

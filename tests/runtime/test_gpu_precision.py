@@ -123,8 +123,12 @@ def test_warm_auto_records_a_choice_for_this_gpu_and_the_load_follows_it(
     assert all(len(times) == 2 and min(times) > 0 for times in choice.latency_us.values())
     assert all(max(errors) <= MAX_ERROR for errors in choice.error.values())
     assert read_artifact(path).manifest.precision.choice(key) == choice
+    labels = [entry.label for entry in read_artifact(path).manifest.shapes]
     with Predictor.load(path, device=device, progress=False) as predictor:
         record = predictor.report.precision
-        assert (record.precision, record.source) == (choice.precision,
-                                                     f"chosen by warm for {key}")
+        assert record.precision == choice.precision
+        assert [record.of(label) for label in labels] == [choice.for_shape(i)
+                                                           for i in range(len(labels))]
+        assert record.source == (f"chosen per shape by warm for {key}" if choice.shapes
+                                 else f"chosen by warm for {key}")
     print(choice)
