@@ -12,12 +12,14 @@ EXTRAS = {
     "qkan": "qkan",
     "ray": "serve", "orjson": "serve", "starlette": "serve", "uvicorn": "serve",
     "matplotlib": "bench",
+    "tritonclient": "grpc",
     "model_signing": "sign", "OpenSSL": "sign", "sigstore": "sign", "sigstore_models": "sign",
     "mkdocs": "docs",
 }
 #: Import names whose distribution is named otherwise.
 DISTRIBUTIONS = {"PIL": "pillow", "sklearn": "scikit-learn", "cv2": "opencv-python",
-                 "yaml": "pyyaml", "OpenSSL": "pyopenssl", "google": "protobuf"}
+                 "yaml": "pyyaml", "OpenSSL": "pyopenssl", "google": "protobuf",
+                 "grpc": "grpcio", "rapidjson": "python-rapidjson"}
 
 
 def missing_module(error: BaseException | None) -> str | None:

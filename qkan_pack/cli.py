@@ -842,6 +842,13 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
     return counts
 
 
+def _protocols_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
+    protocols = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not protocols:
+        raise click.BadParameter("write protocols as json,oip-binary", param_hint="--protocol")
+    return protocols
+
+
 @cli.command("bench-serve")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--clients", default="1,8,32,128,512", show_default=True, callback=_clients_option,
@@ -854,7 +861,15 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
               help="Client processes (threads inside share the clients) [default: half the cores].")
 @click.option("--serve-args", default="", metavar="'ARGS'",
               help="Options for `qkan-pack serve`, quoted: '--replicas 4 --gpus-per-replica 0.25'.")
-@click.option("--no-noop", is_flag=True, help="Skip the no-op deployment baseline.")
+@click.option("--protocol", "protocols", default="json", show_default=True, metavar="P,...",
+              callback=_protocols_option,
+              help="Protocols measured side by side against one server, comma-separated: json "
+                   "(POST /), oip-json and oip-binary (the Open Inference Protocol's HTTP infer, "
+                   "JSON or binary tensors), oip-grpc (its gRPC ModelInfer; needs "
+                   "tritonclient[grpc]).")
+@click.option("--rows-per-request", default=1, show_default=True, type=click.IntRange(min=1),
+              metavar="N", help="Rows in each request (a captured batch size of the artifact).")
+@click.option("--no-noop", is_flag=True, help="Skip the no-op deployment baseline (JSON route).")
 @click.option("--kill-at", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Also SIGKILL one replica this long into a run at --kill-clients clients.")
 @click.option("--kill-clients", default=32, show_default=True, type=click.IntRange(min=1),
@@ -878,12 +893,14 @@ def _clients_option(ctx: click.Context, param: click.Parameter, value: str) -> t
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the curve as a PNG here (needs matplotlib).")
 def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
-                processes: int | None, serve_args: str, no_noop: bool, kill_at: float | None,
+                processes: int | None, serve_args: str, protocols: tuple, rows_per_request: int,
+                no_noop: bool, kill_at: float | None,
                 kill_clients: int, kills: int, kill_every: float, large_body_mb: float | None,
                 lengths: tuple[int, int] | None, port: int,
                 json_path: Path | None, plot_path: Path | None) -> None:
-    """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback HTTP:
-    req/s, p50, p99 and rows per replay for each client count, beside a no-op deployment."""
+    """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback:
+    req/s, rows/s, p50, p99 and rows per replay for each client count and protocol, beside a
+    no-op deployment."""
     from .bench import (
         ServeLoadSettings,
         render_serve_load,
@@ -901,7 +918,7 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                                  kill_at_s=kill_at, kill_clients=kill_clients, kills=kills,
                                  kill_every_s=kill_every,
                                  large_body_mb=large_body_mb, lengths=lengths, port=port,
-                                 **extra)
+                                 protocols=protocols, rows_per_request=rows_per_request, **extra)
     report = run_serve_load(directory, settings, token=_read_token(_token_file_in(args)))
     click.echo(render_serve_load(report))
     if json_path is not None:

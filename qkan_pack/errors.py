@@ -434,15 +434,14 @@ class ReplicaLoadError(ServeError):
     where the others load; ``reason`` is the load's own error (kept as ``__cause__``)."""
 
     def __init__(self, *, node_ip: str | None, node_id: str | None, path: str,
-                 reason: str) -> None:
+                 reason: str, hint: str = "") -> None:
         self.node_ip = node_ip
         self.node_id = node_id
         self.path = path
         self.reason = reason
         where = f"node {node_ip} (id {node_id})" if node_id else "this node"
         super().__init__(f"the replica on {where} cannot load the artifact at {path}: {reason}",
-                         hint="every node needs the artifact at this path, with the digest "
-                         "serve verified, and the packages its model imports")
+                         hint=hint)
 
 
 class ServeTokenError(ServeError, ValueError):

@@ -5,10 +5,11 @@ Fences say how: ``python`` and ``bash`` run here (CPU CI), ``python gpu`` and ``
 run on a GPU host (``pytest -m gpu``), ``python sign`` and ``bash sign`` need the ``[sign]``
 extra, ``python ray`` and ``bash ray`` the ``[serve]`` extra (CI installs both; a GPU host
 without them skips those blocks), ``console`` blocks are set-up commands, long-running
-servers or cluster commands that CI runs by other means (``make test`` is CI itself), and
-``text`` is output, trees and diagrams. A fence with no tag fails: every block must say what
-it is. A python block opening with ``# examples/NAME.py (excerpt)`` shows that file: it must
-be a verbatim part of it, and is not run on its own (the blocks that build the file run it).
+servers or cluster commands that CI runs by other means (``make test`` is CI itself),
+``text`` is output, trees and diagrams, and ``yaml`` a manifest (Kubernetes). A fence with
+no tag fails: every block must say what it is. A python block opening with
+``# examples/NAME.py (excerpt)`` shows that file: it must be a verbatim part of it, and is
+not run on its own (the blocks that build the file run it).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ RUNS_HERE = {"python", "bash"}
 RUNS_ON_GPU = {"python gpu", "bash gpu"}
 NEEDS_EXTRA = {"python sign": "model_signing", "bash sign": "model_signing",
                "python ray": "ray", "bash ray": "ray"}
-NOT_RUN = {"console", "text"}
+NOT_RUN = {"console", "text", "yaml"}
 KNOWN = RUNS_HERE | RUNS_ON_GPU | set(NEEDS_EXTRA) | NOT_RUN
 FENCE = re.compile(r"^(?P<indent> *)```(?P<tag>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```",
                    re.MULTILINE | re.DOTALL)

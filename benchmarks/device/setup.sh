@@ -18,8 +18,11 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-# The artifact the serving figures use (issue 19): examples/qkan_mlp.py, rows of 2 features.
+# The artifact the serving figures use (issue 19): examples/qkan_mlp.py, rows of 2 features,
+# in /tmp/mlp at 1x2,8x2,32x2; or in DIR at SHAPES (build_serving_artifact DIR SHAPES).
 build_serving_artifact() {
-    [ -d /tmp/mlp ] || python3 -m qkan_pack build examples/qkan_mlp.py --shapes 1x2,8x2,32x2 \
-        -o /tmp/mlp > "$RESULTS/build.txt" 2>&1 || { cat "$RESULTS/build.txt"; exit 1; }
+    local dir=${1:-/tmp/mlp} shapes=${2:-1x2,8x2,32x2}
+    local log="$RESULTS/build${1:+-$(basename "$dir")}.txt"
+    [ -d "$dir" ] || python3 -m qkan_pack build examples/qkan_mlp.py --shapes "$shapes" \
+        -o "$dir" > "$log" 2>&1 || { cat "$log"; exit 1; }
 }

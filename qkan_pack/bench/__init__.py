@@ -1,8 +1,8 @@
 """Benchmarks in the product: ``qkan-pack bench`` (side by side in one process),
 ``qkan-pack bench --cold`` (process start -> first result in fresh processes) and
-``qkan-pack bench-serve`` (an HTTP load test), tables, JSON and plots. Uses the runtime's own
-capture primitives for its bare-graph baseline; imports nothing of builder or serve
-(``bench-serve`` starts the server as a process and drives it over HTTP)."""
+``qkan-pack bench-serve`` (a load test over HTTP and gRPC), tables, JSON and plots. Uses the
+runtime's own capture primitives for its bare-graph baseline; imports nothing of builder or
+serve (``bench-serve`` starts the server as a process and drives it over the network)."""
 
 from typing import TYPE_CHECKING
 

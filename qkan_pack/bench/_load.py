@@ -1,11 +1,15 @@
-"""HTTP load from several client processes (so that the generator is not the ceiling): each
-process runs threads that send single-row POSTs back to back over kept-alive connections and
-returns its latencies. Standard library and orjson only; nothing here imports torch, Ray or
-the server."""
+"""Load from several client processes (so that the generator is not the ceiling): each
+process runs threads that send requests back to back, each client over its own kept-alive
+connection, and returns its latencies. A request is one row of each input, or a batch of
+``rows_per_request`` rows, in one of the server's protocols (``PROTOCOLS``): its own JSON
+route, or the Open Inference Protocol over HTTP (JSON or binary tensors) or gRPC. Bodies are
+encoded before the clock starts. Nothing here imports torch, Ray or the server: the protocols
+are written from their specification (gRPC's messages from tritonclient's generated stubs)."""
 
 from __future__ import annotations
 
 import http.client
+import math
 import multiprocessing
 import random
 import time
@@ -16,12 +20,25 @@ from typing import Any
 
 import orjson
 
+from .._extras import install_hint, missing_module
+from ..errors import BenchError
+from ..format import DTYPES
+
+#: What a load can speak: the server's JSON route (``POST /``), the Open Inference
+#: Protocol's HTTP ``infer`` with JSON tensors or with the binary tensor data extension, and
+#: its gRPC ``ModelInfer`` (``serve --grpc-port``).
+PROTOCOLS = ("json", "oip-json", "oip-binary", "oip-grpc")
+#: A gRPC call that succeeded counts as an HTTP 200, so that every protocol's points read
+#: alike; a failed one counts under its status code's name (``UNAVAILABLE``...).
+GRPC_OK = 200
+
 
 @dataclass(frozen=True)
 class RowInput:
-    """One input of a single-row request: its name, the row's shape (the captured shapes
-    without their batch dimension), and what values to send: ``kind`` "float" or "int"
-    drawn from ``[low, high)``, or "bool" (JSON booleans: the wire refuses 0/1 for bool)."""
+    """One input of a request: its name, the row's shape (the captured shapes without their
+    batch dimension), and what values to send: ``kind`` "float" or "int" drawn from
+    ``[low, high)``, or "bool" (JSON booleans: the wire refuses 0/1 for bool); ``dtype``,
+    the manifest's, names the protocol's datatype and the width of raw tensors."""
 
     name: str
     shape: tuple[int, ...]
@@ -31,6 +48,7 @@ class RowInput:
     #: Dims of ``shape`` that take the request's length (``LoadSpec.lengths``): the row's
     #: dims of an artifact's padded length axis.
     varying: tuple[int, ...] = ()
+    dtype: str = "float32"
 
 
 Rows = tuple[RowInput, ...]
@@ -52,6 +70,11 @@ class LoadSpec:
     #: (low, high): each request's length drawn uniformly from [low, high] (inclusive) along
     #: the rows' ``varying`` dims; None: the rows' own shapes.
     lengths: tuple[int, int] | None = None
+    protocol: str = "json"  # one of PROTOCOLS
+    rows_per_request: int = 1
+    #: The Open Inference Protocol's name of the model (``GET /``'s "oip"), for its routes.
+    model: str = ""
+    grpc_port: int = 0  # ``serve --grpc-port``, for "oip-grpc"
 
 
 @dataclass
@@ -70,25 +93,33 @@ BODIES_PER_CLIENT = 8
 
 
 def request_body(rows: Rows, rng: random.Random, size: int = 0,
-                 lengths: tuple[int, int] | None = None) -> bytes:
-    """A single-row request (a batch of one): ``{"inputs": [row]}`` for one input, by name
-    for several. ``size``: as many rows as fit in about that many bytes, padded with
-    whitespace to exactly ``size`` -- numbers, which is what makes a large body costly to
-    parse (whitespace padding alone parses in microseconds and would hide that cost)."""
-    if lengths is not None:
-        length = rng.randint(*lengths)
-        rows = tuple(replace(row, shape=tuple(length if d in row.varying else n
-                                              for d, n in enumerate(row.shape)))
-                     for row in rows)
-    count = 1
-    if size:  # bytes per row: two rows' body less one row's (names and brackets cancel)
-        per_row = max(1, len(_body(rows, rng, 2)) - len(_body(rows, rng, 1)))
-        count = max(1, (size - len(_body(rows, rng, 1))) // per_row + 1)
+                 lengths: tuple[int, int] | None = None, count: int = 1) -> bytes:
+    """A request of the JSON route: ``count`` rows, ``{"inputs": [row, ...]}`` for one
+    input, by name for several. ``size``: as many rows as fit in about that many bytes,
+    padded with whitespace to exactly ``size`` -- numbers, which is what makes a large body
+    costly to parse (whitespace padding alone parses in microseconds and would hide that
+    cost)."""
+    rows = _with_length(rows, rng, lengths)
+    if not size:
+        return _body(rows, rng, count)
+    # bytes per row: two rows' body less one row's (names and brackets cancel)
+    per_row = max(1, len(_body(rows, rng, 2)) - len(_body(rows, rng, 1)))
+    count = max(1, (size - len(_body(rows, rng, 1))) // per_row + 1)
     while True:
         body = _body(rows, rng, count)
         if len(body) <= size or count == 1:
             return body + b" " * max(0, size - len(body))
         count = max(1, count * 49 // 50)
+
+
+def _with_length(rows: Rows, rng: random.Random, lengths: tuple[int, int] | None) -> Rows:
+    """The rows of one request: with ``lengths``, their ``varying`` dims at a drawn length."""
+    if lengths is None:
+        return rows
+    length = rng.randint(*lengths)
+    return tuple(replace(row, shape=tuple(length if d in row.varying else n
+                                          for d, n in enumerate(row.shape)))
+                 for row in rows)
 
 
 def _body(rows: Rows, rng: random.Random, count: int) -> bytes:
@@ -99,6 +130,10 @@ def _body(rows: Rows, rng: random.Random, count: int) -> bytes:
 def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:
     if shape:
         return [_draw(row, shape[1:], rng) for _ in range(shape[0])]
+    return _scalar(row, rng)
+
+
+def _scalar(row: RowInput, rng: random.Random) -> Any:
     if row.kind == "bool":
         return rng.random() < 0.5
     if row.kind == "int":
@@ -106,41 +141,181 @@ def _draw(row: RowInput, shape: tuple[int, ...], rng: random.Random) -> Any:
     return rng.uniform(row.low, row.high)
 
 
+# -- the Open Inference Protocol ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input of an Open Inference Protocol request: its shape (batch first) and its
+    values, flat in row-major order, as JSON ``data``."""
+
+    name: str
+    dtype: str  # the manifest's
+    shape: tuple[int, ...]
+    values: list[Any]
+
+    @property
+    def datatype(self) -> str:
+        return DTYPES[self.dtype].oip
+
+    def raw(self) -> bytes:
+        """The values as the binary extension and gRPC's ``raw_input_contents`` carry them:
+        little-endian, of the dtype's wire width (bfloat16: each float32's upper 16 bits)."""
+        import numpy as np
+
+        if self.dtype == "bfloat16":
+            bits = np.asarray(self.values, np.float32).view(np.uint32) >> 16
+            return bits.astype("<u2").tobytes()
+        return np.asarray(self.values, np.dtype(DTYPES[self.dtype].wire)).tobytes()
+
+
+def oip_tensors(rows: Rows, rng: random.Random, count: int = 1,
+                lengths: tuple[int, int] | None = None) -> list[Tensor]:
+    """One request's inputs: ``count`` rows of each."""
+    rows = _with_length(rows, rng, lengths)
+    return [Tensor(row.name, row.dtype, (count, *row.shape),
+                   [_scalar(row, rng) for _ in range(count * math.prod(row.shape))])
+            for row in rows]
+
+
+def oip_json_body(tensors: list[Tensor]) -> bytes:
+    return orjson.dumps({"inputs": [{"name": t.name, "shape": list(t.shape),
+                                     "datatype": t.datatype, "data": t.values}
+                                    for t in tensors]})
+
+
+def oip_binary_body(tensors: list[Tensor]) -> tuple[bytes, int]:
+    """(body, its JSON header's length) with the binary tensor data extension: the header
+    declares each input's ``binary_data_size`` and asks for binary outputs; the raw tensors
+    follow it in input order."""
+    raws = [t.raw() for t in tensors]
+    header = orjson.dumps({
+        "inputs": [{"name": t.name, "shape": list(t.shape), "datatype": t.datatype,
+                    "parameters": {"binary_data_size": len(raw)}} for t, raw in zip(tensors, raws)],
+        "parameters": {"binary_data_output": True}})
+    return b"".join((header, *raws)), len(header)
+
+
+def grpc_stubs() -> tuple[Any, Any]:
+    """``(service_pb2, service_pb2_grpc)``: the protocol's gRPC messages and stub as
+    tritonclient generates them, or a BenchError saying what to install."""
+    try:
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+    except (ImportError, RuntimeError) as exc:  # tritonclient turns a missing grpc into this
+        module = missing_module(exc) or "tritonclient"
+        raise BenchError(f"--protocol oip-grpc needs tritonclient's gRPC stubs ({exc}); "
+                         f"{install_hint(module)}") from None
+    return service_pb2, service_pb2_grpc
+
+
+# -- clients ----------------------------------------------------------------------------
+
+
+class HttpSender:
+    """One client's kept-alive HTTP connection and its pre-encoded requests (a path, a
+    body, headers) for the spec's protocol."""
+
+    def __init__(self, spec: LoadSpec, rng: random.Random) -> None:
+        self.spec = spec
+        self.requests = self._encode(spec, rng)
+        self.conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
+
+    @staticmethod
+    def _encode(spec: LoadSpec, rng: random.Random) -> list[tuple[str, bytes, dict[str, str]]]:
+        auth = {"Authorization": f"Bearer {spec.token}"} if spec.token else {}
+        json_type = {"Content-Type": "application/json", **auth}
+        if spec.body_bytes:  # a large body: one copy
+            return [("/", request_body(spec.rows, rng, spec.body_bytes, spec.lengths), json_type)]
+        count, rows = spec.rows_per_request, spec.rows
+        if spec.protocol == "json":
+            return [("/", request_body(rows, rng, 0, spec.lengths, count), json_type)
+                    for _ in range(BODIES_PER_CLIENT)]
+        path = f"/v2/models/{spec.model}/infer"
+        if spec.protocol == "oip-json":
+            return [(path, oip_json_body(oip_tensors(rows, rng, count, spec.lengths)), json_type)
+                    for _ in range(BODIES_PER_CLIENT)]
+        encoded = []
+        for _ in range(BODIES_PER_CLIENT):
+            body, header = oip_binary_body(oip_tensors(rows, rng, count, spec.lengths))
+            encoded.append((path, body, {"Content-Type": "application/octet-stream",
+                                         "Inference-Header-Content-Length": str(header), **auth}))
+        return encoded
+
+    def send(self, index: int) -> tuple[Any, float]:
+        """(status, seconds to wait before the next request) of request ``index``."""
+        path, body, headers = self.requests[index % len(self.requests)]
+        try:
+            self.conn.request("POST", path, body, headers)
+            reply = self.conn.getresponse()
+            reply.read()
+            return reply.status, _retry_after(reply.getheader("Retry-After"), self.spec.backoff_s)
+        except (OSError, http.client.HTTPException) as exc:
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(self.spec.host, self.spec.port, timeout=60)
+            return type(exc).__name__, self.spec.backoff_s
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class GrpcSender:
+    """One client's gRPC channel and ``GRPCInferenceServiceStub`` with its pre-built
+    ``ModelInferRequest`` messages (raw contents): the generated stub alone, without
+    tritonclient's client class and its per-call conversions, so that the client's own
+    cost stays low as with HTTP."""
+
+    def __init__(self, spec: LoadSpec, rng: random.Random) -> None:
+        import grpc
+
+        pb, stubs = grpc_stubs()
+        self.spec, self.grpc = spec, grpc
+        self.messages = []
+        for _ in range(BODIES_PER_CLIENT):
+            tensors = oip_tensors(spec.rows, rng, spec.rows_per_request, spec.lengths)
+            self.messages.append(pb.ModelInferRequest(
+                model_name=spec.model,
+                inputs=[pb.ModelInferRequest.InferInputTensor(
+                    name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in tensors],
+                raw_input_contents=[t.raw() for t in tensors]))
+        self.metadata = (("authorization", f"Bearer {spec.token}"),) if spec.token else None
+        self.channel = grpc.insecure_channel(f"{spec.host}:{spec.grpc_port}")
+        self.stub = stubs.GRPCInferenceServiceStub(self.channel)
+
+    def send(self, index: int) -> tuple[Any, float]:
+        try:
+            self.stub.ModelInfer(self.messages[index % len(self.messages)],
+                                 metadata=self.metadata, timeout=60)
+            return GRPC_OK, 0.0
+        except self.grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            return (code.name if code is not None else type(exc).__name__), self.spec.backoff_s
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> None:
     rng = random.Random(seed)
-    headers = {"Content-Type": "application/json"}
-    if spec.token:
-        headers["Authorization"] = f"Bearer {spec.token}"
-    conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
-    count = 1 if spec.body_bytes else BODIES_PER_CLIENT  # a large body: one copy
+    sender = GrpcSender(spec, rng) if spec.protocol == "oip-grpc" else HttpSender(spec, rng)
     # A large body's row count is rarely a captured shape: its 422 comes after the parse,
     # which is the load it exists to make, so it counts as answered (no back-off).
     answered = (200, 422) if spec.body_bytes else (200,)
-    bodies = [request_body(spec.rows, rng, spec.body_bytes, spec.lengths) for _ in range(count)]
     stop_at = start_at + spec.warmup + spec.seconds
     sent = 0
-    while (now := time.time()) < stop_at:
-        body = bodies[sent % len(bodies)]
-        sent += 1
-        began = time.perf_counter()
-        try:
-            conn.request("POST", "/", body, headers)
-            reply = conn.getresponse()
-            reply.read()
-            status: Any = reply.status
-            wait = _retry_after(reply.getheader("Retry-After"), spec.backoff_s)
-        except (OSError, http.client.HTTPException) as exc:
-            status, wait = type(exc).__name__, spec.backoff_s
-            conn.close()
-            conn = http.client.HTTPConnection(spec.host, spec.port, timeout=60)
-        elapsed = 1000 * (time.perf_counter() - began)
-        if now >= start_at + spec.warmup:
-            result.statuses[status] += 1
-            if status in answered:
-                result.latencies_ms.append(elapsed)
-        if status not in answered:
-            time.sleep(wait)
-    conn.close()
+    try:
+        while (now := time.time()) < stop_at:
+            began = time.perf_counter()
+            status, wait = sender.send(sent)
+            sent += 1
+            elapsed = 1000 * (time.perf_counter() - began)
+            if now >= start_at + spec.warmup:
+                result.statuses[status] += 1
+                if status in answered:
+                    result.latencies_ms.append(elapsed)
+            if status not in answered:
+                time.sleep(wait)
+    finally:
+        sender.close()
 
 
 def _retry_after(header: str | None, default: float) -> float:
@@ -152,6 +327,8 @@ def _retry_after(header: str | None, default: float) -> float:
 
 
 def _process(spec: LoadSpec, threads: int, first_seed: int, start_at: float) -> LoadResult:
+    if spec.protocol == "oip-grpc":
+        grpc_stubs()  # imported once here, not by every client thread at its start
     results = [LoadResult() for _ in range(threads)]
     workers = [Thread(target=_client, args=(spec, first_seed + i, start_at, results[i]), daemon=True)
                for i in range(threads)]

@@ -70,18 +70,23 @@ def _latency_bars(axes: Any, report: BenchReport, names: list[str]) -> None:
 
 def write_serve_plot(report: Any, path: str | Path) -> Path:
     """The serve load curve: req/s, p50/p99 and rows per replay against clients, the
-    artifact beside the no-op deployment."""
+    artifact (a line per protocol) beside the no-op deployment."""
     figure, axes = new_axes(13.0, 4.2)
     figure.delaxes(axes)
     panels = [figure.add_subplot(1, 3, i + 1) for i in range(3)]
-    for mode, points in report.curves.items():
-        clients = [p.clients for p in points]
-        style = "-o" if mode == "model" else "--s"
-        panels[0].plot(clients, [p.requests_per_s for p in points], style, label=mode)
-        panels[1].plot(clients, [p.p50_ms for p in points], style, label=f"{mode} p50")
-        panels[1].plot(clients, [p.p99_ms for p in points], style, alpha=0.5, label=f"{mode} p99")
-        if mode == "model":
-            panels[2].plot(clients, [p.rows_per_replay for p in points], style, label=mode)
+    for mode, curve in report.curves.items():
+        protocols = list(dict.fromkeys(p.protocol for p in curve))
+        for protocol in protocols:
+            points = [p for p in curve if p.protocol == protocol]
+            label = mode if len(protocols) == 1 else f"{mode} {protocol}"
+            clients = [p.clients for p in points]
+            style = "-o" if mode == "model" else "--s"
+            panels[0].plot(clients, [p.requests_per_s for p in points], style, label=label)
+            panels[1].plot(clients, [p.p50_ms for p in points], style, label=f"{label} p50")
+            panels[1].plot(clients, [p.p99_ms for p in points], style, alpha=0.5,
+                           label=f"{label} p99")
+            if mode == "model":
+                panels[2].plot(clients, [p.rows_per_replay for p in points], style, label=label)
     for panel, ylabel in zip(panels, ("requests/s (200 only)", "latency ms", "rows per replay")):
         panel.set_xscale("log", base=2)
         panel.set_xlabel("concurrent clients")

@@ -3,10 +3,11 @@
 The server runs as its own process (``python -m qkan_pack serve ...``), exactly as a user
 starts it; this module never imports the serve layer or Ray. For each mode (the artifact, then
 ``--noop``: Ray Serve's own ceiling with a fixed reply) it starts the server, runs every
-client count (``_load``), reads the replica's replay counters (``GET /stats``), and stops the
-server with SIGTERM. Optional runs: SIGKILL of one replica under load (``kill_at_s``; with
-``kills`` > 1, a kill loop: one replica every ``kill_every_s``), and single-row latency while
-large bodies arrive (``large_body_mb``).
+client count (``_load``) in every protocol asked for, back to back against that one server
+(the no-op speaks only the JSON route), reads the replica's replay counters (``GET
+/stats``), and stops the server with SIGTERM. Optional runs, over the JSON route: SIGKILL of
+one replica under load (``kill_at_s``; with ``kills`` > 1, a kill loop: one replica every
+``kill_every_s``), and single-row latency while large bodies arrive (``large_body_mb``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._ports import side_ports
 from ..errors import BenchError
-from ._load import LoadResult, LoadSpec, RowInput, Rows, run_load
+from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
 
 if TYPE_CHECKING:
     from ..format import InputDecl
 
-SERVE_SCHEMA = "qkan-pack/bench-serve/1"
+SERVE_SCHEMA = "qkan-pack/bench-serve/2"
 #: Ray Serve's direct-ingress HTTP ports (its ``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``
 #: defaults): a replica listening on one of them is serving, or about to.
 INGRESS_PORTS = range(30000, 31001)
@@ -63,10 +65,24 @@ class ServeLoadSettings:
     probe_clients: int = 8
     port: int = 8765
     start_timeout_s: float = 600.0
+    #: Measured side by side at every client count, against one server (``PROTOCOLS``).
+    protocols: tuple[str, ...] = ("json",)
+    rows_per_request: int = 1  # a captured batch size of the artifact
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.protocols if p not in PROTOCOLS]
+        if not self.protocols or unknown or len(set(self.protocols)) != len(self.protocols):
+            raise BenchError(f"protocols {list(self.protocols)}: give each once, from "
+                             f"{', '.join(PROTOCOLS)}")
+        if self.rows_per_request < 1:
+            raise BenchError(f"rows per request must be at least 1, got {self.rows_per_request}")
 
 
 @dataclass
 class Point:
+    """One client count in one protocol. ``statuses``: HTTP statuses, or for gRPC the
+    status code's name, a success counted as 200."""
+
     clients: int
     requests_per_s: float
     p50_ms: float | None
@@ -74,6 +90,9 @@ class Point:
     ok: int
     statuses: dict[str, int]
     rows_per_replay: float | None = None
+    protocol: str = "json"
+    rows_per_request: int = 1
+    rows_per_s: float = 0.0
 
 
 @dataclass
@@ -86,6 +105,8 @@ class ServeLoadReport:
     machine: dict[str, Any]
     server: dict[str, Any] = field(default_factory=dict)
     curves: dict[str, list[Point]] = field(default_factory=dict)
+    #: protocol -> client count -> its req/s over the JSON route's (the model's curve).
+    ratios: dict[str, dict[str, float]] = field(default_factory=dict)
     kill: dict[str, Any] | None = None
     large_bodies: dict[str, Any] | None = None
 
@@ -99,23 +120,40 @@ def percentile(sorted_ms: Sequence[float], q: float) -> float | None:
     return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 3)
 
 
-def summarise(clients: int, result: LoadResult, seconds: float) -> Point:
+def summarise(clients: int, result: LoadResult, seconds: float, protocol: str = "json",
+              rows_per_request: int = 1) -> Point:
     latencies = sorted(result.latencies_ms)
     return Point(clients=clients, requests_per_s=round(len(latencies) / seconds, 1),
                  p50_ms=percentile(latencies, 0.50), p99_ms=percentile(latencies, 0.99),
                  ok=len(latencies), statuses={str(k): v for k, v in sorted(
-                     result.statuses.items(), key=lambda kv: str(kv[0]))})
+                     result.statuses.items(), key=lambda kv: str(kv[0]))},
+                 protocol=protocol, rows_per_request=rows_per_request,
+                 rows_per_s=round(len(latencies) * rows_per_request / seconds, 1))
+
+
+def protocol_ratios(points: Sequence[Point]) -> dict[str, dict[str, float]]:
+    """Each other protocol's req/s over the JSON route's at the same client count (rows/s
+    alike: every protocol sends the same rows per request)."""
+    json_rps = {p.clients: p.requests_per_s for p in points if p.protocol == "json"}
+    ratios: dict[str, dict[str, float]] = {}
+    for point in points:
+        if point.protocol != "json" and json_rps.get(point.clients):
+            ratios.setdefault(point.protocol, {})[str(point.clients)] = round(
+                point.requests_per_s / json_rps[point.clients], 2)
+    return ratios
 
 
 class ServerProcess:
     """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
 
     def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float,
-                 token: str | None = None) -> None:
+                 token: str | None = None, grpc_port: int = 0) -> None:
         self.port = port
         self.token = token
+        self.grpc_port = grpc_port
+        self.oip_model = ""  # the Open Inference Protocol's name of the model, once read
         self.command = [sys.executable, "-m", "qkan_pack", "serve", artifact, "--port", str(port),
-                        *args]
+                        *args, *(("--grpc-port", str(grpc_port)) if grpc_port else ())]
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, start_new_session=True)
         try:
@@ -186,20 +224,29 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def row_inputs(artifact: str, lengths: tuple[int, int] | None = None) -> Rows:
-    """What one single-row request carries, from the manifest: per input its name, the row
+def row_inputs(artifact: str, lengths: tuple[int, int] | None = None,
+               rows_per_request: int = 1) -> Rows:
+    """What one row of a request carries, from the manifest: per input its name, the row
     shape of the first shape family that takes rows, and values of its dtype drawn from the
     range the build drew reference inputs from (token ids stay inside the embedding),
-    clipped to what the dtype holds. With ``lengths``, the dims of the artifact's first
-    padded length axis are marked to vary (``build --pad``; refused without it)."""
+    clipped to what the dtype holds. ``rows_per_request`` must be a batch size captured for
+    those rows (at some length, with ``lengths``). With ``lengths``, the dims of the
+    artifact's first padded length axis are marked to vary (``build --pad``; refused
+    without it)."""
     from ..format import padding_table
     from ..runtime import read_artifact
 
     manifest = read_artifact(artifact).manifest
-    tails = list(padding_table(manifest))
+    table = padding_table(manifest)
+    tails = list(table)
     if not tails:
-        raise BenchError("bench-serve sends single rows, and no captured shape of this "
-                         "artifact takes rows (every input must lead with one batch size)")
+        raise BenchError("bench-serve sends rows, and no captured shape of this artifact "
+                         "takes rows (every input must lead with one batch size)")
+    batches = sorted({batch for tail in (tails if lengths else tails[:1]) for batch, _ in table[tail]})
+    if rows_per_request not in batches:
+        raise BenchError(f"--rows-per-request {rows_per_request} is not a captured batch size "
+                         f"of this artifact; captured: {', '.join(map(str, batches))} (build "
+                         f"with a {rows_per_request}-row shape to measure it)")
     rows = tuple(_row_input(decl, shape) for decl, shape in zip(manifest.inputs, tails[0]))
     if lengths is None:
         return rows
@@ -222,22 +269,26 @@ def _row_input(decl: InputDecl, shape: tuple[int, ...]) -> RowInput:
 
     dtype = DTYPES[decl.dtype]
     if dtype.kind == "bool":
-        return RowInput(decl.name, tuple(shape), "bool")
+        return RowInput(decl.name, tuple(shape), "bool", dtype=decl.dtype)
     low = decl.low if decl.low is not None else (0 if dtype.kind == "int" else -1.0)
     high = decl.high if decl.high is not None else (2 if dtype.kind == "int" else 1.0)
     if dtype.int_limits is not None:
         low, high = max(low, dtype.int_limits[0]), min(high, dtype.int_limits[1] + 1)
-    return RowInput(decl.name, tuple(shape), dtype.kind, low, high)
+    return RowInput(decl.name, tuple(shape), dtype.kind, low, high, dtype=decl.dtype)
 
 
 def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = None, *,
                    token: str | None = None) -> ServeLoadReport:
-    """Every client count against the artifact (and the no-op), then the optional runs.
-    ``token``: the bearer token the server requires (``serve --auth-token-file`` among the
-    serve arguments); it is sent, never recorded in the report."""
+    """Every client count in every protocol against the artifact (and the no-op), then the
+    optional runs. ``token``: the bearer token the server requires (``serve
+    --auth-token-file`` among the serve arguments); it is sent, never recorded in the
+    report. Settings the artifact or this host cannot run are refused before any server
+    starts."""
     settings = settings or ServeLoadSettings()
     artifact = str(artifact)
-    rows = row_inputs(artifact, settings.lengths)
+    rows = row_inputs(artifact, settings.lengths, settings.rows_per_request)
+    if "oip-grpc" in settings.protocols:
+        grpc_stubs()
     report = ServeLoadReport(
         schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
@@ -245,6 +296,7 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     with sigterm_as_exit():
         for mode, extra in modes:
             _measure_mode(artifact, mode, extra, rows, settings, report, token)
+    report.ratios = protocol_ratios(report.curves.get("model", []))
     return report
 
 
@@ -269,17 +321,32 @@ def sigterm_as_exit() -> Iterator[None]:
 
 def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
                   settings: ServeLoadSettings, report: ServeLoadReport, token: str | None) -> None:
-    """One server (the artifact, or the no-op): every client count, then the optional runs."""
+    """One server (the artifact, or the no-op): every client count in every protocol (the
+    protocols back to back at each count, so that they meet the same server state), then
+    the optional runs."""
+    protocols = settings.protocols if mode == "model" else ("json",)
+    grpc_port = side_ports(1, exclude={settings.port})[0] if "oip-grpc" in protocols else 0
     server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
-                           settings.start_timeout_s, token)
+                           settings.start_timeout_s, token, grpc_port)
     report.server[mode] = {"ready": server.ready_line, "command": server.command}
     try:
-        report.curves[mode] = [measure_point(server, rows, n, settings, mode == "model")
-                               for n in settings.clients]
+        if any(p != "json" for p in protocols):
+            server.oip_model = _oip_model(server)
+        report.curves[mode] = [measure_point(server, rows, n, settings, mode == "model", protocol)
+                               for n in settings.clients for protocol in protocols]
         if mode == "model":
             _optional_runs(server, rows, settings, report)
     finally:
         report.server[mode]["exit_code"] = server.stop()
+
+
+def _oip_model(server: ServerProcess) -> str:
+    """The name the server gives the model in the Open Inference Protocol (``GET /``)."""
+    oip = server.get("/").get("oip")
+    if not isinstance(oip, dict) or not oip.get("model"):
+        raise BenchError("the server's GET / names no Open Inference Protocol model (\"oip\"); "
+                         "this qkan-pack serve does not speak the protocol")
+    return str(oip["model"])
 
 
 def _optional_runs(server: ServerProcess, rows: Rows, settings: ServeLoadSettings,
@@ -294,15 +361,17 @@ def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSe
           **changes: Any) -> LoadSpec:
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
                     warmup=settings.warmup, rows=rows, token=server.token,
-                    **{"lengths": settings.lengths, **changes})
+                    **{"lengths": settings.lengths, "rows_per_request": settings.rows_per_request,
+                       "model": server.oip_model, "grpc_port": server.grpc_port, **changes})
 
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
-                  has_stats: bool) -> Point:
+                  has_stats: bool, protocol: str = "json") -> Point:
     if has_stats:
         server.get("/stats/reset", method="POST")
-    result = run_load(_spec(server, rows, clients, settings), settings.processes)
-    point = summarise(clients, result, settings.seconds)
+    result = run_load(_spec(server, rows, clients, settings, protocol=protocol),
+                      settings.processes)
+    point = summarise(clients, result, settings.seconds, protocol, settings.rows_per_request)
     if has_stats:
         stats = server.get("/stats")
         replays = sum(stats["replays"].values())
@@ -453,21 +522,33 @@ def _has(program: str) -> bool:
     return shutil.which(program) is not None
 
 
+POINT_HEADER = (f"{'clients':>7} {'protocol':<10} {'req/s':>10} {'rows/s':>10} {'p50 ms':>9} "
+                f"{'p99 ms':>9} {'rows/replay':>11}  errors")
+
+
 def render_point(point: Point) -> str:
     rows = f"{point.rows_per_replay:.2f}" if point.rows_per_replay else "-"
     others = {k: v for k, v in point.statuses.items() if k != "200"}
-    return (f"{point.clients:>7} {point.requests_per_s:>10.1f} {point.p50_ms or 0:>9.2f} "
-            f"{point.p99_ms or 0:>9.2f} {rows:>11}  {others or ''}")
+    return (f"{point.clients:>7} {point.protocol:<10} {point.requests_per_s:>10.1f} "
+            f"{point.rows_per_s:>10.1f} {point.p50_ms or 0:>9.2f} {point.p99_ms or 0:>9.2f} "
+            f"{rows:>11}  {others or ''}")
 
 
 def render_serve_load(report: ServeLoadReport) -> str:
     where = report.machine.get("gpu") or report.machine["cpu"]
-    lines = [f"qkan-pack serve load: {report.artifact}, {report.settings['seconds']:g} s per point, "
-             f"{report.settings['processes']} client processes; {where}"]
+    settings = report.settings
+    lines = [f"qkan-pack serve load: {report.artifact}, {settings['seconds']:g} s per point, "
+             f"{settings['processes']} client processes, {settings['rows_per_request']} "
+             f"row(s) per request; {where}"]
     for mode, points in report.curves.items():
-        lines += ["", f"{mode}: {report.server[mode]['ready']}",
-                  f"{'clients':>7} {'req/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'rows/replay':>11}  errors"]
+        title = mode if mode == "model" else f"{mode} (the JSON route only)"
+        lines += ["", f"{title}: {report.server[mode]['ready']}", POINT_HEADER]
         lines += [render_point(p) for p in points]
+    if report.ratios:
+        lines += ["", "req/s against the JSON route at the same clients (rows/s alike):"]
+        lines += [f"  {protocol:<10} " + ", ".join(f"{ratio:.2f}x at {clients}"
+                                                   for clients, ratio in by_clients.items())
+                  for protocol, by_clients in report.ratios.items()]
     if report.kill:
         lines += ["", render_kill(report.kill, report.settings["kill_clients"])]
     if report.large_bodies:

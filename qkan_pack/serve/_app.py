@@ -153,6 +153,8 @@ class ArtifactServer:
                                            pad_batch=True, progress=False,
                                            **dict(predictor_options or {}))
             except Exception as exc:  # on a cluster, which node failed is half the answer
+                if self._node["node_id"] is None:  # outside Ray: one process, its own error
+                    raise
                 raise load_failed(exc, path, self._node) from exc
         plan = row_plan(predictor.manifest)
         self.core = ModelCore(predictor, max_batch_size=options.max_batch_size or largest_batch(plan),
@@ -215,7 +217,8 @@ class ArtifactServer:
         if self._grpc is None:  # tritonclient's stubs imported on the first gRPC call
             from ._oip_grpc import GrpcApi
 
-            self._grpc = GrpcApi(self.oip, self.core, self._token_sha256)
+            self._grpc = GrpcApi(self.oip, self.core, self._token_sha256, self.http.admission,
+                                 self.http.limits.retry_after_s)
         return self._grpc
 
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:

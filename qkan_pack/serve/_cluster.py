@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ReplicaLoadError, ServeError
+from ..errors import ArtifactError, ReplicaLoadError, ServeError
 
 #: Where Serve runs its HTTP ingress on a joined cluster (see above).
 PROXY_LOCATION = "HeadOnly"
@@ -68,9 +68,12 @@ def this_node() -> dict[str, str | None]:
 def load_failed(error: BaseException, path: str, node: Mapping[str, str | None]
                 ) -> ReplicaLoadError:
     """The error a replica raises when ``Predictor.load`` failed on its node (the load's own
-    error stays its ``__cause__``)."""
+    error stays its ``__cause__``; its message already says how to fix a model's failure)."""
+    hint = (f"every node needs the artifact at {path}, with the digest serve verified "
+            "(a shared filesystem, or a copy checked with qkan-pack verify --expected-digest)"
+            if isinstance(error, ArtifactError) else "")
     return ReplicaLoadError(node_ip=node.get("node_ip"), node_id=node.get("node_id"),
-                            path=path, reason=f"{type(error).__name__}: {error}")
+                            path=path, reason=f"{type(error).__name__}: {error}", hint=hint)
 
 
 def job_runtime_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -182,7 +182,7 @@ class HttpApi:
         self._describe = describe
         self._stats = stats
         self._accepted = accepted
-        self._admission = Admission(*limits.admission_bounds(core.max_batch_size))
+        self.admission = Admission(*limits.admission_bounds(core.max_batch_size))
         self._body_deadline = BodyDeadline(limits.body_timeout_s)
         self._helper = WireHelper()
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
@@ -230,7 +230,7 @@ class HttpApi:
                         work: Callable[[Request], Awaitable[Response]]) -> Response:
         """``work`` within the replica's admission bounds, else a 503 with Retry-After."""
         try:
-            await self._admission.acquire()
+            await self.admission.acquire()
         except OverloadedError:
             self.core.stats.request("overloaded")
             return json_response(503, {"error": "overloaded: this replica's queue is full; "
@@ -239,7 +239,7 @@ class HttpApi:
         try:
             return await work(request)
         finally:
-            self._admission.release()
+            self.admission.release()
 
     async def _read_body(self, request: Request) -> bytes | Response:
         """The body within the size and time limits, or the error reply that ends the request."""

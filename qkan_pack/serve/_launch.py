@@ -16,20 +16,23 @@ command runs, and Serve stopped with the command (``_cluster``).
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
-import random
 import signal
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+# the side-port rule lives in _ports (bench-serve draws the gRPC port by it too); its names
+# stay reachable here, where the serve tests check the rule
+from .._ports import RAY_WORKER_PORTS_END, ephemeral_port_range, side_ports  # noqa: F401
 from ..errors import ServeError
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
@@ -96,64 +99,11 @@ def check_port_free(host: str, port: int) -> None:
                              hint="stop the server there or choose another --port") from None
 
 
-#: Ray's default worker ports end here; side ports are drawn above it.
-RAY_WORKER_PORTS_END = 19999
-_FALLBACK_EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
-
-
-def side_ports(count: int, exclude: set[int], host: str = "127.0.0.1",
-               rng: random.Random | None = None,
-               ephemeral: tuple[int, int] | None = None) -> list[int]:
-    """``count`` distinct free ports, none in ``exclude``, for side listeners (HAProxy's
-    stats and metrics, Ray's fallback proxy) that nothing started later takes first: above
-    Ray's worker ports and below the kernel's ephemeral range. A port the kernel hands out
-    for ``bind(0)`` is ephemeral, and Ray's own processes bind ephemeral ports while the app
-    deploys; one of them can take such a port before HAProxy listens on it, and HAProxy then
-    fails ("Some protocols failed to start their listeners", reported as if ``--port`` were
-    taken)."""
-    low, _ = ephemeral or ephemeral_port_range()
-    candidates = range(RAY_WORKER_PORTS_END + 1, low)
-    rng = rng or random.Random()
-    chosen: list[int] = []
-    for _ in range(min(400, len(candidates))):
-        if len(chosen) == count:
-            break
-        port = rng.choice(candidates)
-        if port not in exclude and port not in chosen and _bindable(host, port):
-            chosen.append(port)
-    while len(chosen) < count:  # a host whose ephemeral range starts low: the kernel picks
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port not in exclude and port not in chosen:
-            chosen.append(port)
-    return chosen
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _side_listeners() -> str:
     """The side ports HAProxy also listens on in this start, for an error about listening."""
     ports = [os.environ.get(f"RAY_SERVE_HAPROXY_{n}_PORT") for n in ("STATS", "METRICS")]
     shown = ", ".join(f"127.0.0.1:{p}" for p in ports if p)
     return f" (HAProxy also listens on {shown})" if shown else ""
-
-
-def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
-    """The kernel's range for ``bind(0)`` and outgoing connections (Linux; the default
-    elsewhere or when unreadable)."""
-    try:
-        low, high = (int(v) for v in Path(path).read_text().split())
-    except (OSError, ValueError):
-        return _FALLBACK_EPHEMERAL
-    return low, high
 
 
 def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
@@ -412,13 +362,20 @@ class _RaySession:
         import ray
         from ray import serve
 
+        # Serve's controller ends itself in the middle of its shutdown task, and the driver's
+        # error thread (joined by ray.shutdown) prints that on stdout, by the ready line, as
+        # "(raylet) Task ServeController.graceful_shutdown failed ... will be retried"
+        quiet = nullcontext() if self.local else redirect_stdout(io.StringIO())
         try:
-            if self._serve_started:
-                serve.delete(APP_NAME)  # drains in-flight requests (graceful_shutdown_timeout_s)
-                if not self.local:
-                    serve.shutdown()
+            with quiet:
+                try:
+                    if self._serve_started:
+                        serve.delete(APP_NAME)  # drains in-flight requests
+                        if not self.local:
+                            serve.shutdown()
+                finally:
+                    ray.shutdown()
         finally:
-            ray.shutdown()
             stop_recorded_processes(self.workdir)
 
 
@@ -499,7 +456,7 @@ def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
                          + _last_line("\n".join(messages) or app.message))
     failed = [m for m in messages if REPLICA_START_FAILED in m]
     if failed:  # Ray would retry it for ever once another replica runs (a node that cannot load)
-        raise ServeError("a replica failed to start: " + _last_line(failed[0]))
+        raise ServeError("a replica failed to start: " + _last_line(failed[0], limit=1500))
     if not any("to be scheduled" in m for m in messages):
         return False, None
     now = time.monotonic()
@@ -508,6 +465,6 @@ def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
     return False, unplaced_since or now
 
 
-def _last_line(error: BaseException | str) -> str:
+def _last_line(error: BaseException | str, limit: int = 500) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1][:500] if lines else type(error).__name__
+    return lines[-1][:limit] if lines else type(error).__name__

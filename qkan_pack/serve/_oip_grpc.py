@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, MalformedRequestError, ServeError
+from ..errors import InputError, MalformedRequestError, OverloadedError, ServeError
 from ..format import DTYPES
 from ._auth import bearer_matches
 from ._oip import OIP_DATATYPE, InferRequest, OipModel, RequestedOutput, binary_tensor
@@ -25,6 +25,8 @@ from ._wire import Given
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from ._http import Admission
 
 #: What ``gRPCOptions.grpc_servicer_functions`` names (importable in every Ray process).
 SERVICER_FUNCTION = "qkan_pack.serve._oip_grpc.add_inference_service"
@@ -42,7 +44,7 @@ def protocol() -> ModuleType:
     """``tritonclient.grpc.service_pb2``, or a ServeError saying what to install."""
     try:
         from tritonclient.grpc import service_pb2
-    except ImportError as exc:
+    except (ImportError, RuntimeError) as exc:  # tritonclient.grpc says RuntimeError for grpc
         raise ServeError(f"--grpc-port needs the protocol's gRPC stubs: {exc}",
                          hint="pip install 'qkan-pack[grpc]' (tritonclient[grpc])") from None
     return service_pb2
@@ -58,8 +60,10 @@ def add_inference_service(servicer: Any, server: Any) -> None:
 class GrpcApi:
     """The replica's gRPC methods' bodies; the replica class forwards each RPC here."""
 
-    def __init__(self, oip: OipModel, core: Any, token_sha256: str | None) -> None:
+    def __init__(self, oip: OipModel, core: Any, token_sha256: str | None,
+                 admission: Admission, retry_after_s: int) -> None:
         self.oip, self.core, self.token_sha256 = oip, core, token_sha256
+        self.admission, self.retry_after_s = admission, retry_after_s
         self.pb = protocol()
 
     def authorized(self, context: Any) -> bool:
@@ -119,6 +123,23 @@ class GrpcApi:
             output=tensors(config["output"], mc.ModelOutput)))
 
     async def infer(self, request: Any, context: Any) -> Any:
+        """``ModelInfer`` within the replica's admission bounds (the HTTP routes' own: a full
+        replica answers UNAVAILABLE at once, as HTTP answers 503, never an unbounded queue)."""
+        import grpc
+
+        try:
+            await self.admission.acquire()
+        except OverloadedError:
+            self.core.stats.request("overloaded")
+            _fail(context, grpc.StatusCode.UNAVAILABLE, "overloaded: this replica's queue is "
+                  f"full; retry after {self.retry_after_s} s")
+            return self.pb.ModelInferResponse()
+        try:
+            return await self._infer_admitted(request, context)
+        finally:
+            self.admission.release()
+
+    async def _infer_admitted(self, request: Any, context: Any) -> Any:
         import grpc
 
         try:

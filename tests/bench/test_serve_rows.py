@@ -110,3 +110,58 @@ def test_requests_of_random_lengths_for_a_padded_artifact(tmp_path: Path) -> Non
     plain = build(MODELS / "plain_mlp.py", "1x2,8x2", output=tmp_path / "b", progress=False).path
     with pytest.raises(BenchError, match="built with --pad"):
         row_inputs(str(plain), (1, 2))
+
+
+def test_rows_per_request_and_protocols_are_checked_before_any_server_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench-serve --rows-per-request N`` sends N-row batches, N a captured batch size:
+    any other N, an unknown protocol, or oip-grpc without tritonclient's stubs is refused
+    before a server starts (a server start is most of a short run), saying what to do."""
+    import sys
+
+    from qkan_pack.bench import ServeLoadSettings, _serve_load, run_serve_load
+
+    def no_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(_serve_load, "ServerProcess", no_server)
+    path = build(EXAMPLES / "qkan_mlp.py", "1x2,8x2", output=tmp_path / "mlp").path
+    with pytest.raises(BenchError, match=r"--rows-per-request 5 is not a captured batch size "
+                                         r"of this artifact; captured: 1, 8"):
+        run_serve_load(path, ServeLoadSettings(rows_per_request=5))
+    rows = row_inputs(str(path), rows_per_request=8)
+    body = orjson.loads(request_body(rows, random.Random(0), count=8))["inputs"]
+    assert len(body) == 8 and all(len(row) == 2 for row in body)
+    with pytest.raises(BenchError, match="json, oip-json, oip-binary, oip-grpc"):
+        ServeLoadSettings(protocols=("json", "soap"))
+    monkeypatch.setitem(sys.modules, "tritonclient", None)
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)
+    with pytest.raises(BenchError, match=r"oip-grpc needs tritonclient's gRPC stubs .*"
+                                         r"pip install 'qkan-pack\[grpc\]'"):
+        run_serve_load(path, ServeLoadSettings(protocols=("json", "oip-grpc")))
+
+
+def test_protocols_are_reported_side_by_side_with_ratios_to_the_json_route() -> None:
+    from collections import Counter
+
+    from qkan_pack.bench import ServeLoadReport, render_serve_load
+    from qkan_pack.bench._load import LoadResult
+    from qkan_pack.bench._serve_load import SERVE_SCHEMA, protocol_ratios, summarise
+
+    def point(protocol: str, requests: int) -> object:
+        return summarise(8, LoadResult([1.0] * requests, Counter({200: requests})), 2.0,
+                         protocol, 8)
+
+    model = [point("json", 200), point("oip-binary", 300), point("oip-grpc", 190)]
+    assert (model[1].requests_per_s, model[1].rows_per_s, model[1].protocol) == (150, 1200, "oip-binary")
+    report = ServeLoadReport(
+        schema=SERVE_SCHEMA, created="2000-01-01T00:00:00+00:00", artifact="mlp", command=[],
+        settings={"seconds": 2.0, "processes": 1, "rows_per_request": 8},
+        machine={"cpu": "cpu", "gpu": None},
+        server={"model": {"ready": "serving mlp"}, "noop": {"ready": "serving noop"}},
+        curves={"model": model, "noop": [point("json", 900)]}, ratios=protocol_ratios(model))
+    assert report.ratios == {"oip-binary": {"8": 1.5}, "oip-grpc": {"8": 0.95}}
+    text = render_serve_load(report)
+    assert "noop (the JSON route only): serving noop" in text
+    assert "oip-binary 1.50x at 8" in text and "oip-grpc   0.95x at 8" in text
+    assert "8 row(s) per request" in text and "1200.0" in text

@@ -79,3 +79,39 @@ def test_bench_serve_drives_named_integer_inputs_behind_a_token(tmp_path: Path) 
     assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
     assert point["rows_per_replay"]  # /stats answered with the token
     assert "bench-serve-token" not in report
+
+
+def test_bench_serve_measures_every_protocol_against_one_server(artifact: Path,
+                                                                tmp_path: Path) -> None:
+    """``--protocol json,oip-json,oip-binary,oip-grpc --rows-per-request 8`` behind a token:
+    every protocol's clients (the JSON route, the Open Inference Protocol's HTTP infer with
+    JSON and binary tensors, its gRPC ModelInfer through tritonclient's stub) get only
+    200s/OK from one server started with a gRPC port, each request an intact 8-row batch
+    (8 rows per replay), reported per protocol with rows/s and ratios to the JSON route."""
+    import json
+
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    out, token = tmp_path / "load.json", tmp_path / "token"
+    token.write_text("bench-serve-token-0123456789\n")
+    token.chmod(0o600)
+    protocols = ["json", "oip-json", "oip-binary", "oip-grpc"]
+    done = subprocess.run(
+        [sys.executable, "-m", "qkan_pack", "bench-serve", str(artifact), "--clients", "2",
+         "--seconds", "1", "--warmup", "0.5", "--no-noop", "--processes", "1", "--port",
+         str(free_port()), "--json", str(out), "--protocol", ",".join(protocols),
+         "--rows-per-request", "8", "--serve-args", f"--auth-token-file {token}"],
+        capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    print(done.stdout)  # the CPU figures, for the record of a run (-s)
+    report = json.loads(out.read_text())
+    assert report["schema"] == "qkan-pack/bench-serve/2"
+    assert "--grpc-port" in report["server"]["model"]["command"]
+    points = report["curves"]["model"]
+    assert [p["protocol"] for p in points] == protocols
+    for point in points:
+        assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
+        assert point["rows_per_request"] == 8, point
+        assert point["rows_per_s"] == pytest.approx(8 * point["requests_per_s"], abs=1)
+    assert set(report["ratios"]) == set(protocols[1:])
+    assert all(set(by_clients) == {"2"} for by_clients in report["ratios"].values())
+    assert "against the JSON route" in done.stdout

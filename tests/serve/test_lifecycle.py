@@ -55,7 +55,9 @@ def test_a_replica_that_cannot_load_never_serves(tmp_path: Path) -> None:
     done, _ = _serve(str(tmp_path / "a"), "--port", str(port), timeout=240,
                         env={"QKAN_PACK_TEST_FAIL_LOAD": "1"})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "no replica could load the artifact" in done.stderr
+    assert ("a replica failed to start: qkan_pack.errors.ReplicaLoadError: the replica on node "
+            "127.0.0.1 (id " in done.stderr), done.stderr  # its loopback node
+    assert "this replica was told to fail its load" in done.stderr
     assert "serving" not in done.stdout
 
 

@@ -130,6 +130,39 @@ def _bf16_artifact(tmp_path: Path) -> Path:
     return build(source, "1x2,4x2", output=tmp_path / "bf16", progress=False).path
 
 
+def test_bench_serve_binary_bodies_parse_back_to_the_values_drawn(manifest: Any) -> None:
+    """bench-serve's oip-binary requests (its own encoder, not tritonclient's) read by the
+    server's parser: the same values in the same shape, binary replies asked for; and its
+    raw tensors of every dtype decode to what was drawn (bfloat16: the float32's top bits)."""
+    import random
+
+    from qkan_pack.bench._load import RowInput, oip_binary_body, oip_tensors
+    from qkan_pack.format import DTYPES
+    from qkan_pack.serve._oip import binary_tensor
+
+    rng = random.Random(3)
+    tensors = oip_tensors((RowInput("x", (2,)),), rng, count=8)
+    body, header = oip_binary_body(tensors)
+    parsed = _oip(manifest).parse_http(body, str(header))
+    np.testing.assert_array_equal(parsed.inputs["x"].array,
+                                  np.array(tensors[0].values, np.float32).reshape(8, 2))
+    assert parsed.binary_outputs
+    for dtype, spec in DTYPES.items():
+        low, high = (0, 100) if spec.kind == "int" else (-2.0, 2.0)
+        (tensor,) = oip_tensors((RowInput("t", (3,), spec.kind, low, high, dtype=dtype),), rng, 2)
+        raw = tensor.raw()
+        given = binary_tensor(memoryview(raw), len(raw), [2, 3], dtype, "t", "inputs[0]")
+        assert given.dtype == dtype and given.array.shape == (2, 3)
+        if dtype == "bfloat16":
+            widened = (given.array.astype(np.uint32) << 16).view(np.float32).ravel()
+            np.testing.assert_allclose(widened, tensor.values, rtol=2**-7)
+        else:
+            np.testing.assert_array_equal(given.array.ravel(),
+                                          np.array(tensor.values, np.dtype(spec.wire)))
+            if spec.kind == "float":
+                np.testing.assert_allclose(given.array.ravel(), tensor.values, rtol=1e-3)
+
+
 # -- the real clients against a server ----------------------------------------------------
 
 
@@ -342,3 +375,59 @@ def test_curl_json_infer(server: Server, predictor: Predictor) -> None:
     assert output["name"] == "output" and output["shape"] == [1, 2]
     np.testing.assert_allclose(np.array(output["data"], np.float32).reshape(1, 2), predictor(x),
                                rtol=1e-5, atol=1e-6)
+
+
+class _Context:
+    """What a gRPC method sees of its call: metadata in, status out."""
+
+    def __init__(self, metadata: tuple = ()) -> None:
+        self.metadata, self.code, self.details = metadata, None, None
+
+    def invocation_metadata(self) -> tuple:
+        return self.metadata
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+def test_grpc_infer_is_bounded_by_the_replicas_admission(manifest: Any) -> None:
+    """A full replica answers UNAVAILABLE at once over gRPC, as HTTP answers 503."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    from qkan_pack.serve._http import Admission
+    from qkan_pack.serve._oip_grpc import GrpcApi
+
+    counted: list[str] = []
+
+    class Stats:
+        def request(self, kind: str) -> None:
+            counted.append(kind)
+
+    class Core:
+        stats = Stats()
+
+        async def infer(self, inputs: Any) -> Any:
+            return np.zeros((1, 2), np.float32)
+
+    async def two_calls() -> tuple[_Context, _Context]:
+        admission = Admission(1, 0)
+        api = GrpcApi(_oip(manifest), Core(), None, admission, retry_after_s=1)
+        request = api.pb.ModelInferRequest(model_name=NAME)
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+        request.raw_input_contents.append(np.zeros((1, 2), np.float32).tobytes())
+        await admission.acquire()  # the one slot is taken
+        full = _Context()
+        await api.infer(request, full)
+        admission.release()
+        served = _Context()
+        reply = await api.infer(request, served)
+        assert reply.outputs[0].name == "output"
+        return full, served
+
+    full, served = asyncio.run(two_calls())
+    assert full.code == grpc.StatusCode.UNAVAILABLE and "overloaded" in full.details
+    assert served.code is None and counted == ["overloaded"]

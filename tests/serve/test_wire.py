@@ -469,6 +469,7 @@ def test_replicas_log_at_warning_unless_verbose(monkeypatch, verbose: bool) -> N
     monkeypatch.setattr(_launch, "_check_deploying", lambda since: (True, None))
     session = object.__new__(_launch._RaySession)
     session.listen = _launch.Listen(verbose=verbose, deploy_timeout_s=10)
+    session.local = True
     assert session.deploy(object()) == "handle"
     assert seen["logging_config"] == {"enable_access_log": False,
                                       "log_level": "INFO" if verbose else "WARNING"}
