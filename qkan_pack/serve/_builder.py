@@ -1,0 +1,117 @@
+"""``qkan_pack.serve:app_builder``: an artifact as a Ray Serve application builder, for a Serve
+config file (``serve run config.yaml``, ``serve deploy``) and a KubeRay ``RayService``'s
+``serveConfigV2``, where Ray, not ``qkan-pack serve``, runs the deployment::
+
+    applications:
+      - name: qkan-pack
+        route_prefix: /
+        import_path: qkan_pack.serve:app_builder
+        args: {artifact: /models/qkan_mlp, digest: "sha256:...", token_file: /secrets/token}
+
+The builder runs in Ray's controller: it verifies the artifact there (its digest when given,
+its signature with ``keys``) and pins every replica to that digest, as the command does. What
+the command adds around a deployment and a builder cannot, because Ray and its proxies start
+before it runs: the HAProxy wrapper (retries of a request whose replica died, admission at
+the ingress, JSON 503s), the token gate in front of Ray's own routes, the loopback node. The
+replicas' own checks stay: the digest, the bearer token on every app route, admission bounds,
+strict inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ServeError
+from ..format import SHA256_HEX
+from ._app import ServeOptions, app_for
+from ._auth import read_token_file, token_digest
+from ._http import HttpLimits
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+
+
+def _boolean(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    if str(text).lower() in ("true", "1", "yes"):
+        return True
+    if str(text).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError("not true or false")
+
+
+def _finite(text: Any) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
+#: Each argument the builder takes and how its text (a YAML value, or ``key=value`` of
+#: ``serve run``) is read.
+ARGS: Mapping[str, Callable[[Any], Any]] = {
+    "artifact": str, "digest": str, "keys": str, "token_file": str, "token_sha256": str,
+    "name": str, "replicas": int, "gpus_per_replica": _finite, "cpus_per_replica": _finite,
+    "device": str, "max_batch_size": int, "max_batch_wait_ms": _finite, "exact": _boolean,
+    "max_ongoing_requests": int, "max_queued_requests": int, "max_body_mb": _finite,
+    "body_timeout_s": _finite, "grace_s": _finite,
+}
+
+
+def read_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The builder's arguments, each read as ``ARGS`` says; ServeError naming the first one
+    that is unknown, missing or unreadable."""
+    unknown = sorted(set(args) - set(ARGS))
+    if unknown:
+        raise ServeError(f"app_builder: unknown argument(s) {unknown}; it takes {sorted(ARGS)}")
+    if "artifact" not in args:
+        raise ServeError("app_builder: give the artifact's directory (args: {artifact: PATH})")
+    read = {}
+    for key, value in args.items():
+        try:
+            read[key] = ARGS[key](value)
+        except (TypeError, ValueError) as exc:
+            raise ServeError(f"app_builder: argument {key}={value!r}: {exc}") from None
+    return read
+
+
+def options_from(read: Mapping[str, Any]) -> ServeOptions:
+    """The deployment's options from the read arguments (``ServeOptions`` checks ranges)."""
+    token = read.get("token_sha256")
+    if token is not None:
+        token = token.removeprefix("sha256:")
+        if not SHA256_HEX.match(token):
+            raise ServeError("app_builder: token_sha256 must be the token's sha256, 64 "
+                             "lowercase hex digits (sha256sum of the token without newline)")
+    if "token_file" in read:
+        if token is not None:
+            raise ServeError("app_builder: give token_file or token_sha256, not both")
+        token = token_digest(read_token_file(read["token_file"]))
+    limits = HttpLimits(max_ongoing=read.get("max_ongoing_requests"),
+                        max_queued=read.get("max_queued_requests"), token_sha256=token)
+    if "max_body_mb" in read:
+        limits = dataclasses.replace(limits, max_body_bytes=int(read["max_body_mb"] * 2**20))
+    if "body_timeout_s" in read:
+        limits = dataclasses.replace(limits, body_timeout_s=read["body_timeout_s"])
+    fields = {key: read[key] for key in ("replicas", "gpus_per_replica", "cpus_per_replica",
+                                         "device", "max_batch_size", "max_batch_wait_ms",
+                                         "exact", "grace_s") if key in read}
+    return ServeOptions(**fields, limits=limits, model_name=read.get("name"))
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """The Ray Serve application of the artifact ``args["artifact"]`` (see the module
+    docstring for the arguments), verified here before any replica starts."""
+    from ..runtime import read_artifact
+
+    read = read_args(args)
+    options = options_from(read)
+    keys = [key for key in read.get("keys", "").split(",") if key]
+    expected = read.get("digest")
+    artifact = read_artifact(read["artifact"], expected_digest=expected, trusted_keys=keys)
+    return app_for(dataclasses.replace(artifact, files={}), options,
+                   predictor_options={"trusted_keys": keys} if keys else None)
