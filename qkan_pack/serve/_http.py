@@ -322,6 +322,11 @@ class HttpApi:
         body = await self._read_body(request)
         if not isinstance(body, bytes):
             return body
+        encoding = _header(request.scope, "content-encoding")
+        if encoding not in (None, "identity"):
+            body = decompressed(body, encoding, self.limits.max_body_bytes)
+            if not isinstance(body, bytes):
+                return body
         try:
             parsed: InferRequest = self.oip.parse_http(body, _header(request.scope, BINARY_HEADER))
             outputs = await self.core.infer(parsed.inputs)
@@ -399,6 +404,30 @@ def _content_length(scope: Mapping[str, Any]) -> int | None:
         if key == b"content-length":
             declared = int(value) if value.isdigit() else None
     return declared
+
+
+#: ``Content-Encoding`` of a request body and the zlib window that reads it (tritonclient's
+#: ``request_compression_algorithm``: gzip, or deflate as the zlib format).
+COMPRESSIONS = {"gzip": 16 + 15, "deflate": 15}
+
+
+def decompressed(body: bytes, encoding: str, limit: int) -> bytes | Response:
+    """A compressed body, inflated to at most ``limit`` bytes (413 beyond: a small body may
+    inflate without bound), or the error reply (415 for another encoding, 400 for bad data)."""
+    import zlib
+
+    window = COMPRESSIONS.get(encoding.strip().lower())
+    if window is None:
+        return json_response(415, {"error": f"Content-Encoding {encoding!r} is not supported; "
+                                   f"send {', '.join(COMPRESSIONS)} or none"})
+    inflater = zlib.decompressobj(window)
+    try:
+        inflated = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        return json_response(400, {"error": f"the {encoding} body does not inflate: {exc}"})
+    if len(inflated) > limit or inflater.unconsumed_tail:
+        return json_response(413, {"error": f"request body inflates beyond {limit} bytes"})
+    return inflated
 
 
 def _method_not_allowed(method: str, path: str, allowed: str) -> Response:

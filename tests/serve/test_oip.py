@@ -233,6 +233,36 @@ def test_tritonclient_http_sync_and_asyncio(server: Server, predictor: Predictor
 
 @pytest.mark.serve
 @pytest.mark.slow
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_tritonclient_compressed_requests(server: Server, predictor: Predictor,
+                                          compression: str) -> None:
+    http = pytest.importorskip("tritonclient.http")
+    client = http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    x = _rows(1)
+    given = http.InferInput("x", [1, 2], "FP32")
+    given.set_data_from_numpy(x)
+    result = client.infer(NAME, [given], headers=_auth(),
+                          request_compression_algorithm=compression)
+    np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compressed_body_inflates_within_the_limit_only() -> None:
+    pytest.importorskip("starlette")
+    import gzip
+    import zlib
+
+    from qkan_pack.serve._http import decompressed
+
+    assert decompressed(gzip.compress(b"x" * 100), "gzip", 100) == b"x" * 100
+    assert decompressed(zlib.compress(b"x" * 100), "deflate", 100) == b"x" * 100
+    bomb = decompressed(gzip.compress(b"\0" * 10**6), "gzip", 1000)
+    assert bomb.status_code == 413 and b"inflates beyond 1000 bytes" in bomb.body
+    assert decompressed(b"x", "br", 1000).status_code == 415
+    assert decompressed(b"not gzip", "gzip", 1000).status_code == 400
+
+
+@pytest.mark.serve
+@pytest.mark.slow
 def test_tritonclient_http_errors_follow_the_protocol(server: Server) -> None:
     http = pytest.importorskip("tritonclient.http")
     from tritonclient.utils import InferenceServerException
