@@ -52,6 +52,8 @@ DEBUG_ENV = "QKAN_PACK_DEBUG"
 SHAPE_LIKE = re.compile(r"\d+(x\d+)*( \d+(x\d+)*)*\Z")
 #: ``ctx.meta`` key: the option that named the device, when it is not ``--device``.
 DEVICE_OPTION = "qkan_pack.device_option"
+LOAD_PRECISION_HELP = ("Load at this precision (gated here against the artifact's max error) "
+                       "instead of the one it records for this device.")
 
 
 class _Group(click.Group):
@@ -584,9 +586,7 @@ def _input_text(decl: Any) -> str:
               help="Refuse unless the artifact is signed by this public key or under this root "
                    "certificate (PEM); checked before any artifact code runs. Repeatable.")
 @click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]), default="recorded",
-              show_default=True,
-              help="Load at this precision (gated here against the artifact's max error) "
-              "instead of the one it records for this device.")
+              show_default=True, help=LOAD_PRECISION_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document (digest, device, signer, the load report) on "
               "stdout; messages go to stderr.")
@@ -645,8 +645,10 @@ def _predict_inputs_option(ctx: click.Context, param: click.Parameter,
 @click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Refuse unless the artifact is signed by this public key or under this root "
                    "certificate (PEM). Repeatable.")
+@click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]), default="recorded",
+              show_default=True, help=LOAD_PRECISION_HELP)
 def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
-            expected_digest: str | None, keys: tuple[Path, ...]) -> None:
+            expected_digest: str | None, keys: tuple[Path, ...], precision: str) -> None:
     """Run DIRECTORY's model on inputs read from files: a summary table, or --output FILE.
 
     Loads as Predictor.load does (verify, self-test, capture on a GPU) and checks the
@@ -661,7 +663,7 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
                                  param_hint="--output")
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
-                        trusted_keys=keys, progress=False) as predictor:
+                        trusted_keys=keys, precision=precision, progress=False) as predictor:
         manifest = predictor.manifest
         dtypes = {d.name: d.dtype for d in manifest.inputs}
         arrays = read_inputs(inputs, manifest.input_names, dtypes)
@@ -1027,6 +1029,10 @@ def _read_token(path: Path | None, *, take: bool = False) -> str | None:
 @click.option("--address", help="Ray cluster to join (e.g. auto), from its head node, where "
               "Serve's ingress runs (docs: cluster.md) [default: RAY_ADDRESS, else a local Ray "
               "started and stopped by this command].")
+@click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]), default="recorded",
+              show_default=True,
+              help="Replicas load at this precision (each gated on its device against the "
+                   "artifact's max error) instead of the one it records for their device.")
 @click.option("--name", "model_name", metavar="NAME",
               help="The model's name in the Open Inference Protocol's URLs "
                    "(/v2/models/NAME) [default: the artifact's name].")
@@ -1041,8 +1047,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
           max_batch_wait_ms: float | None, exact: bool, max_ongoing_requests: int | None,
           max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
           auth_token_file: Path | None, keys: tuple[Path, ...], grace_s: float, device: str,
-          address: str | None, model_name: str | None, grpc_port: int | None, verbose: bool,
-          noop: bool) -> None:
+          address: str | None, precision: str, model_name: str | None, grpc_port: int | None,
+          verbose: bool, noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
     'qkan-pack[serve]').
 
@@ -1089,7 +1095,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
 
-    serve_forever(directory, options, listen, token=token, trusted_keys=keys,
+    serve_forever(directory, options, listen, token=token, trusted_keys=keys, precision=precision,
                   cpus_per_replica=cpus_per_replica,
                   gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
                   notice=lambda line: click.echo(line, err=True))

@@ -69,7 +69,7 @@ from ._inputs import (
 )
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
-from ._precision import GateSample, check_precision_options, gate_precision
+from ._precision import CalibrationSample, GateSample, check_precision_options, gate_precision
 from ._references import reference_bytes, run_reference
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
@@ -178,9 +178,10 @@ def build(
     if precision != "fp32":
         samples = [GateSample(index, ref.inputs, ref.outputs)
                    for index, ref in enumerate(references)]
-        samples += [GateSample(index, inputs, flatten(run_reference(
-            forward, dict(zip(declared.names, inputs)), declared.per_shape[index], model_path,
-            declared.dtypes))) for index, inputs in calibrating]
+        samples += [CalibrationSample(index, inputs, partial(
+            _flat_reference, forward, dict(zip(declared.names, inputs)),
+            declared.per_shape[index], model_path, declared.dtypes),
+            f"--calibration {calibration}, {label}") for index, inputs, label in calibrating]
         gated, entries, precision_notes = gate_precision(forward, entries, samples, precision,
                                                           max_error or 0.0)
         reference_notes += precision_notes
@@ -305,6 +306,12 @@ class _Sources:
     hook: Any
     given: Given | None
     seed: int
+
+
+def _flat_reference(forward: Any, inputs: Mapping[str, torch.Tensor], shape_map: Mapping[str, Any],
+                    model_path: Path, dtypes: Mapping[str, str]) -> list[torch.Tensor]:
+    """A calibration sample's float32 outputs, flat (``run_reference``'s checks included)."""
+    return flatten(run_reference(forward, inputs, shape_map, model_path, dtypes))
 
 
 def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[InputDecl],

@@ -56,10 +56,11 @@ def read_reference_inputs(path: Path, dtypes: Mapping[str, str],
     return given
 
 
-def read_calibration(path: Path, dtypes: Mapping[str, str],
-                     shapes: Sequence[Mapping[str, Shape]]) -> list[tuple[int, list[torch.Tensor]]]:
+def read_calibration(path: Path, dtypes: Mapping[str, str], shapes: Sequence[Mapping[str, Shape]]
+                     ) -> list[tuple[int, list[torch.Tensor], str]]:
     """``--calibration`` inputs: samples on which build measures a reduced precision beside
-    the references, each as (the declared entry it fits, its inputs in declared order).
+    the references, each as (the declared entry it fits, its inputs in declared order, the
+    sample's name for messages).
 
     Arrays are named as for ``--reference-inputs``; the arrays that share a suffix form one
     sample (``input_ids.a`` with ``attention_mask.a``; a lone ``x`` or ``input_ids`` is a
@@ -90,7 +91,7 @@ def read_calibration(path: Path, dtypes: Mapping[str, str],
             raise InputFileError(path=where, problem=(
                 f"{label} ({found}) fits no declared shape: calibration inputs are measured "
                 "at the declared shapes"))
-        samples.append((fits[0], [arrays[name] for name in dtypes]))
+        samples.append((fits[0], [arrays[name] for name in dtypes], label))
     if not samples:
         raise InputFileError(path=where, problem="it holds no arrays")
     return samples

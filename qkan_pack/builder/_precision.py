@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import OptionError, PrecisionError
+from ..errors import InputFileError, OptionError, PrecisionError, QkanPackError
 from ..format import (
     AUTO_PRECISION,
     DEFAULT_MAX_ERROR,
@@ -98,6 +98,27 @@ class GateSample:
     want: list[torch.Tensor]
 
 
+class CalibrationSample:
+    """A ``--calibration`` sample: its float32 outputs are computed each time it is measured
+    and dropped after, never held for all samples at once (a small file may hold many inputs
+    of large outputs); the model failing on it is the file's problem, named as such."""
+
+    def __init__(self, entry: int, inputs: list[torch.Tensor],
+                 reference: Callable[[], list[torch.Tensor]], where: str) -> None:
+        self.entry, self.inputs = entry, inputs
+        self._reference, self.where = reference, where
+
+    @property
+    def want(self) -> list[torch.Tensor]:
+        try:
+            return self._reference()
+        except QkanPackError as exc:
+            raise InputFileError(path=self.where, problem=(
+                f"the model cannot run on this sample ({exc}); calibration inputs must be "
+                "values the model takes: finite floats, token ids within the embedding's "
+                "rows")) from exc
+
+
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                    samples: Sequence[GateSample], precision: str,
                    max_error: float) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
@@ -106,6 +127,12 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     precision beyond ``max_error`` is refused (``PrecisionError``); under ``auto`` it is
     left out of the allowed ones, with a note."""
     _refuse_half_models(entries, precision)
+    calibrated = any(isinstance(sample, CalibrationSample) for sample in samples)
+    if precision == "tf32" and calibrated:
+        raise OptionError(option="calibration", value="(a file)", expected=(
+            "no --calibration with --precision tf32: build measures on its CPU, which has no "
+            "TF32, and loads measure the references only; gate tf32 on a GPU with "
+            "`qkan-pack verify --precision tf32`, or build --precision auto"))
     candidates = [p for p in PRECISIONS if p != "fp32"] if precision == AUTO_PRECISION \
         else [precision]
     measured: dict[str, list[float | None]] = {}
@@ -124,7 +151,9 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         allowed.append(candidate)
         if per_entry and per_entry[0] is None:
             notes.append(f"{candidate} cannot be measured on the build host (no TF32 on a CPU): "
-                         "each load measures it on its GPU against max_error")
+                         "each load measures it on its GPU against max_error"
+                         + (", on the references only (the --calibration inputs are not "
+                            "measured for it)" if calibrated else ""))
     entries = [dataclasses.replace(entry, precision_error={
         name: errors[index] for name, errors in measured.items()})
         for index, entry in enumerate(entries)]

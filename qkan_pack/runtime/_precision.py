@@ -299,4 +299,5 @@ def _load_hint(precision: str, overflow: bool) -> str:
     why = ("a NaN/inf or a changed non-float output (float16 overflows beyond 65504: try bf16)"
            if overflow else "this device rounds differently from the build host")
     return (f"The {precision} outputs here are beyond the artifact's max_error ({why}); load "
-            "with precision='fp32', or rebuild with a larger --max-error if that is acceptable")
+            "with precision='fp32' (--precision fp32 for verify, predict and serve), or "
+            "rebuild with a larger --max-error if that is acceptable")

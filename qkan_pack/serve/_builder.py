@@ -25,10 +25,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
-from ..format import SHA256_HEX
+from ..format import PRECISIONS, SHA256_HEX
 from ._app import ServeOptions, app_for
 from ._auth import read_token_file, token_digest
 from ._http import HttpLimits
+from ._launch import load_options
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -58,7 +59,7 @@ ARGS: Mapping[str, Callable[[Any], Any]] = {
     "name": str, "replicas": int, "gpus_per_replica": _finite, "cpus_per_replica": _finite,
     "device": str, "max_batch_size": int, "max_batch_wait_ms": _finite, "exact": _boolean,
     "max_ongoing_requests": int, "max_queued_requests": int, "max_body_mb": _finite,
-    "body_timeout_s": _finite, "grace_s": _finite,
+    "body_timeout_s": _finite, "grace_s": _finite, "precision": str,
 }
 
 
@@ -76,6 +77,9 @@ def read_args(args: Mapping[str, Any]) -> dict[str, Any]:
             read[key] = ARGS[key](value)
         except (TypeError, ValueError) as exc:
             raise ServeError(f"app_builder: argument {key}={value!r}: {exc}") from None
+    if read.get("precision", "recorded") not in ("recorded", *PRECISIONS):
+        raise ServeError(f"app_builder: precision {read['precision']!r}; give recorded or one "
+                         f"of {', '.join(PRECISIONS)}")
     return read
 
 
@@ -114,4 +118,4 @@ def app_builder(args: dict[str, Any]) -> Application:
     expected = read.get("digest")
     artifact = read_artifact(read["artifact"], expected_digest=expected, trusted_keys=keys)
     return app_for(dataclasses.replace(artifact, files={}), options,
-                   predictor_options={"trusted_keys": keys} if keys else None)
+                   predictor_options=load_options(keys, read.get("precision", "recorded")))

@@ -228,7 +228,7 @@ class StopSignal:
 
 def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = None,
                   listen: Listen | None = None, *, token: str | None = None,
-                  trusted_keys: Sequence[str | os.PathLike[str]] = (),
+                  trusted_keys: Sequence[str | os.PathLike[str]] = (), precision: str = "recorded",
                   cpus_per_replica: float | None = None, gpus_per_replica: float | None = None,
                   noop: bool = False, on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
                   notice: Notice = lambda line: None, stop: threading.Event | None = None) -> None:
@@ -268,7 +268,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                                         session.resources())
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
                 app = app_for(artifact, options, noop=noop,
-                              predictor_options={"trusted_keys": keys} if keys else None)
+                              predictor_options=load_options(keys, precision))
                 if session.deploy(app, stopping) is None:
                     return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)
@@ -277,6 +277,14 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                 _wait(signals.event, stop)
             finally:
                 session.close()
+
+
+def load_options(keys: Sequence[str], precision: str) -> dict[str, Any] | None:
+    """What each replica passes ``Predictor.load`` beyond the artifact (None: nothing)."""
+    options: dict[str, Any] = {"trusted_keys": list(keys)} if keys else {}
+    if precision != "recorded":
+        options["precision"] = precision
+    return options or None
 
 
 def fetch_json(url: str, token: str | None, timeout_s: float = 30.0) -> dict[str, Any]:

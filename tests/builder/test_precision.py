@@ -114,6 +114,32 @@ def test_unusable_calibration_files_are_refused_naming_the_array(
     assert info.value.path == f"--calibration {path}"
 
 
+def test_a_calibration_sample_the_model_cannot_run_is_named_as_the_files(
+        tmp_path: Path) -> None:
+    """A NaN in a calibration sample was reported as the model's fault (its weights or
+    --input-range); it is the file's, and the message names the file and the sample."""
+    path = tmp_path / "calibration.npz"
+    bad = np.ones((4, 8), np.float32)
+    bad[0, 0] = np.nan
+    np.savez(path, **{"x.good": np.ones((4, 8), np.float32), "x.bad": bad})
+    with pytest.raises(InputFileError) as info:
+        _build(tmp_path, "nan", precision="bf16", calibration=path)
+    assert info.value.path == f"--calibration {path}, sample 'bad'"
+    assert "the model cannot run on this sample" in info.value.problem
+    assert "NaN/inf" in info.value.problem
+    assert not (tmp_path / "nan").exists()
+
+
+def test_tf32_with_calibration_is_refused_as_unmeasurable(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.npz"
+    np.savez(path, x=np.ones((4, 8), np.float32))
+    with pytest.raises(OptionError, match="no --calibration with --precision tf32"):
+        _build(tmp_path, "tf32", precision="tf32", calibration=path)
+    result = _build(tmp_path, "auto", precision="auto", calibration=path)
+    assert any("the --calibration inputs are not measured for it" in note
+               for note in result.notes)
+
+
 @pytest.mark.parametrize(("kwargs", "option"), [
     ({"precision": "fp8"}, "precision"),
     ({"precision": "bf16", "max_error": 0.0}, "max_error"),
@@ -332,3 +358,22 @@ def test_cli_warm_auto_on_the_cpu_prints_and_records_the_choice(auto_artifact: P
     assert recorded == [payload["precision"]]
     without = CliRunner().invoke(cli, ["warm", str(auto_artifact), "--device", "cpu"])
     assert without.exit_code == 1 and "needs a CUDA GPU" in without.output
+
+
+def test_cli_predict_loads_at_the_precision_asked(auto_artifact: Path, tmp_path: Path) -> None:
+    """A load whose recorded precision fails its gate on a device needs a way back to
+    float32 from every command that loads: predict (and serve) take --precision too."""
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    outputs = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"{precision}.npy"
+        result = CliRunner().invoke(cli, ["predict", str(auto_artifact), "--input",
+                                          f"x={tmp_path / 'x.npy'}", "--device", "cpu",
+                                          "--precision", precision, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        outputs[precision] = np.load(out)
+        with Predictor.load(auto_artifact, device="cpu", precision=precision,
+                            progress=False) as predictor:
+            np.testing.assert_array_equal(outputs[precision], predictor(x))
+    assert not np.array_equal(outputs["fp32"], outputs["bf16"])

@@ -50,6 +50,7 @@ def test_arguments_are_read_from_yaml_or_command_line_text(tmp_path: Path) -> No
     ({"artifact": "a", "token_sha256": "abc"}, "64 lowercase hex digits"),
     ({"artifact": "a", "replicas": 0}, "replicas >= 1"),
     ({"artifact": "a", "name": "a/b"}, "a model name is letters"),
+    ({"artifact": "a", "precision": "fp8"}, "give recorded or one of fp32, tf32, bf16, fp16"),
 ])
 def test_bad_arguments_are_refused_naming_them(args: dict, says: str) -> None:
     with pytest.raises(ServeError) as info:
@@ -146,3 +147,10 @@ def _wait_for(url: str, payload: Any, process: subprocess.Popen, timeout_s: floa
             pass
         time.sleep(1)
     raise AssertionError("serve run did not answer in time")
+
+
+def test_replicas_load_at_the_precision_asked() -> None:
+    from qkan_pack.serve._launch import load_options
+
+    assert load_options([], "recorded") is None
+    assert load_options(["k.pem"], "bf16") == {"trusted_keys": ["k.pem"], "precision": "bf16"}
