@@ -39,7 +39,8 @@ class Predictor:
     else raises ``InputError`` listing what is accepted. Documented results, not errors:
     non-contiguous inputs are copied; ``requires_grad`` inputs are read without autograd
     (outputs never require grad); NaN/inf values are computed as given (checking them would
-    cost a device sync per call); numpy inputs give numpy outputs.
+    cost a device sync per call); numpy inputs give numpy outputs (a bfloat16 one as a host
+    tensor: numpy has no bfloat16).
     """
 
     def __init__(self, loaded: Loaded, options: LoadOptions) -> None:
@@ -120,8 +121,8 @@ class Predictor:
         with self._lock:
             leaves = self._open_runner().run(index, tensors, fit, copy=copy,
                                              out_device=out_device if copy else None)
-        if as_numpy:
-            leaves = [leaf.numpy() for leaf in leaves]
+        if as_numpy:  # numpy has no bfloat16: such an output stays a (host) tensor
+            leaves = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
         return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
 
     def accepted(self) -> str:

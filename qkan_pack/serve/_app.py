@@ -101,6 +101,9 @@ class ServeOptions:
     #: The model's name in the Open Inference Protocol's URLs (``/v2/models/{name}``); None:
     #: the artifact's own (``build --name``, default the model file's stem).
     model_name: str | None = None
+    #: Whether replicas answer the protocol over gRPC (``serve --grpc-port``): they then
+    #: load its stubs as they start (``_oip_grpc.protocol``), before a request arrives.
+    grpc: bool = False
 
     def __post_init__(self) -> None:
         problems = [name for name, ok in (
@@ -177,6 +180,8 @@ class ArtifactServer:
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
                             self._description["accepted"], self.oip)
+        if options.grpc:
+            _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
 
     @property
     def predictor(self) -> Any:
@@ -263,6 +268,27 @@ class ArtifactServer:
                                                              request.model_version, grpc_context):
             return await api.infer(request, grpc_context)
         return api.pb.ModelInferResponse()
+
+
+def _unimplemented(rpc: str) -> Any:
+    async def method(self: ArtifactServer, request: Any, grpc_context: Any = None) -> Any:
+        return self.grpc.unimplemented(rpc, grpc_context)
+
+    method.__name__ = method.__qualname__ = rpc
+    method.__doc__ = f"``{rpc}``: not served (UNIMPLEMENTED)."
+    return method
+
+
+#: The service's unary RPCs this server does not serve (Triton's repository control,
+#: statistics, shared memory, trace and log settings): each answers UNIMPLEMENTED, never
+#: Ray's UNKNOWN naming the replica's own methods.
+UNSERVED_RPCS = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+                 "RepositoryModelUnload", "SystemSharedMemoryStatus",
+                 "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+                 "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+                 "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
+for _rpc in UNSERVED_RPCS:
+    setattr(ArtifactServer, _rpc, _unimplemented(_rpc))
 
 
 class NoopServer:

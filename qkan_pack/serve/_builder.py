@@ -20,6 +20,7 @@ strict inputs.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -46,20 +47,45 @@ def _boolean(text: Any) -> bool:
 
 
 def _finite(text: Any) -> float:
+    if isinstance(text, bool):
+        raise ValueError("not a number")
     value = float(text)
     if not math.isfinite(value):
         raise ValueError("not a finite number")
     return value
 
 
+def _integer(text: Any) -> int:
+    """A whole number: 2 or "2", never 1.7 (which ``int`` would truncate) or true."""
+    if isinstance(text, bool) or not (isinstance(text, int) or str(text).strip().isdigit()):
+        raise ValueError("not a whole number")
+    return int(text)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError("not text")
+    return str(value)
+
+
+def _within(low: float, high: float) -> Callable[[Any], float]:
+    def read(text: Any) -> float:
+        value = _finite(text)
+        if not low <= value <= high:
+            raise ValueError(f"outside [{low:g}, {high:g}]")
+        return value
+    return read
+
+
 #: Each argument the builder takes and how its text (a YAML value, or ``key=value`` of
 #: ``serve run``) is read.
 ARGS: Mapping[str, Callable[[Any], Any]] = {
-    "artifact": str, "digest": str, "keys": str, "token_file": str, "token_sha256": str,
-    "name": str, "replicas": int, "gpus_per_replica": _finite, "cpus_per_replica": _finite,
-    "device": str, "max_batch_size": int, "max_batch_wait_ms": _finite, "exact": _boolean,
-    "max_ongoing_requests": int, "max_queued_requests": int, "max_body_mb": _finite,
-    "body_timeout_s": _finite, "grace_s": _finite, "precision": str,
+    "artifact": _text, "digest": _text, "keys": _text, "token_file": _text,
+    "token_sha256": _text, "name": _text, "replicas": _integer, "gpus_per_replica": _finite,
+    "cpus_per_replica": _finite, "device": _text, "max_batch_size": _integer,
+    "max_batch_wait_ms": _finite, "exact": _boolean, "max_ongoing_requests": _integer,
+    "max_queued_requests": _integer, "max_body_mb": _within(0.001, 65536.0),
+    "body_timeout_s": _within(0.1, 86400.0), "grace_s": _finite, "precision": _text,
 }
 
 
@@ -104,7 +130,8 @@ def options_from(read: Mapping[str, Any]) -> ServeOptions:
     fields = {key: read[key] for key in ("replicas", "gpus_per_replica", "cpus_per_replica",
                                          "device", "max_batch_size", "max_batch_wait_ms",
                                          "exact", "grace_s") if key in read}
-    return ServeOptions(**fields, limits=limits, model_name=read.get("name"))
+    return ServeOptions(**fields, limits=limits, model_name=read.get("name"),
+                        grpc=importlib.util.find_spec("tritonclient") is not None)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

@@ -114,6 +114,7 @@ def ingress_env(listen: Listen, options: ServeOptions, workdir: Path,
            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "2", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "1",
            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(http),
            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(grpc),
+           "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(grpc_message_limit(options.limits)),
            **gate_env(options.limits.token_sha256)}
     if not listen.verbose:
         env["RAY_SERVE_LOG_TO_STDERR"] = "0"
@@ -251,7 +252,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     artifact = replace(read_artifact(path, trusted_keys=keys), files={})
     if artifact.signed_by is not None:
         notice(f"signature verified: signed by {artifact.signed_by}")
-    options = options.for_artifact(artifact.manifest)
+    options = replace(options.for_artifact(artifact.manifest), grpc=listen.grpc_port is not None)
     check_port_free(listen.host, listen.port)
     grpc_options(listen)  # the stubs import and the port is free, before Ray starts
     if listen.host not in LOOPBACK and not token:
@@ -387,6 +388,17 @@ class _RaySession:
             stop_recorded_processes(self.workdir)
 
 
+#: Room for a gRPC message's fields around its tensors (names, shapes, parameters).
+GRPC_MESSAGE_SLACK = 64 * 1024
+
+
+def grpc_message_limit(limits: HttpLimits) -> int:
+    """The largest gRPC message Ray's gRPC servers take (and send): ``--max-body-mb`` as for
+    HTTP bodies, with room for the message's fields. gRPC reads a whole message before any
+    method runs, token check included, so the bound must be the server's own."""
+    return limits.max_body_bytes + GRPC_MESSAGE_SLACK
+
+
 def grpc_options(listen: Listen) -> dict[str, Any] | None:
     """Ray Serve's gRPC ingress serving ``inference.GRPCInferenceService`` on
     ``--grpc-port`` (None: no gRPC). Checked here, before Ray starts its proxies, that the
@@ -397,7 +409,8 @@ def grpc_options(listen: Listen) -> dict[str, Any] | None:
 
     protocol()
     check_port_free(listen.host, listen.grpc_port)
-    return {"port": listen.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}
+    return {"port": listen.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION],
+            "enable_reflection": False}  # reflection answers without the token
 
 
 def replica_device_text(device: str, replicas: int) -> str:

@@ -172,7 +172,7 @@ class OipModel:
                                         "data beyond those the inputs' binary_data_size declare")
         self.check_complete(inputs)
         return InferRequest(inputs, request_id, self._requested(request.get("outputs")),
-                            bool(parameters.get("binary_data_output", False)), parameters)
+                            _flag(parameters, "binary_data_output", "parameters"), parameters)
 
     def _input(self, tensor: Any, where: str, binary: memoryview) -> tuple[str, Given, int]:
         """(name, wire input, binary bytes used) for one request input."""
@@ -192,7 +192,7 @@ class OipModel:
 
     def input_dtype(self, name: Any, datatype: Any, where: str) -> str:
         """The manifest dtype of input ``name`` sent as ``datatype``; refused unless both fit."""
-        if name not in self._dtypes:
+        if not isinstance(name, str) or name not in self._dtypes:
             raise MalformedRequestError(f"{where}: unknown input {name!r}; {self.name} takes "
                                         f"{list(self.input_names)}")
         want = self._dtypes[name]
@@ -215,8 +215,12 @@ class OipModel:
                                         f"{list(self.input_names)}")
 
     def check_outputs(self, names: Sequence[Any]) -> None:
+        seen = set()
         for index, name in enumerate(names):
-            if name not in self._output_index:
+            if isinstance(name, str) and name in seen:
+                raise MalformedRequestError(f"outputs[{index}]: {name!r} is requested twice")
+            seen.add(name if isinstance(name, str) else None)
+            if not isinstance(name, str) or name not in self._output_index:
                 raise MalformedRequestError(
                     f"outputs[{index}]: unknown output {name!r}; {self.name} returns "
                     f"{[t.name for t in self.outputs]}")
@@ -227,7 +231,7 @@ class OipModel:
         if given.array.size != math.prod(shape):
             raise MalformedRequestError(f"{where} ({name}): shape {shape} holds {math.prod(shape)} "
                                         f"values, data has {given.array.size}")
-        return Given(given.array.reshape(shape), None)
+        return Given(reshaped(given.array, shape, name, where), None)
 
     def _requested(self, outputs: Any) -> list[RequestedOutput] | None:
         if outputs is None:
@@ -240,7 +244,8 @@ class OipModel:
         for index, item in enumerate(outputs):
             name = item["name"]
             binary = _parameters(item.get("parameters"), f"outputs[{index}].parameters")
-            requested.append(RequestedOutput(name, bool(binary.get("binary_data", False))))
+            requested.append(RequestedOutput(name, _flag(binary, "binary_data",
+                                                         f"outputs[{index}].parameters")))
         return requested
 
     # -- replies ------------------------------------------------------------------------
@@ -303,8 +308,26 @@ def binary_tensor(binary: memoryview, size: Any, shape: list[int], dtype: str, n
     if len(binary) < size:
         raise MalformedRequestError(f"{where} ({name}): {size} binary bytes declared, "
                                     f"{len(binary)} left in the body")
-    array = np.frombuffer(binary[:size], wire).reshape(shape)
+    array = reshaped(np.frombuffer(binary[:size], wire), shape, name, where)
     return Given(array, dtype)
+
+
+def reshaped(array: np.ndarray, shape: list[int], name: str, where: str) -> np.ndarray:
+    """``array`` in ``shape``; a shape numpy cannot make (a zero-size one whose other
+    dimensions overflow its size type) is the request's fault."""
+    try:
+        return array.reshape(shape)
+    except ValueError as exc:
+        raise MalformedRequestError(f"{where} ({name}): shape {shape} cannot hold the data "
+                                    f"({exc})") from None
+
+
+def _flag(parameters: Mapping[str, Any], key: str, where: str) -> bool:
+    """A boolean parameter: true or false as JSON booleans, never a string or a number."""
+    value = parameters.get(key, False)
+    if not isinstance(value, bool):
+        raise MalformedRequestError(f"{where}.{key} must be true or false, not {value!r}")
+    return value
 
 
 def _host_values(leaf: Any) -> np.ndarray:

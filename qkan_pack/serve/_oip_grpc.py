@@ -13,6 +13,8 @@ UNIMPLEMENTED. The bearer token travels as ``authorization: Bearer ...`` metadat
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +22,7 @@ import numpy as np
 from ..errors import InputError, MalformedRequestError, OverloadedError, ServeError
 from ..format import DTYPES
 from ._auth import bearer_matches
-from ._oip import OIP_DATATYPE, InferRequest, OipModel, RequestedOutput, binary_tensor
+from ._oip import OIP_DATATYPE, InferRequest, OipModel, RequestedOutput, binary_tensor, reshaped
 from ._wire import Given
 
 if TYPE_CHECKING:
@@ -41,17 +43,25 @@ CONTENTS_FIELD = {"float32": "fp32_contents", "float64": "fp64_contents",
 
 
 def protocol() -> ModuleType:
-    """``tritonclient.grpc.service_pb2``, or a ServeError saying what to install."""
+    """``tritonclient.grpc.service_pb2``, or a ServeError saying what to install.
+
+    Its messages name their module ``grpc_service_pb2`` (the name the stubs were generated
+    under), which is not importable: Ray's own gRPC proxy pickles each request and reply to
+    pass it to a replica, and pickle finds a class by its module's name. The stubs are
+    therefore also registered under that name, in every process that handles the protocol
+    (proxies through ``add_inference_service``, replicas when they start)."""
     try:
         from tritonclient.grpc import service_pb2
     except (ImportError, RuntimeError) as exc:  # tritonclient.grpc says RuntimeError for grpc
         raise ServeError(f"--grpc-port needs the protocol's gRPC stubs: {exc}",
                          hint="pip install 'qkan-pack[grpc]' (tritonclient[grpc])") from None
+    sys.modules.setdefault(service_pb2.ModelInferRequest.__module__, service_pb2)
     return service_pb2
 
 
 def add_inference_service(servicer: Any, server: Any) -> None:
     """Ray Serve's servicer function for ``inference.GRPCInferenceService``."""
+    protocol()
     from tritonclient.grpc import service_pb2_grpc
 
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
@@ -91,6 +101,17 @@ class GrpcApi:
             return True
         _fail(context, grpc.StatusCode.NOT_FOUND, self.oip.unknown_model(name, version))
         return False
+
+    def unimplemented(self, rpc: str, context: Any) -> Any:
+        """An RPC of the service this server does not serve: UNIMPLEMENTED (after the token,
+        so that what is served is not told to callers without it)."""
+        import grpc
+
+        if self.authorized(context):
+            _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not served by qkan-pack; "
+                  "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config and "
+                  "ModelInfer")
+        return None
 
     def server_metadata(self) -> Any:
         meta = self.oip.server_metadata()
@@ -167,6 +188,9 @@ class GrpcApi:
             self.oip.check_shape(shape, tensor.name, where)
             if tensor.name in inputs:
                 raise MalformedRequestError(f"input {tensor.name!r} appears twice")
+            if raw and tensor.HasField("contents"):
+                raise MalformedRequestError(f"{where} ({tensor.name}): send raw_input_contents "
+                                            "or contents, not both")
             if raw:
                 data = memoryview(raw[index])
                 inputs[tensor.name] = binary_tensor(data, len(data), shape, want, tensor.name,
@@ -197,10 +221,10 @@ def _typed_contents(tensor: Any, shape: list[int], dtype: str, where: str) -> Gi
         raise MalformedRequestError(f"{where} ({tensor.name}): send {OIP_DATATYPE[dtype]} as "
                                     "raw_input_contents (the protocol has no typed field for it)")
     values = np.asarray(list(getattr(tensor.contents, field)), dtype=np.dtype(DTYPES[dtype].wire))
-    if values.size != int(np.prod(shape)):
+    if values.size != math.prod(shape):
         raise MalformedRequestError(f"{where} ({tensor.name}): shape {shape} holds "
-                                    f"{int(np.prod(shape))} values, contents has {values.size}")
-    return Given(values.reshape(shape), dtype)
+                                    f"{math.prod(shape)} values, contents has {values.size}")
+    return Given(reshaped(values, shape, tensor.name, where), dtype)
 
 
 def _fail(context: Any, code: Any, details: str) -> None:

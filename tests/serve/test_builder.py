@@ -51,6 +51,10 @@ def test_arguments_are_read_from_yaml_or_command_line_text(tmp_path: Path) -> No
     ({"artifact": "a", "replicas": 0}, "replicas >= 1"),
     ({"artifact": "a", "name": "a/b"}, "a model name is letters"),
     ({"artifact": "a", "precision": "fp8"}, "give recorded or one of fp32, tf32, bf16, fp16"),
+    ({"artifact": "a", "name": None}, "argument name=None: not text"),
+    ({"artifact": "a", "replicas": 1.7}, "not a whole number"),
+    ({"artifact": "a", "max_batch_size": True}, "not a whole number"),
+    ({"artifact": "a", "body_timeout_s": 0}, "outside [0.1, 86400]"),
 ])
 def test_bad_arguments_are_refused_naming_them(args: dict, says: str) -> None:
     with pytest.raises(ServeError) as info:
@@ -76,11 +80,13 @@ def test_a_serve_config_file_runs_the_artifact_with_its_token(artifact: Path,
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     digest = read_artifact(artifact).digest
     config = tmp_path / "serve.json"  # Serve config files are YAML, of which JSON is a part
     config.write_text(json.dumps({
         "http_options": {"host": "127.0.0.1", "port": port},
+        "grpc_options": {"port": grpc_port,
+                         "grpc_servicer_functions": ["qkan_pack.serve.add_inference_service"]},
         "applications": [{"name": "qkan-pack", "route_prefix": "/",
                           "import_path": "qkan_pack.serve:app_builder",
                           "args": {"artifact": str(artifact), "digest": digest,
@@ -103,6 +109,13 @@ def test_a_serve_config_file_runs_the_artifact_with_its_token(artifact: Path,
         status, body = _post(f"http://127.0.0.1:{port}/v2/models/mlp/infer", {"inputs": [
             {"name": "x", "shape": [1, 2], "datatype": "FP32", "data": x.ravel().tolist()}]})
         assert status == 200 and body["outputs"][0]["shape"] == [1, 2]
+        grpc_client = pytest.importorskip("tritonclient.grpc")
+        client = grpc_client.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        given = grpc_client.InferInput("x", [1, 2], "FP32")
+        given.set_data_from_numpy(x)
+        result = client.infer("mlp", [given], headers={"authorization": f"Bearer {TOKEN}"})
+        np.testing.assert_allclose(result.as_numpy("output"), np.array(reply["outputs"],
+                                                                       np.float32), rtol=1e-6)
     finally:
         process.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):

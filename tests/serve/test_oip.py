@@ -173,7 +173,8 @@ def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
     running = Server(artifact, ["--auth-token-file", str(token_file), "--name", NAME,
-                                "--grpc-port", str(free_port())], token=TOKEN).start()
+                                "--max-body-mb", "1", "--grpc-port", str(free_port())],
+                     token=TOKEN).start()
     running.grpc_port = int(running.args[-1])
     try:
         yield running
@@ -317,6 +318,12 @@ def test_tritonclient_grpc_sync_and_asyncio(server: Server, predictor: Predictor
         client.infer(NAME, [bad], headers=auth)
     with pytest.raises(InferenceServerException, match="NOT_FOUND"):
         client.get_model_metadata("other", headers=auth)
+    with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not served by qkan-pack"):
+        client.get_inference_statistics(NAME, headers=auth)
+    huge = grpc_client.InferInput("x", [2**18, 2], "FP32")  # 2 MiB, over --max-body-mb 1
+    huge.set_data_from_numpy(np.zeros((2**18, 2), np.float32))
+    with pytest.raises(InferenceServerException, match="RESOURCE_EXHAUSTED"):
+        client.infer(NAME, [huge], headers=auth)
 
     async def with_asyncio() -> np.ndarray:
         async with aio.InferenceServerClient(url) as async_client:
@@ -461,3 +468,24 @@ def test_grpc_infer_is_bounded_by_the_replicas_admission(manifest: Any) -> None:
     full, served = asyncio.run(two_calls())
     assert full.code == grpc.StatusCode.UNAVAILABLE and "overloaded" in full.details
     assert served.code is None and counted == ["overloaded"]
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> None:
+    """``--ingress python`` (also what ``auto`` takes without HAProxy): Ray's proxy pickles
+    each message to pass it on, which the stubs' module name broke (UNKNOWN, PicklingError)."""
+    grpc_client = pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("ray")
+    grpc_port = free_port()
+    running = Server(artifact, ["--ingress", "python", "--grpc-port", str(grpc_port)]).start()
+    try:
+        client = grpc_client.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        x = _rows(1)
+        given = grpc_client.InferInput("x", [1, 2], "FP32")
+        given.set_data_from_numpy(x)
+        result = client.infer(read_artifact(artifact).manifest.metadata.name, [given])
+        np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
+    finally:
+        running.stop()
+        running.kill()
