@@ -543,8 +543,10 @@ def _precision_lines(policy: Any) -> list[str]:
         return []
     allowed = ", ".join(policy.allowed)
     auto = policy.default == "fp32" and len(policy.allowed) > 1
-    head = ("fp32 until `qkan-pack warm --precision auto` chooses per device" if auto
-            else policy.default)
+    head = policy.default
+    if auto:
+        head = ("fp32 where no choice below names the device" if policy.choices
+                else "fp32 until `qkan-pack warm --precision auto` chooses per device")
     lines = [f"precision  {head}; max error {policy.max_error:g} of each output's scale; "
              f"allowed {allowed}"]
     for choice in policy.choices:

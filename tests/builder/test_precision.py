@@ -279,6 +279,9 @@ def test_a_choice_per_shape_is_recorded_and_each_shape_loads_in_its_own(
     choice = result.precision
     assert choice.shapes == ("fp32", "bf16")
     assert read_artifact(auto_artifact).manifest.precision.choices == (choice,)
+    shown = CliRunner().invoke(cli, ["inspect", str(auto_artifact)])
+    assert "fp32 where no choice below names the device" in shown.output
+    assert f"{choice.key}: {choice.precision}; per shape fp32, bf16" in shown.output
     x1, x4 = torch.randn(1, 8), torch.randn(4, 8)
     with Predictor.load(auto_artifact, device="cpu", progress=False) as mixed, \
             Predictor.load(auto_artifact, device="cpu", precision="fp32", progress=False) as fp32, \
