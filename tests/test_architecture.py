@@ -49,7 +49,7 @@ PUBLIC = {
                         "run_cold", "run_serve_load", "write_cold_json", "write_cold_plot",
                         "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
     "qkan_pack.runtime": [
-        "ARRAY_SUFFIXES", "read_array_file",
+        "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
         "TRITON_CACHE_ENV", "VerifiedArtifact", "WARMUP_CALLS", "accepts_device",
         "artifact_digest", "bind_forward", "call_factory", "capture_graph", "capture_session",

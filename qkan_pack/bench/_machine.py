@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,12 +27,8 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from ..runtime import cpu_model
+
+    return cpu_model() or platform.machine()
 
 

@@ -57,9 +57,17 @@ def full_float32(device: torch.device) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
+    with tf32_switches(False):
+        yield
+
+
+@contextlib.contextmanager
+def tf32_switches(allowed: bool) -> Iterator[None]:
+    """torch's TF32 switches for matmuls and cuDNN set to ``allowed`` for the block, restored
+    after (process-wide: the caller holds the capture-session lock)."""
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    torch.backends.cudnn.allow_tf32 = allowed
     try:
         yield
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from ..errors import IncompatibleArtifactError
 from ..format import Manifest
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["package_versions"]
+__all__ = ["cpu_model", "package_versions"]
 
 
 #: Packages whose versions the runtime compares with the build host's.
@@ -99,3 +100,15 @@ def _breaking(text: str) -> tuple[int, ...]:
     """The component whose change may break compatibility (semver; 0.x counts the minor)."""
     release = (*_release(text), 0, 0)
     return release[:2] if release[0] == 0 else release[:1]
+
+
+def cpu_model() -> str:
+    """This host's CPU model name (``/proc/cpuinfo``, else ``platform.processor()``); empty
+    when neither says (callers pick their own stand-in)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

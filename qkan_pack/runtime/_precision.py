@@ -25,13 +25,14 @@ import contextlib
 import platform
 import re
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import PrecisionError
 from ..format import PRECISIONS, Manifest, PrecisionChoice
+from ._calling import tf32_switches
+from ._compat import cpu_model
 from ._options import Tolerance
 from ._report import PrecisionRecord
 from ._selftest import compare
@@ -141,13 +142,8 @@ def precision_scope(precision: str, device: torch.device) -> Iterator[None]:
     if precision != "tf32" or device.type != "cuda":
         yield
         return
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    try:
+    with tf32_switches(True):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> list[float]:
@@ -176,22 +172,12 @@ def precision_key(device: torch.device) -> tuple[str, dict[str, str]]:
         name = torch.cuda.get_device_name(device)
         details = {"gpu": name, "arch": f"sm_{major}{minor}"}
         return f"sm{major}{minor}-{_slug(name)}", details
-    name = _cpu_name()
+    name = cpu_model() or "unknown"
     return f"cpu-{platform.machine()}-{_slug(name)}", {"cpu": name, "machine": platform.machine()}
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")[:80] or "unknown"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def resolve_precision(manifest: Manifest, device: torch.device, asked: str,

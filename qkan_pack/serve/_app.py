@@ -38,6 +38,7 @@ from ._cluster import load_failed, this_node
 from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._oip import OipModel
+from ._oip_grpc import IMPLEMENTED, UNSERVED
 from ._rows import describe_artifact, largest_batch, row_plan
 from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
@@ -226,69 +227,20 @@ class ArtifactServer:
                                  self.http.limits.retry_after_s)
         return self._grpc
 
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
-        if self.grpc.authorized(grpc_context):
-            return self.grpc.pb.ServerLiveResponse(live=True)
-        return self.grpc.pb.ServerLiveResponse()
 
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        if self.grpc.authorized(grpc_context):
-            return self.grpc.pb.ServerReadyResponse(ready=True)
-        return self.grpc.pb.ServerReadyResponse()
-
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        if self.grpc.authorized(grpc_context):
-            return self.grpc.server_metadata()
-        return self.grpc.pb.ServerMetadataResponse()
-
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        api = self.grpc
-        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
-                                                             grpc_context):
-            return api.pb.ModelReadyResponse(ready=True)
-        return api.pb.ModelReadyResponse()
-
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        api = self.grpc
-        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
-                                                             grpc_context):
-            return api.model_metadata()
-        return api.pb.ModelMetadataResponse()
-
-    async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:
-        api = self.grpc
-        if api.authorized(grpc_context) and api.model_known(request.name, request.version,
-                                                             grpc_context):
-            return api.model_config()
-        return api.pb.ModelConfigResponse()
-
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        api = self.grpc
-        if api.authorized(grpc_context) and api.model_known(request.model_name,
-                                                             request.model_version, grpc_context):
-            return await api.infer(request, grpc_context)
-        return api.pb.ModelInferResponse()
-
-
-def _unimplemented(rpc: str) -> Any:
+def _rpc_method(rpc: str) -> Any:
+    """The replica's method for RPC ``rpc`` of ``inference.GRPCInferenceService``: Ray Serve
+    calls the method named after the RPC with its request message (``GrpcApi.answer``)."""
     async def method(self: ArtifactServer, request: Any, grpc_context: Any = None) -> Any:
-        return self.grpc.unimplemented(rpc, grpc_context)
+        return await self.grpc.answer(rpc, request, grpc_context)
 
     method.__name__ = method.__qualname__ = rpc
-    method.__doc__ = f"``{rpc}``: not served (UNIMPLEMENTED)."
+    method.__doc__ = f"``{rpc}`` of the Open Inference Protocol over gRPC."
     return method
 
 
-#: The service's unary RPCs this server does not serve (Triton's repository control,
-#: statistics, shared memory, trace and log settings): each answers UNIMPLEMENTED, never
-#: Ray's UNKNOWN naming the replica's own methods.
-UNSERVED_RPCS = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
-                 "RepositoryModelUnload", "SystemSharedMemoryStatus",
-                 "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
-                 "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
-                 "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
-for _rpc in UNSERVED_RPCS:
-    setattr(ArtifactServer, _rpc, _unimplemented(_rpc))
+for _rpc in (*IMPLEMENTED, *UNSERVED):
+    setattr(ArtifactServer, _rpc, _rpc_method(_rpc))
 
 
 class NoopServer:

@@ -269,7 +269,7 @@ class OipModel:
             entry: dict[str, Any] = {"name": name, "datatype": OIP_DATATYPE[dtype],
                                      "shape": list(values.shape)}
             if binary.get(name, request.binary_outputs):
-                raw = _raw_bytes(values, dtype)
+                raw = raw_bytes(values, dtype)
                 entry["parameters"] = {"binary_data_size": len(raw)}
                 blobs.append(raw)
             else:
@@ -337,7 +337,7 @@ def _host_values(leaf: Any) -> np.ndarray:
     return np.asarray(leaf)
 
 
-def _raw_bytes(values: np.ndarray, dtype: str) -> bytes:
+def raw_bytes(values: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(values, dtype=np.dtype(DTYPES[dtype].wire)).tobytes()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,15 @@ import numpy as np
 from ..errors import InputError, MalformedRequestError, OverloadedError, ServeError
 from ..format import DTYPES
 from ._auth import bearer_matches
-from ._oip import OIP_DATATYPE, InferRequest, OipModel, RequestedOutput, binary_tensor, reshaped
+from ._oip import (
+    OIP_DATATYPE,
+    InferRequest,
+    OipModel,
+    RequestedOutput,
+    binary_tensor,
+    raw_bytes,
+    reshaped,
+)
 from ._wire import Given
 
 if TYPE_CHECKING:
@@ -36,6 +45,13 @@ SERVICER_FUNCTION = "qkan_pack.serve._oip_grpc.add_inference_service"
 #: shared-memory and trace RPCs) answer UNIMPLEMENTED.
 IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
                "ModelInfer", "ModelConfig")
+#: The service's unary RPCs this server does not serve (Triton's repository control,
+#: statistics, shared memory, trace and log settings): each answers UNIMPLEMENTED, never
+#: Ray's UNKNOWN naming the replica's own methods. (Streaming inference is not served.)
+UNSERVED = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+            "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+            "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+            "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
 #: The typed ``InferTensorContents`` field of each manifest dtype (half floats: raw only).
 CONTENTS_FIELD = {"float32": "fp32_contents", "float64": "fp64_contents",
                   "int8": "int_contents", "int16": "int_contents", "int32": "int_contents",
@@ -101,6 +117,31 @@ class GrpcApi:
             return True
         _fail(context, grpc.StatusCode.NOT_FOUND, self.oip.unknown_model(name, version))
         return False
+
+    async def answer(self, rpc: str, request: Any, context: Any) -> Any:
+        """One RPC: the token first, then (for a model's RPCs) the model's name and version,
+        then the answer; a refusal is the RPC's empty reply with its status set."""
+        if rpc not in IMPLEMENTED:
+            return self.unimplemented(rpc, context)
+        if not self.authorized(context):
+            return getattr(self.pb, f"{rpc}Response")()
+        if rpc.startswith("Model"):
+            name, version = ((request.model_name, request.model_version) if rpc == "ModelInfer"
+                             else (request.name, request.version))
+            if not self.model_known(name, version, context):
+                return getattr(self.pb, f"{rpc}Response")()
+        if rpc == "ModelInfer":
+            return await self.infer(request, context)
+        return self._answers[rpc]()
+
+    @property
+    def _answers(self) -> dict[str, Callable[[], Any]]:
+        pb = self.pb
+        return {"ServerLive": lambda: pb.ServerLiveResponse(live=True),
+                "ServerReady": lambda: pb.ServerReadyResponse(ready=True),
+                "ModelReady": lambda: pb.ModelReadyResponse(ready=True),
+                "ServerMetadata": self.server_metadata, "ModelMetadata": self.model_metadata,
+                "ModelConfig": self.model_config}
 
     def unimplemented(self, rpc: str, context: Any) -> Any:
         """An RPC of the service this server does not serve: UNIMPLEMENTED (after the token,
@@ -210,8 +251,7 @@ class GrpcApi:
         for name, values, dtype in self.oip.output_values(outputs, parsed):
             response.outputs.append(pb.ModelInferResponse.InferOutputTensor(
                 name=name, datatype=OIP_DATATYPE[dtype], shape=list(values.shape)))
-            response.raw_output_contents.append(
-                np.ascontiguousarray(values, dtype=np.dtype(DTYPES[dtype].wire)).tobytes())
+            response.raw_output_contents.append(raw_bytes(values, dtype))
         return response
 
 
