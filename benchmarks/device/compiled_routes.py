@@ -12,14 +12,19 @@ callable against one of the eager model (replays timed with CUDA events).
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 T0 = time.perf_counter()
+DEVICE = os.environ.get("PROBE_DEVICE", "cuda")
+ROUTES = os.environ.get("ROUTES", "standalone,standalone_aot").split(",")
 MODELS = {"qkan64": ("examples/qkan_mlp.py", {"width": [64, 64, 64]}, (1, 64), "float32"),
-          "hqkan_gpt": ("examples/hqkan_gpt.py", {}, (1, 128), "int64")}
+          "hqkan_gpt": ("examples/hqkan_gpt.py", {}, (1, 128), "int64"),
+          "plain": ("examples/plain_mlp.py", {}, (4, 4), "float32")}
+MODELS = {k: MODELS[k] for k in os.environ.get("MODELS", "qkan64,hqkan_gpt").split(",")}
 
 
 def make(name):
@@ -32,12 +37,14 @@ def make(name):
     sys.modules[spec.name] = module  # what the serialised code imports by name
     spec.loader.exec_module(module)
     torch.manual_seed(0)
-    model = module.build_model(device="cuda", **config).eval()
-    g = torch.Generator(device="cuda").manual_seed(1)
+    takes_device = "device" in module.build_model.__code__.co_varnames
+    model = module.build_model(**config, **({"device": DEVICE} if takes_device else {}))
+    model = model.eval().to(DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(1)
     if dtype == "int64":
-        x = torch.randint(0, 256, shape, device="cuda", generator=g)
+        x = torch.randint(0, 256, shape, device=DEVICE, generator=g)
     else:
-        x = torch.randn(shape, device="cuda", generator=g)
+        x = torch.randn(shape, device=DEVICE, generator=g)
     return model, x
 
 
@@ -74,24 +81,84 @@ def save(name, route, out):
             data = type(compiled).serialize(compiled, external_data={"model": model}).serialized_data
             with open(out, "wb") as f:
                 f.write(data)
+        elif route.startswith("standalone"):
+            standalone_save(model, x, out, aot=route == "standalone_aot")
         else:
             ep = torch.export.export(model, (x,), strict=False)
             torch._inductor.aoti_compile_and_package(ep, package_path=out)
     print(json.dumps({"compile_s": time.perf_counter() - t, "bytes": os.path.getsize(out)}))
 
 
+def standalone_save(model, x, out, aot):
+    """dynamo's graph (fullgraph) -> inductor's standalone_compile, with a plan saying which
+    graph input is the model input and which a parameter/buffer, and which graph output
+    the model returns."""
+    import torch
+    from torch._inductor import standalone_compile
+    graphs, returned = [], []
+
+    def backend(gm, example):
+        graphs.append((gm, list(example)))
+
+        def run(*args):
+            result = gm.forward(*args)
+            returned.append(result)
+            return result
+        return run
+    torch._dynamo.reset()
+    out_value = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(x)
+    (gm, example), = graphs
+    state = {id(t): k for k, t in list(model.named_parameters(remove_duplicate=False))
+             + list(model.named_buffers(remove_duplicate=False))}
+    args = []
+    for tensor in example:
+        if tensor is x:
+            args.append(["input", 0])
+        elif id(tensor) in state:
+            args.append(["state", state[id(tensor)]])
+        else:
+            raise RuntimeError(f"graph input neither the model input nor a parameter/buffer: "
+                               f"{type(tensor)} {getattr(tensor, 'shape', None)}")
+    output = next(i for i, t in enumerate(returned[0]) if t is out_value)
+    artifact = standalone_compile(gm, example, dynamic_shapes="from_example_inputs", aot=aot)
+    artifact.save(path=out, format="binary")
+    with open(out + ".json", "w") as f:
+        json.dump({"args": args, "output": output}, f)
+
+
 def load(name, route, path):
     t_torch = time.perf_counter()
     import torch
-    torch.cuda.init()
+    if DEVICE == "cuda":
+        torch.cuda.init()
     t_model = time.perf_counter()
     model, x = make(name)
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
     t_load = time.perf_counter()
+    profiler = None
+    if os.environ.get("PROBE_PROFILE"):
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     if route == "aot":
         with open(path, "rb") as f:
             fn = torch.compiler.load_compiled_function(f, external_data={"model": model},
                                                        f_globals=sys.modules[type(model).__module__].__dict__)
+    elif route.startswith("standalone"):
+        t_import = time.perf_counter()
+        from torch._inductor import CompiledArtifact
+        t_imported = time.perf_counter()
+        artifact = CompiledArtifact.load(path=path, format="binary")
+        with open(path + ".json") as f:
+            plan = json.load(f)
+        state = dict(model.named_parameters(remove_duplicate=False))
+        state.update(model.named_buffers(remove_duplicate=False))
+        fixed = [None if kind == "input" else state[name] for kind, name in plan["args"]]
+
+        def fn(t):
+            return artifact(*[t if f is None else f for f in fixed])[plan["output"]]
+        import_inductor_s = t_imported - t_import
     elif route == "aoti_loader":
         loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, 0)
         fn = lambda t: loader.run([t])[0]  # noqa: E731
@@ -104,14 +171,26 @@ def load(name, route, path):
             y = y[0]
         y = y.float().cpu()
     t_done = time.perf_counter()
+    if profiler is not None:
+        import pstats
+        profiler.disable()
+        with open(os.environ["PROBE_PROFILE"], "w") as f:
+            stats = pstats.Stats(profiler, stream=f)
+            stats.sort_stats("cumulative").print_stats(45)
+            stats.sort_stats("tottime").print_stats(20)
     with torch.no_grad():
         ref = model(x).float().cpu()
     from torch._dynamo.utils import counters
     row = {"import_torch_s": t_model - t_torch, "model_s": t_load - t_model,
            "load_s": t_first - t_load, "first_call_s": t_done - t_first,
            "process_to_first_s": t_done - T0,
+           "import_inductor_s": locals().get("import_inductor_s"),
+           "dynamo_tracer_imported": "torch._dynamo.symbolic_convert" in sys.modules,
            "dynamo_frames_at_load": int(counters["stats"].get("unique_graphs", 0)),
            "max_abs_vs_eager": float((y - ref).abs().max()), "ref_scale": float(ref.abs().max())}
+    if DEVICE != "cuda":
+        print(json.dumps(row))
+        return
     try:
         def one(t):
             out = fn(t)
@@ -140,10 +219,11 @@ def main(outdir):
     os.makedirs(outdir, exist_ok=True)
     results = {}
     for name in MODELS:
-        for route in ("aot", "aoti"):
-            path = os.path.join(outdir, f"{name}-{route}." + ("bin" if route == "aot" else "pt2"))
+        for route in ROUTES:
+            path = os.path.join(outdir, f"{name}-{route}." + ("pt2" if route == "aoti" else "bin"))
+            triton = os.path.join(outdir, f"{name}-{route}-triton")
             with tempfile.TemporaryDirectory() as tmp:
-                env = dict(os.environ, TRITON_CACHE_DIR=tmp + "/t", TORCHINDUCTOR_CACHE_DIR=tmp + "/i")
+                env = dict(os.environ, TRITON_CACHE_DIR=triton, TORCHINDUCTOR_CACHE_DIR=tmp + "/i")
                 try:
                     saved = child(["save", name, route, path], env, 240)
                 except subprocess.TimeoutExpired:
@@ -152,15 +232,21 @@ def main(outdir):
             results[f"{name}/{route}/save"] = saved
             if saved.get("rc") != 0:
                 continue
-            for load_route in ((route,) if route == "aot" else ("aoti", "aoti_loader")):
-                for run in range(3):
+            for load_route in (("aoti", "aoti_loader") if route == "aoti" else (route,)):
+                for run in range(4):
                     with tempfile.TemporaryDirectory() as tmp:
+                        shipped = run > 0  # Triton's cache from the compile, as warm ships it
+                        if shipped and os.path.isdir(triton):
+                            shutil.copytree(triton, tmp + "/t")
                         env = dict(os.environ, TRITON_CACHE_DIR=tmp + "/t",
                                    TORCHINDUCTOR_CACHE_DIR=tmp + "/i")
+                        if run == 3:
+                            env["PROBE_PROFILE"] = os.path.join(outdir, f"{name}-{load_route}.prof.txt")
                         try:
                             loaded = child(["load", name, load_route, path], env, 120)
                         except subprocess.TimeoutExpired:
                             loaded = {"rc": "timeout"}
+                    loaded["triton_cache_shipped"] = shipped
                     print(name, load_route, "load", run, loaded, flush=True)
                     results[f"{name}/{load_route}/load{run}"] = loaded
     with open(os.path.join(outdir, "compiled_routes.json"), "w") as f:
