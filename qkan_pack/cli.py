@@ -390,8 +390,9 @@ def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple 
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--device", default="cuda", show_default=True, help="cuda or cuda:N.")
 @click.option("--compiled", is_flag=True,
-              help="Also compile the model with torch.compile (inductor) and ship inductor's "
-              "cache, for Predictor.load(..., compiled='shipped').")
+              help="Also ship the model compiled by inductor, one graph per shape, loaded "
+              "without tracing by Predictor.load(..., compiled='shipped') (a model dynamo "
+              "cannot capture whole ships inductor's cache for torch.compile instead).")
 @click.option("--precision", type=click.Choice([AUTO_PRECISION]),
               help="auto: first time every precision the build allowed on this device, gated "
               "here against its max error, and record the fastest for this kind of device "
@@ -410,7 +411,7 @@ def warm(directory: Path, device: str, compiled: bool, precision: str | None,
     result = _warm(directory, device, compiled=compiled, precision=precision, as_json=as_json)
     if as_json:
         _emit({"path": str(result.path), "key": result.key, "files": result.files,
-               "bytes": result.bytes, "digest": result.digest,
+               "bytes": result.bytes, "digest": result.digest, "compiled": result.compiled,
                "precision": None if result.precision is None
                else precision_choice_to_dict(result.precision)})
 
@@ -433,6 +434,8 @@ def _warm(directory: Path, device: str, *, compiled: bool = False, precision: st
     if result.files or precision is None:
         _say(f"shipped {result.files} kernel files ({result.bytes / 2**20:.2f} MiB) as "
              f"{result.key} in {result.path}", err=as_json)
+    if result.compiled is not None:
+        _say(f"compiled mode: {result.compiled}", err=as_json)
     _say(f"digest {result.digest}", err=as_json)
     return result
 

@@ -50,6 +50,7 @@ PUBLIC = {
                         "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
+        "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
         "TRITON_CACHE_ENV", "VerifiedArtifact", "WARMUP_CALLS", "accepts_device",
         "artifact_digest", "bind_forward", "call_factory", "capture_graph", "capture_session",

@@ -24,7 +24,7 @@ STAGE_LABELS = {
     "reference self-test": "reference self-test",
     "precision gate": "precision gate",
     "replay baseline": "eager replay baseline",
-    "compile": "torch.compile",
+    "compile": "compiled code (load or compile)",
     "capture": "graph capture",
     "self-test": "replay self-test",
     "load, other": "load, other",

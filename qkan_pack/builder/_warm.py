@@ -6,8 +6,14 @@ launcher stubs) lands there; those files are stored under ``kernels/<key>/`` wit
 digests in the manifest, and a fresh GPU host of the same kind then loads pre-warmed.
 The child also records Triton's installation key (``runtime/_triton_compat``) so that loads
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
-inductor cache too) and also ships inductor's cache artifacts (``torch.compiler.save_cache_artifacts()``) as
-``kernels/<key>-inductor.bin``, named in the set's details, for ``compiled="shipped"``.
+inductor cache too) and ships its precompiled graphs (``runtime/_precompiled``: traced and
+compiled once per shape, loaded later without tracing) under ``kernels/<key>-precompiled/``,
+named in the set's details; a fresh process then loads the warmed artifact with
+``compiled="shipped"`` as a probe, and if that fails (or crashes) the forms are dropped, the
+reason recorded (``precompiled_refused``), and inductor's cache artifacts
+(``torch.compiler.save_cache_artifacts()``, for torch.compile at load) shipped instead as
+``kernels/<key>-inductor.bin``; so are they for a model with no precompiled form (a graph
+break).
 With ``precision="auto"`` it first times every precision the build allowed on this device
 (``_precision.choose_precision``) and records the fastest for this kind of device; the
 kernels are then compiled at that precision. The whole read-compile-write holds the
@@ -31,11 +37,16 @@ from ..errors import DeviceError, KernelCacheError, OptionError
 from ..format import AUTO_PRECISION, KERNELS_DIR, KernelSet, PrecisionChoice, check_device_text
 from ..runtime import (
     INDUCTOR_MODE,
+    PLAN_FILE,
+    PRECOMPILED_OFF,
+    PRECOMPILED_OUT_ENV,
+    REFUSED_FILE,
     TRITON_CACHE_ENV,
     VerifiedArtifact,
     collect_kernel_cache,
     inductor_file,
     kernel_key,
+    precompiled_dir,
     read_artifact,
     resolve_device,
     triton_key_file,
@@ -56,6 +67,8 @@ class WarmResult:
     digest: str
     #: What ``precision="auto"`` measured and chose on this device (None: not asked).
     precision: PrecisionChoice | None = None
+    #: With ``compiled``: "precompiled graphs", or why there are none (then inductor's cache).
+    compiled: str | None = None
 
 
 def check_warm_device(device: str) -> torch.device:
@@ -114,19 +127,24 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
         if not shipped:
             return WarmResult(path=root, key=key, files=0, bytes=0, digest=artifact.digest,
                               precision=choice)
-        return dataclasses.replace(_store(root, artifact, key, details, shipped),
-                                   precision=choice)
+        result = _store(root, artifact, key, details, shipped)
+        if compiled:
+            result = _probe_precompiled(root, target, key, details, config_overrides or {},
+                                        result)
+        return dataclasses.replace(result, precision=choice)
 
 
 def _compile_kernels(root: Path, target: torch.device, key: str, details: Mapping[str, str],
-                     overrides: Mapping[str, object], compiled: bool, *, required: bool = True
-                     ) -> tuple[dict[str, str], dict[str, bytes]]:
+                     overrides: Mapping[str, object], compiled: bool, *, required: bool = True,
+                     precompile: bool = True) -> tuple[dict[str, str], dict[str, bytes]]:
     """Load ``root`` in a child with empty caches; the kernel set's details and files (none,
     when nothing compiled and ``required`` is off)."""
     details = dict(details)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
         cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
-        _compile_in_child(root, str(target), Path(scratch), overrides, compiled)
+        forms = Path(scratch) / "precompiled"
+        _compile_in_child(root, str(target), Path(scratch), overrides, compiled,
+                          forms if precompile else None)
         shipped = {f"{KERNELS_DIR}/{key}/{name}": data
                    for name, data in collect_kernel_cache(cache).items()}
         if not shipped and not required:
@@ -136,7 +154,14 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
                 f"loading {root} on {target} compiled no Triton kernels: nothing to ship "
                 "(the model uses only precompiled torch kernels, so cold starts are already warm)"
             )
-        if compiled:
+        if compiled and (forms / PLAN_FILE).exists():
+            directory = precompiled_dir(f"{KERNELS_DIR}/{key}")
+            details["precompiled"] = f"{directory}/{PLAN_FILE}"
+            shipped.update({f"{directory}/{path.name}": path.read_bytes()
+                            for path in sorted(forms.iterdir()) if path.name != REFUSED_FILE})
+        elif compiled:
+            if (forms / REFUSED_FILE).exists():
+                details["precompiled_refused"] = (forms / REFUSED_FILE).read_text()[:500]
             details.update(inductor=inductor_file(f"{KERNELS_DIR}/{key}"),
                            inductor_mode=INDUCTOR_MODE)
             shipped[details["inductor"]] = _inductor_bytes(inductor, root)
@@ -145,6 +170,38 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
             details["triton_key"] = triton_key_file(f"{KERNELS_DIR}/{key}")
             shipped[details["triton_key"]] = record.read_bytes()
     return details, shipped
+
+
+_PROBE = """
+import sys
+from qkan_pack import Predictor
+predictor = Predictor.load(sys.argv[1], device=sys.argv[2], compiled="shipped")
+print(predictor.report.compiled)
+sys.exit(0 if predictor.report.compiled.startswith("precompiled") else 3)
+"""
+
+
+def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapping[str, str],
+                       overrides: Mapping[str, object], stored: WarmResult) -> WarmResult:
+    """Load the warmed artifact in a fresh process as a GPU host would (``compiled=
+    "shipped"``). Precompiled graphs that fail there, or crash it, are replaced by inductor's
+    cache (torch.compile at load), the reason recorded in the set's details."""
+    if "precompiled" not in details:
+        return dataclasses.replace(stored, compiled="no precompiled graphs ("
+                                   + details.get("precompiled_refused", "none made") + ")")
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(target)],
+                           capture_output=True, text=True, check=False,
+                           env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    if probe.returncode == 0:
+        return dataclasses.replace(stored, compiled="precompiled graphs")
+    said = (probe.stdout.strip() or probe.stderr.strip() or "no output").splitlines()[-1]
+    reason = (f"a fresh process loading them exited with {probe.returncode}: {said}")[:500]
+    details = {k: v for k, v in details.items() if k != "precompiled"}
+    details, shipped = _compile_kernels(root, target, key, details, overrides, True,
+                                        precompile=False)
+    details["precompiled_refused"] = reason
+    result = _store(root, read_artifact(root), key, details, shipped)
+    return dataclasses.replace(result, compiled=f"no precompiled graphs ({reason})")
 
 
 def _inductor_bytes(path: Path, root: Path) -> bytes:
@@ -165,7 +222,8 @@ def _store(root: Path, artifact: VerifiedArtifact, key: str, details: Mapping[st
     directory = f"{KERNELS_DIR}/{key}"
     own = {inductor_file(directory), triton_key_file(directory)}
     files = {name: data for name, data in artifact.files.items()
-             if not name.startswith(directory + "/") and name not in own}
+             if not name.startswith((directory + "/", precompiled_dir(directory) + "/"))
+             and name not in own}
     files.update(shipped)
     kernel_sets = [k for k in artifact.manifest.kernels if k.key != key]
     kernel_sets.append(KernelSet(key=key, directory=directory, details=dict(details)))
@@ -182,7 +240,7 @@ from qkan_pack.runtime import record_installation
 root, device, overrides, compiled, inductor, key_record = sys.argv[1:7]
 predictor = Predictor.load(root, device=device, kernels="off", compiled="on" if compiled == "1"
                            else "off", config_overrides=json.loads(overrides))
-if compiled == "1" and not predictor.report.compiled.startswith("inductor"):
+if compiled == "1" and predictor.report.compiled.startswith("off"):
     sys.exit(f"compiled mode did not compile: {predictor.report.compiled}")
 predictor.close()
 record = record_installation()
@@ -198,12 +256,14 @@ if compiled == "1":
 """
 
 
-def _compile_in_child(root: Path, device: str, scratch: Path,
-                      overrides: Mapping[str, object], compiled: bool) -> None:
-    """Load the artifact in a fresh process whose Triton (and inductor) caches start empty."""
+def _compile_in_child(root: Path, device: str, scratch: Path, overrides: Mapping[str, object],
+                      compiled: bool, forms: Path | None) -> None:
+    """Load the artifact in a fresh process whose Triton (and inductor) caches start empty;
+    in compiled mode its precompiled graphs go to ``forms`` (None: none made)."""
     (scratch / "triton").mkdir()
     env = {**os.environ, TRITON_CACHE_ENV: str(scratch / "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache"),
+           PRECOMPILED_OUT_ENV: str(forms) if forms is not None else PRECOMPILED_OFF}
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(root), device, json.dumps(dict(overrides)),
          "1" if compiled else "0", str(scratch / "inductor.bin"),

@@ -36,8 +36,15 @@ from ..errors import CaptureError
 from ..format import CapturePolicy, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
-from ._kernels import PROCESS_CACHES, matching_set
+from ._kernels import PROCESS_CACHES, matching_set, precompiled_dir
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
+from ._precompiled import (
+    PrecompileRefused,
+    export_forms,
+    export_refusal,
+    load_precompiled,
+    precompile,
+)
 from ._report import LoadReport
 from ._selftest import check_outputs
 from ._source import describe
@@ -67,6 +74,27 @@ def shipped_inductor(artifact: VerifiedArtifact, target: torch.device) -> tuple[
     return artifact.files[name], f"shipped inductor cache {kernel_set.key}"
 
 
+def shipped_precompiled(artifact: VerifiedArtifact, target: torch.device
+                        ) -> tuple[tuple[str, bytes, dict[str, bytes]] | None, str]:
+    """This host's shipped precompiled graphs (set key, plan, graph files by name), and a
+    sentence saying which/why not."""
+    if target.type != "cuda":
+        return None, "precompiled graphs ship for GPU hosts only"
+    kernel_set, why = matching_set(artifact, target.index or 0)
+    if kernel_set is None:
+        return None, why
+    plan = kernel_set.details.get("precompiled")
+    if not plan or plan not in artifact.files:
+        refused = kernel_set.details.get("precompiled_refused")
+        return None, (f"the kernel set {kernel_set.key} has no precompiled graphs ("
+                      + (f"warm refused them: {refused})" if refused else
+                         "run `qkan-pack warm --compiled` on this kind of host)"))
+    prefix = precompiled_dir(kernel_set.directory) + "/"
+    files = {name[len(prefix):]: data for name, data in artifact.files.items()
+             if name.startswith(prefix)}
+    return (kernel_set.key, artifact.files[plan], files), f"shipped precompiled graphs {kernel_set.key}"
+
+
 def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: torch.device,
                    artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
                    eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
@@ -79,9 +107,16 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
     if report.precision.reduced:
         return _today(today, report, make_runner,
                       f"compiled mode computes in float32 only ({report.precision} here)")
+    runner, why = _serve_precompiled(model, forward, target, artifact, samples, expected, report,
+                                     options, make_runner)
+    if runner is not None:
+        return runner
     cache, source = shipped_inductor(artifact, target)
     if cache is None and options.compiled == "shipped":
-        return _today(today, report, make_runner, f"compiled='shipped' but {source}")
+        return _today(today, report, make_runner, f"compiled='shipped' but {why}")
+    if why:
+        report.warn(f"no precompiled graphs: {why}; compiled mode traces the model here "
+                    "(torch.compile)")
     before = _dynamo_counts()
     with _inductor_cache(cache, report, target) as note, _recompile_room(len(samples)):
         try:
@@ -104,6 +139,42 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
     report.compiled = (f"inductor (mode {INDUCTOR_MODE}): {graphs} graph(s), {breaks} graph "
                        f"break(s); {note or source}")
     return runner
+
+
+def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], target: torch.device,
+                       artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
+                       expected: list[list[torch.Tensor]], report: LoadReport,
+                       options: LoadOptions, make_runner: MakeRunner) -> tuple[Any, str]:
+    """The runner over precompiled graphs (shipped, or made here for ``"on"``), or None and
+    why not (empty when none were looked for)."""
+    shipped, why = shipped_precompiled(artifact, target)
+    if shipped is None and options.compiled != "on":
+        return None, why
+    labels = [label for label, _ in samples]
+    with _private_inductor_dir(), report.stage("compile"):
+        try:
+            if shipped is not None:
+                key, plan, files = shipped
+                compiled_forward = load_precompiled(model, plan, files, labels)
+                source = f"shipped with the kernel set {key}, loaded without tracing"
+            else:
+                made, files, compiled_forward = precompile(model, forward, samples)
+                export_forms(made.to_json(), files)
+                source = "traced and compiled here"
+            outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
+        except PrecompileRefused as exc:
+            export_refusal(exc.reason)
+            return None, exc.reason
+    for label, got, want in zip(labels, outputs, expected):
+        check_outputs(label, "precompiled outputs on this host and the build-time references",
+                      got, want, _compiled_tolerance(report), _HINT)
+    try:
+        runner = make_runner(model, compiled_forward, target, _whole_model(artifact.manifest),
+                             samples, outputs, report, options)
+    except CaptureError as exc:
+        return None, f"the precompiled graphs could not be captured ({exc})"
+    report.compiled = f"precompiled: {len(labels)} inductor graph(s) {source}"
+    return runner, ""
 
 
 def _today(today: tuple, report: LoadReport, make_runner: MakeRunner, why: str) -> Any:
@@ -162,16 +233,24 @@ def _inductor_cache(cache: bytes | None, report: LoadReport,
                         "(run `qkan-pack warm --compiled` on this kind of host)")
         yield "compiled here"
         return
+    with _private_inductor_dir():
+        if torch.compiler.load_cache_artifacts(cache) is None:
+            report.warn("this torch could not read the shipped inductor cache (its log "
+                        "says why); compiled mode compiles here")
+            yield "shipped inductor cache unreadable: compiled here"
+        else:
+            yield None
+
+
+@contextlib.contextmanager
+def _private_inductor_dir() -> Iterator[None]:
+    """Inductor's process-wide cache directory pointed at a fresh private one while this
+    load compiles or loads compiled code (the user's own cache is never written)."""
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
             _env(INDUCTOR_CACHE_ENV, private):
         _clear_inductor_caches()
         try:
-            if torch.compiler.load_cache_artifacts(cache) is None:
-                report.warn("this torch could not read the shipped inductor cache (its log "
-                            "says why); compiled mode compiles here")
-                yield "shipped inductor cache unreadable: compiled here"
-            else:
-                yield None
+            yield
         finally:
             _clear_inductor_caches()
 

@@ -25,7 +25,8 @@ from ._artifact import VerifiedArtifact
 from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouched_triton_key
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["TRITON_CACHE_ENV", "collect_kernel_cache", "inductor_file", "kernel_key"]
+__all__ = ["PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "TRITON_CACHE_ENV",
+           "collect_kernel_cache", "inductor_file", "kernel_key", "precompiled_dir"]
 
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -37,6 +38,16 @@ _CACHE_PLACEHOLDER = "/$QKAN_PACK_KERNEL_DIR"
 _SKIPPED_SUFFIXES = (".lock",)
 #: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
 INDUCTOR_SUFFIX = "-inductor.bin"
+#: A kernel set's precompiled graphs (compiled mode): under ``kernels/<key>`` + this suffix,
+#: the plan (``_precompiled.Plan``) in ``PLAN_FILE`` and one ``<index>.bin`` per shape.
+PRECOMPILED_SUFFIX = "-precompiled"
+PLAN_FILE = "plan.json"
+#: ``warm``'s child sets this to a directory: a ``compiled="on"`` load writes its precompiled
+#: forms there for warm to ship, or ``REFUSED_FILE`` saying why the model has none; or to
+#: ``PRECOMPILED_OFF``: make none (warm's fallback after its probe refused them).
+PRECOMPILED_OUT_ENV = "QKAN_PACK_PRECOMPILED_OUT"
+PRECOMPILED_OFF = "off"
+REFUSED_FILE = "refused.txt"
 #: Held while a load points a process-wide cache (Triton's or inductor's directory, Triton's
 #: key) at its private copy: two loads doing that at once would restore each other's settings
 #: out of order (the second load would run on without its kernels, and the process be left
@@ -48,6 +59,12 @@ PROCESS_CACHES = threading.RLock()
 def inductor_file(directory: str) -> str:
     """Where the kernel set stored under ``directory`` keeps its inductor cache, if any."""
     return directory + INDUCTOR_SUFFIX
+
+
+def precompiled_dir(directory: str) -> str:
+    """Where the kernel set stored under ``directory`` keeps its precompiled graphs, if any
+    (beside its Triton cache, which a load copies whole)."""
+    return directory + PRECOMPILED_SUFFIX
 
 
 def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:

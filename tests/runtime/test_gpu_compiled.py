@@ -1,6 +1,7 @@
 """Compiled mode on a GPU: dynamo and qkan's flash kernels, compiled == eager, the captured
-graph replays inductor's kernels, shipped inductor caches (``warm --compiled``) used by a
-fresh process, refused on a mismatch. Findings are printed (run with ``-s``)."""
+graph replays inductor's kernels, precompiled graphs shipped by ``warm --compiled`` loaded by
+a fresh process without tracing, warm's probe falling back to inductor's cache, refused on a
+mismatch. Findings are printed (run with ``-s``)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def test_compiled_mode_equals_eager_and_replays_fused_kernels(name: str,
     path = request.getfixturevalue(name)
     predictor = Predictor.load(path, device="cuda", compiled="on")
     print(f"\n{name}: {predictor.report.compiled}; stages {predictor.report.stages}")
-    assert predictor.report.compiled.startswith("inductor"), predictor.report
+    assert predictor.report.compiled.startswith("precompiled: 2 inductor graph(s) traced and "
+                                                "compiled here"), predictor.report
     assert all(r.policy == "full" for r in predictor.report.shapes)
     model = _eager(path)
     for index in (0, 1, 0):
@@ -111,6 +113,7 @@ for entry in artifact.manifest.shapes:
         worst = max(worst, float((predictor(x) - model(x)).abs().max()))
 print(json.dumps({"compiled": predictor.report.compiled, "warnings": predictor.report.warnings,
                   "stages": predictor.report.stages, "worst": worst,
+                  "traced": int(counters["stats"]["unique_graphs"]),
                   "inductor": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"])}))
 """
 
@@ -129,18 +132,45 @@ def _fresh(path: Path, scratch: Path) -> dict:
     return seen
 
 
-def test_warm_compiled_ships_inductor_and_a_fresh_process_compiles_nothing(qkan64: Path,
-                                                                           tmp_path: Path) -> None:
-    result = warm(qkan64, "cuda", compiled=True)
-    (kernel_set,) = read_artifact(qkan64).manifest.kernels
-    assert kernel_set.details["inductor"] in read_artifact(qkan64).files
-    seen = _fresh(qkan64, tmp_path)
-    print(f"\nwarm --compiled: {result.files} files, {result.bytes / 2**20:.2f} MiB; fresh "
-          f"process: {seen['compiled']}; stages {seen['stages']}; inductor {seen['inductor']}")
-    assert "shipped inductor cache" in seen["compiled"], seen
+@pytest.mark.parametrize("name", ["qkan64", "gpt"])
+def test_warm_compiled_ships_precompiled_graphs_a_fresh_process_does_not_trace(
+        name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    path = request.getfixturevalue(name)
+    result = warm(path, "cuda", compiled=True)
+    assert result.compiled == "precompiled graphs", result
+    (kernel_set,) = read_artifact(path).manifest.kernels
+    assert kernel_set.details["precompiled"] in read_artifact(path).files
+    assert "inductor" not in kernel_set.details
+    seen = _fresh(path, tmp_path)
+    print(f"\nwarm --compiled {name}: {result.files} files, {result.bytes / 2**20:.2f} MiB; "
+          f"fresh process: {seen['compiled']}; stages {seen['stages']}; inductor {seen['inductor']}")
+    assert seen["compiled"].startswith("precompiled: 2 inductor graph(s) shipped with the kernel "
+                                       "set"), seen
+    assert seen["traced"] == 0, seen
     assert not [w for w in seen["warnings"] if "compile" in w], seen["warnings"]
     assert seen["inductor"].get("fxgraph_cache_miss", 0) == 0, seen["inductor"]
     assert seen["user_caches_empty"], "the user's Triton/inductor caches were written"
+    assert seen["worst"] < 1e-4
+
+
+def test_a_probe_that_crashes_ships_inductor_cache_instead(qkan64: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A precompiled route that crashes a fresh process (as AOTInductor packages have on
+    torch 2.11) is detected by warm's probe: the forms are dropped, the reason recorded,
+    inductor's cache shipped, and a load serves through torch.compile, saying why."""
+    from qkan_pack.builder import _warm
+
+    monkeypatch.setattr(_warm, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    result = warm(qkan64, "cuda", compiled=True)
+    (kernel_set,) = read_artifact(qkan64).manifest.kernels
+    assert "exited with -11" in kernel_set.details["precompiled_refused"], kernel_set.details
+    assert "precompiled" not in kernel_set.details and "inductor" in kernel_set.details
+    assert result.compiled.startswith("no precompiled graphs (a fresh process loading them "
+                                      "exited with -11"), result
+    assert not [n for n in read_artifact(qkan64).files if "-precompiled/" in n]
+    seen = _fresh(qkan64, tmp_path)
+    assert seen["compiled"].startswith("inductor"), seen
+    assert any("warm refused them" in w for w in seen["warnings"]), seen["warnings"]
     assert seen["worst"] < 1e-4
 
 

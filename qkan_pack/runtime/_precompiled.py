@@ -1,0 +1,343 @@
+"""Precompiled graphs: inductor's code for every manifest shape, compiled once and loaded
+without tracing.
+
+Why: ``torch.compile`` at load re-traces the model with dynamo in every fresh process
+(seconds), shipped inductor cache or not: the cache skips compilation, not tracing. Here
+the trace happens once per shape where the form is made (``qkan-pack warm --compiled``, or a
+``compiled="on"`` load): dynamo captures the whole forward (``fullgraph``, static shapes),
+inductor compiles that graph on its own (``torch._inductor.standalone_compile``) and the
+result is kept as bytes with a *plan* saying which graph input is which manifest input or
+which tensor of the model (a parameter, a buffer, or a plain tensor attribute such as
+QKAN's solver caches), and which graph output is which output leaf. A load rebuilds the
+model as usual, resolves the plan against it by name, checks every tensor's shape and
+dtype, and calls inductor's compiled code directly: nothing is traced or compiled (Triton's
+kernels come from the shipped kernel set). The bytes hold pickles and Python that torch
+loads: shipped compiled code, under the same trust as the model source.
+
+A model with a graph break, or whose graph reads a tensor the plan cannot name, has no
+precompiled form (``PrecompileRefused``, with the reason); ``_compiled`` then falls back.
+
+Not owned here: choosing and falling back (``_compiled``), capture (``_capture``), where the
+files live in the artifact (``_kernels``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import QkanPackError
+from ._kernels import PLAN_FILE, PRECOMPILED_OFF, PRECOMPILED_OUT_ENV, REFUSED_FILE
+from ._tree import flatten
+
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
+PLAN_SCHEMA = "qkan-pack-precompiled/1"
+
+
+class PrecompileRefused(QkanPackError, RuntimeError):
+    """This model (or this torch) has no precompiled form; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRef:
+    """One graph input: manifest input ``name`` (kind ``input``, name its position), or the
+    model's parameter/buffer (``state``, its qualified name) or plain tensor attribute
+    (``attr``: ``module.path:attribute``), with the shape and dtype it must have."""
+
+    kind: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapePlan:
+    """How to call one shape's compiled graph: the manifest inputs it is for (``inputs``),
+    the graph's inputs (``args``), and which of its outputs are the model's output leaves,
+    in order."""
+
+    label: str
+    file: str
+    inputs: tuple[TensorRef, ...]
+    args: tuple[TensorRef, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    torch: str
+    shapes: tuple[ShapePlan, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"schema": PLAN_SCHEMA, **dataclasses.asdict(self)},
+                          indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Plan:
+        try:
+            raw = json.loads(data)
+            if raw.get("schema") != PLAN_SCHEMA:
+                raise ValueError(f"schema {raw.get('schema')!r}, expected {PLAN_SCHEMA!r}")
+            shapes = tuple(
+                ShapePlan(label=str(s["label"]), file=str(s["file"]),
+                          inputs=tuple(map(_ref, s["inputs"])), args=tuple(map(_ref, s["args"])),
+                          outputs=tuple(int(i) for i in s["outputs"]))
+                for s in raw["shapes"])
+            return cls(torch=str(raw["torch"]), shapes=shapes)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PrecompileRefused(f"the precompiled plan is unreadable ({exc}); re-run "
+                                    "`qkan-pack warm --compiled` on this kind of host") from None
+
+
+def _ref(raw: Mapping[str, Any]) -> TensorRef:
+    return TensorRef(kind=str(raw["kind"]), name=str(raw["name"]),
+                     shape=tuple(int(d) for d in raw["shape"]), dtype=str(raw["dtype"]))
+
+
+def _input_refs(inputs: Sequence[torch.Tensor]) -> tuple[TensorRef, ...]:
+    return tuple(TensorRef(kind="input", name=str(i), shape=tuple(t.shape), dtype=_dtype_text(t))
+                 for i, t in enumerate(inputs))
+
+
+def _dtype_text(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def model_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
+    """Every tensor the model holds, by identity: parameters and buffers (``state``) and
+    plain tensor attributes of its modules (``attr``)."""
+    found: dict[int, tuple[str, str]] = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        found.setdefault(id(tensor), ("state", name))
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        found.setdefault(id(tensor), ("state", name))
+    for path, module in model.named_modules(remove_duplicate=False):
+        for attribute, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                found.setdefault(id(value), ("attr", f"{path}:{attribute}"))
+    return found
+
+
+def resolve(model: torch.nn.Module, ref: TensorRef) -> torch.Tensor:
+    """The model's tensor ``ref`` names, checked against the plan's shape and dtype."""
+    try:
+        if ref.kind == "state":
+            tensor = model.get_parameter(ref.name) if _is_parameter(model, ref.name) \
+                else model.get_buffer(ref.name)
+        elif ref.kind == "attr":
+            path, _, attribute = ref.name.partition(":")
+            tensor = vars(model.get_submodule(path))[attribute]
+        else:
+            raise PrecompileRefused(f"unknown tensor kind {ref.kind!r} in the plan")
+    except (AttributeError, KeyError) as exc:
+        raise PrecompileRefused(f"the model has no {ref.kind} {ref.name!r} the precompiled "
+                                f"graph reads ({exc})") from None
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != ref.shape \
+            or _dtype_text(tensor) != ref.dtype:
+        got = (f"{tuple(tensor.shape)} {_dtype_text(tensor)}" if isinstance(tensor, torch.Tensor)
+               else type(tensor).__name__)
+        raise PrecompileRefused(f"{ref.kind} {ref.name!r} is {got} here, but the precompiled "
+                                f"graph was made for {ref.shape} {ref.dtype}")
+    return tensor
+
+
+def _is_parameter(model: torch.nn.Module, name: str) -> bool:
+    path, _, leaf = name.rpartition(".")
+    return leaf in model.get_submodule(path)._parameters
+
+
+def trace_graph(model: torch.nn.Module, forward: Callable[..., Any],
+                inputs: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[Any], ShapePlan]:
+    """Dynamo's whole-forward graph at these inputs, its example inputs and the plan (file
+    left empty). Refused when the forward breaks the graph or the graph reads a tensor
+    that is neither an input nor the model's."""
+    import torch._dynamo
+
+    graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+    returned: list[Any] = []
+
+    def keep_graph(gm: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
+        graphs.append((gm, list(example)))
+
+        def run(*args: Any) -> Any:
+            result = gm.forward(*args)
+            returned.append(result)
+            return result
+        return run
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            output = torch.compile(forward, backend=keep_graph, fullgraph=True,
+                                   dynamic=False)(*inputs)
+    except Exception as exc:  # a graph break or an op dynamo cannot trace
+        raise PrecompileRefused(f"dynamo cannot capture the whole forward in one graph "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]})") from exc
+    finally:
+        torch._dynamo.reset()
+    if len(graphs) != 1 or len(returned) != 1:
+        raise PrecompileRefused(f"dynamo made {len(graphs)} graphs of the forward, not one")
+    gm, example = graphs[0]
+    args = _graph_inputs(model, inputs, example)
+    outputs = _graph_outputs(flatten(output), returned[0])
+    return gm, example, ShapePlan(label="", file="", inputs=_input_refs(inputs), args=args,
+                                  outputs=outputs)
+
+
+def _graph_inputs(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+                  example: Sequence[Any]) -> tuple[TensorRef, ...]:
+    own = model_tensors(model)
+    positions = {id(t): i for i, t in enumerate(inputs)}
+    refs = []
+    for value in example:
+        if not isinstance(value, torch.Tensor):
+            raise PrecompileRefused(f"the graph takes a {type(value).__name__}, not a tensor")
+        if id(value) in positions:
+            kind, name = "input", str(positions[id(value)])
+        elif id(value) in own:
+            kind, name = own[id(value)]
+        else:
+            raise PrecompileRefused(
+                f"the graph reads a {tuple(value.shape)} tensor that is neither an input nor a "
+                "parameter, buffer or tensor attribute of the model's modules")
+        refs.append(TensorRef(kind=kind, name=name, shape=tuple(value.shape),
+                              dtype=_dtype_text(value)))
+    return tuple(refs)
+
+
+def _graph_outputs(leaves: Sequence[torch.Tensor], returned: Sequence[Any]) -> tuple[int, ...]:
+    indices = []
+    for leaf in leaves:
+        index = next((i for i, t in enumerate(returned) if t is leaf), None)
+        if index is None:
+            raise PrecompileRefused("an output of the forward is not an output of its graph "
+                                    "(an input or constant returned as is)")
+        indices.append(index)
+    return tuple(indices)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
+    """Inductor's code for one traced graph, as the bytes ``CompiledArtifact.save`` writes
+    (its ``aot`` form: the compiled module bundled, not a cache key to look up)."""
+    from torch._inductor import standalone_compile
+
+    with torch.no_grad():
+        artifact = standalone_compile(gm, example, dynamic_shapes="from_example_inputs", aot=True)
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-precompile-") as scratch:
+        path = os.path.join(scratch, "graph.bin")
+        artifact.save(path=path, format="binary")
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def precompile(model: torch.nn.Module, forward: Callable[..., Any],
+               samples: Sequence[tuple[str, list[torch.Tensor]]]
+               ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
+    """Trace and compile every shape: the plan, the graph files by name (``<index>.bin``)
+    and the forward that calls them."""
+    if os.environ.get(PRECOMPILED_OUT_ENV) == PRECOMPILED_OFF:
+        raise PrecompileRefused("warm's fresh-process probe refused them")
+    shapes, files, graphs = [], {}, []
+    for index, (label, inputs) in enumerate(samples):
+        gm, example, plan = trace_graph(model, forward, inputs)
+        data = compile_graph(gm, example)
+        files[f"{index}.bin"] = data
+        shapes.append(dataclasses.replace(plan, label=label, file=f"{index}.bin"))
+        graphs.append(_callable(data))
+    plan = Plan(torch=torch.__version__, shapes=tuple(shapes))
+    return plan, files, PrecompiledForward(model, plan, graphs)
+
+
+def load_precompiled(model: torch.nn.Module, plan_bytes: bytes,
+                     files: Mapping[str, bytes], labels: Sequence[str]) -> PrecompiledForward:
+    """The forward for shipped forms: one per manifest shape (``labels``, in order)."""
+    plan = Plan.from_json(plan_bytes)
+    if plan.torch != torch.__version__:
+        raise PrecompileRefused(f"made with torch {plan.torch}, this is {torch.__version__}")
+    if [s.label for s in plan.shapes] != list(labels):
+        raise PrecompileRefused(f"made for shapes {[s.label for s in plan.shapes]}, the "
+                                f"manifest declares {list(labels)}")
+    graphs = []
+    for shape in plan.shapes:
+        if shape.file not in files:
+            raise PrecompileRefused(f"the plan names {shape.file}, which is not shipped")
+        graphs.append(_callable(files[shape.file]))
+    return PrecompiledForward(model, plan, graphs)
+
+
+def export_forms(plan: bytes, files: Mapping[str, bytes]) -> None:
+    """Write forms made here where ``warm``'s child was told to (``PRECOMPILED_OUT_ENV``)."""
+    directory = os.environ.get(PRECOMPILED_OUT_ENV)
+    if not directory or directory == PRECOMPILED_OFF:
+        return
+    os.makedirs(directory, exist_ok=True)
+    for name, data in {**files, PLAN_FILE: plan}.items():
+        with open(os.path.join(directory, name), "wb") as handle:
+            handle.write(data)
+
+
+def export_refusal(reason: str) -> None:
+    """Tell ``warm`` (``PRECOMPILED_OUT_ENV``) why this model has no precompiled form."""
+    directory = os.environ.get(PRECOMPILED_OUT_ENV)
+    if directory and directory != PRECOMPILED_OFF:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, REFUSED_FILE), "w") as handle:
+            handle.write(reason)
+
+
+def _callable(data: bytes) -> Callable[..., Any]:
+    """Inductor's compiled graph from saved bytes (``CompiledArtifact.load`` reads a path)."""
+    from torch._inductor import CompiledArtifact
+
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-precompiled-") as scratch:
+        path = os.path.join(scratch, "graph.bin")
+        with open(path, "wb") as handle:
+            handle.write(data)
+        try:
+            return CompiledArtifact.load(path=path, format="binary")
+        except Exception as exc:  # another torch's bytes, or corrupt ones
+            raise PrecompileRefused(f"this torch cannot load the precompiled graph "
+                                    f"({type(exc).__name__}: {exc})") from exc
+
+
+class PrecompiledForward:
+    """Calls the compiled graph of the inputs' shape with the model's own tensors, and
+    returns the output leaves (the runtime flattens outputs anyway). The model's tensors
+    are resolved once, here: they must stay the same objects, as for any captured graph."""
+
+    def __init__(self, model: torch.nn.Module, plan: Plan,
+                 graphs: Sequence[Callable[..., Any]]) -> None:
+        self.plan = plan
+        self._by_shape: dict[tuple, tuple[Callable[..., Any], list[Any], ShapePlan]] = {}
+        for shape, graph in zip(plan.shapes, graphs):
+            fixed: list[Any] = [None if ref.kind == "input" else resolve(model, ref)
+                                for ref in shape.args]
+            self._by_shape[_key(shape.inputs)] = (graph, fixed, shape)
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        key = _key(_input_refs(inputs))
+        try:
+            graph, fixed, shape = self._by_shape[key]
+        except KeyError:
+            raise PrecompileRefused(f"no precompiled graph for inputs {key}") from None
+        args = [inputs[int(ref.name)] if value is None else value
+                for ref, value in zip(shape.args, fixed)]
+        with torch.no_grad():
+            returned = graph(*args)
+        return [returned[i] for i in shape.outputs]
+
+
+def _key(inputs: Sequence[TensorRef]) -> tuple[tuple[tuple[int, ...], str], ...]:
+    return tuple((ref.shape, ref.dtype) for ref in inputs)

@@ -1,0 +1,168 @@
+"""Precompiled graphs without a GPU: what the plan names (inputs, parameters, buffers, plain
+tensor attributes, outputs), what is refused and why (a graph break, a changed model, an
+unreadable plan, another torch), and (slow: inductor's CPU backend compiles C++) forms made
+in one process loaded in a fresh one, equal to eager, and a graph break served by
+torch.compile instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from qkan_pack import Predictor, build
+from qkan_pack.runtime._calling import bind_forward
+from qkan_pack.runtime._precompiled import (
+    Plan,
+    PrecompileRefused,
+    load_precompiled,
+    precompile,
+    resolve,
+    trace_graph,
+)
+
+from ..conftest import ROOT
+
+
+class Cached(nn.Module):
+    """A parameter, a buffer and a plain tensor attribute (as QKAN keeps its solver caches),
+    named inputs, and a dict output."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.register_buffer("shift", torch.linspace(0, 1, width))
+        self.cache = torch.arange(width, dtype=torch.float32) / 10
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"sum": self.linear(x) + self.shift * self.cache, "y": torch.relu(y) * 2}
+
+
+class Breaks(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+
+def _inputs(batch: int = 2, width: int = 4) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch)
+    return [torch.randn(batch, width, generator=generator), torch.randn(batch, 3, generator=generator)]
+
+
+def test_the_plan_names_every_graph_input_and_output_leaf() -> None:
+    model = Cached().eval()
+    forward = bind_forward(model, ["x", "y"], "keyword")
+    _, example, plan = trace_graph(model, forward, _inputs())
+    kinds = {(ref.kind, ref.name) for ref in plan.args}
+    assert {("input", "0"), ("input", "1"), ("state", "linear.weight"), ("state", "linear.bias"),
+            ("state", "shift"), ("attr", ":cache")} == kinds
+    assert len(example) == len(plan.args)
+    assert [ref.shape for ref in plan.inputs] == [(2, 4), (2, 3)]
+    assert len(plan.outputs) == 2 and len(set(plan.outputs)) == 2
+    for ref in plan.args:
+        if ref.kind != "input":
+            assert resolve(model, ref).shape == ref.shape
+
+
+def test_a_graph_break_has_no_precompiled_form() -> None:
+    with pytest.raises(PrecompileRefused, match="cannot capture the whole forward in one graph"):
+        trace_graph(Breaks(), Breaks(), [torch.ones(2)])
+
+
+def test_a_changed_model_is_refused_naming_the_tensor() -> None:
+    model = Cached(4)
+    _, _, plan = trace_graph(model, bind_forward(model, ["x", "y"], "keyword"), _inputs())
+    weight = next(ref for ref in plan.args if ref.name == "linear.weight")
+    with pytest.raises(PrecompileRefused, match=r"'linear.weight' is \(5, 5\) float32 here, but "
+                                                r"the precompiled graph was made for \(4, 4\)"):
+        resolve(Cached(5), weight)
+    gone = dataclasses.replace(weight, name="linear.missing")
+    with pytest.raises(PrecompileRefused, match=r"has no state 'linear\.missing'"):
+        resolve(Cached(4), gone)
+
+
+def test_an_unreadable_plan_or_another_torch_is_refused() -> None:
+    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+        Plan.from_json(b'{"schema": "something else"}')
+    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+        Plan.from_json(b"not json")
+    other = Plan(torch="0.0.1", shapes=()).to_json()
+    with pytest.raises(PrecompileRefused, match=r"made with torch 0\.0\.1"):
+        load_precompiled(Cached(), other, {}, [])
+    mine = Plan(torch=torch.__version__, shapes=()).to_json()
+    with pytest.raises(PrecompileRefused, match=r"made for shapes \[\], the manifest declares"):
+        load_precompiled(Cached(), mine, {}, ["2x4"])
+
+
+FRESH = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+from tests.runtime.test_precompiled_cpu import Cached, _inputs
+from qkan_pack.runtime._precompiled import load_precompiled
+from pathlib import Path
+folder = Path(sys.argv[1])
+torch.manual_seed(0)
+model = Cached().eval()
+files = {p.name: p.read_bytes() for p in folder.glob("*.bin")}
+forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, ["1x4", "3x4"])
+import torch._dynamo.utils as u
+worst = 0.0
+for batch in (1, 3):
+    inputs = _inputs(batch)
+    with torch.no_grad():
+        eager = model(*inputs)
+    got = forward(*inputs)
+    worst = max(worst, *(float((g - e).abs().max()) for g, e in zip(got, eager.values())))
+print(json.dumps({"worst": worst, "traced": int(u.counters["stats"]["unique_graphs"])}))
+"""
+
+
+@pytest.mark.slow
+def test_forms_made_here_load_in_a_fresh_process_without_tracing(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Cached().eval()
+    samples = [("1x4", _inputs(1)), ("3x4", _inputs(3))]
+    plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples)
+    for _, inputs in samples:
+        with torch.no_grad():
+            eager = model(*inputs)
+        for got, want in zip(made(*inputs), eager.values()):
+            torch.testing.assert_close(got, want)
+    (tmp_path / "plan.json").write_bytes(plan.to_json())
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    done = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, check=False,
+                          env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                               "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"worst": seen["worst"], "traced": 0}
+    assert seen["worst"] < 1e-6
+
+
+@pytest.mark.slow
+def test_a_graph_break_is_served_by_torch_compile_saying_why(tmp_path: Path) -> None:
+    model_file = tmp_path / "breaks.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Breaks(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.linear = nn.Linear(3, 3)\n\n"
+        "    def forward(self, x):\n        x = self.linear(x)\n        torch._dynamo.graph_break()\n"
+        "        return x * 2\n\n\ndef build_model():\n    torch.manual_seed(0)\n    return Breaks()\n")
+    path = build(model_file, "2x3", output=tmp_path / "art").path
+    with pytest.warns(UserWarning, match="no precompiled graphs: dynamo cannot capture the whole "
+                                         "forward in one graph"):
+        predictor = Predictor.load(path, compiled="on")
+    assert predictor.report.compiled.startswith("inductor (mode default): 2 graph(s), 1 graph break")
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        model = __import__("runpy").run_path(str(model_file))["build_model"]().eval()
+        torch.testing.assert_close(predictor(x), model(x))
