@@ -20,7 +20,7 @@ model() {  # name, build arguments...
 model q64 examples/qkan_mlp.py --config width='[64,64,64]' \
     --shapes 1x64,2x64,4x64,8x64,16x64,32x64,64x64,128x64
 model gpt examples/hqkan_gpt.py --shapes 1x128,8x128 --dtype int64
-timeout "$(left 570)" python3 -m pytest -q -p no:cacheprovider -x tests/runtime/test_gpu_compiled.py \
+timeout "$(left 570)" python3 -m pytest -q -p no:cacheprovider -x tests/runtime/test_gpu_compiled.py tests/builder/test_gpu_warm_probe.py \
     tests/runtime/test_precompiled_cpu.py tests/runtime/test_compiled_cpu.py 2>&1 \
     | tail -n 40 > "$RESULTS/gpu-compiled-tests.txt"
 echo "== tests exit $? at $SECONDS s"; cat "$RESULTS/gpu-compiled-tests.txt"
