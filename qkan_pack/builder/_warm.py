@@ -157,8 +157,9 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
         if compiled and (forms / PLAN_FILE).exists():
             directory = precompiled_dir(f"{KERNELS_DIR}/{key}")
             details["precompiled"] = f"{directory}/{PLAN_FILE}"
-            shipped.update({f"{directory}/{path.name}": path.read_bytes()
-                            for path in sorted(forms.iterdir()) if path.name != REFUSED_FILE})
+            shipped.update({f"{directory}/{path.relative_to(forms).as_posix()}": path.read_bytes()
+                            for path in sorted(forms.rglob("*"))
+                            if path.is_file() and path.name != REFUSED_FILE})
         elif compiled:
             if (forms / REFUSED_FILE).exists():
                 details["precompiled_refused"] = (forms / REFUSED_FILE).read_text()[:500]

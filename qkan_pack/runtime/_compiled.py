@@ -40,6 +40,7 @@ from ._kernels import PROCESS_CACHES, matching_set, precompiled_dir
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
 from ._precompiled import (
     PrecompileRefused,
+    autotune_results,
     export_forms,
     export_refusal,
     load_precompiled,
@@ -151,7 +152,7 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
     if shipped is None and options.compiled != "on":
         return None, why
     labels = [label for label, _ in samples]
-    with _private_inductor_dir(), report.stage("compile"):
+    with _private_inductor_dir() as private, report.stage("compile"):
         try:
             if shipped is not None:
                 key, plan, files = shipped
@@ -159,9 +160,10 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
                 source = f"shipped with the kernel set {key}, loaded without tracing"
             else:
                 made, files, compiled_forward = precompile(model, forward, samples)
-                export_forms(made.to_json(), files)
                 source = "traced and compiled here"
             outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
+            if shipped is None:  # after the first calls, which autotune
+                export_forms(made.to_json(), {**files, **autotune_results(private)})
         except PrecompileRefused as exc:
             export_refusal(exc.reason)
             return None, exc.reason
@@ -243,14 +245,14 @@ def _inductor_cache(cache: bytes | None, report: LoadReport,
 
 
 @contextlib.contextmanager
-def _private_inductor_dir() -> Iterator[None]:
+def _private_inductor_dir() -> Iterator[str]:
     """Inductor's process-wide cache directory pointed at a fresh private one while this
     load compiles or loads compiled code (the user's own cache is never written)."""
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
             _env(INDUCTOR_CACHE_ENV, private):
         _clear_inductor_caches()
         try:
-            yield
+            yield private
         finally:
             _clear_inductor_caches()
 

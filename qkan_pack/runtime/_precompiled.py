@@ -28,6 +28,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,10 @@ from ._tree import flatten
 __all__: list[str] = []
 
 PLAN_SCHEMA = "qkan-pack-precompiled/1"
+#: Inductor's autotuning choices (``*.best_config``, by path under its cache directory) ship
+#: under this folder beside the graphs: restored into the load's private cache directory,
+#: they spare the load re-benchmarking each kernel's configurations.
+AUTOTUNE_DIR = "autotune"
 
 
 class PrecompileRefused(QkanPackError, RuntimeError):
@@ -260,15 +265,47 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
     return plan, files, PrecompiledForward(model, plan, graphs)
 
 
+def autotune_results(cache_dir: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The autotuning choices inductor recorded in ``cache_dir`` (the load's private one,
+    after every shape ran once), named as they ship (``AUTOTUNE_DIR/<path>``)."""
+    root = Path(cache_dir)
+    return {f"{AUTOTUNE_DIR}/{path.relative_to(root).as_posix()}": path.read_bytes()
+            for path in sorted(root.rglob("*.best_config"))}
+
+
+def restore_autotune(files: Mapping[str, bytes], cache_dir: str | os.PathLike[str]) -> int:
+    """Write shipped autotuning choices into ``cache_dir``; how many. A path that would leave
+    it is refused."""
+    prefix, count = AUTOTUNE_DIR + "/", 0
+    for name, data in files.items():
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix):].split("/")
+        if any(p in ("", ".", "..") or "\\" in p for p in parts) or not parts[-1].endswith(
+                ".best_config"):
+            raise PrecompileRefused(f"shipped autotuning file {name!r} is not a plain path "
+                                    "inside the cache")
+        destination = Path(cache_dir, *parts)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(data)
+        count += 1
+    return count
+
+
 def load_precompiled(model: torch.nn.Module, plan_bytes: bytes,
                      files: Mapping[str, bytes], labels: Sequence[str]) -> PrecompiledForward:
-    """The forward for shipped forms: one per manifest shape (``labels``, in order)."""
+    """The forward for shipped forms: one per manifest shape (``labels``, in order). Shipped
+    autotuning choices are restored into inductor's cache directory first
+    (``TORCHINDUCTOR_CACHE_DIR``: the caller's private one)."""
     plan = Plan.from_json(plan_bytes)
     if plan.torch != torch.__version__:
         raise PrecompileRefused(f"made with torch {plan.torch}, this is {torch.__version__}")
     if [s.label for s in plan.shapes] != list(labels):
         raise PrecompileRefused(f"made for shapes {[s.label for s in plan.shapes]}, the "
                                 f"manifest declares {list(labels)}")
+    cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache_dir:
+        restore_autotune(files, cache_dir)
     graphs = []
     for shape in plan.shapes:
         if shape.file not in files:
@@ -284,8 +321,9 @@ def export_forms(plan: bytes, files: Mapping[str, bytes]) -> None:
         return
     os.makedirs(directory, exist_ok=True)
     for name, data in {**files, PLAN_FILE: plan}.items():
-        with open(os.path.join(directory, name), "wb") as handle:
-            handle.write(data)
+        destination = Path(directory, name)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(data)
 
 
 def export_refusal(reason: str) -> None:

@@ -106,9 +106,10 @@ from torch._dynamo.utils import counters
 artifact = read_artifact(path)
 model = rebuild_model(artifact, torch.device("cuda"), artifact.manifest.model.config)
 worst = 0.0
+integer = artifact.manifest.inputs[0].dtype == "int64"
 for entry in artifact.manifest.shapes:
     (_, shape), = entry.inputs
-    x = torch.randn(shape, device="cuda")
+    x = torch.randint(0, 32, shape, device="cuda") if integer else torch.randn(shape, device="cuda")
     with torch.no_grad():
         worst = max(worst, float((predictor(x) - model(x)).abs().max()))
 print(json.dumps({"compiled": predictor.report.compiled, "warnings": predictor.report.warnings,

@@ -21,9 +21,11 @@ from qkan_pack.runtime._calling import bind_forward
 from qkan_pack.runtime._precompiled import (
     Plan,
     PrecompileRefused,
+    autotune_results,
     load_precompiled,
     precompile,
     resolve,
+    restore_autotune,
     trace_graph,
 )
 
@@ -166,3 +168,19 @@ def test_a_graph_break_is_served_by_torch_compile_saying_why(tmp_path: Path) -> 
     with torch.no_grad():
         model = __import__("runpy").run_path(str(model_file))["build_model"]().eval()
         torch.testing.assert_close(predictor(x), model(x))
+
+
+def test_autotuning_choices_round_trip_and_stay_inside_the_cache(tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    (made / "ab").mkdir(parents=True)
+    (made / "ab" / "k1.best_config").write_text('{"XBLOCK": 128}')
+    (made / "ab" / "k1.py").write_text("not shipped")
+    shipped = autotune_results(made)
+    assert shipped == {"autotune/ab/k1.best_config": b'{"XBLOCK": 128}'}
+    private = tmp_path / "private"
+    assert restore_autotune({**shipped, "0.bin": b"graph"}, private) == 1
+    assert (private / "ab" / "k1.best_config").read_text() == '{"XBLOCK": 128}'
+    for bad in ("autotune/../escape.best_config", "autotune/ab/k1.py", "autotune//x.best_config"):
+        with pytest.raises(PrecompileRefused, match="not a plain path inside the cache"):
+            restore_autotune({bad: b"{}"}, private)
+    assert not (tmp_path / "escape.best_config").exists()
