@@ -156,7 +156,7 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
         try:
             if shipped is not None:
                 key, plan, files = shipped
-                compiled_forward = load_precompiled(model, plan, files, labels)
+                compiled_forward = load_precompiled(model, plan, files, labels, target)
                 source = f"shipped with the kernel set {key}, loaded without tracing"
             else:
                 made, files, compiled_forward = precompile(model, forward, samples)

@@ -82,7 +82,11 @@ class ShapePlan:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """The forms of one model: the torch that made them, the device they were compiled for
+    (inductor's code names its GPU index), and one ``ShapePlan`` per manifest shape."""
+
     torch: str
+    device: str
     shapes: tuple[ShapePlan, ...]
 
     def to_json(self) -> bytes:
@@ -100,7 +104,7 @@ class Plan:
                           inputs=tuple(map(_ref, s["inputs"])), args=tuple(map(_ref, s["args"])),
                           outputs=tuple(int(i) for i in s["outputs"]))
                 for s in raw["shapes"])
-            return cls(torch=str(raw["torch"]), shapes=shapes)
+            return cls(torch=str(raw["torch"]), device=str(raw["device"]), shapes=shapes)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PrecompileRefused(f"the precompiled plan is unreadable ({exc}); re-run "
                                     "`qkan-pack warm --compiled` on this kind of host") from None
@@ -170,6 +174,9 @@ def trace_graph(model: torch.nn.Module, forward: Callable[..., Any],
     that is neither an input nor the model's."""
     import torch._dynamo
 
+    # dynamo's caches are process-wide: cleared before and after, so that each shape traces
+    # afresh (no recompile limit across shapes) and nothing of ours stays attached to the
+    # model's code (a ``compiled="on"`` load clears a host's other compiled code too)
     graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
     returned: list[Any] = []
 
@@ -261,7 +268,8 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
         files[f"{index}.bin"] = data
         shapes.append(dataclasses.replace(plan, label=label, file=f"{index}.bin"))
         graphs.append(_callable(data))
-    plan = Plan(torch=torch.__version__, shapes=tuple(shapes))
+    device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
+    plan = Plan(torch=torch.__version__, device=device, shapes=tuple(shapes))
     return plan, files, PrecompiledForward(model, plan, graphs)
 
 
@@ -292,14 +300,18 @@ def restore_autotune(files: Mapping[str, bytes], cache_dir: str | os.PathLike[st
     return count
 
 
-def load_precompiled(model: torch.nn.Module, plan_bytes: bytes,
-                     files: Mapping[str, bytes], labels: Sequence[str]) -> PrecompiledForward:
-    """The forward for shipped forms: one per manifest shape (``labels``, in order). Shipped
+def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[str, bytes],
+                     labels: Sequence[str], device: torch.device) -> PrecompiledForward:
+    """The forward for shipped forms: one per manifest shape (``labels``, in order), made for
+    ``device``. Shipped
     autotuning choices are restored into inductor's cache directory first
     (``TORCHINDUCTOR_CACHE_DIR``: the caller's private one)."""
     plan = Plan.from_json(plan_bytes)
     if plan.torch != torch.__version__:
         raise PrecompileRefused(f"made with torch {plan.torch}, this is {torch.__version__}")
+    if plan.device != str(device):
+        raise PrecompileRefused(f"compiled for {plan.device} (inductor's code names the GPU "
+                                f"index), loading on {device}: warm with --device {device}")
     if [s.label for s in plan.shapes] != list(labels):
         raise PrecompileRefused(f"made for shapes {[s.label for s in plan.shapes]}, the "
                                 f"manifest declares {list(labels)}")

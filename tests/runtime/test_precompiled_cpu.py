@@ -95,12 +95,17 @@ def test_an_unreadable_plan_or_another_torch_is_refused() -> None:
         Plan.from_json(b'{"schema": "something else"}')
     with pytest.raises(PrecompileRefused, match="plan is unreadable"):
         Plan.from_json(b"not json")
-    other = Plan(torch="0.0.1", shapes=()).to_json()
+    cpu = torch.device("cpu")
+    other = Plan(torch="0.0.1", device="cpu", shapes=()).to_json()
     with pytest.raises(PrecompileRefused, match=r"made with torch 0\.0\.1"):
-        load_precompiled(Cached(), other, {}, [])
-    mine = Plan(torch=torch.__version__, shapes=()).to_json()
+        load_precompiled(Cached(), other, {}, [], cpu)
+    mine = Plan(torch=torch.__version__, device="cpu", shapes=()).to_json()
     with pytest.raises(PrecompileRefused, match=r"made for shapes \[\], the manifest declares"):
-        load_precompiled(Cached(), mine, {}, ["2x4"])
+        load_precompiled(Cached(), mine, {}, ["2x4"], cpu)
+    elsewhere = Plan(torch=torch.__version__, device="cuda:0", shapes=()).to_json()
+    with pytest.raises(PrecompileRefused, match=r"compiled for cuda:0 .* loading on cuda:1: "
+                                                r"warm with --device cuda:1"):
+        load_precompiled(Cached(), elsewhere, {}, [], torch.device("cuda:1"))
 
 
 FRESH = """
@@ -114,7 +119,8 @@ folder = Path(sys.argv[1])
 torch.manual_seed(0)
 model = Cached().eval()
 files = {p.name: p.read_bytes() for p in folder.glob("*.bin")}
-forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, ["1x4", "3x4"])
+forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, ["1x4", "3x4"],
+                           torch.device("cpu"))
 import torch._dynamo.utils as u
 worst = 0.0
 for batch in (1, 3):
