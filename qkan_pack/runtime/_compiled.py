@@ -167,6 +167,10 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
         except PrecompileRefused as exc:
             export_refusal(exc.reason)
             return None, exc.reason
+        except Exception as exc:  # inductor failed to compile, load or run its code here
+            reason = f"precompiled graphs failed: {describe(exc)}"
+            export_refusal(reason)
+            return None, reason
     for label, got, want in zip(labels, outputs, expected):
         check_outputs(label, "precompiled outputs on this host and the build-time references",
                       got, want, _compiled_tolerance(report), _HINT)

@@ -69,3 +69,21 @@ def test_a_model_torch_compile_cannot_compile_is_served_as_today(
     x = torch.randn(1, 2)
     with torch.no_grad():
         assert torch.equal(predictor(x), _eager_twin(plain_artifact)(x))
+
+
+@pytest.mark.slow
+def test_inductor_failing_on_the_precompiled_route_falls_back_saying_why(
+        plain_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qkan_pack.runtime import _precompiled
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("inductor lowering failed")
+
+    monkeypatch.setattr(_precompiled, "compile_graph", fail)
+    with pytest.warns(UserWarning, match="no precompiled graphs: precompiled graphs failed: "
+                                         "RuntimeError: inductor lowering failed"):
+        predictor = Predictor.load(plain_artifact, compiled="on")
+    assert predictor.report.compiled.startswith("inductor (mode default)"), predictor.report
+    x = torch.randn(8, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(predictor(x), _eager_twin(plain_artifact)(x))
