@@ -174,12 +174,15 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
 
 
 _PROBE = """
-import sys
+import json, sys
 from qkan_pack import Predictor
-predictor = Predictor.load(sys.argv[1], device=sys.argv[2], compiled="shipped")
+predictor = Predictor.load(sys.argv[1], device=sys.argv[2], compiled="shipped",
+                           config_overrides=json.loads(sys.argv[3]))
 print(predictor.report.compiled)
 sys.exit(0 if predictor.report.compiled.startswith("precompiled") else 3)
 """
+#: A probe load that takes longer is taken as failing (warm holds the writer lock meanwhile).
+PROBE_TIMEOUT_S = 900
 
 
 def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapping[str, str],
@@ -190,13 +193,22 @@ def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapp
     if "precompiled" not in details:
         return dataclasses.replace(stored, compiled="no precompiled graphs ("
                                    + details.get("precompiled_refused", "none made") + ")")
-    probe = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(target)],
-                           capture_output=True, text=True, check=False,
-                           env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-    if probe.returncode == 0:
-        return dataclasses.replace(stored, compiled="precompiled graphs")
-    said = (probe.stdout.strip() or probe.stderr.strip() or "no output").splitlines()[-1]
-    reason = (f"a fresh process loading them exited with {probe.returncode}: {said}")[:500]
+    try:
+        probe = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(target),
+                                json.dumps(dict(overrides))],
+                               capture_output=True, text=True, check=False,
+                               env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                               timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        reason = f"a fresh process loading them took over {PROBE_TIMEOUT_S} s"
+    else:
+        if probe.returncode == 0:
+            return dataclasses.replace(stored, compiled="precompiled graphs")
+        # exit 3: it loaded and said why not on stdout; else its error or crash is on stderr
+        said = ((probe.stdout if probe.returncode == 3 else probe.stderr).strip()
+                or "no output").splitlines()[-1]
+        reason = f"a fresh process loading them exited with {probe.returncode}: {said}"
+    reason = reason[:500]
     details = {k: v for k, v in details.items() if k != "precompiled"}
     details, shipped = _compile_kernels(root, target, key, details, overrides, True,
                                         precompile=False)

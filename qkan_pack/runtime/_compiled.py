@@ -45,6 +45,7 @@ from ._precompiled import (
     export_refusal,
     load_precompiled,
     precompile,
+    warm_child,
 )
 from ._report import LoadReport
 from ._selftest import check_outputs
@@ -148,7 +149,10 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
                        options: LoadOptions, make_runner: MakeRunner) -> tuple[Any, str]:
     """The runner over precompiled graphs (shipped, or made here for ``"on"``), or None and
     why not (empty when none were looked for)."""
-    shipped, why = shipped_precompiled(artifact, target)
+    if warm_child():  # warm makes its own forms: never the ones it is replacing or refused
+        shipped, why = None, ""
+    else:
+        shipped, why = shipped_precompiled(artifact, target)
     if shipped is None and options.compiled != "on":
         return None, why
     labels = [label for label, _ in samples]
@@ -156,14 +160,14 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
         try:
             if shipped is not None:
                 key, plan, files = shipped
-                compiled_forward = load_precompiled(model, plan, files, labels, target)
+                compiled_forward = load_precompiled(model, plan, files, labels, target,
+                                                    report.config)
                 source = f"shipped with the kernel set {key}, loaded without tracing"
             else:
-                made, files, compiled_forward = precompile(model, forward, samples)
+                made, files, compiled_forward = precompile(model, forward, samples, report.config)
                 source = "traced and compiled here"
             outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
-            if shipped is None:  # after the first calls, which autotune
-                export_forms(made.to_json(), {**files, **autotune_results(private)})
+            autotuned = autotune_results(private)  # the first calls autotune
         except PrecompileRefused as exc:
             export_refusal(exc.reason)
             return None, exc.reason
@@ -178,7 +182,11 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
         runner = make_runner(model, compiled_forward, target, _whole_model(artifact.manifest),
                              samples, outputs, report, options)
     except CaptureError as exc:
-        return None, f"the precompiled graphs could not be captured ({exc})"
+        reason = f"the precompiled graphs could not be captured ({exc})"
+        export_refusal(reason)
+        return None, reason
+    if shipped is None and warm_child():  # checked and captured: warm ships them
+        export_forms(made.to_json(), {**files, **autotuned})
     report.compiled = f"precompiled: {len(labels)} inductor graph(s) {source}"
     return runner, ""
 

@@ -83,10 +83,13 @@ class ShapePlan:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The forms of one model: the torch that made them, the device they were compiled for
-    (inductor's code names its GPU index), and one ``ShapePlan`` per manifest shape."""
+    (inductor's code names its GPU index), the model's config they were traced with (dynamo
+    bakes Python-level settings, a solver's name say, into the graph), and one ``ShapePlan``
+    per manifest shape."""
 
     torch: str
     device: str
+    config: Mapping[str, Any]
     shapes: tuple[ShapePlan, ...]
 
     def to_json(self) -> bytes:
@@ -95,24 +98,62 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: bytes) -> Plan:
+        """The plan, checked whole before anything is loaded (a malformed one is refused
+        here, not when a graph is called)."""
         try:
             raw = json.loads(data)
-            if raw.get("schema") != PLAN_SCHEMA:
-                raise ValueError(f"schema {raw.get('schema')!r}, expected {PLAN_SCHEMA!r}")
-            shapes = tuple(
-                ShapePlan(label=str(s["label"]), file=str(s["file"]),
-                          inputs=tuple(map(_ref, s["inputs"])), args=tuple(map(_ref, s["args"])),
-                          outputs=tuple(int(i) for i in s["outputs"]))
-                for s in raw["shapes"])
-            return cls(torch=str(raw["torch"]), device=str(raw["device"]), shapes=shapes)
+            if not isinstance(raw, dict) or raw.get("schema") != PLAN_SCHEMA:
+                raise ValueError(f"schema {raw.get('schema') if isinstance(raw, dict) else raw!r}, "
+                                 f"expected {PLAN_SCHEMA!r}")
+            if not isinstance(raw["config"], dict):
+                raise TypeError("config is not an object")
+            shapes = tuple(_shape_plan(s) for s in _list(raw["shapes"], "shapes"))
+            return cls(torch=_text(raw["torch"]), device=_text(raw["device"]),
+                       config=raw["config"], shapes=shapes)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PrecompileRefused(f"the precompiled plan is unreadable ({exc}); re-run "
                                     "`qkan-pack warm --compiled` on this kind of host") from None
 
 
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not text")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{what} is not a list")
+    return value
+
+
+def _index(value: Any, below: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
+            or (below is not None and value >= below):
+        raise ValueError(f"{value!r} is not an index" + (f" below {below}" if below else ""))
+    return value
+
+
+def _shape_plan(raw: Mapping[str, Any]) -> ShapePlan:
+    inputs = tuple(_ref(r) for r in _list(raw["inputs"], "inputs"))
+    if [ref.name for ref in inputs] != [str(i) for i in range(len(inputs))] \
+            or any(ref.kind != "input" for ref in inputs):
+        raise ValueError("inputs are not the manifest's inputs in order")
+    args = tuple(_ref(r) for r in _list(raw["args"], "args"))
+    for ref in args:
+        if ref.kind == "input":
+            _index(int(ref.name) if ref.name.isdigit() else ref.name, len(inputs))
+    return ShapePlan(label=_text(raw["label"]), file=_text(raw["file"]), inputs=inputs, args=args,
+                     outputs=tuple(_index(i) for i in _list(raw["outputs"], "outputs")))
+
+
 def _ref(raw: Mapping[str, Any]) -> TensorRef:
-    return TensorRef(kind=str(raw["kind"]), name=str(raw["name"]),
-                     shape=tuple(int(d) for d in raw["shape"]), dtype=str(raw["dtype"]))
+    kind = _text(raw["kind"])
+    if kind not in ("input", "state", "attr"):
+        raise ValueError(f"tensor kind {kind!r}")
+    return TensorRef(kind=kind, name=_text(raw["name"]),
+                     shape=tuple(_index(d) for d in _list(raw["shape"], "shape")),
+                     dtype=_text(raw["dtype"]))
 
 
 def _input_refs(inputs: Sequence[torch.Tensor]) -> tuple[TensorRef, ...]:
@@ -255,10 +296,10 @@ def compile_graph(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
 
 
 def precompile(model: torch.nn.Module, forward: Callable[..., Any],
-               samples: Sequence[tuple[str, list[torch.Tensor]]]
+               samples: Sequence[tuple[str, list[torch.Tensor]]], config: Mapping[str, Any]
                ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
-    """Trace and compile every shape: the plan, the graph files by name (``<index>.bin``)
-    and the forward that calls them."""
+    """Trace and compile every shape of the model built with ``config``: the plan, the graph
+    files by name (``<index>.bin``) and the forward that calls them."""
     if os.environ.get(PRECOMPILED_OUT_ENV) == PRECOMPILED_OFF:
         raise PrecompileRefused("warm's fresh-process probe refused them")
     shapes, files, graphs = [], {}, []
@@ -269,7 +310,7 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
         shapes.append(dataclasses.replace(plan, label=label, file=f"{index}.bin"))
         graphs.append(_callable(data))
     device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
-    plan = Plan(torch=torch.__version__, device=device, shapes=tuple(shapes))
+    plan = Plan(torch=torch.__version__, device=device, config=dict(config), shapes=tuple(shapes))
     return plan, files, PrecompiledForward(model, plan, graphs)
 
 
@@ -301,14 +342,19 @@ def restore_autotune(files: Mapping[str, bytes], cache_dir: str | os.PathLike[st
 
 
 def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[str, bytes],
-                     labels: Sequence[str], device: torch.device) -> PrecompiledForward:
+                     labels: Sequence[str], device: torch.device,
+                     config: Mapping[str, Any]) -> PrecompiledForward:
     """The forward for shipped forms: one per manifest shape (``labels``, in order), made for
-    ``device``. Shipped
+    ``device`` and the model built with ``config``. Shipped
     autotuning choices are restored into inductor's cache directory first
     (``TORCHINDUCTOR_CACHE_DIR``: the caller's private one)."""
     plan = Plan.from_json(plan_bytes)
     if plan.torch != torch.__version__:
         raise PrecompileRefused(f"made with torch {plan.torch}, this is {torch.__version__}")
+    if json.dumps(plan.config, sort_keys=True) != json.dumps(dict(config), sort_keys=True):
+        raise PrecompileRefused(f"traced with config {json.dumps(plan.config, sort_keys=True)}, "
+                                f"this load's is {json.dumps(dict(config), sort_keys=True)} "
+                                "(dynamo bakes it into the graph)")
     if plan.device != str(device):
         raise PrecompileRefused(f"compiled for {plan.device} (inductor's code names the GPU "
                                 f"index), loading on {device}: warm with --device {device}")
@@ -324,6 +370,12 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
             raise PrecompileRefused(f"the plan names {shape.file}, which is not shipped")
         graphs.append(_callable(files[shape.file]))
     return PrecompiledForward(model, plan, graphs)
+
+
+def warm_child() -> bool:
+    """Whether this process is ``warm``'s child (``PRECOMPILED_OUT_ENV`` set), which makes
+    the forms it ships (or, told ``PRECOMPILED_OFF``, none)."""
+    return bool(os.environ.get(PRECOMPILED_OUT_ENV))
 
 
 def export_forms(plan: bytes, files: Mapping[str, bytes]) -> None:

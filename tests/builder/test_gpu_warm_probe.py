@@ -36,6 +36,7 @@ def test_a_probe_that_crashes_ships_inductor_cache_instead(qkan64: Path, tmp_pat
                                       "exited with -11"), result
     assert not [n for n in read_artifact(qkan64).files if "-precompiled/" in n]
     seen = _fresh(qkan64, tmp_path / "fresh")
-    assert seen["compiled"].startswith("inductor"), seen
+    assert seen["compiled"].startswith("inductor") and "shipped inductor cache" in seen["compiled"], seen
+    assert seen["inductor"].get("fxgraph_cache_miss", 0) == 0, seen["inductor"]
     assert any("warm refused them" in w for w in seen["warnings"]), seen["warnings"]
     assert seen["worst"] < 1e-4

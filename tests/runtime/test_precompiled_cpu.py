@@ -90,22 +90,54 @@ def test_a_changed_model_is_refused_naming_the_tensor() -> None:
         resolve(Cached(4), gone)
 
 
-def test_an_unreadable_plan_or_another_torch_is_refused() -> None:
+def test_an_unreadable_plan_or_another_torch_config_or_device_is_refused() -> None:
     with pytest.raises(PrecompileRefused, match="plan is unreadable"):
         Plan.from_json(b'{"schema": "something else"}')
     with pytest.raises(PrecompileRefused, match="plan is unreadable"):
         Plan.from_json(b"not json")
     cpu = torch.device("cpu")
-    other = Plan(torch="0.0.1", device="cpu", shapes=()).to_json()
+    other = Plan(torch="0.0.1", device="cpu", config={}, shapes=()).to_json()
     with pytest.raises(PrecompileRefused, match=r"made with torch 0\.0\.1"):
-        load_precompiled(Cached(), other, {}, [], cpu)
-    mine = Plan(torch=torch.__version__, device="cpu", shapes=()).to_json()
+        load_precompiled(Cached(), other, {}, [], cpu, {})
+    mine = Plan(torch=torch.__version__, device="cpu", config={}, shapes=()).to_json()
     with pytest.raises(PrecompileRefused, match=r"made for shapes \[\], the manifest declares"):
-        load_precompiled(Cached(), mine, {}, ["2x4"], cpu)
-    elsewhere = Plan(torch=torch.__version__, device="cuda:0", shapes=()).to_json()
+        load_precompiled(Cached(), mine, {}, ["2x4"], cpu, {})
+    elsewhere = Plan(torch=torch.__version__, device="cuda:0", config={}, shapes=()).to_json()
     with pytest.raises(PrecompileRefused, match=r"compiled for cuda:0 .* loading on cuda:1: "
                                                 r"warm with --device cuda:1"):
-        load_precompiled(Cached(), elsewhere, {}, [], torch.device("cuda:1"))
+        load_precompiled(Cached(), elsewhere, {}, [], torch.device("cuda:1"), {})
+    flash = Plan(torch=torch.__version__, device="cpu", config={"solver": "flash"},
+                 shapes=()).to_json()
+    with pytest.raises(PrecompileRefused, match=r'traced with config \{"solver": "flash"\}, this '
+                                                r'load\'s is \{"solver": "exact"\}'):
+        load_precompiled(Cached(), flash, {}, [], cpu, {"solver": "exact"})
+
+
+def _plan_with(**change: object) -> bytes:
+    shape = {"label": "2x4", "file": "0.bin",
+             "inputs": [{"kind": "input", "name": "0", "shape": [2, 4], "dtype": "float32"}],
+             "args": [{"kind": "input", "name": "0", "shape": [2, 4], "dtype": "float32"},
+                      {"kind": "state", "name": "w", "shape": [4, 4], "dtype": "float32"}],
+             "outputs": [0]}
+    shape.update(change)
+    return json.dumps({"schema": "qkan-pack-precompiled/1", "torch": "2.13.0", "device": "cpu",
+                       "config": {}, "shapes": [shape]}).encode()
+
+
+@pytest.mark.parametrize("change", [
+    {"outputs": [-1]}, {"outputs": [0.5]}, {"outputs": [True]},
+    {"args": [{"kind": "python", "name": "x", "shape": [1], "dtype": "float32"}]},
+    {"args": [{"kind": "input", "name": "3", "shape": [2, 4], "dtype": "float32"}]},
+    {"args": [{"kind": "input", "name": "zero", "shape": [2, 4], "dtype": "float32"}]},
+    {"args": [{"kind": "state", "name": "w", "shape": "44", "dtype": "float32"}]},
+    {"inputs": [{"kind": "state", "name": "0", "shape": [2, 4], "dtype": "float32"}]},
+    {"inputs": [{"kind": "input", "name": "1", "shape": [2, 4], "dtype": "float32"}]},
+    {"label": 7},
+], ids=lambda change: next(iter(change)) + ":" + json.dumps(next(iter(change.values())))[:40])
+def test_a_malformed_plan_is_refused_before_anything_loads(change: dict) -> None:
+    assert Plan.from_json(_plan_with()).shapes[0].outputs == (0,)
+    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+        Plan.from_json(_plan_with(**change))
 
 
 FRESH = """
@@ -120,7 +152,7 @@ torch.manual_seed(0)
 model = Cached().eval()
 files = {p.name: p.read_bytes() for p in folder.glob("*.bin")}
 forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, ["1x4", "3x4"],
-                           torch.device("cpu"))
+                           torch.device("cpu"), {"width": 4})
 import torch._dynamo.utils as u
 worst = 0.0
 for batch in (1, 3):
@@ -138,7 +170,8 @@ def test_forms_made_here_load_in_a_fresh_process_without_tracing(tmp_path: Path)
     torch.manual_seed(0)
     model = Cached().eval()
     samples = [("1x4", _inputs(1)), ("3x4", _inputs(3))]
-    plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples)
+    plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples,
+                                   {"width": 4})
     for _, inputs in samples:
         with torch.no_grad():
             eager = model(*inputs)
