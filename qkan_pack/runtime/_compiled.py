@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError
-from ..format import CapturePolicy, Manifest
+from ..format import CapturePolicy, KernelSet, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
 from ._kernels import PROCESS_CACHES, matching_set, precompiled_dir
@@ -62,11 +62,18 @@ _HINT = ("inductor's fused kernels disagree with the build references beyond the
 MakeRunner = Callable[..., Any]  # _load._make_runner(model, forward, target, manifest, samples, ...)
 
 
-def shipped_inductor(artifact: VerifiedArtifact, target: torch.device) -> tuple[bytes | None, str]:
-    """This host's shipped inductor cache (verified bytes), and a sentence saying which/why not."""
+def host_set(artifact: VerifiedArtifact, target: torch.device) -> tuple[KernelSet | None, str]:
+    """The kernel set shipped for this host, where compiled mode's forms live, and a
+    sentence saying why there is none; looked up once per compiled load."""
     if target.type != "cuda":
-        return None, "inductor caches ship for GPU hosts only"
-    kernel_set, why = matching_set(artifact, target.index or 0)
+        return None, "precompiled graphs ship for GPU hosts only"
+    return matching_set(artifact, target.index or 0)
+
+
+def shipped_inductor(artifact: VerifiedArtifact, kernel_set: KernelSet | None,
+                     why: str) -> tuple[bytes | None, str]:
+    """The set's inductor cache (verified bytes), and a sentence saying which/why not
+    (``why``: ``host_set``'s, when there is no set)."""
     if kernel_set is None:
         return None, why
     name = kernel_set.details.get("inductor")
@@ -76,13 +83,10 @@ def shipped_inductor(artifact: VerifiedArtifact, target: torch.device) -> tuple[
     return artifact.files[name], f"shipped inductor cache {kernel_set.key}"
 
 
-def shipped_precompiled(artifact: VerifiedArtifact, target: torch.device
+def shipped_precompiled(artifact: VerifiedArtifact, kernel_set: KernelSet | None, why: str
                         ) -> tuple[tuple[str, bytes, dict[str, bytes]] | None, str]:
-    """This host's shipped precompiled graphs (set key, plan, graph files by name), and a
-    sentence saying which/why not."""
-    if target.type != "cuda":
-        return None, "precompiled graphs ship for GPU hosts only"
-    kernel_set, why = matching_set(artifact, target.index or 0)
+    """The set's precompiled graphs (set key, plan, graph files by name), and a sentence
+    saying which/why not (``why``: ``host_set``'s, when there is no set)."""
     if kernel_set is None:
         return None, why
     plan = kernel_set.details.get("precompiled")
@@ -109,11 +113,13 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
     if report.precision.reduced:
         return _today(today, report, make_runner,
                       f"compiled mode computes in float32 only ({report.precision} here)")
+    kernel_set, none_why = host_set(artifact, target)
     runner, why = _serve_precompiled(model, forward, target, artifact, samples, expected, report,
-                                     options, make_runner)
+                                     options, make_runner, shipped_precompiled(
+                                         artifact, kernel_set, none_why))
     if runner is not None:
         return runner
-    cache, source = shipped_inductor(artifact, target)
+    cache, source = shipped_inductor(artifact, kernel_set, none_why)
     if cache is None and options.compiled == "shipped":
         return _today(today, report, make_runner, f"compiled='shipped' but {why}")
     if why:
@@ -146,13 +152,13 @@ def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: 
 def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], target: torch.device,
                        artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
                        expected: list[list[torch.Tensor]], report: LoadReport,
-                       options: LoadOptions, make_runner: MakeRunner) -> tuple[Any, str]:
-    """The runner over precompiled graphs (shipped, or made here for ``"on"``), or None and
-    why not (empty when none were looked for)."""
-    if warm_child():  # warm makes its own forms: never the ones it is replacing or refused
-        shipped, why = None, ""
-    else:
-        shipped, why = shipped_precompiled(artifact, target)
+                       options: LoadOptions, make_runner: MakeRunner,
+                       found: tuple[tuple[str, bytes, dict[str, bytes]] | None, str]
+                       ) -> tuple[Any, str]:
+    """The runner over precompiled graphs (``found``: ``shipped_precompiled``'s answer; or
+    made here for ``"on"``), or None and why not (empty when none were looked for)."""
+    # warm makes its own forms: never the ones it is replacing or its probe refused
+    shipped, why = (None, "") if warm_child() else found
     if shipped is None and options.compiled != "on":
         return None, why
     labels = [label for label, _ in samples]
@@ -167,7 +173,8 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
                 made, files, compiled_forward = precompile(model, forward, samples, report.config)
                 source = "traced and compiled here"
             outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
-            autotuned = autotune_results(private)  # the first calls autotune
+            exporting = shipped is None and warm_child()
+            autotuned = autotune_results(private) if exporting else {}  # first calls autotune
         except PrecompileRefused as exc:
             export_refusal(exc.reason)
             return None, exc.reason
@@ -185,7 +192,7 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
         reason = f"the precompiled graphs could not be captured ({exc})"
         export_refusal(reason)
         return None, reason
-    if shipped is None and warm_child():  # checked and captured: warm ships them
+    if exporting:  # checked and captured: warm ships them
         export_forms(made.to_json(), {**files, **autotuned})
     report.compiled = f"precompiled: {len(labels)} inductor graph(s) {source}"
     return runner, ""

@@ -127,10 +127,9 @@ def _list(value: Any, what: str) -> list[Any]:
     return value
 
 
-def _index(value: Any, below: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
-            or (below is not None and value >= below):
-        raise ValueError(f"{value!r} is not an index" + (f" below {below}" if below else ""))
+def _index(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not an index")
     return value
 
 
@@ -141,8 +140,8 @@ def _shape_plan(raw: Mapping[str, Any]) -> ShapePlan:
         raise ValueError("inputs are not the manifest's inputs in order")
     args = tuple(_ref(r) for r in _list(raw["args"], "args"))
     for ref in args:
-        if ref.kind == "input":
-            _index(int(ref.name) if ref.name.isdigit() else ref.name, len(inputs))
+        if ref.kind == "input" and not (ref.name.isdigit() and int(ref.name) < len(inputs)):
+            raise ValueError(f"graph input {ref.name!r} is not one of the {len(inputs)} inputs")
     return ShapePlan(label=_text(raw["label"]), file=_text(raw["file"]), inputs=inputs, args=args,
                      outputs=tuple(_index(i) for i in _list(raw["outputs"], "outputs")))
 
