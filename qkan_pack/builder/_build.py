@@ -31,6 +31,7 @@ from ..format import (
     InputDecl,
     Manifest,
     ModelInfo,
+    Padding,
     PadValue,
     ShapeEntry,
     check_config,
@@ -71,6 +72,7 @@ from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
 from ._precision import CalibrationSample, GateSample, check_precision_options, gate_precision
 from ._references import reference_bytes, run_reference
+from ._row_proof import prove_rows
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
 
@@ -171,9 +173,18 @@ def build(
              if reference_inputs is not None else None)
     calibrating = (read_calibration(Path(calibration), declared.dtypes, declared.per_shape)
                    if calibration is not None else [])
+    sources = _Sources(hook, given, seed)
     entries, reference_notes, references = _record_references(
-        user, declared, decls, _Sources(hook, given, seed), model_path, files, progress,
+        user, declared, decls, sources, model_path, files, progress,
         allow_constant=allow_constant_references)
+    padding = declare_padding(
+        padded, decls, references, forward,
+        progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
+    ) if padded else None
+    entries, references = _prove_rows(entries, references, forward, partial(
+        _fresh_inputs, declared=declared, decls=decls, sources=sources, model_path=model_path),
+        padding, progress)
+    reference_notes += _dependent_rows_notes(entries)
     gated = None
     if precision != "fp32":
         samples = [GateSample(index, ref.inputs, ref.outputs)
@@ -185,10 +196,6 @@ def build(
         gated, entries, precision_notes = gate_precision(forward, entries, samples, precision,
                                                           max_error or 0.0)
         reference_notes += precision_notes
-    padding = declare_padding(
-        padded, decls, references, forward,
-        progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
-    ) if padded else None
     info = user.info()
     manifest = Manifest(
         producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
@@ -352,6 +359,40 @@ def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[I
     references = [Reference(entry, inputs, flat)
                   for entry, inputs, flat in zip(entries, samples, outputs)]
     return entries, notes, references
+
+
+#: Fresh inputs for the row proof are drawn with the reference seed moved by this much (and
+#: the entry's index), far from any seed a reference of this build used.
+FRESH_SEED_OFFSET = 2**62
+
+
+def _fresh_inputs(index: int, *, declared: DeclaredInputs, decls: list[InputDecl],
+                  sources: _Sources, model_path: Path) -> list[torch.Tensor]:
+    """Another draw of entry ``index``'s inputs (declared order), from the ``example_input``
+    hook or at random: the other clients' rows of the row proof. Never the user's
+    ``--reference-inputs``, which hold one batch per shape."""
+    seed = (sources.seed + FRESH_SEED_OFFSET + index) % 2**63
+    shape_map = declared.per_shape[index]
+    return list(reference_inputs(shape_map, decls, seed, sources.hook, model_path).values())
+
+
+def _prove_rows(entries: list[ShapeEntry], references: list[Reference], forward: Any,
+                fresh: Any, padding: Padding | None, progress: bool | None
+                ) -> tuple[list[ShapeEntry], list[Reference]]:
+    """Each entry with a batch axis gets its ``RowProof`` (``_row_proof``)."""
+    proofs = prove_rows(references, fresh, forward, padding, progress=lambda items: progress_bar(
+        items, desc="proving rows independent", enabled=progress))
+    entries = [dataclasses.replace(entry, rows=proof) for entry, proof in zip(entries, proofs)]
+    references = [dataclasses.replace(reference, entry=entry)
+                  for reference, entry in zip(references, entries)]
+    return entries, references
+
+
+def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:
+    """Said at build: the entries serve will not batch requests into, and why."""
+    return [f"shape {entry.label}: rows are not independent, so serve replays each request "
+            f"in it alone ({entry.rows.detail})"
+            for entry in entries if entry.rows is not None and not entry.rows.independent]
 
 
 def _ungiven_note(entries: Sequence[ShapeEntry], given: Given) -> list[str]:

@@ -28,14 +28,7 @@ from ..format import (
     find_axes,
     format_shape,
 )
-from ..runtime import compare, flatten, structure_difference
-
-#: How far padded outputs may be from unpadded ones, as a multiple of the entry's rounding
-#: noise (the same arithmetic in another order), and never below this share of the scale.
-PAD_NOISE_FACTOR = 16.0
-PAD_FLOOR = 1e-6
-#: The bound when the noise was not measured: the fixed cross-device tolerance.
-PAD_CEILING = 1e-4
+from ..runtime import flatten, proof_agreement, proof_bound, structure_difference
 
 
 @dataclass(frozen=True)
@@ -160,7 +153,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
                       f"{_values_text(padding, sizes)}",
                       hint="Is each pad value valid for the model (a token id below its "
                            "vocabulary size)?"), padding, sizes)
-    bound = _bound(reference.entry.noise)
+    bound = proof_bound(reference.entry.noise)
     axis = next(iter(sizes))
     name, dim = axis.inputs[0]
     shown = "; ".join(f"{a.label} cut to {n}" for a, n in sizes.items())
@@ -174,7 +167,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
                     "shape change with a padded axis other than by following its size cannot "
                     "be sliced back", input=name, dim=dim)
     for leaf, (g, w) in enumerate(zip(got, want)):
-        agreement = compare([g], [w], (0.0, bound))
+        agreement = proof_agreement(g, w, reference.entry.noise)
         if agreement.ok:
             continue
         follows = any(leaf == f for a in sizes for f, _ in a.outputs)
@@ -196,12 +189,6 @@ def _likely_cause(dim: int, follows: bool) -> str:
                 "attend without the attention mask, or mix positions (convolutions) over them?")
     return ("This model's output depends on padded positions: does it use attention_mask in "
             "pooling (mean pooling over every position, a global pool)?")
-
-
-def _bound(noise: float | None) -> float:
-    if noise is None:
-        return PAD_CEILING
-    return min(PAD_CEILING, max(PAD_FLOOR, PAD_NOISE_FACTOR * noise))
 
 
 def _cut(inputs: Sequence[torch.Tensor], names: Sequence[str],

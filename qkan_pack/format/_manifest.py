@@ -152,6 +152,27 @@ def embedding_range(table: str, rows: int) -> str:
     return f"{EMBEDDING_RANGE_PREFIX}{table} ({rows} rows)"
 
 
+#: The longest ``RowProof.detail`` recorded (a measurement in words, never a dump).
+MAX_ROW_DETAIL = 400
+
+
+@dataclass(frozen=True)
+class RowProof:
+    """Whether each row of an entry's batch gets the answer it would get alone (build ran the
+    model with each row's neighbours replaced, and rows alone: ``builder._row_proof``), and
+    ``detail``: what showed they depend on each other, or on what the proof could not run.
+    serve packs rows of different requests into one replay of the entry only when
+    ``independent``."""
+
+    independent: bool
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.detail) > MAX_ROW_DETAIL:
+            raise ManifestError(f"rows.detail is {len(self.detail)} characters; at most "
+                                f"{MAX_ROW_DETAIL}")
+
+
 @dataclass(frozen=True)
 class ShapeEntry:
     """One declared input signature: a shape per input, its outputs, its reference file."""
@@ -168,11 +189,24 @@ class ShapeEntry:
     #: output's scale, the worst output; None where the build host cannot compute in it (TF32
     #: on a CPU). Shown, never used as a bound: each load measures its own.
     precision_error: Mapping[str, float | None] = field(default_factory=dict)
+    #: Whether its rows are independent (``RowProof``), for an entry with a batch axis of
+    #: two rows or more (``entry_batch``); None for others, and where build did not prove
+    #: it (artifacts from before it did): serve then never mixes requests' rows in it.
+    rows: RowProof | None = None
 
     def __post_init__(self) -> None:
         if self.noise is not None and not 0 <= self.noise <= 1:  # NaN too
             raise ManifestError(f"shape {self.label}: noise must be a number in [0, 1], "
                                 f"got {self.noise!r}")
+        if self.rows is not None and (input_batch(self) or 0) < 2:
+            raise ManifestError(f"shape {self.label}: rows is recorded only for a shape whose "
+                                "inputs all lead with one batch size of two or more")
+
+    @property
+    def batches_rows(self) -> bool:
+        """Whether rows of different requests may share a replay of this entry: proved
+        independent at build."""
+        return self.rows is not None and self.rows.independent
 
     @property
     def label(self) -> str:
@@ -406,7 +440,12 @@ def _shape_to_dict(entry: ShapeEntry) -> dict[str, Any]:
         "reference": entry.reference,
         **({} if entry.noise is None else {"noise": entry.noise}),
         **({"precision_error": dict(entry.precision_error)} if entry.precision_error else {}),
+        **({} if entry.rows is None else {"rows": _rows_to_dict(entry.rows)}),
     }
+
+
+def _rows_to_dict(rows: RowProof) -> dict[str, Any]:
+    return {"independent": rows.independent, **({"detail": rows.detail} if rows.detail else {})}
 
 
 def _precision_to_dict(policy: PrecisionPolicy) -> dict[str, Any]:
@@ -672,7 +711,19 @@ def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
         reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
         noise=_noise_from(reader),
         precision_error=_precision_error_from(reader),
+        rows=_rows_from(reader.raw.get("rows"), f"{reader.where}.rows"),
     )
+
+
+def _rows_from(raw: Any, where: str) -> RowProof | None:
+    """``shapes[i].rows``: ``{"independent": bool, "detail": text}``, nothing else."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not set(raw) <= {"independent", "detail"}:
+        raise ManifestError(f"{where} must be {{\"independent\": true|false, \"detail\": text}}")
+    reader = _Reader(raw, where)
+    return RowProof(independent=reader.get("independent", bool),
+                    detail=reader.get("detail", str, default=""))
 
 
 def _precision_error_from(reader: _Reader) -> dict[str, float | None]:
@@ -886,19 +937,29 @@ class _Reader:
         }
 
 
-def padding_table(manifest: Manifest) -> dict[tuple[Shape, ...], list[tuple[int, int]]]:
-    """Row shape (non-batch dims per input) -> [(batch, shape index)] ascending.
+def input_batch(entry: ShapeEntry) -> int | None:
+    """The size every input of the entry leads with, if they share one; else None."""
+    batches = {shape[0] for _, shape in entry.inputs}
+    return next(iter(batches)) if len(batches) == 1 else None
 
-    Only shapes whose inputs share one leading batch size and whose every output leads with
-    it can take zero-padded rows (slicing rows back would be wrong otherwise).
-    """
+
+def entry_batch(entry: ShapeEntry) -> int | None:
+    """The entry's batch size, when it has a batch axis: every input leads with one size
+    and every output leads with it too (so rows can be sliced back); else None."""
+    batch = input_batch(entry)
+    if batch is None or not all(leaf.shape and leaf.shape[0] == batch
+                                for leaf in entry.outputs.leaves()):
+        return None
+    return batch
+
+
+def padding_table(manifest: Manifest) -> dict[tuple[Shape, ...], list[tuple[int, int]]]:
+    """Row shape (non-batch dims per input) -> [(batch, shape index)] ascending, for every
+    entry with a batch axis (``entry_batch``)."""
     table: dict[tuple[Shape, ...], list[tuple[int, int]]] = {}
     for index, entry in enumerate(manifest.shapes):
-        batches = {shape[0] for _, shape in entry.inputs}
-        if len(batches) != 1:
-            continue
-        (batch,) = batches
-        if not all(leaf.shape and leaf.shape[0] == batch for leaf in entry.outputs.leaves()):
+        batch = entry_batch(entry)
+        if batch is None:
             continue
         tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
         table.setdefault(tail, []).append((batch, index))

@@ -37,7 +37,8 @@ from ._progress import progress_bar
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["compare", "float64_noise", "structure_difference", "uninformative_outputs"]
+__all__ = ["compare", "float64_noise", "proof_agreement", "proof_bound", "structure_difference",
+           "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -70,10 +71,16 @@ class Agreement:
 
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
-            tolerance: Tolerance) -> Agreement:
+            tolerance: Tolerance, *, per_channel: bool = False) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
+
+    ``per_channel``: where an output's channels (its last axis) differ in scale by more than
+    ``CHANNEL_SPREAD``, each channel is held to its own scale (``channel_scales``): beside a
+    column 1e6 larger, a column that is wholly wrong is a millionth of the output's scale,
+    which any bound relative to the whole output accepts. The proofs and the precision
+    gate, which decide what a user's outputs may lose, measure so.
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -94,15 +101,78 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             continue
         got, want = got.double(), want.double()
         diff = (got - want).abs()
-        scale = float(want.abs().max())
+        scale = channel_scales(want) if per_channel else None
+        if scale is None:
+            scale = want.abs().max()
         largest = float(diff.max())
-        if math.isnan(largest) or math.isnan(scale):  # max() would drop a NaN figure
+        if math.isnan(largest) or bool(torch.isnan(scale).any()):  # max() would drop a NaN
             worst_abs, worst_rel, ok = inf, inf, False
             continue
         worst_abs = max(worst_abs, largest)
-        worst_rel = max(worst_rel, largest / scale if scale else (0.0 if largest == 0 else inf))
+        worst_rel = max(worst_rel, _relative(diff, scale))
         ok &= bool((diff <= rtol * want.abs() + atol * scale).all())
     return Agreement(worst_abs, worst_rel, ok)
+
+
+#: ``compare(per_channel=True)``: channels whose scales differ by more than this factor are
+#: each held to their own scale ...
+CHANNEL_SPREAD = 1e3
+#: ... but never to less than this share of the output's largest magnitude (float32 keeps
+#: about seven digits: a channel below it holds the rounding of the large ones' arithmetic) ...
+CHANNEL_FLOOR = 1e-7
+#: ... and only for outputs with this many values per channel at least: a channel's scale is
+#: its largest magnitude over them, and a few values may all be small by chance (a logit
+#: near zero in a batch of one is no small channel).
+CHANNEL_MIN_ROWS = 8
+
+
+def channel_scales(want: torch.Tensor) -> torch.Tensor | None:
+    """Per channel (last axis) of a float output of rank 2 or more, its largest magnitude
+    (at least ``CHANNEL_FLOOR`` of the output's), shaped to broadcast against ``want``; None
+    where the channels' scales are within ``CHANNEL_SPREAD`` of each other (one scale
+    serves) or the output has no channels of ``CHANNEL_MIN_ROWS`` values."""
+    if want.dim() < 2 or want.shape[-1] < 2 or want.numel() < CHANNEL_MIN_ROWS * want.shape[-1]:
+        return None
+    per_channel = want.abs().reshape(-1, want.shape[-1]).amax(dim=0)
+    largest = per_channel.max()
+    if not largest > 0 or not per_channel.min() * CHANNEL_SPREAD < largest:  # NaN: no
+        return None
+    return torch.maximum(per_channel, largest * CHANNEL_FLOOR)
+
+
+def _relative(diff: torch.Tensor, scale: torch.Tensor) -> float:
+    """The largest difference as a share of its scale: one scale for the output (0-d), or
+    one per channel (``channel_scales``). A difference where the scale is zero is
+    infinitely far; none at all is zero."""
+    if scale.dim() == 0:
+        largest, scale_value = float(diff.max()), float(scale)
+        return largest / scale_value if scale_value else (0.0 if largest == 0 else math.inf)
+    per_channel = diff.reshape(-1, diff.shape[-1]).amax(dim=0) / scale
+    return float(per_channel.max())
+
+
+#: The proofs build runs on the model (padding, row independence) compare outputs computed
+#: two ways (padded or not, a row with other neighbours or alone): they may differ by this
+#: multiple of the entry's float32 rounding noise (the same arithmetic in another order) ...
+PROOF_NOISE_FACTOR = 16.0
+#: ... never by less than this share of the scale ...
+PROOF_FLOOR = 1e-6
+#: ... and never by more than this, which is also the bound where the noise was not measured.
+PROOF_CEILING = 1e-4
+
+
+def proof_bound(noise: float | None) -> float:
+    """How far a proof's two computations may differ, as a share of each output's (or
+    channel's) scale, for an entry with float32 rounding ``noise`` (None: not measured)."""
+    if noise is None:
+        return PROOF_CEILING
+    return min(PROOF_CEILING, max(PROOF_FLOOR, PROOF_NOISE_FACTOR * noise))
+
+
+def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None) -> Agreement:
+    """The one comparison of build's proofs: one output computed two ways, held to
+    ``proof_bound`` per channel (``compare(per_channel=True)``)."""
+    return compare([got], [want], (0.0, proof_bound(noise)), per_channel=True)
 
 
 class Uninformative(NamedTuple):

@@ -27,7 +27,6 @@ import gc
 import logging
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from ._http import HttpApi, HttpLimits, json_response
 from ._model import ModelCore
 from ._oip import OipModel
 from ._oip_grpc import IMPLEMENTED, UNSERVED
-from ._rows import describe_artifact, largest_batch, row_plan
+from ._rows import dependent_rows, describe_artifact, largest_batch, row_plan
 from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
 
@@ -150,22 +149,22 @@ class ArtifactServer:
         options = options or ServeOptions()
         tune_replica_process()
         self._node = this_node()
-        with warnings.catch_warnings():  # serve's row batching of artifacts without --pad
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                predictor = Predictor.load(path, options.device, expected_digest=digest,
-                                           pad_batch=True, progress=False,
-                                           **dict(predictor_options or {}))
-            except Exception as exc:  # on a cluster, which node failed is half the answer
-                if self._node["node_id"] is None:  # outside Ray: one process, its own error
-                    raise
-                raise load_failed(exc, path, self._node) from exc
+        try:
+            predictor = Predictor.load(path, options.device, expected_digest=digest,
+                                       progress=False, **dict(predictor_options or {}))
+        except Exception as exc:  # on a cluster, which node failed is half the answer
+            if self._node["node_id"] is None:  # outside Ray: one process, its own error
+                raise
+            raise load_failed(exc, path, self._node) from exc
         plan = row_plan(predictor.manifest)
         self.core = ModelCore(predictor, max_batch_size=options.max_batch_size or largest_batch(plan),
                               max_batch_wait_ms=options.max_batch_wait_ms, exact=options.exact)
         self._description = describe_artifact(predictor.manifest, predictor.digest, plan)
         self._description["serving"] = {
             "exact": options.exact, "max_batch_size": self.core.max_batch_size,
+            "batches_requests": self.core.mixes,
+            "rows_not_independent": [text for texts in dependent_rows(predictor.manifest).values()
+                                     for text in texts],
             "max_batch_wait_ms": options.max_batch_wait_ms,
             "batch_closes": self.core.batch_rule,
             **{k: v for k, v in asdict(options.limits).items() if k != "token_sha256"},

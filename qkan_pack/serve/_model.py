@@ -1,6 +1,7 @@
 """The model half of a replica: one ``Predictor``, requests fitted to its inputs, single rows
-gathered (``_gather.RowGatherer``) into captured shapes (or, ``exact``, each replayed alone),
-counters. No HTTP and no Ray here: the handle and the HTTP API both call ``infer``."""
+gathered (``_gather.RowGatherer``) into captured shapes whose rows build proved independent
+(else, and with ``exact``, each request replayed alone), counters. No HTTP and no Ray here:
+the handle and the HTTP API both call ``infer``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ import numpy as np
 from ..errors import InputError, ServeError
 from ._gather import QUIET_BOUND_MS, RowGatherer
 from ._ragged import RaggedPlan, RaggedRow
-from ._rows import Tail, captured_batch, route_table, row_plan, unrouted
+from ._rows import (
+    Tail,
+    captured_batch,
+    dependent_rows,
+    mixes_requests,
+    route_table,
+    row_plan,
+    unrouted,
+)
 from ._stats import ReplicaStats
 from ._wire import (
     Given,
@@ -33,6 +42,14 @@ if TYPE_CHECKING:
 #: Multi-row requests at least this large replay in a worker thread, so that a big replay
 #: on a CPU replica does not hold up the event loop (and every small request behind it).
 THREAD_ROWS = 64
+
+
+def _filled(parts: Sequence[np.ndarray], batch: int) -> np.ndarray:
+    """One input's rows stacked, then copies of the first row up to ``batch`` rows."""
+    missing = batch - len(parts)
+    if missing:
+        parts = [*parts, np.broadcast_to(parts[0], (missing, *parts[0].shape[1:]))]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 @dataclass
@@ -55,6 +72,7 @@ class ModelCore:
         self._dtypes = tuple(d.dtype for d in manifest.inputs)
         self._bounds = tuple(d.index_bounds for d in manifest.inputs)
         self.plan = row_plan(manifest)
+        self._dependent = dependent_rows(manifest)
         self._exact_shapes = {tuple(s for _, s in e.inputs): e.label for e in manifest.shapes}
         self._routes = route_table(self.plan, self._exact_shapes)
         self.accepted = manifest.signatures()
@@ -69,11 +87,16 @@ class ModelCore:
         body, rows = self._run_rows, self.max_batch_size
         if self._ragged is not None:
             body, rows = self._run_ragged, min(self.max_batch_size, self._ragged.max_rows)
-        self._gatherer = None if exact else RowGatherer(
+        #: Rows of different requests share a replay only in entries proved row-independent.
+        self.mixes = not exact and mixes_requests(manifest) and (
+            self._ragged is None or self._ragged.rows_proved)
+        self._gatherer = RowGatherer(
             body, max_rows=max(1, rows), until_quiet=quiet,
-            wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000)
-        self.batch_rule = ("never: each row replays alone (exact)" if self._gatherer is None
-                           else self._gatherer.rule)
+            wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000) if self.mixes else None
+        self.batch_rule = (self._gatherer.rule if self._gatherer is not None else
+                           "never: each request replays alone (exact)" if exact else
+                           "never: each request replays alone (no captured shape's rows were "
+                           "proved independent at build)")
 
     def given(self, inputs: tuple, named: Mapping[str, Any]) -> dict[str, Given]:
         """Handle arguments (positional and/or by name) as wire inputs."""
@@ -98,7 +121,7 @@ class ModelCore:
                 return await self._infer_ragged(arrays, shapes)
             way = self._routes.get(shapes)
             if way is None:
-                raise unrouted(shapes, self.plan, self.names, self.accepted)
+                raise unrouted(shapes, self.plan, self.names, self.accepted, self._dependent)
         except InputError:
             self.stats.request("rejected")
             raise
@@ -110,9 +133,10 @@ class ModelCore:
         if way.squeezed:
             arrays = [a[None] for a in arrays]
         self.stats.request("rows")
-        if self._gatherer is None:  # exact: the row replays alone (padded as pad_batch pads)
-            out = self.replay(arrays)
-            self.stats.replay(captured_batch(self.plan[way.tail], 1)[1], 1)
+        if self._gatherer is None:  # the row replays alone, in the smallest entry it fits
+            out = self._run_rows([_Row(arrays, way.tail)])[0]
+            if isinstance(out, BaseException):
+                raise out
         else:
             out = await self._gatherer.submit(_Row(arrays, way.tail))
         # [0, ...]: a row's share of a per-row output is a 0-d array (a numpy scalar would
@@ -134,7 +158,7 @@ class ModelCore:
             return self.replay(arrays)
         row, squeezed = found
         self.stats.request("rows")
-        if self._gatherer is None:  # exact: the row replays alone, padded by the predictor
+        if self._gatherer is None:  # the row replays alone, padded by the predictor
             out = self._ragged.share(self.replay(row.arrays), 0, row, squeezed)
             self.stats.replay(self._label(self._ragged.entry_of([row])), 1)
             return out
@@ -188,15 +212,18 @@ class ModelCore:
 
     def _replay_chunk(self, rows: Sequence[_Row], sizes: Sequence[tuple[int, str]],
                       slots: Sequence[int], results: list[Any]) -> None:
-        stacked = [np.concatenate(parts) if len(parts) > 1 else parts[0]
-                   for parts in zip(*(row.arrays for row in rows))]
+        """One replay of ``rows`` in the smallest captured batch that holds them, the batch
+        filled with copies of the first row (``row_plan`` offers a larger batch only where
+        build proved rows independent, with such copies among the neighbours it tried)."""
+        batch, label = captured_batch(sizes, len(rows))
+        stacked = [_filled(parts, batch) for parts in zip(*(row.arrays for row in rows))]
         try:
             out = self.replay(stacked)
         except Exception as exc:
             for i in slots:
                 results[i] = exc
             return
-        self.stats.replay(captured_batch(sizes, len(rows))[1], len(rows))
+        self.stats.replay(label, len(rows))
         for j, i in enumerate(slots):
             results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
 

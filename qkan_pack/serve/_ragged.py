@@ -6,8 +6,10 @@ the same exact dimensions; a group runs as one call: each row padded with the de
 values to the longest row of its chunk, the rows stacked, and the predictor pads the stack
 into the smallest captured entry that holds it (``format.fit_entry``). Each reply is the
 row's own share: its batch slice, cut back to its own sizes along every dimension that
-follows a padded axis. Build proved that padding leaves those outputs unchanged, so a row's
-answer does not depend on the rows it was batched with.
+follows a padded axis. Build proved that padding leaves those outputs unchanged, and rows are
+grouped only when build also proved every batched entry's rows independent
+(``rows_proved``), so a row's answer does not depend on the rows it was batched with; else
+each request replays alone, padded by the predictor.
 
 Artifacts without declared padding keep the fixed-shape rows of ``_rows``.
 """
@@ -22,7 +24,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..format import DTYPES, Manifest, Padding, Shape, accepted_ranges, fit_entry, format_shape
+from ..format import (
+    DTYPES,
+    Manifest,
+    Padding,
+    Shape,
+    accepted_ranges,
+    fit_entry,
+    format_shape,
+    input_batch,
+)
 from ._wire import map_leaves
 
 
@@ -49,6 +60,10 @@ class RaggedPlan:
                                       [d.dtype for d in manifest.inputs], self.padding)
         self.batch_axis = self.padding.axis_of(self.names[0], 0)
         self.max_rows = max(e[0][0] for e in self.entries) if self.batch_axis is not None else 1
+        #: Whether rows of different requests may share a call: every entry of two rows or
+        #: more proved row-independent at build.
+        self.rows_proved = all(e.batches_rows for e in manifest.shapes
+                               if (input_batch(e) or 0) >= 2)
         self._pad = [self._pad_value(d.name, d.dtype) for d in manifest.inputs]
         self._ranks = [len(s) for s in self.entries[0]]
 

@@ -1,6 +1,12 @@
 """How a request is served, decided from the manifest alone (no torch, no Ray): which shapes
 are single *rows* that batch together, which pass through as captured, and what ``GET /``
-shows. The padding rule is the predictor's (``format.padding_table``)."""
+shows.
+
+A row may replay in an entry of one row, or in a larger entry whose rows build proved
+independent (``ShapeEntry.batches_rows``: its row proof), filled up with copies of a row of
+its own replay; only such an entry holds rows of several requests. An entry whose rows
+depend on each other (or were never proved independent: artifacts from before the proof)
+takes only requests of its own exact shape."""
 
 from __future__ import annotations
 
@@ -11,8 +17,10 @@ from ..errors import InputError
 from ..format import (
     Manifest,
     Shape,
+    ShapeEntry,
     Signature,
     accepted_ranges,
+    entry_batch,
     format_shape,
     manifest_schema,
     metadata_to_dict,
@@ -23,10 +31,39 @@ Tail = tuple[Shape, ...]
 
 
 def row_plan(manifest: Manifest) -> dict[Tail, list[tuple[int, str]]]:
-    """Row shape (non-batch dims per input) -> [(captured batch, shape label)] ascending
-    (the predictor's padding rule: ``format.padding_table``)."""
-    return {tail: [(batch, manifest.shapes[index].label) for batch, index in rows]
-            for tail, rows in padding_table(manifest).items()}
+    """Row shape (non-batch dims per input) -> [(captured batch, shape label)] ascending, of
+    the entries a row may replay in: one row, or rows proved independent. A row shape no
+    such entry takes is absent (its rows are refused, or replay padded: ``_ragged``)."""
+    plan = {}
+    for tail, rows in padding_table(manifest).items():
+        usable = [(batch, manifest.shapes[index].label) for batch, index in rows
+                  if batch == 1 or manifest.shapes[index].batches_rows]
+        if usable:
+            plan[tail] = usable
+    return plan
+
+
+def mixes_requests(manifest: Manifest) -> bool:
+    """Whether rows of different requests may share a replay: some entry of two rows or
+    more was proved row-independent at build."""
+    return any(entry.batches_rows for entry in manifest.shapes)
+
+
+def dependent_rows(manifest: Manifest) -> dict[Tail, list[str]]:
+    """Row shape -> the entries of that row shape whose rows were not proved independent,
+    each as ``label (why)``: what ``GET /`` and a refused row name."""
+    found: dict[Tail, list[str]] = {}
+    for entry in manifest.shapes:
+        if (entry_batch(entry) or 0) >= 2 and not entry.batches_rows:
+            tail = tuple(tuple(shape[1:]) for _, shape in entry.inputs)
+            found.setdefault(tail, []).append(f"{entry.label} ({_why_dependent(entry)})")
+    return found
+
+
+def _why_dependent(entry: ShapeEntry) -> str:
+    if entry.rows is None:
+        return "not proved: built before qkan-pack proved rows independent; rebuild it"
+    return entry.rows.detail or "rows depend on each other"
 
 
 def largest_batch(plan: Mapping[Tail, Sequence[tuple[int, str]]]) -> int:
@@ -65,7 +102,7 @@ def route_table(plan: Mapping[Tail, Any], exact: Mapping[Tail, str]) -> dict[Tai
 
 
 def captured_batch(sizes: Sequence[tuple[int, str]], rows: int) -> tuple[int, str]:
-    """The smallest captured batch holding ``rows`` (the one ``pad_batch`` replays)."""
+    """The smallest captured batch holding ``rows`` (the one they replay in)."""
     for batch, label in sizes:
         if rows <= batch:
             return batch, label
@@ -81,7 +118,10 @@ def describe_artifact(manifest: Manifest, digest: str,
         "model": {"source": manifest.model.source, "entry": manifest.model.entry,
                   "config": dict(manifest.model.config), "parameters": manifest.model.parameters},
         "inputs": [{"name": d.name, "dtype": d.dtype} for d in manifest.inputs],
-        "shapes": [{"inputs": {n: list(s) for n, s in e.inputs}, "outputs": e.outputs.label}
+        "shapes": [{"inputs": {n: list(s) for n, s in e.inputs}, "outputs": e.outputs.label,
+                    **({} if e.rows is None else {"rows_independent": e.rows.independent,
+                                                  **({"rows_detail": e.rows.detail}
+                                                     if e.rows.detail else {})})}
                    for e in manifest.shapes],
         "accepted": [signature_text(s) for s in manifest.signatures()],
         "rows": [{"row": {n: list(t) for (n, _), t in zip(manifest.shapes[0].inputs, tail)},
@@ -115,9 +155,16 @@ def row_forms(tail: Tail, names: Sequence[str]) -> str:
 
 
 def unrouted(shapes: Tail, plan: Mapping[Tail, Any], names: Sequence[str],
-             accepted: Sequence[Signature]) -> InputError:
-    """The 422 for a shape that is neither a row nor a captured shape."""
+             accepted: Sequence[Signature],
+             dependent: Mapping[Tail, Sequence[str]] | None = None) -> InputError:
+    """The 422 for a shape that is neither a row nor a captured shape; ``dependent``
+    (``dependent_rows``) says why a single row cannot fill a larger entry."""
     shown = ", ".join(format_shape(s) or "scalar" for s in shapes)
     rows = "; ".join(row_forms(tail, names) for tail in plan)
     hint = f", and single rows ({rows}), which are batched" if rows else ""
+    tail = tuple(tuple(s[1:]) for s in shapes) if all(s and s[0] == 1 for s in shapes) else ()
+    blocked = (dependent or {}).get(shapes) or (dependent or {}).get(tail)
+    if blocked:
+        hint += (f"; a single row does not fill {', '.join(blocked)}: its rows are not proved "
+                 "independent, so it takes only whole batches of its own shape")
     return InputError(f"input shape {shown} is not accepted{hint}", accepted=accepted)

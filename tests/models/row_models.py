@@ -1,0 +1,97 @@
+"""Models whose rows see each other inside a batch (and one whose rows do not): what serve
+must never batch requests of different clients into, and the control."""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+FEATURES = 8
+
+
+class DynamicInt8(nn.Module):
+    """Dynamic per-tensor int8 quantisation of its input, as dynamic quantisation does: the
+    scale is the batch's largest magnitude, so one row's rounding follows the others'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().max().clamp(min=1e-8) / 127
+        quantised = torch.round(x / scale).clamp(-127, 127) * scale
+        return self.linear(quantised)
+
+
+class CapacityMoE(nn.Module):
+    """Top-1 mixture of experts with a per-batch capacity (Switch-style): rows routed past an
+    expert's capacity are dropped (zeroed), so a row's answer depends on who came before."""
+
+    def __init__(self, experts: int = 4, capacity_factor: float = 1.0) -> None:
+        super().__init__()
+        self.router = nn.Linear(FEATURES, experts)
+        self.experts = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(experts))
+        self.capacity_factor = capacity_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        capacity = max(1, int(self.capacity_factor * x.shape[0] / len(self.experts)))
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            rows = (choice == index).nonzero().flatten()[:capacity]
+            out[rows] = expert(x[rows])
+        return out
+
+
+class BatchMax(nn.Module):
+    """Normalised by the batch's largest value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x / x.abs().max())
+
+
+class TrainModeNorm(nn.Module):
+    """Batch norm computed from the batch's own statistics (training mode) at inference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(FEATURES)
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.batch_norm(x, None, None, self.norm.weight, self.norm.bias, training=True)
+        return self.linear(normed)
+
+
+class BatchSoftmax(nn.Module):
+    """A softmax across the batch: every row's output is a share of the batch's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x.sum(-1), dim=0)
+
+
+class FixedBatch(nn.Module):
+    """Rows independent, but the model reshapes with the batch size it was declared with:
+    a batch of one cannot run (the proof's rows-alone trial is skipped, not failed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            raise RuntimeError("this model needs the declared batch")
+        return self.linear(x)
+
+
+def build_model(kind: str = "independent") -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "independent":
+        return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
+    models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
+              "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
+              "fixed_batch": FixedBatch}
+    return models[kind]()
