@@ -8,12 +8,11 @@ a mixture of experts whose per-batch capacity drops rows): one client's answer t
 on, and can reveal, another client's input. Padding with zeros does not show it (a zero row
 leaves a batch maximum unchanged), so the padding proof cannot stand in for this one.
 
-For every declared entry whose inputs lead with one batch size of two rows or more
-(``format.input_batch``) build runs the model three more ways and compares the rows it kept
-with the reference run, along the dimension of each output that follows the batch (its
-first, or the one the padding of the batch axis found: ``batch_dims``). An output that does
-not follow the batch (a scalar, a per-batch statistic) is no row's own: such an entry is not
-row-independent.
+For every declared entry with rows serve could batch (two or more; ``batch_dims``: every
+input and output leading with the batch size, or a padded batch axis) build runs the model
+three more ways and compares the rows it kept with the reference run, along the dimension of
+each output that follows the batch. An output that does not follow a padded batch axis (a
+per-batch statistic) is no row's own: such an entry is not row-independent.
 
 - **neighbours replaced**: every odd row replaced by a fresh draw of inputs (what other
   clients send), the even rows kept;
@@ -66,12 +65,13 @@ def prove_rows(references: Sequence[Reference],
                forward: Callable[..., Any], padding: Padding | None = None,
                progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda items: items,
                ) -> list[RowProof | None]:
-    """Per reference (declared order), its ``RowProof``; None for an entry whose inputs do
-    not lead with one batch size of two or more. ``fresh_inputs(index)`` draws another set
-    of inputs of entry ``index`` (declared input order), whose rows replace the neighbours;
-    ``padding`` (declared) says which output dims follow a padded batch axis."""
+    """Per reference (declared order), its ``RowProof``; None for an entry that has no rows
+    to batch (``batch_dims``). ``fresh_inputs(index)`` draws another set of inputs of entry
+    ``index`` (declared input order), whose rows replace the neighbours; ``padding``
+    (declared) says which output dims follow a padded batch axis."""
     proofs: list[RowProof | None] = [None] * len(references)
-    candidates = [i for i, r in enumerate(references) if (input_batch(r.entry) or 0) >= 2]
+    candidates = [i for i, r in enumerate(references)
+                  if (input_batch(r.entry) or 0) >= 2 and batch_dims(r.entry, padding)]
     for index in progress(candidates):
         reference = references[index]
         dims = batch_dims(reference.entry, padding)
@@ -82,26 +82,25 @@ def prove_rows(references: Sequence[Reference],
     return proofs
 
 
-def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str:
-    """Per output leaf, the dimension that follows the batch: the followers of a declared
-    batch axis (``--pad`` on dim 0), else every output's first. In words, why not, when an
-    output does not follow it."""
+def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str | None:
+    """Per output leaf, the dimension that follows the batch: every output's first where
+    they all lead with the batch size (``format.entry_batch``: how serve slices rows),
+    else the followers of a declared batch axis (``--pad`` on dim 0: how ragged serving
+    slices them). In words, why not, when a padded batch axis has outputs that do not follow
+    it (they are no row's own); None when the entry has no rows serve could batch."""
     names = list(entry.outputs.leaf_names())
-    first = entry.inputs[0][0]
-    axis = padding.axis_of(first, 0) if padding is not None else None
-    if padding is not None and axis is not None:
-        follows = dict(padding.axes[axis].outputs)
-        missing = [name for leaf, name in enumerate(names) if leaf not in follows]
-        dims = [follows.get(leaf, 0) for leaf in range(len(names))]
-    else:
-        missing = [] if entry_batch(entry) is not None else [
-            name for name, spec in zip(names, entry.outputs.leaves())
-            if not spec.shape or spec.shape[0] != input_batch(entry)]
-        dims = [0] * len(names)
+    if entry_batch(entry) is not None:
+        return [0] * len(names)
+    axis = padding.axis_of(entry.inputs[0][0], 0) if padding is not None else None
+    if padding is None or axis is None:
+        return None
+    follows = dict(padding.axes[axis].outputs)
+    missing = [name for leaf, name in enumerate(names) if leaf not in follows]
     if missing:
-        return (f"output(s) {', '.join(missing)} do not follow the batch: no row has them to "
-                "itself")
-    return dims
+        what = (f"output {missing[0]} does" if len(missing) == 1
+                else f"outputs {', '.join(missing)} do")
+        return f"{what} not follow the batch: no row has it to itself"
+    return [follows[leaf] for leaf in range(len(names))]
 
 
 def _prove_entry(reference: Reference, dims: Sequence[int], fresh: list[torch.Tensor],

@@ -73,6 +73,20 @@ class BatchSoftmax(nn.Module):
         return torch.softmax(x.sum(-1), dim=0)
 
 
+class LeakyScale(nn.Module):
+    """Dynamic quantisation that also reports its scale per row: served in a batch, a row's
+    reply carries the batch's largest input value, another client's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        scale = x.abs().max().clamp(min=1e-8)
+        quantised = torch.round(x / scale * 127).clamp(-127, 127) * scale / 127
+        return {"y": self.linear(quantised), "scale": scale.expand(x.shape[0]).clone()}
+
+
 class FixedBatch(nn.Module):
     """Rows independent, but the model reshapes with the batch size it was declared with:
     a batch of one cannot run (the proof's rows-alone trial is skipped, not failed)."""
@@ -93,5 +107,5 @@ def build_model(kind: str = "independent") -> nn.Module:
         return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
     models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
               "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
-              "fixed_batch": FixedBatch}
+              "fixed_batch": FixedBatch, "leaky": LeakyScale}
     return models[kind]()

@@ -1,0 +1,135 @@
+"""Row independence, proved at build (``builder._row_proof``): models whose rows see each
+other inside a batch are recorded as such, models whose rows do not are proved, and the
+verdict survives the manifest round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkan_pack import build
+from qkan_pack.errors import ManifestError
+from qkan_pack.format import RowProof, parse_manifest
+from qkan_pack.runtime import read_artifact
+
+from ..conftest import EXAMPLES
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+ROWS = MODELS / "row_models.py"
+
+
+def _rows(path: Path) -> list[RowProof | None]:
+    return [entry.rows for entry in read_artifact(path).manifest.shapes]
+
+
+@pytest.mark.parametrize(("kind", "shapes", "why"), [
+    ("int8", "1x8,16x8", "depends on the rows batched with it"),
+    ("moe", "1x8,16x8", "depends on the rows batched with it"),
+    ("batch_max", "1x8,16x8", "depends on the rows batched with it"),
+    ("train_norm", "16x8,32x8", "depends on the rows batched with it"),
+    ("batch_softmax", "1x8,16x8", "depends on the rows batched with it"),
+])
+def test_rows_that_see_each_other_are_recorded_dependent(tmp_path: Path, kind: str, shapes: str,
+                                                         why: str) -> None:
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, shapes, config={"kind": kind}, output=tmp_path / kind,
+                       progress=False)
+    proofs = _rows(result.path)
+    batched = [p for p, e in zip(proofs, result.manifest.shapes) if e.inputs[0][1][0] > 1]
+    assert batched and all(p is not None and not p.independent and why in p.detail
+                           for p in batched), proofs
+    # a batch of one has nobody to mix with: no verdict recorded
+    assert all(p is None for p, e in zip(proofs, result.manifest.shapes)
+               if e.inputs[0][1][0] == 1)
+
+
+def test_a_dynamic_quantisation_caught_even_when_the_batch_max_stays(tmp_path: Path) -> None:
+    """Zero padding leaves a batch maximum unchanged: the padding proof cannot see this
+    model; the row proof runs rows alone and with other neighbours."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "4x8,16x8", config={"kind": "int8"}, output=tmp_path / "a",
+                       progress=False)
+    assert all(p is not None and not p.independent for p in _rows(result.path))
+
+
+def test_independent_rows_are_proved(tmp_path: Path) -> None:
+    result = build(ROWS, "1x8,4x8,16x8", output=tmp_path / "a", progress=False)
+    assert _rows(result.path) == [None, RowProof(True), RowProof(True)]
+    assert not any("rows are not independent" in note for note in result.notes)
+
+
+def test_a_model_that_cannot_run_a_row_alone_is_proved_by_the_other_trials(tmp_path: Path) -> None:
+    result = build(ROWS, "16x8", config={"kind": "fixed_batch"}, output=tmp_path / "a",
+                   progress=False)
+    (proof,) = _rows(result.path)
+    assert proof is not None and proof.independent
+    assert proof.detail.startswith("rows alone not compared (the model fails when row 0 runs")
+    assert proof.detail.count("rows alone") == 1  # one note, not one per row
+
+
+def test_the_examples_are_proved(tmp_path: Path) -> None:
+    pytest.importorskip("qkan")
+    plain = build(EXAMPLES / "plain_mlp.py", "1x4,32x4", output=tmp_path / "p", progress=False)
+    assert _rows(plain.path) == [None, RowProof(True)]
+    qkan = build(EXAMPLES / "qkan_mlp.py", "1x2,8x2,64x2", output=tmp_path / "q", progress=False)
+    assert _rows(qkan.path) == [None, RowProof(True), RowProof(True)]
+
+
+def test_bert_and_a_cnn_are_proved(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    bert = build(MODELS / "hf_models.py", [{"input_ids": (4, 12), "attention_mask": (4, 12)}],
+                 dtype="int64", output=tmp_path / "bert", progress=False)
+    assert _rows(bert.path) == [RowProof(True)]
+    cnn = build(MODELS / "pad_models.py", "4x3x8x8", config={"kind": "global_pool"},
+                output=tmp_path / "cnn", progress=False)
+    assert _rows(cnn.path) == [RowProof(True)]
+
+
+def test_an_entry_without_rows_to_batch_gets_no_verdict(tmp_path: Path) -> None:
+    """A per-batch output (a mean over the batch beside the rows): serve never took such an
+    entry's rows, so nothing is proved, and build says nothing about rows."""
+    source = tmp_path / "stat.py"
+    source.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(3, 2)\n"
+        "    def forward(self, x):\n"
+        "        y = self.linear(x)\n"
+        "        return y, y.mean()\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    return M()\n")
+    result = build(source, "4x3", output=tmp_path / "a", progress=False)
+    assert _rows(result.path) == [None]
+    assert not any("rows" in note for note in result.notes)
+
+
+def _manifest_with_rows(tmp_path: Path, rows: object, entry: int = 1) -> bytes:
+    result = build(ROWS, "1x8,4x8", output=tmp_path / "a", progress=False)
+    raw = json.loads((result.path / "manifest.json").read_text())
+    raw["shapes"][entry]["rows"] = rows
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize(("rows", "entry", "match"), [
+    ({"independent": "yes"}, 1, "independent must be bool"),
+    ({"independent": True, "why": "x"}, 1, "must be"),
+    ([True], 1, "must be"),
+    ({"independent": True, "detail": "x" * 401}, 1, "at most 400"),
+    ({"independent": True}, 0, "only for a shape whose inputs all lead with one batch size"),
+])
+def test_the_rows_verdict_is_validated(tmp_path: Path, rows: object, entry: int,
+                                       match: str) -> None:
+    with pytest.raises(ManifestError, match=match):
+        parse_manifest(_manifest_with_rows(tmp_path, rows, entry))
+
+
+def test_the_rows_verdict_round_trips(tmp_path: Path) -> None:
+    manifest = parse_manifest(_manifest_with_rows(
+        tmp_path, {"independent": False, "detail": "why"}))
+    assert manifest.shapes[1].rows == RowProof(False, "why")
+    assert not manifest.shapes[1].batches_rows
