@@ -525,12 +525,15 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
     errors = [_precision_errors_text(entry.precision_error) for entry in manifest.shapes]
     error_width = max(len("precision err"), *map(len, errors)) + 2 if any(errors) else 0
     error_head = f"  {'precision err':<{error_width - 2}}" if error_width else ""
-    lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}{error_head}  outputs"]
+    lines += ["", f"  {'#':>2}  {'inputs':<{width}}{'f32 noise':>9}{error_head}  "
+                  f"{'rows':<12}outputs"]
     for index, (inputs, entry, error) in enumerate(zip(shown, manifest.shapes, errors)):
         noise = "-" if entry.noise is None else f"{entry.noise:.2g}"
         shown_error = f"  {error or '-':<{error_width - 2}}" if error_width else ""
         lines.append(f"  {index:>2}  {inputs:<{width}}{noise:>9}{shown_error}  "
-                     f"{entry.outputs.label}")
+                     f"{_rows_text(entry.rows):<12}{entry.outputs.label}")
+    lines += [f"  rows of #{index}: {entry.rows.detail}" for index, entry
+              in enumerate(manifest.shapes) if entry.rows is not None and entry.rows.detail]
     lines += ["", f"  {'file':<44}{'bytes':>12}  sha256"]
     for name, entry in sorted(manifest.files.items()):
         lines.append(f"  {name:<44}{entry.size:>12,}  {entry.sha256[:16]}…")
@@ -561,6 +564,14 @@ def _precision_lines(policy: Any) -> list[str]:
         lines.append(f"             {choice.key}: {choice.precision}{per_shape} ({timed})")
         lines += [f"               {p} refused: {why}" for p, why in choice.refused.items()]
     return lines
+
+
+def _rows_text(rows: Any) -> str:
+    """A shape's row verdict: ``independent`` (serve batches requests into it),
+    ``dependent``, or ``-`` (no rows to batch, or built before rows were proved)."""
+    if rows is None:
+        return "-"
+    return "independent" if rows.independent else "dependent"
 
 
 def _precision_errors_text(errors: Any) -> str:

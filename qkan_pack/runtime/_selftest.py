@@ -123,7 +123,7 @@ CHANNEL_FLOOR = 1e-7
 #: ... and only for outputs with this many values per channel at least: a channel's scale is
 #: its largest magnitude over them, and a few values may all be small by chance (a logit
 #: near zero in a batch of one is no small channel).
-CHANNEL_MIN_ROWS = 8
+CHANNEL_MIN_ROWS = 4
 
 
 def channel_scales(want: torch.Tensor) -> torch.Tensor | None:

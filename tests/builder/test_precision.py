@@ -380,3 +380,13 @@ def test_cli_predict_loads_at_the_precision_asked(auto_artifact: Path, tmp_path:
                             progress=False) as predictor:
             np.testing.assert_array_equal(outputs[precision], predictor(x))
     assert not np.array_equal(outputs["fp32"], outputs["bf16"])
+
+
+def test_the_gate_sees_small_columns_zeroed_beside_a_large_one(tmp_path: Path) -> None:
+    """bfloat16 zeroes four columns a million times smaller than the fifth: a bound relative
+    to the whole output's scale saw an error of 1e-7; per channel it is the whole column."""
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "columns", shapes="16x8", config={"kind": "small_columns"},
+               precision="bf16")
+    assert info.value.measured >= 0.5
+    assert not (tmp_path / "columns").exists()

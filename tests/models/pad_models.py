@@ -26,6 +26,20 @@ class MeanPool(nn.Module):
         return self.head(pooled)
 
 
+class LargeColumnBeside(nn.Module):
+    """A masked mean pool in one output column scaled by 1e9, an unmasked one (padding
+    changes it) in the others: relative to the whole output, their change is below 1e-7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masked = MeanPool(masked=True)
+        self.unmasked = MeanPool(masked=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        large = self.masked(input_ids, attention_mask)[:, :1] * 1e9
+        return torch.cat([large, self.unmasked(input_ids, attention_mask)], dim=1)
+
+
 class GlobalPool(nn.Module):
     """A CNN with a global average pool: padded pixels change every output."""
 
@@ -82,6 +96,8 @@ def build_model(kind: str = "meanpool") -> nn.Module:
         return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 2))
     if kind == "batch_mean":
         return BatchCentred()
+    if kind == "large_column":
+        return LargeColumnBeside()
     raise ValueError(f"unknown kind {kind!r}")
 
 

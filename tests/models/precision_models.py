@@ -23,6 +23,22 @@ class Overflowing(nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
+class SmallColumns(nn.Module):
+    """One output column a million times the other four. The small columns pass through an
+    offset of 1e3 and back: exact in float32, but bfloat16's spacing at 1e3 is 8, so under
+    autocast they come out zero while the large column stays within a rounding unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        large = h[:, :1] * 1e6
+        small = (h[:, 1:] * 0.1 + 1e3) - 1e3
+        return torch.cat([large, small], dim=1).float()
+
+
 def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     torch.manual_seed(0)
     if kind == "overflow":
@@ -34,4 +50,6 @@ def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     if kind == "mlp":
         return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
                              nn.Linear(64, 8))
+    if kind == "small_columns":
+        return SmallColumns()
     raise ValueError(f"unknown kind {kind!r}")

@@ -78,3 +78,24 @@ def test_a_nan_is_infinitely_far_in_both_figures() -> None:
     for got, want in ((torch.full_like(x, float("nan")), x), (x, torch.full_like(x, float("nan")))):
         agreement = compare([got], [want], TOL)
         assert not agreement.ok and agreement.max_abs == agreement.max_rel == float("inf")
+
+
+def test_per_channel_comparison_sees_a_small_wrong_column() -> None:
+    want = torch.randn(16, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want[:, 0] *= 1e6
+    got = want.clone()
+    got[:, 1:] = 0  # the four small columns lost
+    assert compare([got], [want], (0.0, 1e-4)).ok  # a millionth of the whole output's scale
+    agreement = compare([got], [want], (0.0, 1e-4), per_channel=True)
+    assert not agreement.ok and agreement.max_rel == pytest.approx(1.0)
+
+
+def test_per_channel_comparison_leaves_similar_channels_and_single_rows_alone() -> None:
+    """Channels within 1e3 of each other share one scale; a batch of one has no channel
+    scale (a logit near zero in one row is no small channel)."""
+    want = torch.tensor([[2.0, 1e-5, -3.0]], dtype=torch.float64)
+    got = want + torch.tensor([[0.0, 1e-5, 0.0]], dtype=torch.float64)
+    assert compare([got], [want], (0.0, 1e-4), per_channel=True).ok
+    rows = torch.randn(16, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    noisy = rows * (1 + 1e-7)
+    assert compare([noisy], [rows], (0.0, 1e-6), per_channel=True).ok
