@@ -22,7 +22,7 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._offload import WireHelper
 from ._oip import BINARY_HEADER, InferRequest, OipModel
-from ._wire import dumps, encode_reply, output_nbytes, parse_request
+from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -395,20 +395,26 @@ def _client_went_away(exc: Exception) -> bool:
 def _content_length(scope: Mapping[str, Any]) -> int | None:
     """The declared body size, read from the raw ASGI headers (``request.headers`` would
     build a header map for this one lookup); None when absent, not a number, or beside a
-    ``Transfer-Encoding``."""
+    ``Transfer-Encoding`` (a value no server would pass on is then counted as it arrives)."""
     declared = None
     for key, value in scope.get("headers", ()):
         key = key.lower()
         if key == b"transfer-encoding":
             return None
         if key == b"content-length":
-            declared = int(value) if value.isdigit() else None
+            declared = header_count(value)
     return declared
 
 
 #: ``Content-Encoding`` of a request body and the zlib window that reads it (tritonclient's
 #: ``request_compression_algorithm``: gzip, or deflate as the zlib format).
 COMPRESSIONS = {"gzip": 16 + 15, "deflate": 15}
+#: Members a gzip body may hold (RFC 1952 allows several, concatenated; each costs a fresh
+#: inflater, so their number is bounded as the inflated size is).
+MAX_GZIP_MEMBERS = 1024
+#: Compressed bytes handed to the inflater at a time: what a member's end copies of the
+#: input that follows it (``unused_data``) stays this small.
+_INFLATE_CHUNK = 16 * 1024
 
 
 def decompressed(body: bytes, encoding: str, limit: int) -> bytes | Response:
@@ -420,14 +426,68 @@ def decompressed(body: bytes, encoding: str, limit: int) -> bytes | Response:
     if window is None:
         return json_response(415, {"error": f"Content-Encoding {encoding!r} is not supported; "
                                    f"send {', '.join(COMPRESSIONS)} or none"})
-    inflater = zlib.decompressobj(window)
     try:
-        inflated = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
+        inflated = inflate(body, window, limit)
+    except (zlib.error, MalformedRequestError) as exc:
         return json_response(400, {"error": f"the {encoding} body does not inflate: {exc}"})
-    if len(inflated) > limit or inflater.unconsumed_tail:
+    if inflated is None:
         return json_response(413, {"error": f"request body inflates beyond {limit} bytes"})
     return inflated
+
+
+def inflate(body: bytes, window: int, limit: int) -> bytes | None:
+    """``body`` inflated with zlib's ``window``, or None once it passes ``limit`` bytes. A
+    gzip body is every member in turn, as ``gzip.decompress`` reads it (a member whose end
+    is missing is refused, never cut short); a zlib body is one stream with nothing after
+    it. Raises ``zlib.error`` or ``MalformedRequestError``."""
+    import zlib
+
+    view = memoryview(body)
+    pieces: list[bytes] = []
+    start = size = 0
+    for member in range(MAX_GZIP_MEMBERS):
+        try:
+            inflated = _inflate_stream(view, start, window, limit - size)
+        except zlib.error as exc:
+            if member == 0:
+                raise
+            raise MalformedRequestError(f"the {len(view) - start} bytes after gzip member "
+                                        f"{member} are not a gzip member ({exc})") from None
+        if inflated is None:
+            return None
+        pieces += inflated[0]
+        size += sum(map(len, inflated[0]))
+        start = inflated[1]
+        if start == len(view):
+            return b"".join(pieces)
+        if window != COMPRESSIONS["gzip"]:
+            raise MalformedRequestError(f"{len(view) - start} bytes follow the end of the "
+                                        "compressed stream")
+    raise MalformedRequestError(f"it holds more than {MAX_GZIP_MEMBERS} gzip members; "
+                                "compress the body as one (gzip.compress does)")
+
+
+def _inflate_stream(view: memoryview, start: int, window: int, room: int
+                    ) -> tuple[list[bytes], int] | None:
+    """The one stream (a gzip member) that begins at ``view[start]``: (its inflated pieces,
+    where it ends), or None once it passes ``room`` bytes. Input goes in chunks and output
+    stops one byte past ``room``, so memory stays within the limit and the body."""
+    import zlib
+
+    inflater = zlib.decompressobj(window)
+    pieces: list[bytes] = []
+    position = start
+    while not inflater.eof:
+        if position >= len(view):
+            raise MalformedRequestError("the compressed data ends before its stream does")
+        chunk = view[position:position + _INFLATE_CHUNK]
+        position += len(chunk)
+        piece = inflater.decompress(chunk, room + 1)
+        room -= len(piece)
+        if room < 0:
+            return None
+        pieces.append(piece)
+    return pieces, position - len(inflater.unused_data)
 
 
 def _method_not_allowed(method: str, path: str, allowed: str) -> Response:

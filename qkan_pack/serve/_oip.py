@@ -6,10 +6,12 @@ it: ``_http`` routes ``/v2/...`` here, ``_oip_grpc`` maps the gRPC messages onto
 requests and replies. Both reach the model through ``ModelCore.infer``, the path of the JSON
 route, so token, admission, limits, strict input checks and batching are the same.
 
-Tensors travel as JSON ``data`` (flat or nested, row-major) or, with the binary tensor data
-extension, as raw little-endian bytes after the JSON header (``Inference-Header-Content-
+Tensors travel as JSON ``data`` (a list, flat or nested, row-major) or, with the binary tensor
+data extension, as raw little-endian bytes after the JSON header (``Inference-Header-Content-
 Length``; per tensor ``"parameters": {"binary_data_size": n}``). Output names are the
 manifest's leaf names (``output``, ``output.logits``, ``output[0]``), as ``GET /`` shows them.
+The JSON is read as ``POST /``'s body is (``_wire.decode_body``: duplicate keys refused), and
+values as ``_wire`` reads them (integers within their datatype, bool bytes 0 or 1).
 """
 
 from __future__ import annotations
@@ -24,13 +26,24 @@ import orjson
 
 from ..errors import MalformedRequestError
 from ..format import DTYPES, MAX_RANK, Manifest
-from ._wire import Given, is_tensor, map_leaves, parse_tensor, tensor_bits
+from ._wire import (
+    Given,
+    decode_body,
+    header_count,
+    is_tensor,
+    map_leaves,
+    parse_tensor,
+    tensor_bits,
+    wire_values,
+)
 
 #: The protocol's name for each manifest dtype, and back (``DTYPES``' ``oip`` column).
 OIP_DATATYPE = {name: spec.oip for name, spec in DTYPES.items()}
 BINARY_HEADER = "inference-header-content-length"
 EXTENSIONS = ("binary_tensor_data",)
 PLATFORM = "qkan-pack"
+#: What an inference request looks like, for the messages that refuse one.
+REQUEST_SHAPE = '{"inputs": [{"name", "shape", "datatype", "data"}, ...]}'
 
 
 @dataclass(frozen=True)
@@ -139,22 +152,19 @@ class OipModel:
         if header_length is None:
             header, binary = body, b""
         else:
-            if not header_length.isdigit() or int(header_length) > len(body):
+            split = header_count(header_length)
+            if split is None or split > len(body):
                 raise MalformedRequestError(
-                    f"Inference-Header-Content-Length {header_length!r} is not a byte count "
-                    f"within the {len(body)}-byte body")
-            split = int(header_length)
+                    f"Inference-Header-Content-Length {header_length[:40]!r} is not a byte "
+                    f"count within the {len(body)}-byte body: send the JSON header's length "
+                    "in ASCII digits")
             header, binary = body[:split], body[split:]
-        try:
-            request = orjson.loads(header)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedRequestError(f"the inference request is not valid JSON ({exc})") from None
+        request = decode_body(header, _key_count, hint=f"; send {REQUEST_SHAPE}")
         return self._request(request, memoryview(binary))
 
     def _request(self, request: Any, binary: memoryview) -> InferRequest:
         if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
-            raise MalformedRequestError('an inference request is a JSON object with "inputs": '
-                                        '[{"name", "shape", "datatype", "data"}, ...]')
+            raise MalformedRequestError(f"an inference request is a JSON object: {REQUEST_SHAPE}")
         parameters = _parameters(request.get("parameters"), "parameters")
         request_id = request.get("id")
         if request_id is not None and not isinstance(request_id, str):
@@ -227,6 +237,13 @@ class OipModel:
 
     @staticmethod
     def _json_tensor(data: Any, shape: list[int], name: str, where: str) -> Given:
+        """JSON ``data``: the protocol's list of values (flat or nested, row-major), never
+        ``POST /``'s base64 object, whose own dtype the input's ``datatype`` would not see."""
+        if not isinstance(data, list):
+            raise MalformedRequestError(
+                f"{where} ({name}): \"data\" must be a list of the values, flat or nested in "
+                f"row-major order, not {_json_kind(data)}; send raw bytes with the binary "
+                "tensor data extension (\"parameters\": {\"binary_data_size\": N})")
         given = parse_tensor(data, f"{where} ({name}).data")
         if given.array.size != math.prod(shape):
             raise MalformedRequestError(f"{where} ({name}): shape {shape} holds {math.prod(shape)} "
@@ -289,6 +306,35 @@ class OipModel:
         return head
 
 
+def _key_count(request: Any) -> int:
+    """Keys of the objects an inference request holds (the request and its parameters, each
+    input and output and their parameters): with no duplicate key and no colon inside a
+    string, the JSON has exactly this many colons (``_wire.decode_body``). Each key counted
+    belongs to a distinct object of the request, so a count that matches proves no key was
+    repeated. Plain loops and ``type`` tests: this runs once per request."""
+    if type(request) is not dict:
+        return 0
+    count = len(request)
+    for key in ("parameters", "inputs", "outputs"):
+        value = request.get(key)
+        if type(value) is dict:
+            count += len(value)
+        elif type(value) is list:
+            for item in value:
+                if type(item) is dict:
+                    count += len(item)
+                    parameters = item.get("parameters")
+                    if type(parameters) is dict:
+                        count += len(parameters)
+    return count
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in the words of the format (for messages)."""
+    return {dict: "an object", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
 def _parameters(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -308,7 +354,7 @@ def binary_tensor(binary: memoryview, size: Any, shape: list[int], dtype: str, n
     if len(binary) < size:
         raise MalformedRequestError(f"{where} ({name}): {size} binary bytes declared, "
                                     f"{len(binary)} left in the body")
-    array = reshaped(np.frombuffer(binary[:size], wire), shape, name, where)
+    array = reshaped(wire_values(binary[:size], dtype, where, name), shape, name, where)
     return Given(array, dtype)
 
 

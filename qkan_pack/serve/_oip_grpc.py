@@ -32,7 +32,7 @@ from ._oip import (
     raw_bytes,
     reshaped,
 )
-from ._wire import Given
+from ._wire import Given, check_int_range
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -56,6 +56,11 @@ UNSERVED = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
 CONTENTS_FIELD = {"float32": "fp32_contents", "float64": "fp64_contents",
                   "int8": "int_contents", "int16": "int_contents", "int32": "int_contents",
                   "int64": "int64_contents", "uint8": "uint_contents", "bool": "bool_contents"}
+#: The protobuf type of each such field, as numpy reads it (``int_contents`` holds any
+#: int32, whatever the narrower datatype it carries).
+FIELD_DTYPE = {"fp32_contents": np.float32, "fp64_contents": np.float64,
+               "int_contents": np.int32, "int64_contents": np.int64,
+               "uint_contents": np.uint32, "bool_contents": np.bool_}
 
 
 def protocol() -> ModuleType:
@@ -260,10 +265,14 @@ def _typed_contents(tensor: Any, shape: list[int], dtype: str, where: str) -> Gi
     if field is None:
         raise MalformedRequestError(f"{where} ({tensor.name}): send {OIP_DATATYPE[dtype]} as "
                                     "raw_input_contents (the protocol has no typed field for it)")
-    values = np.asarray(list(getattr(tensor.contents, field)), dtype=np.dtype(DTYPES[dtype].wire))
-    if values.size != math.prod(shape):
+    contents = getattr(tensor.contents, field)
+    if len(contents) != math.prod(shape):
         raise MalformedRequestError(f"{where} ({tensor.name}): shape {shape} holds "
-                                    f"{math.prod(shape)} values, contents has {values.size}")
+                                    f"{math.prod(shape)} values, {field} has {len(contents)}")
+    values = np.fromiter(contents, FIELD_DTYPE[field], len(contents))
+    if DTYPES[dtype].kind == "int":
+        check_int_range(values, tensor.name, dtype)
+    values = values.astype(DTYPES[dtype].wire, copy=False)
     return Given(reshaped(values, shape, tensor.name, where), dtype)
 
 

@@ -8,8 +8,9 @@ as nested JSON lists or as ``{"b64", "dtype", "shape"}`` objects in little-endia
 Strict JSON both ways. Bodies parse with orjson, which refuses NaN/Infinity literals and numbers
 beyond float64; such a body is re-read leniently only to name the input that holds the value
 (422), and every input must be finite in its dtype (``1e308`` into float32 is a 422 too).
-Duplicate keys are refused (a key count is compared with the body's colons; on a mismatch the
-strict parser ``format.loads_strict`` decides). Replies are orjson output: valid JSON always,
+Duplicate keys are refused, on ``POST /`` and the Open Inference Protocol alike (a key count is
+compared with the body's colons; on a mismatch the strict parser ``format.loads_strict``
+decides). Replies are orjson output: valid JSON always,
 a non-finite output float is ``null`` (``"encoding": "base64"`` keeps its exact bits).
 """
 
@@ -20,7 +21,7 @@ import binascii
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -68,29 +69,35 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     return {names[0]: parse_tensor(inputs, "inputs")}, encoding
 
 
-def decode_body(body: bytes) -> Any:
+def decode_body(body: bytes, key_count: Callable[[Any], int] | None = None,
+                hint: str = '; send {"inputs": [[...]]}') -> Any:
     """orjson's strict parse; on its refusal, a lenient re-read that lets NaN/Infinity and
-    overflowing numbers through to ``fit`` (which names the input, 422), else a 400."""
+    overflowing numbers through to ``fit`` (which names the input, 422), else a 400.
+
+    Duplicate keys are refused on every route that reads a JSON body (orjson keeps the last
+    one silently): ``key_count`` counts the keys of the objects the route's requests hold
+    (default: ``POST /``'s), and a body with more colons than that (a duplicate key, a
+    colon inside a string, an object where none belongs) is read again by the strict
+    parser, which decides. ``hint`` ends the message of a body that is not JSON."""
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return _lenient(body, str(exc))
-    if body.count(b":") != _key_count(value):
-        try:  # a duplicate key, or a colon inside a string: the strict parser decides
+        return _lenient(body, str(exc), hint)
+    if body.count(b":") != (key_count or _key_count)(value):
+        try:
             loads_strict(body)
         except QkanPackError as exc:
             raise MalformedRequestError(f"request body is not valid JSON ({exc})") from None
     return value
 
 
-def _lenient(body: bytes, problem: str) -> Any:
+def _lenient(body: bytes, problem: str, hint: str) -> Any:
     try:
         return json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
     except MalformedRequestError:
         raise
     except (ValueError, TypeError, RecursionError):
-        raise MalformedRequestError(f"request body is not valid JSON ({problem}); send "
-                                    '{"inputs": [[...]]}') from None
+        raise MalformedRequestError(f"request body is not valid JSON ({problem}){hint}") from None
 
 
 def _int_or_float(text: str) -> int | float:
@@ -158,9 +165,38 @@ def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
         raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
                                     f"the base64 holds {len(raw)}")
     try:
-        return Given(np.frombuffer(raw, wire).reshape(shape), dtype)
+        return Given(wire_values(raw, dtype, where).reshape(shape), dtype)
     except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
         raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
+
+
+def wire_values(raw: bytes | memoryview, dtype: str, where: str,
+                name: str | None = None) -> np.ndarray:
+    """Little-endian bytes as a flat array of manifest dtype ``dtype`` (bfloat16: its raw
+    bits), without a copy. A bool is one byte, 0 or 1: numpy and torch keep any other byte
+    as a "true" that compares unequal to True and sums as the byte, so it is refused
+    (``where``, and the input's ``name`` when given, say where)."""
+    array = np.frombuffer(raw, DTYPES[dtype].wire)
+    if dtype == "bool" and array.size and (largest := int(array.view(np.uint8).max())) > 1:
+        place = where if name is None else f"{where} ({name})"
+        raise MalformedRequestError(f"{place}: a bool is one byte, 0 (false) or 1 (true); "
+                                    f"the data holds the byte {largest}")
+    return array
+
+
+#: Digits of the largest byte count a request header may state: beyond any body limit,
+#: within int64, and far below the 4,300 digits past which ``int`` refuses a string.
+MAX_COUNT_DIGITS = 18
+
+
+def header_count(value: str | bytes) -> int | None:
+    """A byte count sent as an HTTP header value (``Content-Length``, the protocol's
+    ``Inference-Header-Content-Length``), or None: ASCII digits only, at most
+    ``MAX_COUNT_DIGITS`` (``str.isdigit`` also takes '²' and other Unicode digits, which
+    ``int`` then refuses)."""
+    if 0 < len(value) <= MAX_COUNT_DIGITS and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 def given_from_python(value: Any, where: str) -> Given:
@@ -323,6 +359,22 @@ def check_finite(array: np.ndarray, name: str, want: str,
     return array
 
 
+def check_int_range(array: np.ndarray, name: str, want: str,
+                    accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """Integers bound for an input of integer dtype ``want`` must lie in its range: numpy
+    would wrap 300 into int8 as 44 (or raise OverflowError, a 500), so it is a refusal
+    naming the input and the range. One vectorised min and max, whatever the size."""
+    low, high = DTYPES[want].int_limits or (0, 0)
+    if array.size == 0:
+        return array
+    smallest, largest = int(array.min()), int(array.max())
+    if smallest < low or largest > high:
+        bad = smallest if smallest < low else largest
+        raise InputError(f"input {name!r} holds {bad}, outside the {want} range "
+                         f"[{low}, {high}]", accepted=accepted)
+    return array
+
+
 def check_index_bounds(array: np.ndarray, name: str, bounds: tuple[int, int] | None,
                        accepted: Sequence[Signature]) -> np.ndarray:
     """An input that indexes an embedding (``InputDecl.index_bounds``) must stay within its
@@ -359,10 +411,7 @@ def _fit_numbers(array: np.ndarray, name: str, want: str,
     if want == "bool" and kind == "b":
         return array
     if DTYPES[want].kind == "int" and kind in "iu":
-        info = np.iinfo(want)
-        if array.size == 0 or (array.min() >= info.min and array.max() <= info.max):
-            return array
-        raise InputError(f"input {name!r} has values outside the {want} range")
+        return check_int_range(array, name, want, accepted)
     sent = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}[kind]
     raise InputError(f"input {name!r} holds {sent}, which do not convert to {want} exactly",
                      accepted=accepted)

@@ -94,6 +94,210 @@ def test_a_header_length_beyond_the_body_is_refused(manifest: Any) -> None:
         _oip(manifest).parse_http(b"{}", "99")
 
 
+@pytest.mark.parametrize("data", [
+    {"b64": "gD+AP4A/gD8=", "dtype": "bfloat16", "shape": [1, 2]},  # bf16 1.0: was 16256.0
+    "1.0, 2.0", 1.0, None, True,
+])
+def test_data_must_be_a_list(manifest: Any, data: Any) -> None:
+    """Adversarial pass: ``POST /``'s base64 object in the protocol's ``data`` was read with
+    its own dtype's bits as numbers (bfloat16 1.0 into an FP32 input arrived as 16256.0)."""
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                   "data": data}]}).encode()
+    with pytest.raises(MalformedRequestError, match='"data" must be a list of the values'):
+        _oip(manifest).parse_http(body, None)
+
+
+@pytest.mark.parametrize("header", ["²", "9" * 5000, "", "-1", " 2", "2 ", "0x2", "1e1", "١٢"])
+def test_the_binary_header_length_is_ascii_digits_within_the_body(manifest: Any,
+                                                                  header: str) -> None:
+    """Adversarial pass: '²' passed ``str.isdigit`` and 5,000 digits passed it too; ``int``
+    refused both, a 500 with a traceback."""
+    with pytest.raises(MalformedRequestError, match="is not a byte count within the 2-byte"):
+        _oip(manifest).parse_http(b"{}", header)
+
+
+def test_a_content_length_of_many_digits_is_not_trusted() -> None:
+    """The same count for ``Content-Length`` (read before the body): 5,000 digits are not a
+    count (the body is then counted as it arrives), never a ValueError."""
+    from qkan_pack.serve._http import _content_length
+    from qkan_pack.serve._wire import header_count
+
+    assert _content_length({"headers": [(b"content-length", b"9" * 5000)]}) is None
+    assert _content_length({"headers": [(b"content-length", b"123")]}) == 123
+    assert [header_count(v) for v in ("0", "007", "9" * 18, "9" * 19, "²", b"12")] == \
+        [0, 7, 10**18 - 1, None, None, 12]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2], '
+    b'"data": [3, 4]}]}',
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}], '
+    b'"inputs": []}',
+    b'{"inputs": [{"name": "x", "name": "x", "shape": [1, 2], "datatype": "FP32", '
+    b'"data": [1, 2]}]}',
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}], '
+    b'"parameters": {"binary_data_output": true, "binary_data_output": false}}',
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}], '
+    b'"outputs": [{"name": "output", "parameters": {"binary_data": true, "binary_data": 1}}]}',
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [NaN, 2], '
+    b'"data": [3, 4]}]}',
+    b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", '
+    b'"parameters": {"binary_data_size": 8, "binary_data_size": 8}}]}',  # a binary header
+])
+def test_duplicate_keys_are_refused(manifest: Any, body: bytes) -> None:
+    """Adversarial pass: ``/v2`` read bodies with orjson alone, which keeps a duplicate key's
+    last value; ``POST /`` refused them. Both now read through ``_wire.decode_body``."""
+    binary = b"binary_data_size" in body
+    with pytest.raises(MalformedRequestError, match="duplicate JSON key"):
+        _oip(manifest).parse_http(body + bytes(8 if binary else 0),
+                                  str(len(body)) if binary else None)
+
+
+def test_a_colon_inside_a_string_is_not_a_duplicate_key(manifest: Any) -> None:
+    body = (b'{"id": "a:b", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", '
+            b'"data": [1, 2]}], "parameters": {"note": "k:v"}}')
+    parsed = _oip(manifest).parse_http(body, None)
+    assert parsed.id == "a:b" and parsed.inputs["x"].array.tolist() == [[1, 2]]
+
+
+INTEGER_INPUTS = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
+TYPED_INPUTS = {**INTEGER_INPUTS, "flag": "bool"}
+
+
+@pytest.fixture(scope="module")
+def typed_oip(tmp_path_factory: pytest.TempPathFactory) -> OipModel:
+    """A model that takes one input of every integer datatype and a BOOL."""
+    source = tmp_path_factory.mktemp("typed") / "typed_model.py"
+    source.write_text(
+        "import torch\n\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, i8, u8, i16, i32, i64, flag):\n"
+        "        return (i8.float() + u8.float() + i16.float() + i32.float() + i64.float()\n"
+        "                + flag.float())\n\n"
+        "def build_model():\n"
+        "    return M()\n")
+    path = build(source, [{name: (1, 3) for name in TYPED_INPUTS}], dtype=TYPED_INPUTS,
+                 input_range=(0, 100), output=source.parent / "typed", progress=False).path
+    return _oip(read_artifact(path).manifest)
+
+
+def _typed_json(values: dict[str, list]) -> bytes:
+    from qkan_pack.serve._oip import OIP_DATATYPE
+
+    return json.dumps({"inputs": [
+        {"name": name, "shape": [1, 3], "datatype": OIP_DATATYPE[TYPED_INPUTS[name]],
+         "data": values.get(name, [True, False, True] if name == "flag" else [1, 2, 3])}
+        for name in TYPED_INPUTS]}).encode()
+
+
+def _limits(dtype: str) -> tuple[int, int]:
+    from qkan_pack.format import DTYPES
+
+    limits = DTYPES[dtype].int_limits
+    assert limits is not None
+    return limits
+
+
+@pytest.mark.parametrize(("name", "end"), [(n, e) for n in INTEGER_INPUTS for e in (0, 1)])
+def test_json_integers_outside_their_datatype_are_refused(typed_oip: OipModel, name: str,
+                                                          end: int) -> None:
+    """JSON ``data`` one past either end of each integer datatype's range is refused (the
+    400 of the protocol's one client error), never wrapped; the ends themselves pass."""
+    from qkan_pack.errors import InputError
+    from qkan_pack.serve._wire import fit
+
+    dtype = INTEGER_INPUTS[name]
+    edge = _limits(dtype)[end]
+    parsed = typed_oip.parse_http(_typed_json({name: [edge, edge, 0]}), None)
+    assert fit(parsed.inputs[name], name, dtype, ()).tolist() == [[edge, edge, 0]]
+    past = edge + (1 if end else -1)
+    parsed = typed_oip.parse_http(_typed_json({name: [0, past, 0]}), None)
+    with pytest.raises(InputError, match=f"input '{name}' holds"):
+        fit(parsed.inputs[name], name, dtype, ())
+
+
+def _grpc_api(oip: OipModel) -> Any:
+    from qkan_pack.serve._http import Admission
+    from qkan_pack.serve._oip_grpc import GrpcApi
+
+    class Core:
+        async def infer(self, inputs: Any) -> Any:
+            return np.zeros((1, 3), np.float32)
+
+    return GrpcApi(oip, Core(), None, Admission(1, 0), retry_after_s=1)
+
+
+def _grpc_request(api: Any, contents: dict[str, list], raw_flag: bytes | None = None) -> Any:
+    """A ModelInfer request of the typed model: typed contents per input (``contents``
+    overriding the defaults), or every input raw when ``raw_flag`` gives the BOOL's bytes."""
+    from qkan_pack.format import DTYPES
+    from qkan_pack.serve._oip import OIP_DATATYPE
+    from qkan_pack.serve._oip_grpc import CONTENTS_FIELD
+
+    request = api.pb.ModelInferRequest(model_name=NAME)
+    for name, dtype in TYPED_INPUTS.items():
+        tensor = request.inputs.add(name=name, datatype=OIP_DATATYPE[dtype], shape=[1, 3])
+        values = contents.get(name, [True, False, True] if name == "flag" else [1, 2, 3])
+        if raw_flag is None:
+            getattr(tensor.contents, CONTENTS_FIELD[dtype]).extend(values)
+        else:
+            request.raw_input_contents.append(
+                raw_flag if name == "flag" else np.array(values, DTYPES[dtype].wire).tobytes())
+    return request
+
+
+def _grpc_infer(api: Any, request: Any) -> _Context:
+    context = _Context()
+    asyncio.run(api.infer(request, context))
+    return context
+
+
+@pytest.mark.parametrize(("name", "value"), [("i8", 300), ("i8", -129), ("i16", 40000),
+                                             ("i16", -32769), ("u8", 256), ("u8", 2**32 - 1)])
+def test_grpc_typed_integers_outside_their_datatype_are_invalid_argument(
+        typed_oip: OipModel, name: str, value: int) -> None:
+    """Adversarial pass: INT8 ``int_contents`` of 300 (an int32 field) made numpy raise
+    OverflowError: INTERNAL. Now INVALID_ARGUMENT naming the input and the range, the rule
+    of JSON ``data``; values at the range's ends pass."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    api = _grpc_api(typed_oip)
+    context = _grpc_infer(api, _grpc_request(api, {name: [0, value, 1]}))
+    dtype = TYPED_INPUTS[name]
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT, context.details
+    assert f"input '{name}' holds {value}, outside the {dtype} range" in context.details
+    parsed = api.parse(_grpc_request(api, {name: [*_limits(dtype), 0]}))
+    assert parsed.inputs[name].array.tolist() == [[*_limits(dtype), 0]]
+    assert parsed.inputs[name].array.dtype == np.dtype(dtype)
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused(typed_oip: OipModel) -> None:
+    """Adversarial pass: a BOOL byte of 2 or 255 was kept as a "true" that is not True
+    (it compares unequal to True and sums as 2), over HTTP binary and gRPC raw contents."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    api = _grpc_api(typed_oip)
+    assert _grpc_infer(api, _grpc_request(api, {}, raw_flag=bytes([1, 0, 1]))).code is None
+    for flag in (bytes([1, 2, 0]), bytes([0, 0, 255])):
+        context = _grpc_infer(api, _grpc_request(api, {}, raw_flag=flag))
+        assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"a bool is one byte, 0 (false) or 1 (true); the data holds the byte {max(flag)}" \
+            in context.details
+    from qkan_pack.serve._oip import OIP_DATATYPE
+
+    inputs = [{"name": name, "shape": [1, 3], "datatype": OIP_DATATYPE[dtype],
+               "parameters": {"binary_data_size": 3 * np.dtype(dtype).itemsize}}
+              for name, dtype in TYPED_INPUTS.items()]
+    header = json.dumps({"inputs": inputs}).encode()
+    ones = b"".join(np.ones(3, TYPED_INPUTS[name]).tobytes() for name in INTEGER_INPUTS)
+    parsed = typed_oip.parse_http(header + ones + bytes([1, 0, 1]), str(len(header)))
+    assert parsed.inputs["flag"].array.tolist() == [[True, False, True]]
+    with pytest.raises(MalformedRequestError, match=r"inputs\[5\] \(flag\): a bool is one byte"):
+        typed_oip.parse_http(header + ones + bytes([1, 2, 1]), str(len(header)))
+
+
 def test_bfloat16_and_integer_outputs_reply_as_the_protocol_types(tmp_path: Path) -> None:
     """BF16 as raw 16 bits in binary and as floats in JSON; a tuple's leaves named by place."""
     from qkan_pack.serve._oip import InferRequest, RequestedOutput
@@ -247,6 +451,46 @@ def test_tritonclient_compressed_requests(server: Server, predictor: Predictor,
     np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.serve
+@pytest.mark.slow
+def test_hostile_protocol_bodies_are_400s_through_the_server(server: Server,
+                                                             predictor: Predictor) -> None:
+    """The adversarial pass's HTTP findings end to end: a base64 object as ``data``, a
+    header length of '²' or 5,000 digits (a 500 with a traceback before), duplicate keys:
+    each a 400 saying what is wrong; a body of two gzip members answers as the whole body."""
+    import gzip
+    import http.client
+
+    def post(body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            connection.request("POST", f"/v2/models/{NAME}/infer", body,
+                               {**_auth(), "Content-Type": "application/json", **headers})
+            reply = connection.getresponse()
+            return reply.status, json.loads(reply.read())
+        finally:
+            connection.close()
+
+    x = _rows(1)
+    request = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                      "data": x.ravel().tolist()}]}).encode()
+    status, reply = post(gzip.compress(request[:25]) + gzip.compress(request[25:]),
+                         {"Content-Encoding": "gzip"})
+    assert status == 200, reply
+    np.testing.assert_allclose(np.array(reply["outputs"][0]["data"], np.float32).reshape(1, 2),
+                               predictor(x), rtol=1e-5, atol=1e-6)
+    b64 = request.replace(json.dumps(x.ravel().tolist()).encode(),
+                          b'{"b64": "gD+AP4A/", "dtype": "bfloat16", "shape": [1, 2]}')
+    cases = [(b64, {}, '"data" must be a list'),
+             (request, {"Inference-Header-Content-Length": "\u00b2"}, "is not a byte count"),
+             (request, {"Inference-Header-Content-Length": "9" * 5000}, "is not a byte count"),
+             (request.replace(b'"name": "x"', b'"name": "x", "name": "x"'), {},
+              "duplicate JSON key")]
+    for body, headers, says in cases:
+        status, reply = post(body, headers)
+        assert status == 400 and says in reply["error"], (status, reply)
+
+
 def test_a_compressed_body_inflates_within_the_limit_only() -> None:
     pytest.importorskip("starlette")
     import gzip
@@ -260,6 +504,34 @@ def test_a_compressed_body_inflates_within_the_limit_only() -> None:
     assert bomb.status_code == 413 and b"inflates beyond 1000 bytes" in bomb.body
     assert decompressed(b"x", "br", 1000).status_code == 415
     assert decompressed(b"not gzip", "gzip", 1000).status_code == 400
+
+
+def test_every_gzip_member_inflates_and_the_limit_holds_over_all() -> None:
+    """Adversarial pass: members after a gzip body's first were dropped silently (RFC 1952
+    allows several; ``gzip.decompress`` reads them all). A truncated stream, bytes after a
+    deflate stream or after the last gzip member are refused, not cut short or ignored."""
+    pytest.importorskip("starlette")
+    import gzip
+    import zlib
+
+    from qkan_pack.serve._http import MAX_GZIP_MEMBERS, decompressed
+
+    parts = [bytes([65 + i % 26]) * 5000 for i in range(40)]
+    body = b"".join(gzip.compress(p) for p in parts)
+    assert decompressed(body, "gzip", 200_000) == gzip.decompress(body) == b"".join(parts)
+    over = decompressed(body, "gzip", 199_999)  # each member small, the sum one byte over
+    assert over.status_code == 413 and b"inflates beyond 199999 bytes" in over.body
+    for bad, encoding, says in [
+            (gzip.compress(b"abc")[:-3], "gzip", b"ends before its stream does"),
+            (b"", "gzip", b"ends before its stream does"),
+            (gzip.compress(b"abc") + b"junk", "gzip", b"the 4 bytes after gzip member 1 are "
+                                                      b"not a gzip member"),
+            (zlib.compress(b"abc") + b"junk", "deflate", b"4 bytes follow the end of the "
+                                                         b"compressed stream"),
+            (gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1), "gzip", b"more than 1024 gzip")]:
+        reply = decompressed(bad, encoding, 1000)
+        assert reply.status_code == 400 and says in reply.body, reply.body
+    assert decompressed(gzip.compress(b"a") * MAX_GZIP_MEMBERS, "gzip", 1024) == b"a" * 1024
 
 
 @pytest.mark.serve

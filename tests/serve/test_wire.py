@@ -404,6 +404,25 @@ def test_a_base64_shape_numpy_cannot_build_is_a_400_not_a_500() -> None:
         parse_request(body, ["x"])
 
 
+@pytest.mark.parametrize("byte", [2, 255])
+def test_base64_bool_bytes_other_than_0_and_1_are_refused(byte: int) -> None:
+    """Adversarial pass (found on the Open Inference Protocol's binary tensors, the same
+    here): a bool byte of 2 became a "true" that is not True (it sums as 2)."""
+    import base64
+
+    from qkan_pack.serve._wire import fit, parse_request
+
+    def body(raw: bytes) -> bytes:
+        return b'{"inputs": {"b64": "%s", "dtype": "bool", "shape": [1, 3]}}' % \
+            base64.b64encode(raw)
+
+    given, _ = parse_request(body(bytes([1, 0, 1])), ["x"])
+    assert fit(given["x"], "x", "bool", ()).tolist() == [[True, False, True]]
+    with pytest.raises(MalformedRequestError, match=f"inputs: a bool is one byte, 0 \\(false\\) "
+                                                    f"or 1 \\(true\\); the data holds the byte {byte}"):
+        parse_request(body(bytes([1, byte, 0])), ["x"])
+
+
 def test_a_stop_while_replicas_load_ends_the_wait_at_once(monkeypatch) -> None:
     """Audit: Ctrl-C or SIGTERM while replicas loaded was seen only after they had loaded (87 s
     for a factory that took 90 s), and the ready line was printed after the stop. The deploy
