@@ -17,6 +17,7 @@ from ..format import (
     manifest_schema,
     metadata_to_dict,
     padding_table,
+    shape_fix,
 )
 
 Tail = tuple[Shape, ...]
@@ -114,10 +115,11 @@ def row_forms(tail: Tail, names: Sequence[str]) -> str:
     return ", ".join(f"{n} {forms(t)}" for n, t in zip(names, tail))
 
 
-def unrouted(shapes: Tail, plan: Mapping[Tail, Any], names: Sequence[str],
-             accepted: Sequence[Signature]) -> InputError:
-    """The 422 for a shape that is neither a row nor a captured shape."""
+def unrouted(shapes: Tail, plan: Mapping[Tail, Any], manifest: Manifest) -> InputError:
+    """The 422 for a shape that is neither a row nor a captured shape, ending with the fix
+    (``format.shape_fix``)."""
     shown = ", ".join(format_shape(s) or "scalar" for s in shapes)
-    rows = "; ".join(row_forms(tail, names) for tail in plan)
+    rows = "; ".join(row_forms(tail, manifest.input_names) for tail in plan)
     hint = f", and single rows ({rows}), which are batched" if rows else ""
-    return InputError(f"input shape {shown} is not accepted{hint}", accepted=accepted)
+    return InputError(f"input shape {shown} is not accepted{hint}",
+                      accepted=manifest.signatures(), **shape_fix(manifest, shapes))
