@@ -72,16 +72,22 @@ class _Command(click.Command):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        option = _json_option(self)
-        value = ctx.params.get(option.name) if option is not None and option.name else None
-        ctx.meta[JSON_STDOUT] = value is True or (value == Path("-") and option is not None
-                                                  and option.flag_value == "-")
+        ctx.meta[JSON_STDOUT] = _json_chosen(self, ctx.params)
         return super().invoke(ctx)
 
 
 def _json_option(command: click.Command) -> click.Option | None:
     return next((p for p in command.params
                  if isinstance(p, click.Option) and "--json" in p.opts), None)
+
+
+def _json_chosen(command: click.Command, params: Mapping[str, Any]) -> bool:
+    """Whether the parsed options print JSON on stdout: a ``--json`` flag, or bench's
+    ``--json`` without a file (bench-serve's ``--json FILE`` writes a file)."""
+    option = _json_option(command)
+    value = params.get(option.name) if option is not None and option.name else None
+    return value is True or (option is not None and option.flag_value == "-"
+                             and value == Path("-"))
 
 
 def _json_typed(command: click.Command, args: Sequence[str]) -> bool:

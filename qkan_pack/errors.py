@@ -55,7 +55,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   └── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
     │                                       use  [.source, .problem]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
-        │                                   [.accepted: the signatures the artifact takes]
+        │                                   [.accepted: the signatures the artifact takes;
+        │                                    a shape no entry takes: .given, .largest_batch,
+        │                                    .pad_inputs, .by_name (the fix)]
         ├── MalformedRequestError           a serve request body that is not the format
         └── PredictorClosedError            a call on (or racing with) a closed predictor
 

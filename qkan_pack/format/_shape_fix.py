@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._constants import MAX_DIM, MAX_RANK
 from ._grammar import Shape
 from ._manifest import Manifest
 from ._padding import Padding
@@ -22,10 +23,15 @@ Entry = Sequence[Shape]
 
 def shape_fix(manifest: Manifest, call: Sequence[Shape]) -> dict[str, Any]:
     """``InputError`` keyword arguments for a call of input shapes ``call`` (declared input
-    order) that fits no entry."""
+    order) that fits no entry; none for a call no build could declare (a 0-d input, a
+    zero-size or oversized dimension)."""
     names = manifest.input_names
     entries = [[tuple(shape) for _, shape in entry.inputs] for entry in manifest.shapes]
     call = [tuple(shape) for shape in call]
+    if len(call) != len(names) or not all(
+            shape and len(shape) <= MAX_RANK and all(0 < d <= MAX_DIM for d in shape)
+            for shape in call):
+        return {}
     largest = _largest_batch(call, entries, names, manifest.padding)
     paddable = (manifest.padding is None and largest is None
                 and _paddable(call, entries, _varying(entries)))

@@ -53,20 +53,21 @@ _alone_names: dict[str, str] = {}
 
 def _lazy_names() -> dict[str, str]:
     """Name -> module for the torch-backed exports (imports those modules once)."""
-    if not _names:
-        for module in _ON_FIRST_USE:
-            for name in importlib.import_module(f"{__name__}.{module}").__all__:
-                _names[name] = module
-    return _names
+    return _exports(_ON_FIRST_USE, _names)
 
 
 def _names_alone() -> dict[str, str]:
     """Name -> module for the numpy-only exports (imports those modules, not torch)."""
-    if not _alone_names:
-        for module in _ALONE:
+    return _exports(_ALONE, _alone_names)
+
+
+def _exports(modules: tuple[str, ...], table: dict[str, str]) -> dict[str, str]:
+    """``table`` filled once with name -> module for every name ``modules`` export."""
+    if not table:
+        for module in modules:
             for name in importlib.import_module(f"{__name__}.{module}").__all__:
-                _alone_names[name] = module
-    return _alone_names
+                table[name] = module
+    return table
 
 
 def __getattr__(name: str) -> Any:
