@@ -55,7 +55,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   └── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
     │                                       use  [.source, .problem]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
-        │                                   [.accepted: the signatures the artifact takes]
+        │                                   [.accepted: the signatures the artifact takes;
+        │                                    a shape no entry takes: .given, .largest_batch,
+        │                                    .pad_inputs, .by_name (the fix)]
         ├── MalformedRequestError           a serve request body that is not the format
         └── PredictorClosedError            a call on (or racing with) a closed predictor
 
@@ -462,21 +464,67 @@ class InputError(QkanPackError, ValueError):
     name to ``(shape, dtype)``; for an artifact with declared padding, ``ranges`` lists per
     entry what a call may send: per input ``{"dtype", "dims": [[low, high], ...]}``
     (inclusive). The message shows them, callers read the data.
+
+    A call whose shapes no entry takes also carries the fix (``format.shape_fix``):
+    ``given``, the call's shapes by input name; ``largest_batch``, set when the call only
+    has more rows than the largest declared batch (split it); else ``pad_inputs``, the
+    inputs ``--pad`` would pad when padding could hold the call (empty otherwise), and the
+    shapes to declare at build (the accepted ones and ``given``; ``by_name``: as
+    ``--input NAME:SHAPES`` rather than ``--shapes``).
     """
 
     def __init__(self, problem: str, *,
                  accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]] = (),
-                 padded: bool = False, ranges: Sequence[Mapping[str, Any]] = ()) -> None:
+                 padded: bool = False, ranges: Sequence[Mapping[str, Any]] = (),
+                 given: Mapping[str, tuple[int, ...]] | None = None,
+                 largest_batch: int | None = None, pad_inputs: Sequence[str] = (),
+                 by_name: bool = False) -> None:
         self.problem = problem
         self.accepted = tuple(accepted)
         self.padded = padded
         self.ranges = tuple(ranges)
+        self.given = None if given is None else {k: tuple(v) for k, v in given.items()}
+        self.largest_batch = largest_batch
+        self.pad_inputs = tuple(pad_inputs)
+        self.by_name = by_name
         message = problem
         if self.ranges:
             message += f"; accepted: {format_ranges(self.ranges)}"
         elif self.accepted:
             message += f"; accepted: {format_accepted(self.accepted, padded=padded)}"
+        if self.given is not None:
+            message += f"; to run it, {self._fix()}"
         super().__init__(message)
+
+    def with_problem(self, problem: str) -> InputError:
+        """The same refusal (every field kept) saying ``problem`` instead."""
+        return InputError(problem, accepted=self.accepted, padded=self.padded,
+                          ranges=self.ranges, given=self.given,
+                          largest_batch=self.largest_batch, pad_inputs=self.pad_inputs,
+                          by_name=self.by_name)
+
+    def _fix(self) -> str:
+        if self.largest_batch is not None:
+            return f"split the batch: the largest declared is {self.largest_batch}"
+        fix = f"declare its shape at build: {self._declare()}"
+        if self.pad_inputs:
+            positional = self.given is not None and len(self.given) == 1 and not self.by_name
+            pads = " ".join(f"--pad {'x' if positional else name}=0" for name in self.pad_inputs)
+            fix += (f"; or let smaller calls be padded: build with {pads} (0: the value padded "
+                    "positions take; build proves the model ignores them, or refuses)")
+        return fix
+
+    def _declare(self) -> str:
+        """The build option declaring the accepted shapes and the given one."""
+        assert self.given is not None
+        entries = [tuple(tuple(signature[n][0]) for n in self.given) for signature in
+                   self.accepted if signature.keys() == self.given.keys()]
+        entries = list(dict.fromkeys([*entries, tuple(self.given.values())]))  # paired by entry
+        shapes = {name: ",".join("x".join(map(str, entry[i])) for entry in entries)
+                  for i, name in enumerate(self.given)}
+        if len(shapes) == 1 and not self.by_name:
+            return f"--shapes {next(iter(shapes.values()))}"
+        return " ".join(f"--input {name}:{text}" for name, text in shapes.items())
 
 
 class MalformedRequestError(InputError):

@@ -51,6 +51,8 @@ PUBLIC = {
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
+        "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
+        "output_path", "refuse_unsafe_output",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
         "TRITON_CACHE_ENV", "VerifiedArtifact", "WARMUP_CALLS", "accepts_device",
         "artifact_digest", "bind_forward", "call_factory", "capture_graph", "capture_session",
@@ -86,10 +88,10 @@ PUBLIC = {
         "manifest_to_dict", "metadata_to_dict", "padding_table", "pair_inputs", "parse_batch_sizes",
         "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
-        "precision_choice_to_dict", "with_batch_sizes",
+        "precision_choice_to_dict", "shape_fix", "with_batch_sizes",
     ],
-    "qkan_pack.predict": ["INPUT_SUFFIXES", "OUTPUT_SUFFIXES", "named_outputs", "read_inputs",
-                          "summarize", "write_outputs"],
+    "qkan_pack.predict": ["INPUT_SUFFIXES", "OUTPUT_SUFFIXES", "check_output", "named_outputs",
+                          "read_inputs", "summarize", "write_outputs"],
 }
 #: Layers (top to bottom) and where private modules may be imported from in tests.
 SUBPACKAGES = ("builder", "bench", "serve", "predict", "runtime", "format")

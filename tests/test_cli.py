@@ -554,3 +554,88 @@ def test_build_warm_on_a_host_without_a_gpu_names_warm(tmp_path: Path) -> None:
     warm = run("warm", tmp_path / "a")
     assert warm.exit_code == 1 and one_line_error(warm).startswith("Error: --device cuda:")
 
+
+
+# ---------------------------------------------------------------------------
+# A new user's first hour: messages that say how to fix it
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "command_usage"), [
+    (["build", PLAIN, "--shapes", "1x2", "--pad", "y=0", "-o", "OUT"], "build [OPTIONS] MODEL_PY"),
+    (["build", PLAIN, "--shapes", "1x2", "--pad", "y", "-o", "OUT"], "build [OPTIONS] MODEL_PY"),
+    (["build", PLAIN, "--shapes", "1x2", "--bogus", "-o", "OUT"], "build [OPTIONS] MODEL_PY"),
+    (["verify", "OUT", "--device", "gpu"], "verify [OPTIONS] DIRECTORY"),
+])
+def test_usage_errors_show_the_commands_own_usage(tmp_path: Path, args: list[str],
+                                                  command_usage: str) -> None:
+    """A `--pad` usage error in build printed the top-level usage (`qkan-pack [OPTIONS]
+    COMMAND`) instead of build's."""
+    done = run(*[str(tmp_path / "a") if a == "OUT" else a for a in args])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.startswith("Usage: ") and command_usage in done.stderr.splitlines()[0]
+    assert "COMMAND [ARGS]" not in done.stderr and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(("args", "exit_code", "error"), [
+    (["build", "MISSING", "--shapes", "1x2"], 1,
+     {"type": "ModelSourceError", "stage": None}),
+    (["build", PLAIN, "--shapes", "1x2", "--pad", "y=0"], 2, {"type": "ShapeSpecError"}),
+    (["build", PLAIN, "--shapes", "1x2", "--bogus"], 2, {"type": "NoSuchOption"}),
+    (["inspect", "MISSING"], 1, {"type": "ArtifactError"}),
+    (["verify", "MISSING", "--device", "gpu"], 2,
+     {"type": "DeviceError", "requested": "gpu", "usage": True}),
+    (["warm", "MISSING", "--device", "cpu", "--precision", "auto"], 1, {"type": "ArtifactError"}),
+    (["bench", "MISSING"], 1, {"type": "ArtifactError"}),
+])
+def test_json_commands_print_one_document_on_failure_too(tmp_path: Path, args: list[str],
+                                                         exit_code: int, error: dict) -> None:
+    """With --json a failure printed nothing on stdout: a script's json.load raised instead of
+    reading the error. The exit status and the stderr line are unchanged."""
+    args = [str(tmp_path / "absent") if a == "MISSING" else a for a in args]
+    done = run(*args, "--json")
+    assert done.exit_code == exit_code, done.output
+    document = json.loads(done.stdout)
+    assert document["ok"] is False and set(document) == {"ok", "error"}
+    assert document["error"]["message"] and document["error"]["message"] in done.stderr
+    assert error.items() <= document["error"].items(), document
+    assert run(*args).stdout == ""  # without --json, stdout stays empty
+
+
+def test_a_json_failure_carries_the_errors_fields(cli_artifact: tuple[Path, str],
+                                                 tmp_path: Path) -> None:
+    path, digest = cli_artifact
+    wrong = "sha256:" + "0" * 64
+    done = run("verify", path, "--expected-digest", wrong, "--json")
+    assert done.exit_code == 1
+    error = json.loads(done.stdout)["error"]
+    assert error["type"] == "DigestMismatchError"
+    assert error["actual"] == digest and error["expected"] == wrong
+    bench_file = run("bench", tmp_path / "absent", "--json", tmp_path / "out.json")
+    assert bench_file.exit_code == 1 and bench_file.stdout == ""  # JSON goes to a file there
+
+
+def test_a_module_beside_the_model_is_named_as_an_include(tmp_path: Path) -> None:
+    """A model importing helpers.py beside it failed with "install it: pip install helpers"."""
+    import shutil
+
+    shutil.copy(MODELS / "with_include.py", tmp_path / "model.py")
+    shutil.copy(MODELS / "tiny_helper.py", tmp_path / "tiny_helper.py")
+    done = run("build", tmp_path / "model.py", "--shapes", "1x2", "-o", tmp_path / "a")
+    line = one_line_error(done)
+    assert f"build with --include {tmp_path / 'tiny_helper.py'}" in line, line
+    assert "pip install" not in line
+    (tmp_path / "tiny_helper.py").unlink()
+    (tmp_path / "tiny_helper").mkdir()  # a package folder is named as such
+    shutil.copy(MODELS / "tiny_helper.py", tmp_path / "tiny_helper" / "__init__.py")
+    line = one_line_error(run("build", tmp_path / "model.py", "--shapes", "1x2", "-o",
+                              tmp_path / "a"))
+    assert f"build with --include {tmp_path / 'tiny_helper'}" in line, line
+    shutil.rmtree(tmp_path / "tiny_helper")  # nothing beside it: a package to install
+    line = one_line_error(run("build", tmp_path / "model.py", "--shapes", "1x2", "-o",
+                              tmp_path / "a"))
+    assert "install it: pip install tiny_helper" in line and "--include" not in line
+    shutil.copy(MODELS / "tiny_helper.py", tmp_path / "tiny_helper.py")
+    done = run("build", tmp_path / "model.py", "--shapes", "1x2", "-o", tmp_path / "a",
+               "--include", tmp_path / "tiny_helper.py")
+    assert done.exit_code == 0, done.output

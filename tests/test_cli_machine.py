@@ -177,3 +177,17 @@ def test_an_unnamed_array_for_a_model_of_several_inputs_says_to_name_it(tmp_path
     np.save(tmp_path / "a.npy", np.ones((1, 3), np.float32))
     done = run("predict", path, "--input", tmp_path / "a.npy")
     assert done.exit_code == 1 and "name its input, --input a=" in done.output
+
+
+def test_predict_shape_refusals_end_with_the_fix(artifact: Path, tmp_path: Path) -> None:
+    """Shape errors listed what is accepted but never how to fix it."""
+    np.save(tmp_path / "big.npy", np.ones((64, 2), np.float32))
+    done = run("predict", artifact, "--input", tmp_path / "big.npy")
+    assert done.exit_code == 1
+    assert (f"inputs from {tmp_path / 'big.npy'}: input shape 64x2 is not in the manifest; "
+            "accepted: 2x2 float32 | 8x2 float32; to run it, split the batch: the largest "
+            "declared is 8") in done.stderr
+    np.save(tmp_path / "odd.npy", np.ones((3, 2), np.float32))
+    done = run("predict", artifact, "--input", tmp_path / "odd.npy")
+    assert "declare its shape at build: --shapes 2x2,8x2,3x2; or let smaller calls be padded: " \
+           "build with --pad x=0" in done.stderr

@@ -438,7 +438,8 @@ def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: st
     module = import_model_source(source_name, sources, display_path=str(model_path))
     factory = entry_function(module, entry, str(model_path))
     check_entry_named(entry, sources, str(model_path))  # the loader checks this before import
-    model = call_factory(factory, config, str(model_path), entry, device="cpu")
+    model = call_factory(factory, config, str(model_path), entry, device="cpu",
+                         beside=os.path.dirname(model_path))
     check_storable(model, str(model_path))
     tied = tied_groups(model)
     if weights is not None:

@@ -6,6 +6,7 @@ tell a wrong model from a right one)."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from safetensors.torch import save
 
 from ..errors import ModelSourceError
-from ..format import Shape, format_shape
+from ..format import OutputNode, Shape, format_shape
 from ..runtime import describe_output, flatten, model_code_failed
 
 #: Words of a failure caused by an input's dtype (an embedding given floats, a half-precision
@@ -36,7 +37,7 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
             second = forward(*inputs.values())
     except Exception as exc:
         error = model_code_failed("build forward", str(model_path), f"forward on shape {label}",
-                                  exc)
+                                  exc, beside=os.path.dirname(model_path))
         floats = [name for name, dtype in (dtypes or {}).items() if "float" in dtype]
         if floats and "indices" in str(exc) and "embedding" in str(exc):
             error = ModelSourceError(
@@ -48,7 +49,9 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
             error = ModelSourceError(f"{error}. {dtype_hint(dtypes)}", stage=error.stage,
                                      path=error.path)
         raise error from exc
-    describe_output(first)  # refuses caches and other non-tensor state with a fix to try
+    # refuses caches and other non-tensor state with a fix to try, and outputs one name
+    # would stand for twice
+    refuse_name_clashes(describe_output(first), model_path, label)
     for index, (a, b) in enumerate(zip(flatten(first), flatten(second))):
         if a.is_floating_point() and not torch.isfinite(a).all():
             raise ModelSourceError(
@@ -61,6 +64,18 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
                 f"(output {index} differs between two runs): remove dropout/sampling from eval"
             )
     return first
+
+
+def refuse_name_clashes(structure: OutputNode, model_path: Path, label: str) -> None:
+    """Two outputs that ``OutputNode.leaf_names`` names alike (``{"a.b": y, "a": {"b": z}}``)
+    would be one output to ``predict``'s files and another to the protocol's reply: refused."""
+    for name, first, second in structure.name_clashes()[:1]:
+        raise ModelSourceError(
+            f"{model_path}: forward on shape {label} returns two outputs named {name}: "
+            f"{first} and {second}. Outputs are named by their keys joined with '.' (and "
+            "indices as [i]) in predict's files, GET / and the Open Inference Protocol, so "
+            "every name must differ: rename one of the keys", stage="build forward",
+            path=str(model_path))
 
 
 def dtype_hint(dtypes: Mapping[str, str]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ArtifactError
 from ..format import MANIFEST_NAME, FileEntry, Manifest, dumps_manifest
-from ..runtime import artifact_digest, sha256_hex
+from ..runtime import artifact_digest, output_path, refuse_unsafe_output, sha256_hex
 
 _PARTIAL_MARK = ".partial-"
 _BACKUP_MARK = ".old-"
@@ -140,40 +140,6 @@ def _stage_and_install(target: Path, files: Mapping[str, bytes],
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def output_path(target: str | os.PathLike[str]) -> Path:
-    """The absolute output path: ``.`` and ``..`` resolved (their names would make the lock
-    and staging land inside the artifact), the parent's symlinks resolved, the name kept
-    (a symlink at the target itself is refused later, not followed)."""
-    absolute = Path(os.path.abspath(target))
-    if not absolute.name:
-        raise ArtifactError(f"output path {target} is the file-system root; choose a directory")
-    return absolute.parent.resolve() / absolute.name
-
-
-def refuse_unsafe_output(target: Path, protect: Sequence[str | os.PathLike[str]] = ()) -> None:
-    """Refuse, before anything changes on disk, an output that would break something: inside
-    an existing artifact (a nested directory it does not list, a lock or staging file in it),
-    the working directory or one above it, or a protected folder (the model's) or one above."""
-    for folder in target.parents:
-        if (folder / MANIFEST_NAME).is_file():
-            raise ArtifactError(
-                f"output path {target} lies inside the artifact {folder}; writing there would "
-                "break it (an artifact holds only the files its manifest lists): choose a path "
-                "outside it", path=str(target))
-    cwd = Path.cwd().resolve()
-    if cwd == target or target in cwd.parents:
-        raise ArtifactError(
-            f"output path {target} is or contains the working directory {cwd}; replacing it "
-            "would pull the directory from under you: choose another -o (a new folder)",
-            path=str(target))
-    for folder in protect:
-        kept = Path(folder).resolve()
-        if kept == target or target in kept.parents:
-            raise ArtifactError(
-                f"output path {target} is or contains the model's folder {kept}; replacing it "
-                "would delete the model: choose another output", path=str(target))
 
 
 def _refuse_existing(target: Path, force: bool) -> None:

@@ -92,6 +92,7 @@ from ._padding import (
     find_axes,
     fit_entry,
 )
+from ._shape_fix import shape_fix
 
 __all__ = [
     "AUTO_PRECISION",
@@ -176,5 +177,6 @@ __all__ = [
     "parse_shape",
     "parse_shapes",
     "precision_choice_to_dict",
+    "shape_fix",
     "with_batch_sizes",
 ]

@@ -98,12 +98,33 @@ class OutputNode:
             yield from item.leaves()
 
     def leaf_names(self, prefix: str = "output") -> Iterator[str]:
-        """Each tensor leaf's place, in ``leaves()`` order: ``output``, ``output[0].boxes``."""
+        """Each tensor leaf's name, in ``leaves()`` order: ``output``, ``output[0].boxes``
+        (keys joined with ``.``, indices as ``[i]``): the one flattening rule, by which
+        ``predict``'s files, ``GET /`` and the Open Inference Protocol name outputs."""
+        return (name for name, _ in self._leaf_places(prefix, prefix))
+
+    def _leaf_places(self, name: str, place: str) -> Iterator[tuple[str, str]]:
+        """(name, place) per tensor leaf; the place spells every key (``output['a.b']``)."""
         if self.kind == "tensor" and self.tensor is not None:
-            yield prefix
+            yield name, place
         for index, item in enumerate(self.items):
-            step = f".{self.keys[index]}" if self.kind == "dict" else f"[{index}]"
-            yield from item.leaf_names(prefix + step)
+            if self.kind == "dict":
+                key = self.keys[index]
+                yield from item._leaf_places(f"{name}.{key}", f"{place}[{key!r}]")
+            else:
+                yield from item._leaf_places(f"{name}[{index}]", f"{place}[{index}]")
+
+    def name_clashes(self) -> list[tuple[str, str, str]]:
+        """Tensor leaves that ``leaf_names`` gives one name (a key holding the separator:
+        ``{"a.b": y, "a": {"b": z}}``), as ``(name, first place, second place)``."""
+        seen: dict[str, str] = {}
+        clashes = []
+        for name, place in self._leaf_places("output", "output"):
+            if name in seen:
+                clashes.append((name, seen[name], place))
+            else:
+                seen[name] = place
+        return clashes
 
     @property
     def label(self) -> str:
@@ -705,9 +726,13 @@ def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
         )
     inputs = tuple((name, _shape_value(declared[name], f"{reader.where}.inputs.{name}"))
                    for name in names)
+    outputs = _output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0)
+    for name, first, second in outputs.name_clashes()[:1]:
+        raise ManifestError(f"{reader.where}.outputs: {first} and {second} are both named "
+                            f"{name}; output names must differ")
     return ShapeEntry(
         inputs=inputs,
-        outputs=_output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0),
+        outputs=outputs,
         reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
         noise=_noise_from(reader),
         precision_error=_precision_error_from(reader),

@@ -5,6 +5,7 @@ imports it."""
 from ._files import (
     INPUT_SUFFIXES,
     OUTPUT_SUFFIXES,
+    check_output,
     named_outputs,
     read_inputs,
     summarize,
@@ -14,6 +15,7 @@ from ._files import (
 __all__ = [
     "INPUT_SUFFIXES",
     "OUTPUT_SUFFIXES",
+    "check_output",
     "named_outputs",
     "read_inputs",
     "summarize",

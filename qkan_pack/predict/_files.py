@@ -2,16 +2,26 @@
 
 Inputs: ``.npy`` (one array), ``.npz`` and ``.safetensors`` (arrays named after the inputs,
 or the only array), ``.json`` (nested lists of numbers, or an object of them by input name;
-JSON has no dtypes, so numbers take the declared dtype when they fit it exactly). Arrays
-keep their dtype: the predictor checks shapes and dtypes as for any call, with the same
-errors. Outputs: ``.npy`` (a single tensor), ``.npz``/``.safetensors``/``.json`` (every
-tensor by its place in the output: ``logits``, ``output``, ``parts.0``).
+JSON has no dtypes, so numbers take the declared dtype when they are exactly that, read as
+serve reads a JSON request: ``runtime.json_input``). Arrays keep their dtype: the predictor
+checks shapes and dtypes as for any call, with the same errors.
+
+Outputs: ``.npy`` (a single tensor), ``.npz``/``.safetensors``/``.json`` (every tensor by
+the name the manifest, ``GET /`` and the Open Inference Protocol give it: ``output``,
+``output.logits``, ``output[0]``), written whole or not at all, never inside an artifact.
+Only ``.safetensors`` holds bfloat16 (the others get float32, exactly, with a note), and
+JSON holds no NaN or infinity (refused: ``.npz`` and ``.safetensors`` keep them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
+import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +30,16 @@ import numpy as np
 import torch
 
 from ..errors import InputError, InputFileError
-from ..runtime import read_array_file
+from ..format import loads_strict
+from ..runtime import (
+    describe_output,
+    flatten,
+    json_input,
+    map_leaves,
+    numbers_array,
+    read_array_file,
+    refuse_unsafe_output,
+)
 
 INPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 OUTPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
@@ -40,7 +59,7 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
         if name is not None and name not in names:
             raise _error(path, f"no input is named {name!r}; inputs are {', '.join(names)}"
                                + (" (or x)" if len(names) == 1 else ""))
-        found = _read(path, dtypes)
+        found = _read(path, dtypes, name)
         if name is not None:
             arrays[_one(found, name, path)] = found.get(name, next(iter(found.values())))
             continue
@@ -68,7 +87,7 @@ def _one(found: Mapping[str, np.ndarray], name: str, path: Path) -> str:
     raise _error(path, f"holds {sorted(found)}, none named {name!r}")
 
 
-def _read(path: Path, dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+def _read(path: Path, dtypes: Mapping[str, str], name: str | None) -> dict[str, Any]:
     if path.suffix not in INPUT_SUFFIXES:
         raise _error(path, f"unknown file type {path.suffix or '(none)'}; use "
                            f"{', '.join(INPUT_SUFFIXES)}")
@@ -81,76 +100,143 @@ def _read(path: Path, dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
     try:
         if path.stat().st_size > MAX_INPUT_BYTES:
             raise _error(path, f"larger than {MAX_INPUT_BYTES} bytes")
-        return _from_json(json.loads(path.read_text()), dtypes, path)
+        data = loads_strict(path.read_bytes())
     except InputFileError:
         raise
-    except Exception as exc:  # json's own
+    except Exception as exc:  # the strict parser's, or the file system's
         raise _error(path, f"cannot be read: {exc}") from None
+    return _from_json(data, dtypes, path, name)
 
 
-def _from_json(data: Any, dtypes: Mapping[str, str], path: Path) -> dict[str, np.ndarray]:
-    if isinstance(data, dict):
-        return {name: _json_array(value, dtypes.get(name), path, name)
-                for name, value in data.items()}
-    only = next(iter(dtypes.values())) if len(dtypes) == 1 else None
-    return {"": _json_array(data, only, path, "the array")}
+def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
+               name: str | None) -> dict[str, Any]:
+    """The arrays of a JSON file: an object of them by input name, or one array. The one
+    array of a file given for input ``name`` (or of a model with one input) is read as that
+    input whatever it is called."""
+    if name is None and len(dtypes) == 1:
+        name = next(iter(dtypes))
+    if not isinstance(data, dict):
+        return {"": _json_array(data, name, dtypes, path)}
+    arrays = {}
+    for key, value in data.items():
+        target = key if key in dtypes else name if len(data) == 1 else None
+        arrays[key] = _json_array(value, target, dtypes, path)
+    return arrays
 
 
-def _json_array(value: Any, dtype: str | None, path: Path, what: str) -> np.ndarray:
-    """Nested lists as the declared dtype, when every number fits it exactly."""
+def _json_array(value: Any, name: str | None, dtypes: Mapping[str, str], path: Path) -> Any:
+    """JSON numbers as input ``name``, read as serve reads them (``runtime.json_input``:
+    integers exactly, booleans only as true/false); a bfloat16 input as a tensor (numpy has
+    none). For no input (a name the caller then refuses) only the numbers are read."""
+    where = f"input {name!r}" if name else "the array"
     try:
-        array = np.asarray(value, dtype=np.float64 if dtype != "bool" else np.bool_)
-    except (ValueError, TypeError) as exc:
-        raise _error(path, f"{what} is not a rectangular array of numbers ({exc})") from None
-    if dtype is None or dtype == "bfloat16":
-        return array.astype(np.float32)
-    target = np.dtype(dtype)
-    cast = array.astype(target)
-    if target.kind in "iub" and not np.array_equal(cast.astype(np.float64), array):
-        raise _error(path, f"{what} holds values that are not {dtype} (fractions, or out "
-                           "of range)")
-    return cast
+        if name is None:
+            return numbers_array(value, where)
+        array = json_input(value, name, dtypes[name], where)
+    except InputError as exc:
+        raise _error(path, exc.problem) from None
+    if dtypes[name] == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return array
 
 
-def named_outputs(output: Any, prefix: str = "") -> dict[str, Any]:
-    """Every tensor (or numpy array) of a structured output by its place: ``logits``,
-    ``parts.0``; a bare tensor is ``output``."""
-    if isinstance(output, Mapping):
-        items = list(output.items())
-    elif isinstance(output, (tuple, list)):
-        items = [(str(i), v) for i, v in enumerate(output)]
-    elif output is None:
-        return {}
-    else:
-        return {prefix or "output": output}
-    named: dict[str, Any] = {}
-    for key, value in items:
-        named.update(named_outputs(value, f"{prefix}.{key}" if prefix else str(key)))
-    return named
+def named_outputs(output: Any) -> dict[str, torch.Tensor]:
+    """Every tensor (or numpy array) of a structured output by its place, as the manifest,
+    ``GET /`` and the Open Inference Protocol name it (``OutputNode.leaf_names``: ``output``,
+    ``output.logits``, ``output[0]``), each as a host tensor."""
+    leaves = map_leaves(_host_tensor, output)
+    return dict(zip(describe_output(leaves).leaf_names(), flatten(leaves)))
 
 
-def write_outputs(outputs: Mapping[str, Any], path: Path) -> Path:
-    """Write named outputs (numpy arrays) to ``path`` by its suffix."""
-    arrays = {name: np.asarray(value) for name, value in outputs.items()}
+def _host_tensor(value: Any) -> torch.Tensor:
+    tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    return tensor.detach().cpu()
+
+
+def check_output(path: Path) -> Path:
+    """Where ``-o`` writes (symlinks followed, as the write would), refused before the load
+    when predict cannot or must not write there: an unknown type, or a path inside an
+    artifact (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow)."""
     if path.suffix not in OUTPUT_SUFFIXES:
         raise _error(path, f"unknown output type {path.suffix or '(none)'}; use "
                            f"{', '.join(OUTPUT_SUFFIXES)}", option="--output")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(os.path.realpath(path))
+    refuse_unsafe_output(target)
+    return target
+
+
+def write_outputs(outputs: Mapping[str, Any], path: Path) -> tuple[Path, list[str]]:
+    """Write named outputs (tensors or numpy arrays) to ``path`` by its suffix, whole or not
+    at all (a temporary file beside it, renamed into place). Returns the path written and a
+    note per bfloat16 output written as float32 (only ``.safetensors`` holds bfloat16)."""
+    target = check_output(path)
+    tensors = {name: _host_tensor(value) for name, value in outputs.items()}
+    notes = [f"output {name} is bfloat16, written as float32 ({path.suffix} has no bfloat16; "
+             ".safetensors keeps it)" for name, t in tensors.items()
+             if t.dtype == torch.bfloat16 and path.suffix != ".safetensors"]
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save
+
+        data = save({k: t.contiguous().clone() for k, t in tensors.items()})
+    else:
+        data = _numpy_bytes({k: _numpy(t) for k, t in tensors.items()}, path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _replace(target, data)
+    return path, notes
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor as numpy; bfloat16 (which numpy lacks) as float32, exactly."""
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def _numpy_bytes(arrays: Mapping[str, np.ndarray], path: Path) -> bytes:
+    """``.npy``, ``.npz`` or ``.json`` bytes of the arrays."""
+    buffer = io.BytesIO()
     if path.suffix == ".npy":
         if len(arrays) != 1:
             raise _error(path, f"the model returns {len(arrays)} tensors ({', '.join(arrays)}); "
                                ".npy holds one: write .npz, .safetensors or .json",
                          option="--output")
-        np.save(path, next(iter(arrays.values())))
+        np.save(buffer, next(iter(arrays.values())), allow_pickle=False)
     elif path.suffix == ".npz":
-        np.savez(path, **arrays)
-    elif path.suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
+        # numpy's own member format, written one by one: np.savez(**arrays) takes an output
+        # named "file" or "allow_pickle" as its own argument
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, array, allow_pickle=False)
     else:
-        path.write_text(json.dumps({k: v.tolist() for k, v in arrays.items()}) + "\n")
-    return path
+        return _json_bytes(arrays, path)
+    return buffer.getvalue()
+
+
+def _json_bytes(arrays: Mapping[str, np.ndarray], path: Path) -> bytes:
+    """Strict JSON: an output holding NaN or an infinity, which JSON has no number for, is
+    refused (written as ``NaN`` it would be no JSON a strict reader takes)."""
+    for name, array in arrays.items():
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            raise _error(path, f"output {name} holds NaN or Infinity, which JSON cannot hold: "
+                               "write .npz or .safetensors", option="--output")
+    return (json.dumps({k: v.tolist() for k, v in arrays.items()}, allow_nan=False)
+            + "\n").encode()
+
+
+def _replace(target: Path, data: bytes) -> None:
+    """Write ``target`` whole: a temporary file beside it, flushed, renamed over it."""
+    descriptor, staged = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                          suffix=".partial")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # as a plain open() makes it, not mkstemp's 0600
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
 
 
 def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = ()) -> str:
@@ -158,13 +244,14 @@ def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = ()) -> s
     model records class labels and an output's last dimension matches them."""
     lines = [f"{'output':<24}{'shape':<16}{'dtype':<10}{'min':>11}{'mean':>11}{'max':>11}"]
     for name, value in outputs.items():
-        array = np.asarray(value)
+        tensor = _host_tensor(value)
+        array = _numpy(tensor)
         shape = "x".join(map(str, array.shape)) or "scalar"
         numeric = array.size and array.dtype.kind in "fiub"
         low, mean, high = ((float(array.min()), float(array.astype(np.float64).mean()),
                             float(array.max())) if numeric else (math.nan,) * 3)
-        lines.append(f"{name:<24}{shape:<16}{array.dtype.name:<10}{low:>11.4g}{mean:>11.4g}"
-                     f"{high:>11.4g}")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        lines.append(f"{name:<24}{shape:<16}{dtype:<10}{low:>11.4g}{mean:>11.4g}{high:>11.4g}")
         if class_labels and array.ndim >= 1 and array.shape[-1] == len(class_labels):
             top = np.asarray(array.reshape(-1, array.shape[-1]).argmax(axis=-1))
             shown = ", ".join(class_labels[int(i)] for i in top[:16])

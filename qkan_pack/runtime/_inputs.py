@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, format_accepted, format_ranges
-from ..format import Manifest, accepted_ranges, fit_entry, format_shape, padding_table
+from ..format import Manifest, accepted_ranges, fit_entry, format_shape, padding_table, shape_fix
 from ._tree import torch_dtype
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
@@ -153,7 +153,7 @@ class InputMatcher:
         if self._padding:
             return self._padded_entry(key)
         shown = ", ".join(_shape_text(s) for s in key)
-        raise self.refuse(f"input shape {shown} is not in the manifest")
+        raise self.refuse_shape(f"input shape {shown} is not in the manifest", key)
 
     def _remembered_fit(self, key: tuple) -> tuple[int, Fit]:
         """``_declared_fit``, worked out once per call shape: searching every entry and
@@ -175,7 +175,8 @@ class InputMatcher:
         found = fit_entry(call, self._entries, self._names, self.declared)
         if found is None:
             shown = ", ".join(_shape_text(s) for s in key)
-            raise self.refuse(f"input shape {shown} fits no captured shape, even padded")
+            raise self.refuse_shape(f"input shape {shown} fits no captured shape, even padded",
+                                    key)
         index, sizes = found
         entry = self._entries[index]
         regions = tuple(None if got == have else tuple(slice(0, n) for n in got)
@@ -206,8 +207,8 @@ class InputMatcher:
         shown = ", ".join(_shape_text(s) for s in key)
         largest = max((b for b, _ in candidates), default=None)
         hint = f"; batches up to {largest} are padded" if largest else ""
-        raise self.refuse(
-            f"input shape {shown} is not in the manifest and cannot be padded to it{hint}")
+        raise self.refuse_shape(
+            f"input shape {shown} is not in the manifest and cannot be padded to it{hint}", key)
 
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
@@ -219,6 +220,12 @@ class InputMatcher:
     def refuse(self, problem: str) -> InputError:
         return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
                           ranges=self._ranges)
+
+    def refuse_shape(self, problem: str, key: tuple) -> InputError:
+        """A call whose shapes fit no entry: the refusal ends with the fix
+        (``format.shape_fix``)."""
+        return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
+                          ranges=self._ranges, **shape_fix(self.manifest, key))
 
 
 def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device

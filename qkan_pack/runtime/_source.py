@@ -279,7 +279,8 @@ def import_model_source(source: str, sources: Mapping[str, bytes], *,
         sys.modules[name] = module
         try:
             with _serving(includes, name), deferred_imports():  # heavy unused imports wait
-                _execute(sources[source], filenames[source], shown, module, packages)
+                _execute(sources[source], filenames[source], shown, module, packages,
+                         beside=None if display_path is None else os.path.dirname(display_path))
         except BaseException:
             for imported in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
                 del sys.modules[imported]  # the includes it re-homed under it go too
@@ -296,10 +297,11 @@ def _user_path(path: str, base: str, display_path: str) -> str:
 
 
 def _execute(source: bytes, filename: str, shown: str, module: ModuleType,
-             packages: Mapping[str, str] | None = None) -> None:
+             packages: Mapping[str, str] | None = None, beside: str | None = None) -> None:
     """Run the model source in ``module``, compiled under ``filename``; what it raises
     (``sys.exit`` included) is a model error naming the import, while Ctrl-C stays
-    ``KeyboardInterrupt``."""
+    ``KeyboardInterrupt``. ``beside``: at a build, the model file's folder (a module missing
+    there is a local file to ``--include``)."""
     try:
         # dont_inherit: the user's file gets its own __future__ flags, not this one's
         # (an inherited `annotations` would turn a dataclass's `y: Tensor` into a string)
@@ -308,7 +310,7 @@ def _execute(source: bytes, filename: str, shown: str, module: ModuleType,
         raise ModelSourceError(f"{shown}: syntax error at line {exc.lineno}: {exc.msg}",
                                stage="import", path=shown) from exc
     except (Exception, SystemExit) as exc:
-        raise model_code_failed("import", shown, "import", exc, packages) from exc
+        raise model_code_failed("import", shown, "import", exc, packages, beside) from exc
 
 
 @contextmanager
@@ -372,8 +374,9 @@ def accepts_device(factory: Any) -> bool:
 
 
 def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str,
-                 device: str | None) -> Any:
-    """Call the entry with the recorded config (+ device when it accepts one)."""
+                 device: str | None, beside: str | None = None) -> Any:
+    """Call the entry with the recorded config (+ device when it accepts one). ``beside``:
+    at a build, the model file's folder (``model_code_failed``)."""
     import torch
 
     kwargs = dict(config)
@@ -386,7 +389,8 @@ def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str
     try:
         model = factory(**kwargs)
     except (Exception, SystemExit) as exc:  # Ctrl-C stays KeyboardInterrupt
-        raise model_code_failed("factory", shown, f"{entry}(**config)", exc) from exc
+        raise model_code_failed("factory", shown, f"{entry}(**config)", exc,
+                                beside=beside) from exc
     if not isinstance(model, torch.nn.Module):
         raise ModelSourceError(
             f"{shown}: {entry}() returned {type(model).__name__}, expected a torch.nn.Module",
@@ -431,17 +435,36 @@ def _refuse_meta_tensors(model: Any, shown: str, entry: str) -> None:
 
 
 def model_code_failed(stage: str, shown: str, what: str, exc: BaseException,
-                      packages: Mapping[str, str] | None = None) -> ModelSourceError:
+                      packages: Mapping[str, str] | None = None,
+                      beside: str | None = None) -> ModelSourceError:
     """The one error for model code that raised: the stage, the file, what ran, the cause;
     for a module that is not installed, the line that installs it (at the version the
-    artifact recorded, given its ``packages``)."""
+    artifact recorded, given its ``packages``), or, at a build (``beside``: the model file's
+    folder), the ``--include`` that packs it when it is a local file or package there."""
     message = f"{shown}: {what} failed ({stage}): {describe(exc)}"
     module = missing_module(exc)
-    if module is not None and packages is not None:
+    local = _local_module(module, beside) if module is not None else None
+    if local is not None:
+        message += (f"; {local} is beside the model, but an artifact holds only the model "
+                    f"file and what --include names: build with --include {local}")
+    elif module is not None and packages is not None:
         message += f"; the model needs {module}: {install_hint(module, packages)}"
     elif module is not None:
         message += f"; install it: {install_hint(module)}"
     return ModelSourceError(message, stage=stage, path=shown)
+
+
+def _local_module(module: str, folder: str | None) -> str | None:
+    """``folder/module.py``, or ``folder/module`` when it is a package (a folder of Python
+    files), as the user would type it; None when neither is there."""
+    if folder is None:
+        return None
+    file, package = os.path.join(folder, f"{module}.py"), os.path.join(folder, module)
+    if os.path.isfile(file):
+        return file
+    if os.path.isdir(package) and any(name.endswith(".py") for name in os.listdir(package)):
+        return package
+    return None
 
 
 def describe(exc: BaseException) -> str:

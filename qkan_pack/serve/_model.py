@@ -121,7 +121,7 @@ class ModelCore:
                 return await self._infer_ragged(arrays, shapes)
             way = self._routes.get(shapes)
             if way is None:
-                raise unrouted(shapes, self.plan, self.names, self.accepted, self._dependent)
+                raise unrouted(shapes, self.plan, self.predictor.manifest, self._dependent)
         except InputError:
             self.stats.request("rejected")
             raise

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import InputError, MalformedRequestError, OverloadedError, ServeError
 from ..format import DTYPES
+from ..runtime import check_int_range
 from ._auth import bearer_matches
 from ._oip import (
     OIP_DATATYPE,
@@ -32,7 +33,7 @@ from ._oip import (
     raw_bytes,
     reshaped,
 )
-from ._wire import Given, check_int_range
+from ._wire import Given
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -33,6 +33,7 @@ from ..format import (
     fit_entry,
     format_shape,
     input_batch,
+    shape_fix,
 )
 from ._wire import map_leaves
 
@@ -53,6 +54,7 @@ class RaggedPlan:
 
     def __init__(self, manifest: Manifest) -> None:
         assert manifest.padding is not None
+        self.manifest = manifest
         self.padding: Padding = manifest.padding
         self.names = manifest.input_names
         self.entries = [[tuple(s) for _, s in e.inputs] for e in manifest.shapes]
@@ -99,7 +101,8 @@ class RaggedPlan:
     def refuse(self, shapes: Sequence[Shape]) -> InputError:
         shown = ", ".join(format_shape(s) or "scalar" for s in shapes)
         return InputError(f"input shape {shown} fits no captured shape, even padded (single "
-                          "rows of any size that fits are batched together)", ranges=self.ranges)
+                          "rows of any size that fits are batched together)", ranges=self.ranges,
+                          **shape_fix(self.manifest, shapes))
 
     # -- groups ----------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from ..format import (
     manifest_schema,
     metadata_to_dict,
     padding_table,
+    shape_fix,
 )
 
 Tail = tuple[Shape, ...]
@@ -154,17 +155,18 @@ def row_forms(tail: Tail, names: Sequence[str]) -> str:
     return ", ".join(f"{n} {forms(t)}" for n, t in zip(names, tail))
 
 
-def unrouted(shapes: Tail, plan: Mapping[Tail, Any], names: Sequence[str],
-             accepted: Sequence[Signature],
+def unrouted(shapes: Tail, plan: Mapping[Tail, Any], manifest: Manifest,
              dependent: Mapping[Tail, Sequence[str]] | None = None) -> InputError:
-    """The 422 for a shape that is neither a row nor a captured shape; ``dependent``
-    (``dependent_rows``) says why a single row cannot fill a larger entry."""
+    """The 422 for a shape that is neither a row nor a captured shape, ending with the fix
+    (``format.shape_fix``); ``dependent`` (``dependent_rows``) says why a single row cannot
+    fill a larger entry."""
     shown = ", ".join(format_shape(s) or "scalar" for s in shapes)
-    rows = "; ".join(row_forms(tail, names) for tail in plan)
+    rows = "; ".join(row_forms(tail, manifest.input_names) for tail in plan)
     hint = f", and single rows ({rows}), which are batched" if rows else ""
     tail = tuple(tuple(s[1:]) for s in shapes) if all(s and s[0] == 1 for s in shapes) else ()
     blocked = (dependent or {}).get(shapes) or (dependent or {}).get(tail)
     if blocked:
         hint += (f"; a single row does not fill {', '.join(blocked)}: its rows are not proved "
                  "independent, so it takes only whole batches of its own shape")
-    return InputError(f"input shape {shown} is not accepted{hint}", accepted=accepted)
+    return InputError(f"input shape {shown} is not accepted{hint}",
+                      accepted=manifest.signatures(), **shape_fix(manifest, shapes))

@@ -1,7 +1,9 @@
 """The wire format of ``qkan-pack serve``: request bodies and handle arguments in, outputs out.
 
 Parsing says what is malformed (``MalformedRequestError``, HTTP 400); fitting converts a parsed
-input to the artifact's dtype or says why it cannot (``InputError``, HTTP 422). Tensors travel
+input to the artifact's dtype or says why it cannot (``InputError``, HTTP 422); JSON numbers
+are read by ``runtime.numbers_array`` / ``fit_numbers``, the one strict reading ``predict``'s
+JSON files get too (integers never through float, booleans only as true/false). Tensors travel
 as nested JSON lists or as ``{"b64", "dtype", "shape"}`` objects in little-endian order
 (bfloat16 as its raw 16 bits). numpy and orjson only at import; torch where a tensor is made.
 
@@ -29,6 +31,7 @@ import orjson
 
 from ..errors import InputError, MalformedRequestError, QkanPackError, ShapeSpecError
 from ..format import DTYPES, MAX_RANK, Signature, check_dtype, loads_strict
+from ..runtime import fit_numbers, host_array, numbers_array
 
 if TYPE_CHECKING:
     import torch
@@ -128,18 +131,11 @@ def _key_count(request: Any) -> int:
 
 
 def parse_tensor(value: Any, where: str) -> Given:
-    """Nested lists of numbers, or a ``{"b64", "dtype", "shape"}`` object."""
+    """Nested lists of numbers (``runtime.numbers_array``, the reading predict's JSON files
+    get too), or a ``{"b64", "dtype", "shape"}`` object."""
     if isinstance(value, dict):
         return _parse_b64(value, where)
-    try:
-        array = np.asarray(value)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise MalformedRequestError(f"{where} is not a rectangular nested list of numbers: "
-                                    f"{' '.join(str(exc).split())[:160]}") from None
-    if array.dtype.kind not in "biuf":
-        raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested lists "
-                                    "of one depth everywhere")
-    return Given(array, None)
+    return Given(numbers_array(value, where), None)
 
 
 def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
@@ -303,15 +299,8 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np
         raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
                          accepted=accepted)
     elif given.dtype is None:
-        array = _fit_numbers(array, name, want, accepted)
-    with np.errstate(over="ignore", invalid="ignore"):
-        array = np.array(array, dtype=_HOST_DTYPES[want])
-    return check_finite(array, name, want, accepted)
-
-
-#: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
-_HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
-                for name, spec in DTYPES.items()}
+        array = fit_numbers(array, name, want, accepted)
+    return host_array(array, name, want, accepted)
 
 
 def tensor_bits(tensor: torch.Tensor) -> np.ndarray:
@@ -339,42 +328,6 @@ def host_outputs(tree: Any) -> Any:
     return map_leaves(lambda t: t if t.dtype == torch.bfloat16 else t.detach().cpu().numpy(), tree)
 
 
-_BF16_EXPONENT = np.uint16(0x7F80)
-
-
-def check_finite(array: np.ndarray, name: str, want: str,
-                 accepted: Sequence[Signature]) -> np.ndarray:
-    """Every value of a float input must be finite in its dtype: NaN, infinities and numbers
-    that overflow it (``1e308`` as float32) are a 422 naming the input, never a silent NaN."""
-    if not DTYPES[want].is_float or array.size == 0:
-        return array
-    if want == "bfloat16":
-        finite = not bool(((array & _BF16_EXPONENT) == _BF16_EXPONENT).any())
-    else:
-        finite = bool(np.isfinite(array).all())
-    if not finite:
-        raise InputError(f"input {name!r} holds NaN, Infinity or a number beyond the {want} "
-                         f"range (|x| <= {_largest(want):.4g}); send finite {want} values",
-                         accepted=accepted)
-    return array
-
-
-def check_int_range(array: np.ndarray, name: str, want: str,
-                    accepted: Sequence[Signature] = ()) -> np.ndarray:
-    """Integers bound for an input of integer dtype ``want`` must lie in its range: numpy
-    would wrap 300 into int8 as 44 (or raise OverflowError, a 500), so it is a refusal
-    naming the input and the range. One vectorised min and max, whatever the size."""
-    low, high = DTYPES[want].int_limits or (0, 0)
-    if array.size == 0:
-        return array
-    smallest, largest = int(array.min()), int(array.max())
-    if smallest < low or largest > high:
-        bad = smallest if smallest < low else largest
-        raise InputError(f"input {name!r} holds {bad}, outside the {want} range "
-                         f"[{low}, {high}]", accepted=accepted)
-    return array
-
-
 def check_index_bounds(array: np.ndarray, name: str, bounds: tuple[int, int] | None,
                        accepted: Sequence[Signature]) -> np.ndarray:
     """An input that indexes an embedding (``InputDecl.index_bounds``) must stay within its
@@ -389,29 +342,3 @@ def check_index_bounds(array: np.ndarray, name: str, bounds: tuple[int, int] | N
         raise InputError(f"input {name!r} holds {bad}, outside [{low}, {high}): it indexes an "
                          f"embedding of {high - low} rows", accepted=accepted)
     return array
-
-
-def _largest(dtype: str) -> float:
-    torch = torch_module()
-    return float(torch.finfo(getattr(torch, dtype)).max)
-
-
-def _fit_numbers(array: np.ndarray, name: str, want: str,
-                 accepted: Sequence[Signature]) -> np.ndarray:
-    """JSON numbers -> ``want``: ints and floats for float inputs, ints in range for integer
-    inputs, booleans for bool inputs; bfloat16 comes back as its raw bits."""
-    kind = array.dtype.kind
-    if DTYPES[want].is_float and kind in "iuf":
-        if want != "bfloat16":
-            return array
-        torch = torch_module()
-        with np.errstate(over="ignore", invalid="ignore"):
-            values = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
-        return values.view(torch.int16).numpy().view(np.uint16)
-    if want == "bool" and kind == "b":
-        return array
-    if DTYPES[want].kind == "int" and kind in "iu":
-        return check_int_range(array, name, want, accepted)
-    sent = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}[kind]
-    raise InputError(f"input {name!r} holds {sent}, which do not convert to {want} exactly",
-                     accepted=accepted)

@@ -376,6 +376,10 @@ DELETE = object()
     (("shapes", 0, "outputs"), {"set": []}, "unknown output kind"),
     (("shapes", 0, "outputs"), {"tensor": {"shape": [-1], "dtype": "float32"}}, "invalid"),
     (("shapes", 0, "outputs"), {"tuple": [1]}, "must be an object"),
+    (("shapes", 0, "outputs"), {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"}},
+                                         "a": {"dict": {"b": {"tensor": {
+                                             "shape": [2], "dtype": "float32"}}}}}},
+     r"output\['a.b'\] and output\['a'\]\['b'\] are both named output.a.b"),
     (("shapes", 0, "reference"), "references/absent.safetensors", "not listed"),
     (("model", "entry"), "build model", "not a Python identifier"),
     (("model", "entry"), "os.system", "not a Python identifier"),

@@ -683,6 +683,25 @@ def test_a_body_with_transfer_encoding_is_counted_even_beside_a_small_content_le
     assert asyncio.run(read_limited(request(chunked, [b"he", b"llo!"]), 5)) is None
 
 
+def test_a_shape_serve_cannot_route_is_a_422_ending_with_the_fix(multi_server: Any) -> None:
+    """Shape errors listed what is accepted but never how to fix it; serve's 422 says it as
+    the predictor does (``format.shape_fix``)."""
+    from qkan_pack.serve._wire import given_from_python
+
+    def refused(rows: int, width: int) -> InputError:
+        given = {"a": given_from_python(np.zeros((rows, width), np.float32), "a"),
+                 "b": given_from_python(np.zeros((rows, 4), np.int64), "b")}
+        with pytest.raises(InputError) as caught:
+            asyncio.run(multi_server.core.infer(given))
+        return caught.value
+
+    big = refused(16, 3)
+    assert big.largest_batch == 8 and str(big).endswith("split the batch: the largest declared is 8")
+    odd = refused(3, 3)
+    assert "declare its shape at build: --input a:1x3,8x3,3x3 --input b:1x4,8x4,3x4" in str(odd)
+    assert odd.pad_inputs == ("a", "b")
+
+
 def test_a_client_that_leaves_mid_body_gets_a_json_reply_and_a_count(multi_server: Any) -> None:
     """Behind HAProxy, Ray no longer watches for a client disconnect (the ingress sets
     ``x-request-disconnect-disabled``), so the body read sees it: starlette's

@@ -1,0 +1,133 @@
+"""JSON numbers as input arrays: the one strict reading that serve's JSON route and
+``predict``'s ``.json`` files share.
+
+JSON has no dtypes, so a nested list of numbers takes the input's declared dtype only where
+every value converts exactly: integers (never floats: ``1.0`` is not an index) for integer
+inputs, within the dtype's range; ``true``/``false`` only for bool inputs (``0``, ``1``,
+``0.5`` and strings are refused: ``"false"`` would otherwise be True); integers and floats
+for float inputs, finite in the dtype (``1e308`` into float32 is refused, never a silent
+infinity). Integers stay integers (the decoder's ints, never read through float64):
+9007199254740993 arrives as itself. Decoding the text is the caller's (serve: orjson; predict:
+``format.loads_strict``); this module sees only the decoded value.
+
+numpy at import, torch only where a bfloat16 is made or bounded: serve's wire helper process
+imports this without torch. A host array of a bfloat16 input holds its raw 16 bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, MalformedRequestError
+from ..format import DTYPES, Signature
+
+#: What the package (``qkan_pack.runtime``) exports from this module.
+__all__ = ["HOST_DTYPES", "check_finite", "check_int_range", "fit_numbers", "host_array",
+           "json_input", "numbers_array"]
+
+#: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
+HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
+               for name, spec in DTYPES.items()}
+_BF16_EXPONENT = np.uint16(0x7F80)
+_SENT = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}
+
+
+def json_input(value: Any, name: str, want: str, where: str,
+               accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """A decoded JSON value as input ``name`` of dtype ``want``: ``numbers_array``, then
+    ``fit_numbers``, then ``host_array``. ``MalformedRequestError`` for a value that is no
+    rectangular array of numbers, ``InputError`` for numbers that are not ``want``."""
+    return host_array(fit_numbers(numbers_array(value, where), name, want, accepted),
+                      name, want, accepted)
+
+
+def numbers_array(value: Any, where: str) -> np.ndarray:
+    """Nested lists of numbers (or booleans) as one numpy array, its dtype numpy's reading
+    of the JSON types (bool, int64/uint64, float64); anything else (strings, ragged lists,
+    integers beyond 64 bits) is a ``MalformedRequestError`` at ``where``."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise MalformedRequestError(f"{where} is not a rectangular nested list of numbers: "
+                                    f"{' '.join(str(exc).split())[:160]}") from None
+    if array.dtype.kind not in "biuf":
+        raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested "
+                                    "lists of one depth everywhere (integers within 64 bits)")
+    return array
+
+
+def fit_numbers(array: np.ndarray, name: str, want: str,
+                accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """JSON numbers -> ``want``: ints and floats for float inputs, ints in range for integer
+    inputs, booleans for bool inputs; bfloat16 comes back as its raw bits."""
+    kind = array.dtype.kind
+    if DTYPES[want].is_float and kind in "iuf":
+        if want != "bfloat16":
+            return array
+        import torch
+
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
+        return values.view(torch.int16).numpy().view(np.uint16)
+    if want == "bool" and kind == "b":
+        return array
+    if DTYPES[want].kind == "int" and kind in "iu":
+        return check_int_range(array, name, want, accepted)
+    raise InputError(f"input {name!r} holds {_SENT[kind]}, which do not convert to {want} "
+                     f"exactly{_bool_hint(want)}", accepted=accepted)
+
+
+def check_int_range(array: np.ndarray, name: str, want: str,
+                    accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """Integers bound for an input of integer dtype ``want`` must lie in its range: numpy
+    would wrap 300 into int8 as 44 (or raise OverflowError, a 500), so it is a refusal
+    naming the input and the range. One vectorised min and max, whatever the size (JSON
+    numbers and the protocol's typed contents alike)."""
+    low, high = DTYPES[want].int_limits or (0, 0)
+    if array.size == 0:
+        return array
+    smallest, largest = int(array.min()), int(array.max())
+    if smallest < low or largest > high:
+        bad = smallest if smallest < low else largest
+        raise InputError(f"input {name!r} holds {bad}, outside the {want} range "
+                         f"[{low}, {high}]", accepted=accepted)
+    return array
+
+
+def _bool_hint(want: str) -> str:
+    return "; send true/false" if want == "bool" else ""
+
+
+def host_array(array: np.ndarray, name: str, want: str,
+               accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """``array`` (already ``want``'s values, bfloat16 as bits) as a fresh host array of
+    ``HOST_DTYPES[want]`` in native byte order, every float finite in ``want``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = np.array(array, dtype=HOST_DTYPES[want])
+    return check_finite(array, name, want, accepted)
+
+
+def check_finite(array: np.ndarray, name: str, want: str,
+                 accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """Every value of a float input must be finite in its dtype: NaN, infinities and numbers
+    that overflow it (``1e308`` as float32) are refused naming the input, never a silent NaN."""
+    if not DTYPES[want].is_float or array.size == 0:
+        return array
+    if want == "bfloat16":
+        finite = not bool(((array & _BF16_EXPONENT) == _BF16_EXPONENT).any())
+    else:
+        finite = bool(np.isfinite(array).all())
+    if not finite:
+        raise InputError(f"input {name!r} holds NaN, Infinity or a number beyond the {want} "
+                         f"range (|x| <= {_largest(want):.4g}); send finite {want} values",
+                         accepted=accepted)
+    return array
+
+
+def _largest(dtype: str) -> float:
+    import torch
+
+    return float(torch.finfo(getattr(torch, dtype)).max)

@@ -1,0 +1,218 @@
+"""``qkan-pack predict``'s files: inputs read exactly as serve reads them, outputs written
+whole under the names the protocol uses, never inside an artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from qkan_pack import ArtifactError, InputFileError, ModelSourceError, build
+from qkan_pack.format import manifest_schema
+from qkan_pack.predict import named_outputs, read_inputs, summarize, write_outputs
+from qkan_pack.runtime import read_artifact
+
+from ..conftest import MODELS
+from ..test_cli_machine import run
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(MODELS / "plain_mlp.py", "2x2", output=tmp_path_factory.mktemp("a") / "mlp",
+                 progress=False).path
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}],
+                 dtype={"a": "float32", "b": "int64"},
+                 output=tmp_path_factory.mktemp("m") / "multi", progress=False).path
+
+
+def _json_file(tmp_path: Path, value: Any) -> Path:
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(value))
+    return path
+
+
+# -- -o never writes inside an artifact ------------------------------------------------------
+
+
+@pytest.mark.parametrize("inside", ["manifest.json", "weights.safetensors", "new.npz",
+                                    "sub/out.npz"])
+def test_an_output_inside_an_artifact_is_refused_before_the_load(artifact: Path, tmp_path: Path,
+                                                                 inside: str) -> None:
+    """`-o art/manifest.json` overwrote the manifest: build, warm and sign refuse such paths,
+    and predict now asks the same question (runtime.refuse_unsafe_output)."""
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    before = {p: p.read_bytes() for p in artifact.rglob("*") if p.is_file()}
+    done = run("predict", artifact, "--input", tmp_path / "x.npy", "-o", artifact / inside)
+    assert done.exit_code == 1, done.output
+    assert "lies inside the artifact" in done.output and "choose a path outside it" in done.output
+    assert {p: p.read_bytes() for p in artifact.rglob("*") if p.is_file()} == before
+    read_artifact(artifact)  # still verifies
+
+
+def test_a_symlink_into_an_artifact_is_refused_too(artifact: Path, tmp_path: Path) -> None:
+    """The write follows symlinks, so the refusal looks where the path resolves."""
+    link = tmp_path / "out.json"
+    os.symlink(artifact / "manifest.json", link)
+    with pytest.raises(ArtifactError, match="lies inside the artifact"):
+        write_outputs({"output": np.ones(2, np.float32)}, link)
+    read_artifact(artifact)
+
+
+# -- JSON inputs: serve's strict reading -----------------------------------------------------
+
+
+def test_json_integers_arrive_exactly(tmp_path: Path) -> None:
+    """9007199254740993 (2**53 + 1) came through float64 as ...992."""
+    big = 2**53 + 1
+    read = read_inputs([(None, _json_file(tmp_path, [[big, -big]]))], ["ids"], {"ids": "int64"})
+    assert read["ids"].dtype == np.int64 and read["ids"].tolist() == [[big, -big]]
+
+
+@pytest.mark.parametrize("value", [[0, 1, 2], [0.5, -1, 0], ["false", "no", ""], [0, 1]])
+def test_json_booleans_are_true_or_false_only(tmp_path: Path, value: list) -> None:
+    """`[0, 1, 2]`, `[0.5, -1, 0]` and `["false", "no", ""]` were accepted (and "false" was
+    True)."""
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, [value]))], ["mask"], {"mask": "bool"})
+    assert str(tmp_path / "in.json") in str(caught.value)
+    assert ("send true/false" in caught.value.problem
+            or "must hold numbers (or booleans) only" in caught.value.problem)
+    read = read_inputs([(None, _json_file(tmp_path, [[True, False]]))], ["mask"], {"mask": "bool"})
+    assert read["mask"].dtype == np.bool_ and read["mask"].tolist() == [[True, False]]
+
+
+@pytest.mark.parametrize(("value", "dtype"), [
+    ([[2**53 + 1]], "int64"), ([[1.0, 2.0]], "int64"), ([[300]], "int8"), ([[True]], "int32"),
+    ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
+    ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),
+    ([[2**63]], "int64"), ([[2**64]], "int64"), ([[-1]], "uint8"), ([[True, False]], "bool"),
+])
+def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
+                                                   dtype: str) -> None:
+    """One parser: what predict reads from a JSON file is what serve's JSON route fits, and
+    what one refuses the other refuses with the same words."""
+    pytest.importorskip("orjson", reason="the serve extra is not installed")
+    from qkan_pack.errors import InputError
+    from qkan_pack.serve import fit, parse_tensor
+
+    try:
+        served: Any = fit(parse_tensor(value, "input 'x'"), "x", dtype, ())
+    except InputError as exc:
+        served = exc.problem
+    try:
+        read: Any = read_inputs([(None, _json_file(tmp_path, value))], ["x"], {"x": dtype})["x"]
+    except InputFileError as exc:
+        read = exc.problem
+    if isinstance(served, str):
+        assert read == served
+        return
+    if dtype == "bfloat16":  # serve keeps bfloat16 as its raw bits, predict as a tensor
+        read = read.view(torch.int16).numpy().view(np.uint16)
+    assert read.dtype == served.dtype and np.array_equal(read, served)
+
+
+# -- outputs ---------------------------------------------------------------------------------
+
+
+def test_output_names_numpy_reserves_are_written(tmp_path: Path) -> None:
+    """`np.savez(path, **arrays)` dropped an output named allow_pickle and failed on one named
+    file."""
+    outputs = {"allow_pickle": np.arange(3, dtype=np.float32), "file": np.ones((2, 2), np.int64),
+               "output.a[0]": np.zeros(1, np.float32)}
+    path, notes = write_outputs(outputs, tmp_path / "out.npz")
+    assert notes == []
+    with np.load(path, allow_pickle=False) as got:
+        assert sorted(got.files) == sorted(outputs)
+        for name, value in outputs.items():
+            assert got[name].dtype == value.dtype and np.array_equal(got[name], value)
+
+
+def test_bfloat16_outputs_are_written_and_summarised(tmp_path: Path) -> None:
+    """Every bfloat16 output crashed predict (.npy, .safetensors and the table)."""
+    from safetensors.torch import load_file
+
+    value = torch.tensor([[1.5, -2.25], [3.0e38, 0.1]]).bfloat16()
+    exact = value.float().numpy()
+    path, notes = write_outputs({"output": value}, tmp_path / "out.safetensors")
+    assert notes == [] and torch.equal(load_file(str(path))["output"], value)
+    for suffix in (".npy", ".npz", ".json"):
+        path, notes = write_outputs({"output": value}, tmp_path / f"out{suffix}")
+        assert notes == [f"output output is bfloat16, written as float32 ({suffix} has no "
+                         "bfloat16; .safetensors keeps it)"]
+        if suffix == ".json":
+            got = np.asarray(json.loads(path.read_text())["output"], np.float32)
+        else:
+            got = np.load(path)["output"] if suffix == ".npz" else np.load(path)
+        assert got.dtype == np.float32 and np.array_equal(got, exact)
+    table = summarize({"output": value})
+    assert table.splitlines()[1].split()[:3] == ["output", "2x2", "bfloat16"]
+    assert table.splitlines()[1].split()[-1] == f"{exact.max():.4g}"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_json_output_never_holds_nan_or_infinity(tmp_path: Path, bad: float) -> None:
+    """`-o x.json` wrote NaN, which is not JSON; the refusal leaves the file as it was."""
+    path = tmp_path / "out.json"
+    path.write_text("kept\n")
+    with pytest.raises(InputFileError, match=r"output output holds NaN or Infinity, which JSON "
+                                             r"cannot hold: write \.npz or \.safetensors"):
+        write_outputs({"output": np.array([1.0, bad], np.float32)}, path)
+    assert path.read_text() == "kept\n"
+    assert not list(tmp_path.glob(".out.json.*"))  # no staging file left behind
+    written, _ = write_outputs({"output": np.array([1.0, bad], np.float32)}, tmp_path / "o.npz")
+    assert np.array_equal(np.load(written)["output"], [1.0, bad], equal_nan=True)
+
+
+def test_predict_names_outputs_as_the_manifest_and_the_protocol_do(multi: Path,
+                                                                    tmp_path: Path) -> None:
+    """predict flattened `{"y": ..., "parts": (...)}` to y, parts.0 while GET / and the Open
+    Inference Protocol say output.y, output.parts[0]: one rule (OutputNode.leaf_names)."""
+    np.savez(tmp_path / "in.npz", a=np.ones((1, 3), np.float32), b=np.ones((1, 2), np.int64))
+    done = run("predict", multi, "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert done.exit_code == 0, done.output
+    protocol = [o["name"] for o in manifest_schema(read_artifact(multi).manifest)["outputs"]]
+    with np.load(tmp_path / "out.npz") as got:
+        assert list(got.files) == protocol
+    assert protocol == ["output.y", "output.parts[0]", "output.parts[1][0]", "output.parts[1][1]"]
+    assert list(named_outputs(torch.ones(2))) == ["output"]
+
+
+CLASHING = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Clash(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.linear(x)
+            return {"a.b": y, "a": {"b": 10 * y}}
+
+    def build_model():
+        return Clash()
+""")
+
+
+def test_outputs_whose_names_collide_are_refused_at_build(tmp_path: Path) -> None:
+    """`{"a.b": y, "a": {"b": 10*y}}`: predict kept one, the protocol's reply the other."""
+    model = tmp_path / "clash.py"
+    model.write_text(CLASHING)
+    with pytest.raises(ModelSourceError) as caught:
+        build(model, "1x2", output=tmp_path / "a", progress=False)
+    assert caught.value.stage == "build forward"
+    assert ("returns two outputs named output.a.b: output['a.b'] and output['a']['b']"
+            in str(caught.value))
+    assert "rename one of the keys" in str(caught.value) and not (tmp_path / "a").exists()
