@@ -61,7 +61,7 @@ PUBLIC = {
         "load_strict", "map_leaves", "model_code_failed", "model_solvers", "module_state",
         "output_errors", "package_versions", "parse_weights", "precision_key",
         "precision_scope", "precision_unavailable", "progress_bar", "read_artifact",
-        "rebuild_model", "record_installation",
+        "read_regular_file", "rebuild_model", "record_installation",
         "reference_samples", "referenced_modules", "release_graph_memory", "resolve_device",
         "resolve_output_classes", "safetensors_header", "served_forward", "sha256_hex",
         "structure_difference", "torch_dtype",
@@ -131,6 +131,7 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "OverloadedError": errors.ServeError,
                "FactoryNotReproducibleError": errors.ModelSourceError,
                "WeakReferencesError": ValueError, "InputFileError": ValueError,
+               "FileReadError": OSError,
                "OptionError": ValueError, "PaddingError": ValueError,
                "PrecisionError": errors.SelfTestError,
                "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError}

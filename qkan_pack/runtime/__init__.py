@@ -16,16 +16,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _artifact, _deferred_imports, _kernels, _options, _signature, _source, _triton_compat
+from . import (
+    _artifact,
+    _deferred_imports,
+    _files,
+    _kernels,
+    _options,
+    _signature,
+    _source,
+    _triton_compat,
+)
 from ._artifact import *  # noqa: F403  (each module's __all__ says what it exports)
 from ._deferred_imports import *  # noqa: F403
+from ._files import *  # noqa: F403
 from ._kernels import *  # noqa: F403
 from ._options import *  # noqa: F403
 from ._signature import *  # noqa: F403
 from ._source import *  # noqa: F403
 from ._triton_compat import *  # noqa: F403
 
-_EAGER = (_artifact, _deferred_imports, _kernels, _options, _signature, _source, _triton_compat)
+_EAGER = (_artifact, _deferred_imports, _files, _kernels, _options, _signature, _source,
+          _triton_compat)
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
 _ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load", "_precision",
