@@ -79,7 +79,7 @@ PUBLIC = {
         "OutputNode", "REFERENCE_DIR",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
-        "accepted_ranges", "check_metadata", "check_pad_value", "check_range",
+        "accepted_ranges", "check_class_labels", "check_metadata", "check_pad_value", "check_range",
         "check_reference_bytes", "check_seed",
         "describe_axes", "dumps_manifest", "embedding_range", "find_axes", "fit_entry",
         "format_shape", "geometric_mean", "loads_strict", "manifest_schema",

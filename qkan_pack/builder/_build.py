@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelSourceError, OptionError, ShapeSpecError
+from ..errors import ManifestError, ModelSourceError, OptionError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
     DEFAULT_VERSION,
@@ -33,6 +33,7 @@ from ..format import (
     ModelInfo,
     PadValue,
     ShapeEntry,
+    check_class_labels,
     check_config,
     check_metadata,
     check_range,
@@ -159,7 +160,7 @@ def build(
         shapes = with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
                                   batch_sizes)
     user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
-    metadata = dataclasses.replace(metadata, class_labels=class_labels_of(user.model))
+    metadata = dataclasses.replace(metadata, class_labels=_checked_class_labels(user.model))
     declared = declare_inputs(shapes, dtype, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
@@ -257,6 +258,16 @@ def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
     if ordered == [f"LABEL_{i}" for i in range(len(ordered))]:
         return ()
     return tuple(ordered)
+
+
+def _checked_class_labels(model: torch.nn.Module) -> tuple[str, ...]:
+    """``class_labels_of``, checked as every metadata text is (``format.check_class_labels``)
+    before the model runs: a manifest the reader refuses is never written."""
+    try:
+        return check_class_labels(class_labels_of(model), "the model's config.id2label")
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}; the artifact records these as its class labels: fix "
+                            "id2label in the model's config") from None
 
 
 def _producer(*, uses_qkan: bool) -> dict[str, Any]:
