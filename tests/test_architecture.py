@@ -50,6 +50,8 @@ PUBLIC = {
                         "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
+        "PaddedAgreement", "cut_inputs", "padded_agreement", "padding_bound", "sizes_text",
+        "values_text",
         "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
         "TRITON_CACHE_ENV", "VerifiedArtifact", "WARMUP_CALLS", "accepts_device",

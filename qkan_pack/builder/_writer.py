@@ -6,7 +6,8 @@ exchanged with an existing artifact under ``force``). A killed build leaves at m
 ``.<name>.partial-*`` directory, never at the target and swept by the next build (where
 renameat2 is missing, the two-rename swap may also leave the old artifact moved aside as
 ``.<name>.old-<pid>``: the next build puts it back). Write failures (a full disk) raise
-``ArtifactError`` and leave the target as it was.
+``ArtifactError`` and leave the target as it was; so does a manifest the reader would
+refuse (``readable_manifest``: ``ManifestError`` before anything is written).
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ _EAGER = (_artifact, _deferred_imports, _files, _kernels, _options, _signature, 
           _triton_compat)
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
-_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load", "_precision",
-                 "_predictor", "_progress", "_report", "_selftest", "_timing", "_tree",
-                 "_weights")
+_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load",
+                 "_padcheck", "_precision", "_predictor", "_progress", "_report", "_selftest",
+                 "_timing", "_tree", "_weights")
 _names: dict[str, str] = {}
 
 
