@@ -170,7 +170,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
                     f"{values_text(padding, sizes)}: {found.structure}; outputs whose number or "
                     "shape change with a padded axis other than by following its size cannot "
                     "be sliced back", input=name, dim=dim)
-    leaf = found.worst
+    leaf = found.first_outside
     assert leaf is not None
     agreement = found.leaves[leaf]
     follows = any(leaf == f for a in sizes for f, _ in a.outputs)

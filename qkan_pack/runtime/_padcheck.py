@@ -60,13 +60,13 @@ class PaddedAgreement:
     bound: float
 
     @property
-    def worst(self) -> int | None:
+    def first_outside(self) -> int | None:
         """The first leaf outside the bound (None: every one is within it)."""
         return next((leaf for leaf, found in enumerate(self.leaves) if not found.ok), None)
 
     @property
     def ok(self) -> bool:
-        return self.structure is None and self.worst is None
+        return self.structure is None and self.first_outside is None
 
 
 def padding_bound(noise: float | None) -> float:
@@ -99,17 +99,16 @@ def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[s
 
 def check_padded_calls(run: Callable[[list[torch.Tensor], str], list[torch.Tensor]],
                        samples: Sequence[tuple[str, list[torch.Tensor]]], manifest: Manifest,
-                       noises: Sequence[float | None], ceiling: float,
-                       build_arithmetic: bool) -> None:
+                       noises: Sequence[float | None], ceiling: float) -> None:
     """The load's padding self-test: for each entry a smaller call pads into, one call one
     smaller along every padded axis (``one_smaller``: a size build's proof ran), padded
     with the manifest's values, against the same call unpadded.
 
     Held to the bound build proved (``padding_bound`` of the entry's noise), or ``ceiling``
     (this load's reference tolerance) where that is looser: another device or solver
-    reorders the arithmetic. Off the build's arithmetic (``build_arithmetic`` False),
-    half-precision outputs may differ by their own rounding (``HALF_CEILING``). A
-    difference is a ``SelfTestError`` naming the call and the output.
+    reorders the arithmetic. Half-precision outputs may differ by their own rounding
+    (``HALF_CEILING``): on another host, kernels chosen by size may round the two calls
+    differently. A difference is a ``SelfTestError`` naming the call and the output.
     """
     padding = manifest.padding
     if padding is None:
@@ -119,10 +118,9 @@ def check_padded_calls(run: Callable[[list[torch.Tensor], str], list[torch.Tenso
         sizes = one_smaller(inputs, names, padding)
         if not sizes:
             continue
-        bound = max(padding_bound(noise), ceiling)
-        if not build_arithmetic:
-            bound = max([bound, *(HALF_CEILING.get(torch_dtype(leaf.dtype), 0.0)
-                                  for leaf in entry.outputs.leaves())])
+        bound = max([padding_bound(noise), ceiling,
+                     *(HALF_CEILING.get(torch_dtype(leaf.dtype), 0.0)
+                       for leaf in entry.outputs.leaves())])
         leaf_names = list(entry.outputs.leaf_names())
         found = padded_agreement(partial(_labelled, run, label), inputs, names, padding,
                                  sizes, bound, leaf_names)
@@ -144,7 +142,7 @@ def _refusal(label: str, found: PaddedAgreement, sizes: Mapping[PaddedAxis, int]
         return SelfTestError(shape=label, compared=f"{call} and the same call unpadded",
                              max_abs=float("inf"), tolerance=(0.0, found.bound),
                              problem=found.structure, hint=_LOAD_HINT)
-    leaf = found.worst
+    leaf = found.first_outside
     assert leaf is not None
     agreement = found.leaves[leaf]
     return SelfTestError(shape=label,
