@@ -302,8 +302,9 @@ def _read_record(directory_fd: int, name: str, limit: int) -> bytes:
         return read_regular_file(name, limit=limit, dir_fd=directory_fd, follow_symlinks=False,
                                  vet=_this_users)
     except FileReadError as exc:
-        kind = _Missing if exc.reason == "missing" else _Uncertain
-        raise kind(f"its {name} {exc.problem}") from None
+        if exc.reason == "missing":
+            raise _Missing(f"it has no {name}") from None
+        raise _Uncertain(f"its {name} {exc.problem}") from None
 
 
 def _this_users(info: os.stat_result) -> str | None:
