@@ -7,6 +7,7 @@ path-dependent enters the manifest)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import re
@@ -24,6 +25,7 @@ from ..format import (
     CAPTURE_POLICIES,
     DEFAULT_VERSION,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
@@ -262,12 +264,20 @@ def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
 
 def _checked_class_labels(model: torch.nn.Module) -> tuple[str, ...]:
     """``class_labels_of``, checked as every metadata text is (``format.check_class_labels``)
-    before the model runs: a manifest the reader refuses is never written."""
+    before the model runs: a manifest the reader refuses is never written. Labels that alone
+    exceed the manifest's size limit are refused here too, rather than after every
+    reference has run (the writer checks the whole manifest: ``readable_manifest``)."""
     try:
-        return check_class_labels(class_labels_of(model), "the model's config.id2label")
+        labels = check_class_labels(class_labels_of(model), "the model's config.id2label")
+        size = len(json.dumps(labels))
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"the model's config.id2label: its {len(labels)} class labels "
+                                f"take {size} bytes, more than the {MAX_MANIFEST_BYTES} bytes "
+                                "a whole manifest may take")
     except ManifestError as exc:
         raise ManifestError(f"{exc}; the artifact records these as its class labels: fix "
                             "id2label in the model's config") from None
+    return labels
 
 
 def _producer(*, uses_qkan: bool) -> dict[str, Any]:

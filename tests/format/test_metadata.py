@@ -87,15 +87,17 @@ def test_a_transformers_classifiers_id2label_becomes_its_class_labels(tmp_path: 
     ("long", "class label 1 is 2000 characters; at most 1024"),
     ("many", "100001 class labels; at most 100000"),
     ("surrogate", "class label 1 is not UTF-8 text: character 4 is \\\\udce9"),
+    ("huge", "its 100000 class labels take 6400000 bytes, more than the 4194304 bytes"),
     ("large", "the manifest would be .* bytes, more than the 4194304 bytes every reader "
               "accepts .*largest parts: metadata"),
 ])
 def test_class_labels_a_reader_refuses_leave_the_previous_artifact_alone(
         tmp_path: Path, kind: str, says: str) -> None:
     """A model's config.id2label skipped the metadata checks: control characters, labels
-    over 1,024 characters, 100,001 labels or a 7 MB manifest built with exit 0 and, with
-    --force, replaced a good artifact with one inspect and verify refuse. Now checked as
-    the other metadata, and the manifest's size before anything is installed."""
+    over 1,024 characters, 100,001 labels or a manifest over 4 MiB built with exit 0 and,
+    with --force, replaced a good artifact with one inspect and verify refuse. Now checked
+    as the other metadata (labels alone over the limit before the model runs), and the
+    manifest's size before anything is installed."""
     good = build(MODELS / "labelled.py", "1x2", output=tmp_path / "art", progress=False)
     assert good.manifest.metadata.class_labels == ("cat", "dog", "bird")
     with pytest.raises(ManifestError, match=says):
