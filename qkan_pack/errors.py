@@ -7,6 +7,9 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── ShapeSpecError (ValueError)         bad --shapes / --dtype / --config text
     ├── ManifestError (ValueError)          missing/invalid field, unknown or newer format
     │   └── IncompatibleArtifactError       built for a newer format or an unsafe runtime
+    ├── FileReadError (OSError)             a supplied file that is not a regular file, is
+    │                                       missing, unreadable or over its size limit
+    │                                       [.path, .reason, .problem]
     ├── ArtifactError (OSError)             missing/extra file, size or sha256 mismatch,
     │   │                                   symlink, path leaving the directory  [.path]
     │   ├── DigestMismatchError             the artifact digest differs from the pinned one
@@ -79,6 +82,7 @@ __all__ = [
     "DeviceError",
     "DigestMismatchError",
     "FactoryNotReproducibleError",
+    "FileReadError",
     "IncompatibleArtifactError",
     "InputError",
     "InputFileError",
@@ -129,6 +133,20 @@ class ManifestError(QkanPackError, ValueError):
 
 class IncompatibleArtifactError(ManifestError):
     """An artifact this runtime must not load (newer format, unsafe version skew)."""
+
+
+class FileReadError(QkanPackError, OSError):
+    """A file a user or an artifact supplied that ``runtime.read_regular_file`` will not
+    read: ``reason`` is ``missing``, ``link``, ``unreadable``, ``special`` (a FIFO, device
+    or directory), ``refused`` (its mode or owner) or ``too large``; ``problem`` says it in
+    words after the path. Callers reading an artifact or an option say it in their own
+    terms (``ArtifactError``, ``LoadOptionError``, ``ServeTokenError``)."""
+
+    def __init__(self, *, path: str, reason: str, problem: str) -> None:
+        super().__init__(f"{path} {problem}")
+        self.path = path
+        self.reason = reason
+        self.problem = problem
 
 
 class ArtifactError(QkanPackError, OSError):

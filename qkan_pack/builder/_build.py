@@ -7,6 +7,7 @@ path-dependent enters the manifest)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import re
@@ -19,11 +20,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelSourceError, OptionError, ShapeSpecError
+from ..errors import ManifestError, ModelSourceError, OptionError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
     DEFAULT_VERSION,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
@@ -34,6 +36,7 @@ from ..format import (
     Padding,
     PadValue,
     ShapeEntry,
+    check_class_labels,
     check_config,
     check_metadata,
     check_range,
@@ -161,7 +164,7 @@ def build(
         shapes = with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
                                   batch_sizes)
     user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
-    metadata = dataclasses.replace(metadata, class_labels=class_labels_of(user.model))
+    metadata = dataclasses.replace(metadata, class_labels=_checked_class_labels(user.model))
     declared = declare_inputs(shapes, dtype, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
@@ -264,6 +267,24 @@ def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
     if ordered == [f"LABEL_{i}" for i in range(len(ordered))]:
         return ()
     return tuple(ordered)
+
+
+def _checked_class_labels(model: torch.nn.Module) -> tuple[str, ...]:
+    """``class_labels_of``, checked as every metadata text is (``format.check_class_labels``)
+    before the model runs: a manifest the reader refuses is never written. Labels that alone
+    exceed the manifest's size limit are refused here too, rather than after every
+    reference has run (the writer checks the whole manifest: ``readable_manifest``)."""
+    try:
+        labels = check_class_labels(class_labels_of(model), "the model's config.id2label")
+        size = len(json.dumps(labels))
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"the model's config.id2label: its {len(labels)} class labels "
+                                f"take {size} bytes, more than the {MAX_MANIFEST_BYTES} bytes "
+                                "a whole manifest may take")
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}; the artifact records these as its class labels: fix "
+                            "id2label in the model's config") from None
+    return labels
 
 
 def _producer(*, uses_qkan: bool) -> dict[str, Any]:

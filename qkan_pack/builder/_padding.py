@@ -6,7 +6,8 @@ them, rows that do not see each other. A global pool, a mean over the sequence w
 mask, or batch statistics break it, and nothing at serve time could see that. So build runs
 the model both ways, on its own reference inputs cut to smaller sizes, for every entry and
 several sizes that fit in it (one below the entry, the next smaller entry plus one, one),
-and refuses a declaration whose padded outputs differ beyond the model's noise bound.
+and refuses a declaration whose padded outputs differ beyond the model's noise bound. The
+comparison itself is ``runtime.padded_agreement``: each load runs it again, once per entry.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from ..format import (
     find_axes,
     format_shape,
 )
-from ..runtime import flatten, proof_agreement, proof_bound, structure_difference
+from ..runtime import (
+    cut_inputs,
+    flatten,
+    padded_agreement,
+    proof_bound,
+    sizes_text,
+    values_text,
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,8 @@ def _with_followers(axis: PaddedAxis, references: Sequence[Reference], names: Se
     largest = max(references, key=lambda r: r.inputs[position].shape[dim])
     size = largest.inputs[position].shape[dim]
     leaf_names = list(largest.entry.outputs.leaf_names())
-    smaller = _cut(largest.inputs, names, {axis: size - 1})
-    shrunk = _run(forward, smaller, largest.entry.label, f"cut along {axis.label} to {size - 1}")
+    smaller = cut_inputs(largest.inputs, names, {axis: size - 1})
+    shrunk = _run(forward, smaller, largest.entry.label, f"with {axis.label} cut to {size - 1}")
     if len(shrunk) != len(largest.outputs):
         raise PaddingError(problem=f"the number of outputs changes with {axis.label} "
                                    f"({len(largest.outputs)} tensors at size {size}, "
@@ -143,41 +151,36 @@ def _trial_sizes(reference: Reference, references: Sequence[Reference], padding:
 def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Padding,
            names: Sequence[str], forward: Callable[..., Any]) -> None:
     """Outputs of the cut inputs, and of the cut inputs padded back to the entry then sliced,
-    must agree within the entry's noise bound."""
+    must agree within the entry's noise bound (``runtime.padded_agreement``, which the load
+    self-test runs too)."""
     label = reference.entry.label
-    cut = _cut(reference.inputs, names, sizes)
-    padded = _pad(cut, reference.inputs, names, padding)
-    want = _run(forward, cut, label, f"cut along {_axes_text(sizes)}")
-    got = _slice(_run(forward, padded, label,
-                      f"cut along {_axes_text(sizes)} and padded back with "
-                      f"{_values_text(padding, sizes)}",
-                      hint="Is each pad value valid for the model (a token id below its "
-                           "vocabulary size)?"), padding, sizes)
-    bound = proof_bound(reference.entry.noise)
+    leaf_names = list(reference.entry.outputs.leaf_names())  # this entry's own outputs
+    found = padded_agreement(
+        lambda inputs, what, hint: _run(forward, inputs, label, what, hint=hint),
+        reference.inputs, names, padding, sizes, proof_bound(reference.entry.noise),
+        leaf_names)
+    if found.ok:
+        return
     axis = next(iter(sizes))
     name, dim = axis.inputs[0]
-    shown = "; ".join(f"{a.label} cut to {n}" for a, n in sizes.items())
-    leaf_names = list(reference.entry.outputs.leaf_names())  # this entry's own outputs
-    structure = structure_difference(got, want, leaf_names,
-                                     sides=("padded and sliced back", "unpadded"))
-    if structure is not None:  # no tolerance applies: no slicing gives the unpadded outputs
+    shown = sizes_text(sizes)
+    if found.structure is not None:  # no tolerance applies: no slicing gives the unpadded outputs
         raise PaddingError(
             problem=f"shape {label} with {shown}, padded back with "
-                    f"{_values_text(padding, sizes)}: {structure}; outputs whose number or "
+                    f"{values_text(padding, sizes)}: {found.structure}; outputs whose number or "
                     "shape change with a padded axis other than by following its size cannot "
                     "be sliced back", input=name, dim=dim)
-    for leaf, (g, w) in enumerate(zip(got, want)):
-        agreement = proof_agreement(g, w, reference.entry.noise)
-        if agreement.ok:
-            continue
-        follows = any(leaf == f for a in sizes for f, _ in a.outputs)
-        raise PaddingError(
-            problem=f"shape {label} with {shown}, padded back with "
-                    f"{_values_text(padding, sizes)}, changes {leaf_names[leaf]} by "
-                    f"{agreement.max_rel:.3g} of its scale (bound {bound:.2g}, from the "
-                    "model's rounding noise)",
-            input=name, dim=dim, output=leaf_names[leaf], max_rel=agreement.max_rel,
-            tolerance=bound, cause=_likely_cause(dim, follows))
+    leaf = found.first_outside
+    assert leaf is not None
+    agreement = found.leaves[leaf]
+    follows = any(leaf == f for a in sizes for f, _ in a.outputs)
+    raise PaddingError(
+        problem=f"shape {label} with {shown}, padded back with "
+                f"{values_text(padding, sizes)}, changes {leaf_names[leaf]} by "
+                f"{agreement.max_rel:.3g} of its scale (bound {found.bound:.2g}, from the "
+                "model's rounding noise)",
+        input=name, dim=dim, output=leaf_names[leaf], max_rel=agreement.max_rel,
+        tolerance=found.bound, cause=_likely_cause(dim, follows))
 
 
 def _likely_cause(dim: int, follows: bool) -> str:
@@ -191,38 +194,6 @@ def _likely_cause(dim: int, follows: bool) -> str:
             "pooling (mean pooling over every position, a global pool)?")
 
 
-def _cut(inputs: Sequence[torch.Tensor], names: Sequence[str],
-         sizes: Mapping[PaddedAxis, int]) -> list[torch.Tensor]:
-    cut = list(inputs)
-    for axis, size in sizes.items():
-        for name, dim in axis.inputs:
-            position = names.index(name)
-            cut[position] = cut[position].narrow(dim, 0, size)
-    return [t.contiguous() for t in cut]
-
-
-def _pad(cut: Sequence[torch.Tensor], full: Sequence[torch.Tensor], names: Sequence[str],
-         padding: Padding) -> list[torch.Tensor]:
-    padded = []
-    for name, small, big in zip(names, cut, full):
-        if name not in padding.values or small.shape == big.shape:
-            padded.append(small)
-            continue
-        tensor = torch.full(big.shape, padding.values[name], dtype=big.dtype)
-        tensor[tuple(slice(0, n) for n in small.shape)] = small
-        padded.append(tensor)
-    return padded
-
-
-def _slice(outputs: Sequence[torch.Tensor], padding: Padding,
-           sizes: Mapping[PaddedAxis, int]) -> list[torch.Tensor]:
-    sliced = list(outputs)
-    for axis, size in sizes.items():
-        for leaf, dim in axis.outputs:
-            sliced[leaf] = sliced[leaf].narrow(dim, 0, size)
-    return sliced
-
-
 def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor], label: str,
          what: str, hint: str = "") -> list[torch.Tensor]:
     try:
@@ -233,12 +204,3 @@ def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor], label: str
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
         raise PaddingError(problem=f"the model fails on shape {label} {what} ({shapes}): "
                                    f"{reason[:300]}", cause=hint) from exc
-
-
-def _axes_text(sizes: Mapping[PaddedAxis, int]) -> str:
-    return ", ".join(f"{axis.label} to {size}" for axis, size in sizes.items())
-
-
-def _values_text(padding: Padding, sizes: Mapping[PaddedAxis, int]) -> str:
-    names = {name for axis in sizes for name, _ in axis.inputs}
-    return ", ".join(f"{name}={padding.values[name]!r}" for name in sorted(names))

@@ -6,7 +6,8 @@ exchanged with an existing artifact under ``force``). A killed build leaves at m
 ``.<name>.partial-*`` directory, never at the target and swept by the next build (where
 renameat2 is missing, the two-rename swap may also leave the old artifact moved aside as
 ``.<name>.old-<pid>``: the next build puts it back). Write failures (a full disk) raise
-``ArtifactError`` and leave the target as it was.
+``ArtifactError`` and leave the target as it was; so does a manifest the reader would
+refuse (``readable_manifest``: ``ManifestError`` before anything is written).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes.util
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -25,8 +27,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError
-from ..format import MANIFEST_NAME, FileEntry, Manifest, dumps_manifest
+from ..errors import ArtifactError, ManifestError
+from ..format import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    dumps_manifest,
+    manifest_to_dict,
+    parse_manifest,
+)
 from ..runtime import artifact_digest, output_path, refuse_unsafe_output, sha256_hex
 
 _PARTIAL_MARK = ".partial-"
@@ -43,13 +53,53 @@ def write_artifact(target: str | os.PathLike[str], manifest: Manifest, files: Ma
                    ) -> tuple[Manifest, str]:
     """Write ``files`` plus a manifest listing them; return the final manifest and digest.
 
+    The manifest is refused before anything on disk changes unless a reader takes it back
+    (``readable_manifest``): a build never replaces an artifact with one nothing can read.
     ``protect``: folders the output must neither be nor contain (the model's own folder).
     """
     final = dataclasses.replace(manifest, files=file_entries(files))
-    manifest_bytes = dumps_manifest(final)
+    manifest_bytes = readable_manifest(final)
     install_artifact(target, {**files, MANIFEST_NAME: manifest_bytes}, force=force,
                      protect=protect)
     return final, artifact_digest(manifest_bytes)
+
+
+def readable_manifest(manifest: Manifest) -> bytes:
+    """``manifest``'s bytes, once the reader has taken them back: within the size every
+    reader accepts (``MAX_MANIFEST_BYTES``), parsed by ``format.parse_manifest`` and written
+    again to the same bytes (nothing the writer emits is refused, dropped or changed by the
+    reader). A ``ManifestError`` says what to change; nothing is written."""
+    data = dumps_manifest(manifest)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _oversized(manifest, len(data))
+    try:
+        again = dumps_manifest(parse_manifest(data))
+    except ManifestError as exc:
+        raise ManifestError(f"the manifest this build made would be refused by every reader: "
+                            f"{exc}; nothing was written") from exc
+    if again != data:
+        raise ManifestError("the manifest this build made reads back differently (a reader "
+                            "would see another artifact); nothing was written: report this "
+                            "as a bug, with the build command")
+    return data
+
+
+#: What shrinks each top-level part of a manifest that is too large.
+_SHRINK = {"metadata": "fewer or shorter class labels (a model's config.id2label), labels or "
+                       "description",
+           "shapes": "fewer declared shapes",
+           "model": "a smaller factory config or fewer included source files"}
+
+
+def _oversized(manifest: Manifest, size: int) -> ManifestError:
+    """The refusal of a manifest over the reader's limit, naming its largest parts."""
+    parts = sorted(((len(json.dumps(value)), key)
+                    for key, value in manifest_to_dict(manifest).items()), reverse=True)[:3]
+    shown = ", ".join(f"{key} {length} bytes" for length, key in parts)
+    fix = _SHRINK.get(parts[0][1], f"a smaller {parts[0][1]}")
+    return ManifestError(f"the manifest would be {size} bytes, more than the "
+                         f"{MAX_MANIFEST_BYTES} bytes every reader accepts (largest parts: "
+                         f"{shown}); nothing was written: build with {fix}")
 
 
 def install_artifact(target: str | os.PathLike[str], files: Mapping[str, bytes], *,

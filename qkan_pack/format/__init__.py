@@ -81,7 +81,14 @@ from ._manifest import (
     parse_manifest,
     precision_choice_to_dict,
 )
-from ._metadata import DEFAULT_VERSION, MODEL_NAME, Metadata, check_metadata, metadata_to_dict
+from ._metadata import (
+    DEFAULT_VERSION,
+    MODEL_NAME,
+    Metadata,
+    check_class_labels,
+    check_metadata,
+    metadata_to_dict,
+)
 from ._padding import (
     PaddedAxis,
     Padding,
@@ -146,6 +153,7 @@ __all__ = [
     "Signature",
     "TensorSpec",
     "accepted_ranges",
+    "check_class_labels",
     "check_config",
     "check_device_text",
     "check_dtype",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ManifestError, ShapeSpecError
+from ._json import lone_surrogate
 
 MAX_TEXT = 1024
 MAX_LABELS = 64
@@ -94,19 +95,35 @@ def _checked(name: Any, version: Any, description: Any, license: Any, labels: di
             raise ManifestError(f"{where}: label key {key!r:.80} must be letters, digits, '.', "
                                 "'_', '-' or '/' (at most 63, starting with a letter or digit)")
         _check_text(value, f"{where}: label {key}")
+    return Metadata(name=name, version=version, description=description, license=license,
+                    labels=dict(sorted(labels.items())),
+                    class_labels=check_class_labels(class_labels, where))
+
+
+def check_class_labels(class_labels: Sequence[Any], where: str) -> tuple[str, ...]:
+    """Class names as every reader accepts them (at most ``MAX_CLASS_LABELS``, each text as
+    ``_check_text`` says); ``ManifestError`` naming ``where`` and the label. Build checks a
+    model's ``config.id2label`` with it, the reader the manifest's."""
     if len(class_labels) > MAX_CLASS_LABELS:
         raise ManifestError(f"{where}: {len(class_labels)} class labels; at most "
                             f"{MAX_CLASS_LABELS}")
     for index, value in enumerate(class_labels):
         _check_text(value, f"{where}: class label {index}")
-    return Metadata(name=name, version=version, description=description, license=license,
-                    labels=dict(sorted(labels.items())), class_labels=class_labels)
+    return tuple(class_labels)
 
 
 def _check_text(value: Any, where: str) -> None:
+    """Bounded, printable, encodable text: no control characters but newline and tab, and
+    no lone surrogate (``'\\udcff'``, what Python makes of a byte that is not UTF-8 in a
+    command-line argument), which no UTF-8 writer can encode: serve's ``GET /`` failed on
+    one."""
     if not isinstance(value, str):
         raise ManifestError(f"{where} must be text, got {type(value).__name__}")
     if len(value) > MAX_TEXT:
         raise ManifestError(f"{where} is {len(value)} characters; at most {MAX_TEXT}")
     if any((ord(c) < 32 and c not in "\n\t") or ord(c) == 127 for c in value):
         raise ManifestError(f"{where} holds control characters")
+    surrogate = lone_surrogate(value)
+    if surrogate is not None:
+        raise ManifestError(f"{where} is not UTF-8 text: {surrogate}")
+

@@ -20,6 +20,7 @@ from typing import Any
 from . import (
     _artifact,
     _deferred_imports,
+    _files,
     _kernels,
     _options,
     _output_paths,
@@ -29,6 +30,7 @@ from . import (
 )
 from ._artifact import *  # noqa: F403  (each module's __all__ says what it exports)
 from ._deferred_imports import *  # noqa: F403
+from ._files import *  # noqa: F403
 from ._kernels import *  # noqa: F403
 from ._options import *  # noqa: F403
 from ._output_paths import *  # noqa: F403
@@ -36,13 +38,13 @@ from ._signature import *  # noqa: F403
 from ._source import *  # noqa: F403
 from ._triton_compat import *  # noqa: F403
 
-_EAGER = (_artifact, _deferred_imports, _kernels, _options, _output_paths, _signature, _source,
-          _triton_compat)
+_EAGER = (_artifact, _deferred_imports, _files, _kernels, _options, _output_paths, _signature,
+          _source, _triton_compat)
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
-_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load", "_precision",
-                 "_predictor", "_progress", "_report", "_selftest", "_timing", "_tree",
-                 "_weights")
+_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load",
+                 "_padcheck", "_precision", "_predictor", "_progress", "_report", "_selftest",
+                 "_timing", "_tree", "_weights")
 #: Modules that need numpy but not torch: each imported alone on the first use of its names,
 #: so that serve's wire (and its helper process) reads JSON numbers without importing torch,
 #: and ``inspect`` still imports no numpy.

@@ -9,7 +9,6 @@ are returned so callers parse exactly what was hashed (no re-read races).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError, DigestMismatchError, ManifestError
+from ..errors import ArtifactError, DigestMismatchError, FileReadError, ManifestError
 from ..format import (
     DIGEST_PREFIX,
     DTYPES,
@@ -33,6 +32,7 @@ from ..format import (
     loads_strict,
     parse_manifest,
 )
+from ._files import read_regular_file
 from ._options import normalise_digest
 from ._source import SourceLines, check_entry_named
 
@@ -199,53 +199,23 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
 
 
 def _read_regular(root: Path, name: str, *, limit: int, exact: int | None = None) -> bytes:
-    """Read ``root/name`` through one descriptor: never a symlink, never waiting on a FIFO or
-    device (opened non-blocking, then checked to be a regular file), never more than ``limit``
-    bytes (``exact``: the size the manifest declares, checked on the same descriptor)."""
+    """Read ``root/name`` through one descriptor (``read_regular_file``): never a symlink,
+    never waiting on a FIFO or device, never more than ``limit`` bytes (``exact``: the size
+    the manifest declares, checked on the same descriptor)."""
     path = root / name
-    fd = _open_regular(path)
+
+    def declared_size(info: os.stat_result) -> str | None:
+        if exact is None or info.st_size == exact:
+            return None
+        return (f"is {info.st_size} bytes but the manifest says {exact}: the file was "
+                "truncated, extended or replaced; rebuild the artifact")
+
     try:
-        size = os.fstat(fd).st_size
-        if exact is not None and size != exact:
-            raise ArtifactError(
-                f"{name} in {root} is {size} bytes but the manifest says {exact}: "
-                "the file was truncated, extended or replaced; rebuild the artifact", path=str(path))
-        if size > limit:
-            raise ManifestError(
-                f"{path} is {size} bytes; the limit is {limit}: corrupt or hostile")
-        return _read_bounded(fd, limit + 1, path)
-    finally:
-        os.close(fd)
-
-
-def _open_regular(path: Path) -> int:
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ArtifactError(f"{path} is a symlink; refused", path=str(path)) from None
-        raise ArtifactError(f"cannot open {path}: {exc.strerror}", path=str(path)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ArtifactError(f"{path} is not a regular file (a FIFO, device or directory); "
-                            "refused without reading it", path=str(path))
-    return fd
-
-
-def _read_bounded(fd: int, most: int, path: Path) -> bytes:
-    """At most ``most`` bytes from ``fd`` (one read for a regular file, more if it is short)."""
-    chunks, left = [], most
-    try:
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise ArtifactError(f"cannot read {path}: {exc.strerror}", path=str(path)) from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return read_regular_file(path, limit=limit, follow_symlinks=False, vet=declared_size)
+    except FileReadError as exc:
+        if exc.reason == "too large":
+            raise ManifestError(f"{path} {exc.problem}: corrupt or hostile") from None
+        raise ArtifactError(str(exc), path=str(path)) from None
 
 
 def _read_checked(root: Path, name: str, entry: FileEntry) -> bytes:

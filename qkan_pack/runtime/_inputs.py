@@ -5,6 +5,7 @@ Every refusal is an ``InputError`` carrying the accepted signatures as data.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ class InputMatcher:
         self.signatures = manifest.signatures()
         self.fast = _fast_table(manifest, self._dtypes, device)
         self._fits: dict[tuple, tuple[int, Fit]] = {}
+        self._fits_lock = threading.Lock()
 
     def match(self, args: tuple, kwargs: dict[str, Any]
               ) -> tuple[list[torch.Tensor], bool, int, Fit | None]:
@@ -159,13 +161,16 @@ class InputMatcher:
         """``_declared_fit``, worked out once per call shape: searching every entry and
         building the regions is Python work of the order of a whole replay on a GPU, and
         ragged traffic repeats a few hundred shapes. At most ``FIT_MEMORY`` shapes are kept
-        (the oldest go first), so a stream of distinct shapes cannot grow it."""
-        found = self._fits.get(key)
+        (the oldest go first), so a stream of distinct shapes cannot grow it. Predictors are
+        called from many threads (serve's replicas): every change to the memory holds
+        ``_fits_lock``."""
+        found = self._fits.get(key)  # a hit takes no lock: one dict read, atomic
         if found is None:
             found = self._declared_fit(key)
-            if len(self._fits) >= FIT_MEMORY:
-                del self._fits[next(iter(self._fits))]
-            self._fits[key] = found
+            with self._fits_lock:  # misses only: threads evicting together raced (KeyError)
+                if len(self._fits) >= FIT_MEMORY:
+                    del self._fits[next(iter(self._fits))]
+                self._fits[key] = found
         return found
 
     def _declared_fit(self, key: tuple) -> tuple[int, Fit]:

@@ -3,7 +3,8 @@
 verify (sizes, digests, layout, format) -> compatibility -> import the verified source ->
 build via the factory -> strict weights -> eval -> eager pass on the device (compiles
 kernels, and is the replay self-test's baseline) -> reference self-test (full float32) ->
-precision gate (a reduced precision's eager outputs against the references, within
+padding self-test (declared padding: one padded call per entry, ``_padcheck``) -> precision
+gate (a reduced precision's eager outputs against the references, within
 ``max_error``) -> capture -> replay self-test. Nothing from the artifact runs before its
 bytes have matched the manifest.
 
@@ -41,6 +42,7 @@ from ._options import (
     LoadOptions,
     Tolerance,
 )
+from ._padcheck import check_padded_calls
 from ._precision import (
     PerShapeForward,
     check_precision,
@@ -246,6 +248,9 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         with report.stage("reference self-test"):
             checks = _check_references(model, forward, samples, eager, expected, noises,
                                        target, report, manifest)
+        if manifest.padding is not None:
+            with report.stage("padding self-test"):
+                _check_padding(forward, samples, noises, target, report, manifest)
         with precision_scope(precision, target):  # the math mode graphs capture in
             if report.precision.reduced:  # the gate's outputs are the replay baseline too
                 with report.stage("precision gate"):
@@ -311,6 +316,22 @@ def _check_references(model: torch.nn.Module, forward: Any, samples: list[Sample
                                       warn=report.warn, hint=_REFERENCE_HINT,
                                       names=list(entry.outputs.leaf_names())))
     return checks
+
+
+def _check_padding(forward: Any, samples: list[Sample], noises: list[float | None],
+                   target: torch.device, report: LoadReport, manifest: Manifest) -> None:
+    """One padded call per entry a smaller call pads into, against the same call unpadded
+    (``_padcheck.check_padded_calls``, the check build proved the padding with), in full
+    float32 as the reference self-test: the manifest's pad values and followed dims are
+    the ones that hold for this model."""
+    run = partial(_flat_eager, forward, manifest.model.source)
+    with full_float32(target):
+        check_padded_calls(run, samples, manifest, noises, report.reference_tolerance[1])
+
+
+def _flat_eager(forward: Any, shown: str, inputs: list[torch.Tensor],
+                label: str) -> list[torch.Tensor]:
+    return flatten(eager_forward(forward, inputs, shown=shown, label=label))
 
 
 def _warn_if_uninformative(label: str, want: list[torch.Tensor], names: list[str],

@@ -34,48 +34,63 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import ArtifactSignatureError, LoadOptionError, ManifestError
+from ..errors import ArtifactSignatureError, FileReadError, LoadOptionError, ManifestError
 from ..format import MANIFEST_NAME, SIGNATURE_NAME, loads_strict
-from ._signing_compat import MALFORMED, signing_modules
+from ._files import read_regular_file
+from ._signing_compat import MALFORMED, PemFile, signing_modules
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["code_signing_problem"]
 
 
 
+#: A trusted key file is read up to this size (a PEM public key is a few hundred bytes, a
+#: root certificate a few KiB; a bundle of roots stays far below it).
+MAX_KEY_FILE_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class Trust:
-    """Parsed trusted keys: EC public keys (by file) and root certificates (trust anchors)."""
+    """Parsed trusted keys: EC public keys and root certificates (trust anchors), each with
+    the bytes read from its file."""
 
-    keys: tuple[Path, ...]
-    anchors: tuple[Path, ...]
+    keys: tuple[PemFile, ...]
+    anchors: tuple[PemFile, ...]
 
 
 def load_trust(paths: Sequence[Path]) -> Trust:
     """Sort trusted PEM files into public keys and certificates; refuse anything else (before
-    the artifact is touched: a wrong key file is a wrong option)."""
+    the artifact is touched: a wrong key file is a wrong option). Each file is read once,
+    as every supplied file is (``read_regular_file``: a regular file, bounded, never waiting
+    on a FIFO), and only those bytes are used."""
     modules, pem = _library("trusted keys", str(paths[0]) if paths else "")
     keys, anchors = [], []
     for path in paths:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise LoadOptionError(option="trusted_keys", value=str(path),
-                                  expected=f"a readable PEM file ({exc.strerror})") from None
-        if _parses(pem.load_pem_public_key, data):
+        file = PemFile(path, _key_bytes(path))
+        if _parses(pem.load_pem_public_key, file.data):
             try:
-                modules.ec.Verifier(path)  # an EC key on a curve the library supports
+                modules.ec.Verifier(file)  # an EC key on a curve the library supports
             except (ValueError, AttributeError, TypeError) as exc:
                 raise LoadOptionError(option="trusted_keys", value=str(path),
                                       expected=f"an EC P-256/384/521 public key ({exc})") from None
-            keys.append(path)
-        elif _parses(pem.load_pem_x509_certificates, data):
-            anchors.append(path)
+            keys.append(file)
+        elif _parses(pem.load_pem_x509_certificates, file.data):
+            anchors.append(file)
         else:
             raise LoadOptionError(
                 option="trusted_keys", value=str(path),
                 expected="PEM files holding an EC public key or (root) certificates")
     return Trust(keys=tuple(keys), anchors=tuple(anchors))
+
+
+def _key_bytes(path: Path) -> bytes:
+    try:
+        return read_regular_file(path, limit=MAX_KEY_FILE_BYTES)
+    except FileReadError as exc:
+        raise LoadOptionError(option="trusted_keys", value=str(path),
+                              expected=f"a PEM file (an EC public key or root certificates) of "
+                                       f"at most {MAX_KEY_FILE_BYTES} bytes; this one "
+                                       f"{exc.problem}") from None
 
 
 def _parses(loader: Any, data: bytes) -> bool:
@@ -209,11 +224,11 @@ def _verify_with_keys(bundle: Any, trust: Trust, modules: Any,
                                         "trusted key(s): none of them verifies it")
 
 
-def _fingerprint(key: Path) -> str:
+def _fingerprint(key: PemFile) -> str:
     """The key's hint as model-signing writes it: sha256 of its SubjectPublicKeyInfo PEM."""
     from cryptography.hazmat.primitives import serialization
 
-    public = serialization.load_pem_public_key(key.read_bytes())
+    public = serialization.load_pem_public_key(key.data)
     return hashlib.sha256(public.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
 

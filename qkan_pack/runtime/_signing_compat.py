@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 from ..errors import ArtifactSignatureError
@@ -26,6 +28,24 @@ SUPPORTED = ("1.1.1",)
 #: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
 MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
                                               AttributeError)
+
+
+@dataclass(frozen=True, order=True)
+class PemFile:
+    """A trusted key or certificate file, read once (``runtime.read_regular_file``).
+
+    The library's verifiers take paths and read each with ``read_bytes()``; they get this
+    instead, so they verify with the bytes that were checked and never open the file again
+    (by then it could be another file, or a FIFO that blocks the read). Shown as its path."""
+
+    path: Path
+    data: bytes = field(repr=False, compare=False)
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+    def __str__(self) -> str:
+        return str(self.path)
 
 
 def unsupported_release() -> str | None:

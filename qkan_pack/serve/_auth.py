@@ -22,9 +22,10 @@ import os
 import re
 import stat
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import Any
 
-from ..errors import ServeTokenError
+from ..errors import FileReadError, ServeTokenError
 
 #: Ray Serve's callback for the middlewares of its HTTP servers, and where the gate reads
 #: the digest in Ray's processes.
@@ -87,30 +88,19 @@ def _token_problem(token: str) -> str | None:
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
-    """The token in ``path``: its first line, stripped. The file must be a regular file (a
-    FIFO would hang the read: opened without blocking, checked on the descriptor) that its
-    group and others cannot write (whoever can write it chooses the token), of at most
-    ``MAX_TOKEN_FILE_BYTES``, in UTF-8 (a leading byte-order mark is dropped: editors on
-    Windows write one, and it became part of the token)."""
+    """The token in ``path``: its first line, stripped. Read as every supplied file is
+    (``runtime.read_regular_file``: a regular file, a FIFO refused without waiting on it),
+    of at most ``MAX_TOKEN_FILE_BYTES``, that its group and others cannot write (whoever
+    can write it chooses the token), in UTF-8 (a leading byte-order mark is dropped: editors
+    on Windows write one, and it became part of the token)."""
+    from ..runtime import read_regular_file  # here: serve's modules import no runtime
+
     source = f"token file {path}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ServeTokenError(source=source, problem=f"cannot be read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ServeTokenError(source=source, problem="is not a regular file")
-        if info.st_mode & 0o022:
-            raise ServeTokenError(source=source, problem=(
-                f"is writable by its group or others (mode {stat.S_IMODE(info.st_mode):04o}): "
-                f"whoever can write it chooses the token; run chmod 600 {path}"))
-        data = _read_at_most(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise ServeTokenError(source=source, problem=(
-            f"is larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB (its first line is the token)"))
+        data = read_regular_file(path, limit=MAX_TOKEN_FILE_BYTES,
+                                 vet=partial(_others_cannot_write, path))
+    except FileReadError as exc:
+        raise ServeTokenError(source=source, problem=exc.problem) from None
     try:
         text = data.removeprefix(UTF8_BOM).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -120,16 +110,11 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     return check_token((text.strip().splitlines() or [""])[0].strip(), source)
 
 
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+def _others_cannot_write(path: str | os.PathLike[str], info: os.stat_result) -> str | None:
+    if info.st_mode & 0o022:
+        return (f"is writable by its group or others (mode {stat.S_IMODE(info.st_mode):04o}): "
+                f"whoever can write it chooses the token; run chmod 600 {path}")
+    return None
 
 
 def authorization(scope: Scope) -> bytes | None:

@@ -39,6 +39,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FileReadError
+
 WORKDIR_PREFIX = "qkan-pack-serve-"
 #: The names ``tempfile.mkdtemp(prefix=WORKDIR_PREFIX)`` makes (8 characters of its
 #: alphabet; a test pins this shape against the running Python).
@@ -290,27 +292,20 @@ def _recorded(directory_fd: int) -> list[ProcessId]:
 
 
 def _read_record(directory_fd: int, name: str, limit: int) -> bytes:
-    """The bytes of record ``name``, opened relative to the directory without following a
-    link or blocking (a FIFO), read only from a regular file of this user's of at most
+    """The bytes of record ``name``, read as every supplied file is
+    (``runtime.read_regular_file``): opened relative to the directory without following a
+    link or blocking (a FIFO), and only from a regular file of this user's of at most
     ``limit`` bytes (a link to ``/dev/zero`` would run a read out of memory)."""
+    from ..runtime import read_regular_file  # here: serve's modules import no runtime
+
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=directory_fd)
-    except FileNotFoundError:
-        raise _Missing(f"it has no {name}") from None
-    except OSError as exc:
-        raise _Uncertain(f"its {name} cannot be opened ({exc.strerror}; a link?)") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _Uncertain(f"its {name} is not a regular file")
-        if info.st_uid != os.getuid():
-            raise _Uncertain(f"its {name} belongs to another user")
-        if info.st_size > limit:
-            raise _Uncertain(f"its {name} is larger than {limit} bytes")
-        data = os.read(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise _Uncertain(f"its {name} is larger than {limit} bytes")
-    return data
+        return read_regular_file(name, limit=limit, dir_fd=directory_fd, follow_symlinks=False,
+                                 vet=_this_users)
+    except FileReadError as exc:
+        if exc.reason == "missing":
+            raise _Missing(f"it has no {name}") from None
+        raise _Uncertain(f"its {name} {exc.problem}") from None
+
+
+def _this_users(info: os.stat_result) -> str | None:
+    return None if info.st_uid == os.getuid() else "belongs to another user"

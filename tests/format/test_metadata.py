@@ -82,6 +82,74 @@ def test_a_transformers_classifiers_id2label_becomes_its_class_labels(tmp_path: 
     assert placeholder.manifest.metadata.class_labels == ()  # LABEL_0.. say nothing
 
 
+@pytest.mark.parametrize(("kind", "says"), [
+    ("control", "class label 1 holds control characters"),
+    ("long", "class label 1 is 2000 characters; at most 1024"),
+    ("many", "100001 class labels; at most 100000"),
+    ("surrogate", "class label 1 is not UTF-8 text: character 4 is \\\\udce9"),
+    ("huge", "its 100000 class labels take 6400000 bytes, more than the 4194304 bytes"),
+    ("large", "the manifest would be .* bytes, more than the 4194304 bytes every reader "
+              "accepts .*largest parts: metadata"),
+])
+def test_class_labels_a_reader_refuses_leave_the_previous_artifact_alone(
+        tmp_path: Path, kind: str, says: str) -> None:
+    """A model's config.id2label skipped the metadata checks: control characters, labels
+    over 1,024 characters, 100,001 labels or a manifest over 4 MiB built with exit 0 and,
+    with --force, replaced a good artifact with one inspect and verify refuse. Now checked
+    as the other metadata (labels alone over the limit before the model runs), and the
+    manifest's size before anything is installed."""
+    good = build(MODELS / "labelled.py", "1x2", output=tmp_path / "art", progress=False)
+    assert good.manifest.metadata.class_labels == ("cat", "dog", "bird")
+    with pytest.raises(ManifestError, match=says):
+        build(MODELS / "labelled.py", "1x2", output=tmp_path / "art", config={"kind": kind},
+              force=True, progress=False)
+    assert read_artifact(good.path).digest == good.digest  # intact, and still verifies
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # no leftovers beside it
+    result = CliRunner().invoke(cli, ["verify", str(good.path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_the_cli_build_refuses_what_it_could_not_read_back(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["build", str(MODELS / "labelled.py"), "--shapes", "1x2",
+                                      "-o", str(tmp_path / "art"), "--config", "kind=control"])
+    assert result.exit_code == 1, result.output
+    assert "config.id2label: class label 1 holds control characters" in result.output
+    assert "digest" not in result.output and not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize("field", ["description", "license", "name", "labels"])
+def test_text_that_is_not_utf8_is_refused_at_build(tmp_path: Path, field: str) -> None:
+    """A lone surrogate (what Python makes of a byte that is not UTF-8 in an argument) in
+    --description was accepted and broke serve's GET /."""
+    value: object = "caf\udce9"
+    if field == "labels":
+        value = {"team": "caf\udce9"}
+    with pytest.raises(ShapeSpecError, match=r"not UTF-8 text: character 4 is .*lone surrogate"):
+        build(MODELS / "plain_mlp.py", "2x2", output=tmp_path / "a", progress=False,
+              **{field: value})
+    assert not (tmp_path / "a").exists()
+    result = CliRunner().invoke(cli, ["build", str(MODELS / "plain_mlp.py"), "--shapes", "2x2",
+                                      "-o", str(tmp_path / "a"), "--description", "caf\udce9"])
+    assert result.exit_code == 2 and "lone surrogate" in result.output, result.output
+
+
+@pytest.mark.parametrize("escaped", ["\\ud800", "\\udce9", "caf\\udce9"])
+def test_a_manifest_holding_a_lone_surrogate_is_refused(tmp_path: Path, escaped: str) -> None:
+    """JSON escapes that decode to no UTF-8 text are refused by the reader anywhere in a
+    manifest (metadata, config, a key), as orjson and every strict reader refuse them."""
+    result = build(MODELS / "plain_mlp.py", "2x2", output=tmp_path / "a", progress=False)
+    data = dumps_manifest(result.manifest).decode()
+    for edited in (data.replace('"description": ""', f'"description": "{escaped}"'),
+                   data.replace('"config": {}', f'"config": {{"k": "{escaped}"}}'),
+                   data.replace('"labels": {}', f'"labels": {{"{escaped}": "x"}}')):
+        assert edited != data
+        with pytest.raises(ManifestError, match="lone surrogate"):
+            parse_manifest(edited)
+    raw = data.encode().replace(b'"description": ""', b'"description": "caf\xed\xb3\xa9"')
+    with pytest.raises(ManifestError, match="lone surrogate"):  # the bytes, not an escape
+        parse_manifest(raw)
+
+
 def test_the_schema_lists_inputs_outputs_and_entries(tmp_path: Path) -> None:
     result = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}, {"a": (8, 3), "b": (8, 2)}],
                    dtype={"a": "float32", "b": "int64"}, output=tmp_path / "a", progress=False)

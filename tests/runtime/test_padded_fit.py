@@ -3,6 +3,8 @@ shape, in a bounded memory."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from qkan_pack import Predictor, build
 from qkan_pack.format import with_batch_sizes
 from qkan_pack.runtime import _inputs, read_artifact, rebuild_model
+from qkan_pack.runtime._inputs import InputMatcher
 
 from ..conftest import MODELS
 
@@ -50,3 +53,37 @@ def test_a_call_shape_is_fitted_once_and_the_memory_stays_bounded(
             torch.testing.assert_close(predictor(**inputs), want, rtol=1e-5, atol=1e-6)
         assert [call[0][1] for call in searched] == [5, 6, 7, 9, 5]  # 5 was dropped at 9
         assert len(predictor._inputs._fits) == 3
+
+
+def test_the_fit_memory_is_safe_under_many_threads(masked: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads evicting together both took the same oldest key and the second ``del`` raised
+    ``KeyError`` (8 threads, more call shapes than the memory holds, a 1 us switch interval:
+    16 in 160,000 calls). Every call must get its fit, and the memory stay bounded."""
+    monkeypatch.setattr(_inputs, "FIT_MEMORY", 8)
+    matcher = InputMatcher(read_artifact(masked).manifest, torch.device("cpu"), pad_batch=False)
+    calls = [[torch.zeros(batch, length, dtype=torch.int64)] * 2
+             for batch in range(1, 5) for length in range(1, 17)]  # 64 shapes
+    failures: list[BaseException] = []
+
+    def hammer(offset: int) -> None:
+        try:
+            for step in range(25_000):
+                tensors = calls[(offset * 7 + step) % len(calls)]
+                _, fit = matcher._lookup(tensors)
+                assert fit is None or fit.shapes[0][1] >= tensors[0].shape[1]
+        except BaseException as exc:  # handed back to the test thread
+            failures.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, f"{len(failures)} thread(s) failed, first: {failures[0]!r}"
+    assert len(matcher._fits) <= 8

@@ -733,6 +733,68 @@ def test_trusted_keys_that_are_not_keys_are_option_errors(signed: Path, keys: Pa
             Predictor.load("/no/such/artifact", trusted_keys=[bad])
 
 
+def _refused_promptly(call: Callable[[], Any], fifo: Path | None, seconds: float = 20.0) -> str:
+    """What ``call`` refused with, run in a thread; a call still reading after ``seconds``
+    (waiting on a FIFO, reading /dev/zero) fails the test (a writer releases the FIFO)."""
+    import threading
+
+    outcome: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _into(outcome, call), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(30)
+        pytest.fail(f"reading the key file was still going after {seconds} s")
+    assert outcome, "the key file was accepted"
+    return str(outcome[0])
+
+
+def _into(outcome: list[BaseException], call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except BaseException as exc:  # handed back to the test thread
+        outcome.append(exc)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_trusted_key_that_is_a_fifo_or_a_device_is_refused_promptly(
+        signed: Path, tmp_path: Path, kind: str) -> None:
+    """``inspect --key`` on a FIFO blocked and on /dev/zero read gigabytes (verify and load
+    checked the path was a file): every key file is read as every supplied file is, a
+    regular file opened without blocking and read up to a bound."""
+    from qkan_pack import LoadOptionError
+
+    if kind == "fifo":
+        key = tmp_path / "key.pub"
+        os.mkfifo(key)
+    else:
+        key = Path(kind)
+    fifo = key if kind == "fifo" else None
+
+    def inspect_key() -> None:
+        code, out = invoke("inspect", signed, "--key", key)
+        raise AssertionError(f"exit {code}: {out}")
+
+    said = _refused_promptly(inspect_key, fifo)
+    assert "exit 1" in said and "is not a regular file" in said, said
+    said = _refused_promptly(lambda: read_artifact(signed, trusted_keys=[key]), fifo)
+    assert "trusted_keys" in said and "is not a regular file" in said, said
+    with pytest.raises(LoadOptionError, match="trusted_keys"):
+        Predictor.load(signed, trusted_keys=[key])
+
+
+def test_an_oversized_trusted_key_file_is_refused_unread(signed: Path, tmp_path: Path) -> None:
+    from qkan_pack import LoadOptionError
+    from qkan_pack.runtime._signature import MAX_KEY_FILE_BYTES
+
+    key = tmp_path / "huge.pem"
+    key.write_bytes(b"#" * (MAX_KEY_FILE_BYTES + 1))
+    with pytest.raises(LoadOptionError, match="is larger than"):
+        read_artifact(signed, trusted_keys=[key])
+
+
 def test_keys_without_the_extra_are_a_clear_error(signed: Path, keys: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in sys.modules if n == "model_signing" or n.startswith("model_signing.")]:

@@ -3,12 +3,19 @@ another release is refused with the supported one named."""
 
 from __future__ import annotations
 
+import datetime as dt
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 from qkan_pack import ArtifactSignatureError
-from qkan_pack.runtime._signing_compat import SUPPORTED, signing_modules, unsupported_release
+from qkan_pack.runtime._signing_compat import (
+    SUPPORTED,
+    PemFile,
+    signing_modules,
+    unsupported_release,
+)
 
 pytest.importorskip("model_signing")
 
@@ -33,3 +40,28 @@ def test_another_release_is_refused_naming_the_supported_one(
     assert "model-signing 1.2.0 is installed" in str(info.value)
     assert all(version in str(info.value) for version in SUPPORTED)
     assert "pip install 'qkan-pack[sign]'" in str(info.value)
+
+
+def test_the_verifiers_take_key_bytes_read_once() -> None:
+    """The verifiers read their keys with ``read_bytes()``: given a ``PemFile`` they use the
+    bytes read (through the bounded reader), and never open the path again."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    modules = signing_modules("test", "/a", lambda record: True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    gone = Path("/nonexistent/qkan-pack-key.pem")
+    modules.ec.Verifier(PemFile(gone, public))
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "root")])
+    now = dt.datetime.now(dt.timezone.utc)
+    root = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    modules.certificate.Verifier([PemFile(gone, root.public_bytes(serialization.Encoding.PEM))])
+    assert str(PemFile(gone, b"")) == str(gone)

@@ -98,6 +98,18 @@ def test_a_token_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path)
         read_token_file(fifo)
 
 
+@pytest.mark.parametrize("link", [False, True])
+def test_a_token_file_that_is_a_device_is_refused_unread(tmp_path: Path, link: bool) -> None:
+    """/dev/zero (or a link to it: token files may be links, as mounted secrets are) is
+    refused on its descriptor before a byte is read."""
+    path = Path("/dev/zero")
+    if link:
+        path = tmp_path / "token"
+        path.symlink_to("/dev/zero")
+    with pytest.raises(ServeTokenError, match="is not a regular file"):
+        read_token_file(path)
+
+
 def test_a_token_given_to_the_library_follows_the_same_rules() -> None:
     assert check_token(TOKEN, "x") == TOKEN
     with pytest.raises(ServeTokenError, match="the token argument holds a non-ASCII"):
