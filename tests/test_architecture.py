@@ -80,7 +80,7 @@ PUBLIC = {
         "MAX_SIGNATURE_BYTES", "MAX_MAX_ERROR", "PRECISIONS", "Precision", "PrecisionChoice",
         "PrecisionPolicy",
         "MODEL_NAME", "Manifest", "Metadata", "ModelInfo", "OutputClass", "PadValue", "PaddedAxis", "Padding",
-        "OutputNode", "REFERENCE_DIR",
+        "OutputNode", "REFERENCE_DIR", "MAX_ROW_DETAIL", "RowProof", "entry_batch", "input_batch",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
         "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
         "accepted_ranges", "check_class_labels", "check_metadata", "check_pad_value", "check_range",
