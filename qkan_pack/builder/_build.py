@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -456,11 +457,13 @@ def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: st
                      config: dict[str, Any], weights: str | Path | None) -> _UserModel:
     sources = _read_sources(model_path, includes)
     source_name = f"{SOURCE_DIR}/{model_path.name}"
+    imported_before = set(sys.modules)
     module = import_model_source(source_name, sources, display_path=str(model_path))
     factory = entry_function(module, entry, str(model_path))
     check_entry_named(entry, sources, str(model_path))  # the loader checks this before import
     model = call_factory(factory, config, str(model_path), entry, device="cpu",
                          beside=os.path.dirname(model_path))
+    _refuse_unpacked_neighbours(imported_before, model_path, sources)
     check_storable(model, str(model_path))
     tied = tied_groups(model)
     if weights is not None:
@@ -469,6 +472,27 @@ def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: st
     return _UserModel(source_name=source_name, sources=sources, module=module, entry=entry,
                       config=config, device_argument=accepts_device(factory), model=model,
                       tied=tied, buffers=buffers_before_forward(model))
+
+
+def _refuse_unpacked_neighbours(imported_before: set[str], model_path: Path,
+                                sources: Mapping[str, bytes]) -> None:
+    """A module the model imported from beside its file that is not packed: found at build
+    only because the model's folder is on ``sys.path`` (``python -m qkan_pack`` or Python
+    started there), it would be missing at every load. Refused, naming the ``--include``."""
+    folder = model_path.resolve().parent
+    packed = {(folder / name.removeprefix(f"{SOURCE_DIR}/")).resolve() for name in sources}
+    for name in sorted(set(sys.modules) - imported_before):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if folder in path.parents and path not in packed and "site-packages" not in path.parts:
+            relative = path.relative_to(folder)
+            shown = relative.parent if relative.name == "__init__.py" else relative
+            raise ModelSourceError(
+                f"{model_path} imports {name!r} from {path}, beside the model, which the "
+                f"artifact would not hold (it was found only because that folder is on "
+                f"sys.path here): build with --include {shown.as_posix()}")
 
 
 def _capture_policy(capture: str, submodules: Sequence[str]) -> CapturePolicy:
