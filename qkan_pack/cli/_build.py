@@ -76,7 +76,7 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               "Repeatable.")
 @click.option("--weights", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="safetensors file or torch state dict (read with weights_only=True).")
-@click.option("--include", multiple=True, type=click.Path(exists=True, path_type=Path),
+@click.option("--include", "includes", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="Extra local .py file or package directory the model imports. Repeatable.")
 @click.option("--capture", type=click.Choice(CAPTURE_POLICIES), default="auto", show_default=True,
               help="Graph capture policy recorded for the GPU runtime.")
@@ -97,7 +97,7 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--allow-constant-references", is_flag=True,
               help="Build even if a reference output is empty or all outputs are constant "
               "(the load self-test then proves nothing for them).")
-@click.option("--pad", "pads", multiple=True, callback=parsed(pad_values), metavar="NAME=VALUE",
+@click.option("--pad", "pad", multiple=True, callback=parsed(pad_values), metavar="NAME=VALUE",
               help="Let calls be smaller than a declared shape along every dimension in which "
               "the declared shapes differ, padding input NAME (x for a single one) with VALUE: "
               "--pad input_ids=0 --pad attention_mask=0. Build proves it leaves the outputs "
@@ -120,7 +120,7 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
 @click.option("--model-version", default=DEFAULT_VERSION, show_default=True,
               help="The model's version (letters, digits, '.', '_', '-').")
 @click.option("--description", default="", help="What the model does, in a sentence.")
-@click.option("--license", "license_", default="", metavar="SPDX",
+@click.option("--license", "license", default="", metavar="SPDX",
               help="The model's license (an SPDX identifier: Apache-2.0, MIT...).")
 @click.option("--label", "labels", multiple=True, callback=parsed(label_pairs),
               metavar="KEY=VALUE",
@@ -131,35 +131,21 @@ def _declared_shapes(shapes: list | None, inputs: list, dtype: str | None
               "DEVICE defaults to cuda). See `qkan-pack warm`.")
 @json_flag("Print one JSON document (path, digest, notes, manifest) on stdout; "
            "messages go to stderr.")
-def build(model_py: Path, shapes: list | None, inputs: list, batch_sizes: tuple | None,
-          output: Path | None,
-          dtype: str | None, entry: str, config: dict, weights: Path | None, include: tuple,
-          capture: str, submodules: tuple, input_range: Any, seed: int,
-          reference_inputs: Path | None, allow_constant_references: bool, name: str | None,
-          pads: dict[str, Any], precision: str, max_error: float | None,
-          calibration: Path | None, model_version: str, description: str, license_: str,
-          labels: dict[str, str], force: bool, warm_device: str | None, as_json: bool) -> None:
+def build(model_py: Path, shapes: list | None, inputs: list, dtype: str | None,
+          warm_device: str | None, as_json: bool, **options: Any) -> None:
     """Build an artifact from MODEL_PY for the declared input shapes."""
+    # every other option is the BuildOptions field of its name (--pad: pad, --license: license)
+    from ..builder import BuildOptions, check_warm_device
     from ..builder import build as build_artifact
-    from ..builder import check_warm_device
 
     declared, dtypes = _declared_shapes(shapes, inputs, dtype)
     if warm_device is not None:  # a host that cannot warm fails before the build
         click.get_current_context().meta[DEVICE_OPTION] = "--warm"
         check_warm_device(warm_device)
+    build_options = BuildOptions(dtype=dtypes, **options)
     with warnings.catch_warnings():  # notes are printed below, once
         warnings.simplefilter("ignore")
-        result = build_artifact(model_py, declared, output=output, dtype=dtypes, entry=entry,
-                                config=config, weights=weights, includes=include,
-                                capture=capture, submodules=submodules,
-                                input_range=input_range, seed=seed,
-                                reference_inputs=reference_inputs,
-                                allow_constant_references=allow_constant_references,
-                                name=name, model_version=model_version,
-                                description=description, license=license_, labels=labels,
-                                batch_sizes=batch_sizes, pad=pads or None,
-                                precision=precision, max_error=max_error,
-                                calibration=calibration, force=force)
+        result = build_artifact(model_py, declared, options=build_options)
     for note in result.notes:
         say(f"note: {note}", err=True)
     shown = ", ".join(e.label for e in result.manifest.shapes)
