@@ -40,11 +40,12 @@ from .errors import (
 from .format import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
 
 if TYPE_CHECKING:
-    from .builder import BuildResult, build
+    from .builder import BuildOptions, BuildResult, build
     from .runtime import LoadOptions, LoadReport, Predictor, VerifiedArtifact, read_artifact
 
 #: Names resolved on first use, so that ``import qkan_pack`` does not import torch.
 _LAZY = {
+    "BuildOptions": ".builder",
     "BuildResult": ".builder",
     "build": ".builder",
     "LoadOptions": ".runtime",
@@ -60,6 +61,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactSignatureError",
     "BenchError",
+    "BuildOptions",
     "BuildResult",
     "CaptureError",
     "DeviceError",

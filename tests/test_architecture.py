@@ -24,7 +24,7 @@ from .conftest import ROOT
 PUBLIC = {
     "qkan_pack": [
         "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
-        "BuildResult",
+        "BuildOptions", "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "FactoryNotReproducibleError",
         "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
         "LoadOptionError", "LoadOptions", "LoadReport", "MalformedRequestError",
@@ -34,8 +34,8 @@ PUBLIC = {
         "WeightsMismatchError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
-    "qkan_pack.builder": ["BuildResult", "SignResult", "WarmResult", "build", "check_warm_device",
-                          "sign", "warm", "write_artifact"],
+    "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
+                          "check_warm_device", "sign", "warm", "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits",
                         "Listen", "NoopServer", "ServeOptions", "add_inference_service",
                         "app_builder", "build_app", "check_token",

@@ -153,6 +153,41 @@ def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:
         assert needle in result.stderr, (needle, result.stderr)
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["build", MLP, "--shapes", "1x2", "--pad", "y"],
+     "--pad: 'y': write NAME=VALUE with a number or true/false as VALUE (input_ids=0)"),
+    (["build", MLP, "--shapes", "1x2", "--pad", "1y=0"], "--pad: '1y=0': write NAME=VALUE"),
+    (["build", MLP, "--shapes", "1x2", "--pad", "x=null"], "--pad: 'x=null': write NAME=VALUE"),
+    (["build", MLP, "--shapes", "1x2", "--pad", "x=0", "--pad", " x=1"],
+     "--pad: 'x' is given twice"),
+    (["build", MLP, "--shapes", "1x2", "--label", "team"], "--label: 'team': write KEY=VALUE"),
+    (["build", MLP, "--shapes", "1x2", "--label", " =a"], "--label: ' =a': write KEY=VALUE"),
+    (["build", MLP, "--shapes", "1x2", "--label", "a=1", "--label", "a=2"],
+     "--label: label 'a' is given twice"),
+    (["bench-serve", "x", "--lengths", "8,,128"],
+     "--lengths: write LOW,HIGH with 1 <= LOW <= HIGH, e.g. 8,128"),
+    (["bench-serve", "x", "--lengths", "0,4"], "--lengths: write LOW,HIGH"),
+    (["bench-serve", "x", "--clients", "0,8"], "--clients: write client counts as 1,8,32"),
+    (["bench-serve", "x", "--clients", "a"], "--clients: write client counts as 1,8,32"),
+    (["bench-serve", "x", "--protocol", " , "], "--protocol: write protocols as json,oip-binary"),
+    (["predict", "x", "--input", "/no/such.npy"], "--input: /no/such.npy is not a file"),
+    (["predict", "x", "--input", "a=/no/such.npy"], "--input: /no/such.npy is not a file"),
+])
+def test_option_values_the_command_line_reads_itself(args: list[str], says: str) -> None:
+    """The command line's own option readers (``--pad``, ``--label``, bench-serve's lists,
+    predict's files) refuse what they cannot take as usage errors naming the option."""
+    assert one_usage_line(run(*args)).startswith(f"Error: Invalid value for {says}")
+
+
+@pytest.mark.parametrize("command", ["verify", "bench"])
+def test_an_option_error_names_the_option_as_typed(command: str) -> None:
+    """A bad ``--override`` was reported as ``--overrides``, an option no command has: the
+    usage error names each option by its own (longest) spelling."""
+    result = run(command, "x", "--override", "novalue")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --override: " in result.stderr, result.stderr
+
+
 PLAIN = str(MODELS / "plain_mlp.py")
 HOOKED = """\
 import torch

@@ -1,5 +1,10 @@
 """``build()``: import a user's model file, load its weights, record references, write an artifact.
 
+``build`` reads as its phases: declare the shapes, import the model, declare its inputs,
+record the references, prove padding and row independence, gate a reduced precision, write.
+Each phase is a function here taking and returning small records (``_Inputs``,
+``_Recorded``); the options are one ``BuildOptions`` (``_options``), checked before any phase.
+
 Builds are reproducible: the same model file content, weights, shapes and options give the
 same artifact digest whatever the directory, time or machine name (nothing time- or
 path-dependent enters the manifest)."""
@@ -10,7 +15,6 @@ import dataclasses
 import json
 import os
 import platform
-import re
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -21,27 +25,23 @@ from typing import Any
 
 import torch
 
-from ..errors import ManifestError, ModelSourceError, OptionError, ShapeSpecError
+from ..errors import ManifestError, ModelSourceError, OptionError
 from ..format import (
-    CAPTURE_POLICIES,
-    DEFAULT_VERSION,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
-    CapturePolicy,
     InputDecl,
     Manifest,
+    Metadata,
     ModelInfo,
     Padding,
     PadValue,
+    PrecisionPolicy,
     ShapeEntry,
     check_class_labels,
-    check_config,
-    check_metadata,
     check_range,
-    check_seed,
     parse_shapes,
     with_batch_sizes,
 )
@@ -62,7 +62,13 @@ from ..runtime import (
     referenced_modules,
     resolve_output_classes,
 )
-from ._checks import buffers_before_forward, check_informative, check_reproducible
+from ._checks import (
+    Recipe,
+    RepeatedRun,
+    buffers_before_forward,
+    check_informative,
+    check_reproducible,
+)
 from ._given import Given, given_of_shape, read_calibration, read_reference_inputs
 from ._inputs import (
     EXAMPLE_INPUT_HOOK,
@@ -72,9 +78,10 @@ from ._inputs import (
     integer_ranges,
     reference_inputs,
 )
+from ._options import BuildOptions
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
-from ._precision import CalibrationSample, GateSample, check_precision_options, gate_precision
+from ._precision import CalibrationSample, GateSample, gate_precision
 from ._references import reference_bytes, run_reference
 from ._row_proof import prove_rows
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
@@ -92,132 +99,49 @@ class BuildResult:
     notes: tuple[str, ...] = field(default=())
 
 
-def build(
-    model_path: str | Path,
-    shapes: ShapesArg,
-    *,
-    output: str | Path | None = None,
-    dtype: str | Mapping[str, str] = "float32",
-    entry: str = "build_model",
-    config: Mapping[str, Any] | None = None,
-    weights: str | Path | None = None,
-    includes: Sequence[str | Path] = (),
-    capture: str = "auto",
-    submodules: Sequence[str] = (),
-    input_range: tuple[float, float] | None = None,
-    seed: int = 0,
-    reference_inputs: str | Path | None = None,
-    allow_constant_references: bool = False,
-    name: str | None = None,
-    model_version: str = DEFAULT_VERSION,
-    description: str = "",
-    license: str = "",
-    labels: Mapping[str, str] | None = None,
-    batch_sizes: Sequence[int] | None = None,
-    pad: Mapping[str, PadValue] | None = None,
-    precision: str = "fp32",
-    max_error: float | None = None,
-    calibration: str | Path | None = None,
-    force: bool = False,
-    progress: bool | None = None,
-) -> BuildResult:
+def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | None = None,
+          **keywords: Any) -> BuildResult:
     """Package ``model_path`` into an artifact directory and return where it went.
 
     ``shapes`` is ``"1x128,8x128"`` or a list of shapes (one input, passed positionally), or
-    a list of ``{input_name: shape}`` dicts (named inputs, passed to forward by keyword).
-    ``dtype`` is one dtype for every input or a ``{input_name: dtype}`` mapping.
-    ``input_range`` (LOW, HIGH) draws random float reference inputs uniformly from
-    [LOW, HIGH) and integer ones from [int(LOW), int(HIGH)); ``seed`` (0 to 2**63 - 1)
-    seeds them. All inputs of all declared shapes together may take at most
-    ``format.MAX_REFERENCE_BYTES`` (1 GiB).
-    ``reference_inputs`` is an .npz/.npy/.safetensors file of inputs that exercise the model
-    (arrays named after the inputs; ``builder._given``), used where they fit a declared
-    shape. References with an empty output, or only constant ones, are refused
-    (``WeakReferencesError``) unless ``allow_constant_references``.
-    ``pad`` (``{"input_ids": 0, "attention_mask": 0}``; ``x`` for a single positional input)
-    lets calls be smaller than a declared entry along every dimension in which the entries
-    differ, padded with these values; build proves it leaves the outputs unchanged
-    (``builder._padding``) or refuses with ``PaddingError``.
-    With ``batch_sizes``, ``shapes`` are per-row shapes (``"128"``, ``[{"input_ids": (128,)}]``)
-    and every one is declared at every batch size (``format.with_batch_sizes``).
-    ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``, or ``auto``: every one that passes,
-    float32 served until ``warm(precision="auto")`` chooses per device) is gated here: its
-    outputs on the reference inputs and the ``calibration`` file's (.npz/.npy/.safetensors,
-    arrays named as for ``reference_inputs``, one suffix per sample) must stay within
-    ``max_error`` (default ``format.DEFAULT_MAX_ERROR``) of the float32 outputs, a share of
-    each output's scale, else ``PrecisionError``; each load gates it again on its device.
-    ``name`` (default: the model file's stem), ``model_version``, ``description``,
-    ``license`` and ``labels`` describe the model (``format.Metadata``); a transformers
-    classifier's ``id2label`` is recorded as its class labels.
+    a list of ``{input_name: shape}`` dicts (named inputs, passed to forward by keyword);
+    with ``batch_sizes``, per-row shapes (``"128"``, ``[{"input_ids": (128,)}]``) declared
+    at every batch size (``format.with_batch_sizes``). All inputs of all declared shapes
+    together may take at most ``format.MAX_REFERENCE_BYTES`` (1 GiB).
+
+    The options are one ``BuildOptions`` or its fields as keywords (``output=``, ``pad=``,
+    ``precision=``...; an unknown keyword is a ``TypeError`` listing them), all checked
+    before the model file is imported.
+
+    The build runs in phases: declare the shapes, import the model, declare its inputs
+    (checked against ``forward``), record the references (``_checks``: informative, a
+    reproducible factory), prove what serving relies on (padding leaves the outputs
+    unchanged, ``builder._padding``, else ``PaddingError``; which shapes' rows are
+    independent, ``builder._row_proof``), gate a reduced precision against the float32
+    outputs (``PrecisionError`` beyond ``max_error``), write the artifact atomically.
     """
+    options = _options_of(options, keywords)
     model_path = _model_file(model_path)
-    dtype = _dtype_names(dtype)
-    policy = _capture_policy(capture, submodules)
-    seed = check_seed(seed)  # before the model runs: torch takes seeds below 2**64 only
-    precision, max_error = check_precision_options(precision, max_error)
-    if calibration is not None and precision == "fp32":
-        raise OptionError(option="calibration", value=str(calibration),
-                          expected="no file with precision fp32 (calibration inputs measure a "
-                                   "reduced precision: pass --precision)")
-    metadata = check_metadata(name=_model_name(name, model_path), version=model_version,
-                              description=description, license=license, labels=labels)
-    if batch_sizes is not None:
-        shapes = with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
-                                  batch_sizes)
-    user = _load_user_model(model_path, includes, entry, check_config(config or {}), weights)
-    metadata = dataclasses.replace(metadata, class_labels=_checked_class_labels(user.model))
-    declared = declare_inputs(shapes, dtype, user.model)
-    forward = bind_forward(user.model, declared.names, declared.call)
-    hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
-    input_range = check_range(input_range, list(declared.dtypes.values()))
-    decls = integer_ranges(declared, forward, user.model, input_range, hook)
-    padded = pad_names(pad, declared.names, declared.call) if pad else {}
+    shapes = _declared_shapes(shapes, options.batch_sizes)
+    user = _import_model(model_path, options)
+    metadata = dataclasses.replace(options.metadata(model_path),
+                                   class_labels=_checked_class_labels(user.model))
+    inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    given = (read_reference_inputs(Path(reference_inputs), declared.dtypes, declared.per_shape)
-             if reference_inputs is not None else None)
-    calibrating = (read_calibration(Path(calibration), declared.dtypes, declared.per_shape)
-                   if calibration is not None else [])
-    sources = _Sources(hook, given, seed)
-    entries, reference_notes, references = _record_references(
-        user, declared, decls, sources, model_path, files, progress,
-        allow_constant=allow_constant_references)
-    padding = declare_padding(
-        padded, decls, references, forward,
-        progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
-    ) if padded else None
-    entries, references = _prove_rows(entries, references, forward, partial(
-        _fresh_inputs, declared=declared, decls=decls, sources=sources, model_path=model_path),
-        padding, progress)
-    reference_notes += _dependent_rows_notes(entries)
-    gated = None
-    if precision != "fp32":
-        samples = [GateSample(index, ref.inputs, ref.outputs)
-                   for index, ref in enumerate(references)]
-        samples += [CalibrationSample(index, inputs, partial(
-            _flat_reference, forward, dict(zip(declared.names, inputs)),
-            declared.per_shape[index], model_path, declared.dtypes),
-            f"--calibration {calibration}, {label}") for index, inputs, label in calibrating]
-        gated, entries, precision_notes = gate_precision(forward, entries, samples, precision,
-                                                          max_error or 0.0)
-        reference_notes += precision_notes
-    info = user.info()
-    manifest = Manifest(
-        producer=_producer(uses_qkan="qkan" in info.packages), model=info, call=declared.call,
-        inputs=tuple(decls),
-        shapes=tuple(entries), capture=policy, files={}, reference_device="cpu",
-        reference_precision=torch.get_float32_matmul_precision(), metadata=metadata,
-        padding=padding, precision=gated,
-    )
-    target = Path(output) if output is not None else Path("artifacts") / model_path.stem
-    final, digest = write_artifact(target, manifest, files, force=force,
-                                  protect=(model_path.parent,))
-    notes = tuple(_range_note(d) for d in decls if d.range_source == "default")
-    notes += tuple(reference_notes)
-    notes += tuple(_unresolved_output_classes(entries, user))
-    notes += _unmeasured_noise_note(entries)
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
+    recorded = _record_references(user, inputs, files, options)
+    recorded = _prove(recorded, inputs, options.progress)
+    recorded = _gate_precision(recorded, inputs, options)
+    return _write(_Built(user, metadata, inputs, recorded, files), options)
+
+
+def _options_of(options: BuildOptions | None, keywords: Mapping[str, Any]) -> BuildOptions:
+    if options is None:
+        return BuildOptions.from_keywords(keywords)
+    if keywords:
+        raise TypeError("pass either options=BuildOptions(...) or keywords, not both")
+    if not isinstance(options, BuildOptions):
+        raise OptionError(option="options", value=options, expected="a BuildOptions")
+    return options
 
 
 def _model_file(model_path: Any) -> Path:
@@ -233,26 +157,12 @@ def _model_file(model_path: Any) -> Path:
                                + hint)
 
 
-def _dtype_names(dtype: Any) -> str | dict[str, str]:
-    """``dtype`` as names: a dtype name, a ``torch.dtype``, or a ``{input: either}`` mapping."""
-    def one(value: Any, where: str) -> str:
-        if isinstance(value, torch.dtype):
-            return str(value).removeprefix("torch.")
-        if isinstance(value, str):
-            return value
-        raise OptionError(option=where, value=value,
-                          expected="a dtype name ('float32', 'int64') or a torch.dtype")
-
-    if isinstance(dtype, Mapping):
-        return {name: one(value, f"dtype[{name!r}]") for name, value in dtype.items()}
-    return one(dtype, "dtype")
-
-
-def _model_name(name: str | None, model_path: Path) -> str:
-    """The given name, else the model file's stem made URL-safe (``my model.py``: my_model)."""
-    if name is not None:
-        return name
-    return re.sub(r"[^A-Za-z0-9._-]", "_", model_path.stem).lstrip("._-")[:128] or "model"
+def _declared_shapes(shapes: ShapesArg, batch_sizes: Sequence[int] | None) -> ShapesArg:
+    """``shapes``, or with ``batch_sizes`` every per-row shape at every batch size."""
+    if batch_sizes is None:
+        return shapes
+    return with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
+                            batch_sizes)
 
 
 def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
@@ -337,77 +247,138 @@ class _Sources:
     seed: int
 
 
-def _flat_reference(forward: Any, inputs: Mapping[str, torch.Tensor], shape_map: Mapping[str, Any],
-                    model_path: Path, dtypes: Mapping[str, str]) -> list[torch.Tensor]:
-    """A calibration sample's float32 outputs, flat (``run_reference``'s checks included)."""
-    return flatten(run_reference(forward, inputs, shape_map, model_path, dtypes))
-
-
-def _record_references(user: _UserModel, declared: DeclaredInputs, decls: list[InputDecl],
-                       sources: _Sources, model_path: Path, files: dict[str, bytes],
-                       progress: bool | None, *, allow_constant: bool
-                       ) -> tuple[list[ShapeEntry], list[str], list[Reference]]:
-    """Run the model once per declared shape; add each reference file to ``files``; check
-    that the references can tell a wrong model from this one and that the factory rebuilds
-    this model (``_checks``); then measure each reference's rounding noise, which sets how
-    far a load may drift from it (``runtime.float64_noise``). Returns the entries, notes, and
-    each entry's reference run (what ``--pad`` is proven on)."""
-    model = user.model
-    forward = bind_forward(model, declared.names, declared.call)
-    entries, samples, outputs, notes = [], [], [], []
-    for index, shape_map in enumerate(
-        progress_bar(declared.per_shape, desc="reference outputs", enabled=progress)
-    ):
-        reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
-        inputs = reference_inputs(shape_map, decls, sources.seed + index, sources.hook,
-                                  model_path, sources.given)
-        result = run_reference(forward, inputs, shape_map, model_path, declared.dtypes)
-        files[reference] = reference_bytes(inputs, result)
-        entry = ShapeEntry(tuple(shape_map.items()), describe_output(result), reference)
-        notes += check_informative(entry.label, flatten(result), list(entry.outputs.leaf_names()),
-                                   allow=allow_constant)
-        entries.append(entry)
-        samples.append(list(inputs.values()))
-        outputs.append(flatten(result))
-    if sources.given is not None:
-        notes += _ungiven_note(entries, sources.given)
-    check_reproducible(user.buffers, user.module, user.entry, user.config, files, user.tied,
-                       partial(bind_forward, names=declared.names, call=declared.call),
-                       samples[0], outputs[0], list(entries[0].outputs.leaf_names()),
-                       model_path)
-    noises = float64_noise(model, declared.names, declared.call, samples, outputs,
-                           progress=progress)
-    entries = [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)]
-    references = [Reference(entry, inputs, flat)
-                  for entry, inputs, flat in zip(entries, samples, outputs)]
-    return entries, notes, references
-
-
 #: Fresh inputs for the row proof are drawn with the reference seed moved by this much (and
 #: the entry's index), far from any seed a reference of this build used.
 FRESH_SEED_OFFSET = 2**62
 
 
-def _fresh_inputs(index: int, *, declared: DeclaredInputs, decls: list[InputDecl],
-                  sources: _Sources, model_path: Path) -> list[torch.Tensor]:
-    """Another draw of entry ``index``'s inputs (declared order), from the ``example_input``
-    hook or at random: the other clients' rows of the row proof. Never the user's
-    ``--reference-inputs``, which hold one batch per shape."""
-    seed = (sources.seed + FRESH_SEED_OFFSET + index) % 2**63
-    shape_map = declared.per_shape[index]
-    return list(reference_inputs(shape_map, decls, seed, sources.hook, model_path).values())
+@dataclass(frozen=True)
+class _Inputs:
+    """The declared inputs, checked against the model: names, call convention and shapes
+    (``declared``), each input's declaration with its value range (``decls``), the model's
+    forward bound to them, where reference values come from, the ``--pad`` values by input
+    name, and the ``--calibration`` samples (entry, inputs in declared order, name)."""
+
+    declared: DeclaredInputs
+    decls: list[InputDecl]
+    forward: Any
+    sources: _Sources
+    padded: dict[str, PadValue]
+    calibrating: list[tuple[int, list[torch.Tensor], str]]
+    model_path: Path
+
+    def reference(self, index: int) -> dict[str, torch.Tensor]:
+        """Entry ``index``'s reference inputs: the user's where they fit, else the
+        ``example_input`` hook's, else drawn at random."""
+        sources = self.sources
+        return reference_inputs(self.declared.per_shape[index], self.decls,
+                                sources.seed + index, sources.hook, self.model_path,
+                                sources.given)
+
+    def fresh(self, index: int) -> list[torch.Tensor]:
+        """Another draw of entry ``index``'s inputs (declared order), from the
+        ``example_input`` hook or at random: the other clients' rows of the row proof. Never
+        the user's ``--reference-inputs``, which hold one batch per shape."""
+        seed = (self.sources.seed + FRESH_SEED_OFFSET + index) % 2**63
+        shape_map = self.declared.per_shape[index]
+        return list(reference_inputs(shape_map, self.decls, seed, self.sources.hook,
+                                     self.model_path).values())
+
+    def run(self, index: int, inputs: Mapping[str, torch.Tensor]) -> Any:
+        """The model's float32 outputs on entry ``index``'s ``inputs`` (``run_reference``'s
+        checks included)."""
+        declared = self.declared
+        return run_reference(self.forward, inputs, declared.per_shape[index], self.model_path,
+                             declared.dtypes)
+
+    def flat_outputs(self, index: int, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A calibration sample's float32 outputs, flat."""
+        return flatten(self.run(index, dict(zip(self.declared.names, inputs))))
 
 
-def _prove_rows(entries: list[ShapeEntry], references: list[Reference], forward: Any,
-                fresh: Any, padding: Padding | None, progress: bool | None
-                ) -> tuple[list[ShapeEntry], list[Reference]]:
-    """Each entry with a batch axis gets its ``RowProof`` (``_row_proof``)."""
-    proofs = prove_rows(references, fresh, forward, padding, progress=lambda items: progress_bar(
-        items, desc="proving rows independent", enabled=progress))
-    entries = [dataclasses.replace(entry, rows=proof) for entry, proof in zip(entries, proofs)]
+def _declare_inputs(user: _UserModel, shapes: ShapesArg, options: BuildOptions,
+                    model_path: Path) -> _Inputs:
+    """The inputs matched to ``forward``'s signature, their value ranges, the pad values by
+    input, and the user's input files read against them (before any reference runs)."""
+    declared = declare_inputs(shapes, options.dtype, user.model)
+    forward = bind_forward(user.model, declared.names, declared.call)
+    hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
+    input_range = check_range(options.input_range, list(declared.dtypes.values()))
+    decls = integer_ranges(declared, forward, user.model, input_range, hook)
+    padded = pad_names(options.pad, declared.names, declared.call) if options.pad else {}
+    given = (read_reference_inputs(options.reference_inputs, declared.dtypes,
+                                   declared.per_shape)
+             if options.reference_inputs is not None else None)
+    calibrating = (read_calibration(options.calibration, declared.dtypes, declared.per_shape)
+                   if options.calibration is not None else [])
+    return _Inputs(declared, decls, forward, _Sources(hook, given, options.seed), padded,
+                   calibrating, model_path)
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """What the build has established per declared entry so far: the entries, their
+    reference runs (inputs and flat outputs: what padding and rows are proven on), notes
+    for the user, and once proven and gated, the padding and the precision policy."""
+
+    entries: list[ShapeEntry]
+    references: list[Reference]
+    notes: list[str]
+    padding: Padding | None = None
+    precision: PrecisionPolicy | None = None
+
+
+def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes],
+                       options: BuildOptions) -> _Recorded:
+    """Run the model once per declared shape; add each reference file to ``files``; check
+    that the references can tell a wrong model from this one and that the factory rebuilds
+    this model (``_checks``); then measure each reference's rounding noise, which sets how
+    far a load may drift from it (``runtime.float64_noise``)."""
+    declared = inputs.declared
+    entries, samples, outputs, notes = [], [], [], []
+    for index in progress_bar(range(len(declared.per_shape)), desc="reference outputs",
+                              enabled=options.progress):
+        reference = f"{REFERENCE_DIR}/shape-{index:03d}.safetensors"
+        values = inputs.reference(index)
+        result = inputs.run(index, values)
+        files[reference] = reference_bytes(values, result)
+        entry = ShapeEntry(tuple(declared.per_shape[index].items()), describe_output(result),
+                           reference)
+        notes += check_informative(entry.label, flatten(result), list(entry.outputs.leaf_names()),
+                                   allow=options.allow_constant_references)
+        entries.append(entry)
+        samples.append(list(values.values()))
+        outputs.append(flatten(result))
+    if inputs.sources.given is not None:
+        notes += _ungiven_note(entries, inputs.sources.given)
+    check_reproducible(user.buffers, user.recipe(files[WEIGHTS_NAME], inputs.model_path),
+                       RepeatedRun(partial(bind_forward, names=declared.names, call=declared.call),
+                                   samples[0], outputs[0], list(entries[0].outputs.leaf_names())))
+    noises = float64_noise(user.model, declared.names, declared.call, samples, outputs,
+                           progress=options.progress)
+    entries = [dataclasses.replace(entry, noise=noise) for entry, noise in zip(entries, noises)]
+    references = [Reference(entry, sample, flat)
+                  for entry, sample, flat in zip(entries, samples, outputs)]
+    return _Recorded(entries, references, notes)
+
+
+def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Recorded:
+    """Prove what serving relies on: with ``--pad``, that padding leaves the outputs
+    unchanged (``_padding``, else ``PaddingError``); for each entry with a batch axis, whether
+    its rows are independent (``_row_proof``: serve batches only those)."""
+    padding = declare_padding(
+        inputs.padded, inputs.decls, recorded.references, inputs.forward,
+        progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
+    ) if inputs.padded else None
+    proofs = prove_rows(recorded.references, inputs.fresh, inputs.forward, padding,
+                        progress=lambda items: progress_bar(
+                            items, desc="proving rows independent", enabled=progress))
+    entries = [dataclasses.replace(entry, rows=proof)
+               for entry, proof in zip(recorded.entries, proofs)]
     references = [dataclasses.replace(reference, entry=entry)
-                  for reference, entry in zip(references, entries)]
-    return entries, references
+                  for reference, entry in zip(recorded.references, entries)]
+    return _Recorded(entries, references, recorded.notes + _dependent_rows_notes(entries),
+                     padding=padding)
 
 
 def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:
@@ -415,6 +386,59 @@ def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:
     return [f"shape {entry.label}: rows are not independent, so serve replays each request "
             f"in it alone ({entry.rows.detail})"
             for entry in entries if entry.rows is not None and not entry.rows.independent]
+
+
+def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions) -> _Recorded:
+    """A reduced precision's outputs on the references and the ``--calibration`` samples
+    within ``max_error`` of the float32 ones (``_precision.gate_precision``), recorded per
+    entry; float32 passes unchanged."""
+    if options.precision == "fp32":
+        return recorded
+    samples = [GateSample(index, ref.inputs, ref.outputs)
+               for index, ref in enumerate(recorded.references)]
+    samples += [CalibrationSample(index, sample, partial(inputs.flat_outputs, index, sample),
+                                  f"--calibration {options.calibration}, {label}")
+                for index, sample, label in inputs.calibrating]
+    gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
+                                           options.precision, options.max_error or 0.0)
+    return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
+                               precision=gated)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """Everything the artifact is written from."""
+
+    user: _UserModel
+    metadata: Metadata
+    inputs: _Inputs
+    recorded: _Recorded
+    files: dict[str, bytes]
+
+
+def _write(built: _Built, options: BuildOptions) -> BuildResult:
+    """The manifest, the artifact written atomically (``write_artifact``), and the notes,
+    also emitted as warnings."""
+    user, inputs, recorded = built.user, built.inputs, built.recorded
+    info = user.info()
+    manifest = Manifest(
+        producer=_producer(uses_qkan="qkan" in info.packages), model=info,
+        call=inputs.declared.call, inputs=tuple(inputs.decls), shapes=tuple(recorded.entries),
+        capture=options.capture_policy, files={}, reference_device="cpu",
+        reference_precision=torch.get_float32_matmul_precision(), metadata=built.metadata,
+        padding=recorded.padding, precision=recorded.precision,
+    )
+    target = (options.output if options.output is not None
+              else Path("artifacts") / inputs.model_path.stem)
+    final, digest = write_artifact(target, manifest, built.files, force=options.force,
+                                  protect=(inputs.model_path.parent,))
+    notes = tuple(_range_note(d) for d in inputs.decls if d.range_source == "default")
+    notes += tuple(recorded.notes)
+    notes += tuple(_unresolved_output_classes(recorded.entries, user))
+    notes += _unmeasured_noise_note(recorded.entries)
+    for note in notes:
+        warnings.warn(note, stacklevel=3)
+    return BuildResult(path=target, manifest=final, digest=digest, notes=notes)
 
 
 def _ungiven_note(entries: Sequence[ShapeEntry], given: Given) -> list[str]:
@@ -452,26 +476,33 @@ class _UserModel:
             solvers=tuple(model_solvers(self.model)),
         )
 
+    def recipe(self, weights: bytes, model_path: Path) -> Recipe:
+        """How a load rebuilds this model, from the artifact's ``weights``."""
+        return Recipe(module=self.module, entry=self.entry, config=self.config,
+                      weights=weights, tied=self.tied, path=model_path)
 
-def _load_user_model(model_path: Path, includes: Sequence[str | Path], entry: str,
-                     config: dict[str, Any], weights: str | Path | None) -> _UserModel:
-    sources = _read_sources(model_path, includes)
+
+def _import_model(model_path: Path, options: BuildOptions) -> _UserModel:
+    """The model file (and ``includes``) imported as a load will, its factory called with
+    ``config`` on the CPU, ``weights`` loaded strictly, in eval mode."""
+    sources = _read_sources(model_path, options.includes)
     source_name = f"{SOURCE_DIR}/{model_path.name}"
     imported_before = set(sys.modules)
     module = import_model_source(source_name, sources, display_path=str(model_path))
+    entry = options.entry
     factory = entry_function(module, entry, str(model_path))
     check_entry_named(entry, sources, str(model_path))  # the loader checks this before import
-    model = call_factory(factory, config, str(model_path), entry, device="cpu",
+    model = call_factory(factory, dict(options.config), str(model_path), entry, device="cpu",
                          beside=os.path.dirname(model_path))
     _refuse_unpacked_neighbours(imported_before, model_path, sources)
     check_storable(model, str(model_path))
     tied = tied_groups(model)
-    if weights is not None:
-        load_strict(model, read_user_weights(weights), tied, str(weights))
+    if options.weights is not None:
+        load_strict(model, read_user_weights(options.weights), tied, str(options.weights))
     model.eval()  # after weights: QKAN folds masks/biases into eval-time caches here
     return _UserModel(source_name=source_name, sources=sources, module=module, entry=entry,
-                      config=config, device_argument=accepts_device(factory), model=model,
-                      tied=tied, buffers=buffers_before_forward(model))
+                      config=dict(options.config), device_argument=accepts_device(factory),
+                      model=model, tied=tied, buffers=buffers_before_forward(model))
 
 
 def _refuse_unpacked_neighbours(imported_before: set[str], model_path: Path,
@@ -493,18 +524,6 @@ def _refuse_unpacked_neighbours(imported_before: set[str], model_path: Path,
                 f"{model_path} imports {name!r} from {path}, beside the model, which the "
                 f"artifact would not hold (it was found only because that folder is on "
                 f"sys.path here): build with --include {shown.as_posix()}")
-
-
-def _capture_policy(capture: str, submodules: Sequence[str]) -> CapturePolicy:
-    if capture not in CAPTURE_POLICIES:
-        raise ShapeSpecError(f"capture policy {capture!r} is not one of {', '.join(CAPTURE_POLICIES)}")
-    names = tuple(s.strip() for s in submodules if s.strip())
-    for name in names:
-        if not name.isidentifier():
-            raise ShapeSpecError(f"--submodules entry {name!r} is not a class name")
-    if names and capture == "full":
-        raise ShapeSpecError("--submodules has no effect with --capture full; use submodules/auto")
-    return CapturePolicy(policy=capture, submodules=names)
 
 
 def _read_sources(model_path: Path, includes: Sequence[str | Path]) -> dict[str, bytes]:

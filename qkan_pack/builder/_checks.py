@@ -14,6 +14,7 @@ both checked here, at build, where the user can still fix them:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from ..errors import FactoryNotReproducibleError, ModelSourceError, WeakReferencesError
-from ..format import WEIGHTS_NAME
 from ..runtime import call_factory, entry_function, flatten, load_strict, uninformative_outputs
 
 
@@ -55,31 +55,53 @@ def buffers_before_forward(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
 
 
-def check_reproducible(first: Mapping[str, torch.Tensor], module: Any, entry: str,
-                       config: Mapping[str, Any], files: Mapping[str, bytes],
-                       tied: Sequence[Sequence[str]], forward_of: Callable[[torch.nn.Module], Any],
-                       inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                       names: Sequence[str], model_path: Path) -> None:
+@dataclass(frozen=True)
+class Recipe:
+    """How a load rebuilds the model: the imported model source, its factory's name and
+    config, the weights as the artifact stores them (safetensors bytes) and the tied
+    groups; ``path`` (the model file) names it in messages."""
+
+    module: Any
+    entry: str
+    config: Mapping[str, Any]
+    weights: bytes
+    tied: Sequence[Sequence[str]]
+    path: Path
+
+
+@dataclass(frozen=True)
+class RepeatedRun:
+    """A reference run to repeat on the rebuilt model: how to call a model
+    (``forward_of``), the inputs, and the first model's flat outputs with their names."""
+
+    forward_of: Callable[[torch.nn.Module], Any]
+    inputs: Sequence[torch.Tensor]
+    outputs: Sequence[torch.Tensor]
+    names: Sequence[str]
+
+
+def check_reproducible(first: Mapping[str, torch.Tensor], recipe: Recipe,
+                       run: RepeatedRun) -> None:
     """Build the model a second time as a load will (factory, then the artifact's weights,
     strictly, then eval) and require the same buffers as the first build had before any
     forward (``first``, from ``buffers_before_forward``) and the same outputs on
-    ``inputs``; raise ``FactoryNotReproducibleError`` naming what differs."""
-    shown = str(model_path)
-    factory = entry_function(module, entry, shown)
-    second = call_factory(factory, config, shown, entry, device="cpu")
-    load_strict(second, load_safetensors(files[WEIGHTS_NAME]), tied, shown)
+    ``run.inputs``; raise ``FactoryNotReproducibleError`` naming what differs."""
+    shown, entry = str(recipe.path), recipe.entry
+    factory = entry_function(recipe.module, entry, shown)
+    second = call_factory(factory, recipe.config, shown, entry, device="cpu")
+    load_strict(second, load_safetensors(recipe.weights), recipe.tied, shown)
     second.eval()
     differs = _differing_buffers(first, second)
     if not differs:
         try:
             with torch.inference_mode():
-                again = flatten(forward_of(second)(*inputs))
+                again = flatten(run.forward_of(second)(*run.inputs))
         except Exception as exc:
             raise ModelSourceError(f"{shown}: the model from a second {entry}() call fails "
                                    f"where the first ran: {exc}", stage="factory",
                                    path=shown) from exc
-        differs = [name for name, a, b in zip(names, again, outputs) if not _same(a, b)]
-        if len(again) != len(outputs):
+        differs = [name for name, a, b in zip(run.names, again, run.outputs) if not _same(a, b)]
+        if len(again) != len(run.outputs):
             differs.append("the number of outputs")
     if differs:
         raise FactoryNotReproducibleError(path=shown, entry=entry, differs=differs)

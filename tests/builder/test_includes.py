@@ -21,7 +21,8 @@ def _model_beside_helper(folder: Path, helper: str) -> Path:
         f"import torch\nimport {helper}\n"
         "def build_model():\n"
         "    torch.manual_seed(0)\n"
-        f"    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Hardtanh(-{helper}.SCALE, {helper}.SCALE))\n")
+        f"    bound = {helper}.SCALE\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Hardtanh(-bound, bound))\n")
     return model
 
 
