@@ -21,6 +21,7 @@ import click
 
 from ._extras import install_hint, missing_module
 from ._session import TOKEN_ENV
+from ._supported import supported_text
 from ._version import __version__
 from .bench import COLD_VARIANTS, SKIPPABLE
 from .errors import DeviceError, InputError, QkanPackError, ShapeSpecError
@@ -224,7 +225,10 @@ def _list_option(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="qkan-pack")
+@click.version_option(__version__, prog_name="qkan-pack", message=(
+    "%(prog)s %(version)s\nsupported releases of the libraries whose internals it uses "
+    "(installed here):\n"
+    + supported_text().replace("%", "%%")))
 def cli() -> None:
     """Package launch-bound PyTorch models into artifacts served by pre-captured CUDA graphs.
 
