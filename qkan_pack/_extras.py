@@ -1,7 +1,7 @@
 """Which ``pip install`` brings a missing module: qkan-pack's own extras for the optional
 libraries its commands use, else the package itself (at the version an artifact recorded,
-when it did). One table, so that every "not installed" message gives the same line; and the
-one reading of a release against the range a seam into a library's internals supports."""
+when it did). One table, so that every "not installed" message gives the same line (the
+releases a seam into a library's internals supports are ``_supported``'s)."""
 
 from __future__ import annotations
 
@@ -42,19 +42,3 @@ def install_hint(module: str, recorded: Mapping[str, str] | None = None) -> str:
     name = DISTRIBUTIONS.get(top, top)
     version = (recorded or {}).get(top) or (recorded or {}).get(name)
     return f"pip install {name}=={version}" if version else f"pip install {name}"
-
-
-#: A release as (major, minor).
-Release = tuple[int, int]
-
-
-def release_within(version: str, supported: tuple[Release, Release]) -> bool:
-    """Whether ``version`` (``X.Y...``) is a release in ``[low, high)``; an unreadable one
-    is not."""
-    parts = version.split(".")
-    try:
-        release = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return False
-    low, high = supported
-    return low <= release < high

@@ -38,6 +38,25 @@ def no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QKAN_PACK_DEBUG", raising=False)
 
 
+def test_version_names_the_supported_releases_and_what_is_installed() -> None:
+    """``--version`` states each range a seam into a library's internals accepts (one place:
+    ``qkan_pack._supported``), beside the release installed here."""
+    import re
+    from importlib import metadata
+
+    from qkan_pack import __version__
+
+    result = run("--version")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"qkan-pack {__version__}"
+    shown = {match.group(1): match.group(2) for match in
+             re.finditer(r"^  (\S+ \S+)\s+\(([^)]*)\)", result.output, re.MULTILINE)}
+    assert list(shown) == ["Triton 3.2–3.7", "Ray 2.60.x", "uvicorn 0.30–0.x", "model-signing 1.1.1"]
+    ray = metadata.version("ray")
+    assert shown["Ray 2.60.x"] == (ray if ray.startswith("2.60.") else f"{ray}: outside")
+
+
 @pytest.fixture(scope="module")
 def cli_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("cli") / "mlp"

@@ -111,14 +111,19 @@ def _workspace(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run(document: Path, block: Block, cwd: Path) -> None:
+def _run(document: Path, block: Block, cwd: Path, env: dict[str, str] | None = None,
+         python: str = sys.executable) -> None:
+    """Run ``block`` in ``cwd`` (``env``: the whole environment, instead of this checkout's
+    sources and ``cwd/.bin`` ahead of the caller's)."""
     if block.tag.startswith("python"):
-        command = [sys.executable, "-c", block.body]
+        command = [python, "-c", block.body]
     else:
         command = ["bash", "-c", "set -euo pipefail\n" + block.body]
-    env = {**os.environ, "QKAN_PACK_PROGRESS": "0",
-           "PATH": os.pathsep.join((str(cwd / ".bin"), os.environ.get("PATH", ""))),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    if env is None:
+        env = {**os.environ, "QKAN_PACK_PROGRESS": "0",
+               "PATH": os.pathsep.join((str(cwd / ".bin"), os.environ.get("PATH", ""))),
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                             if p)}
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

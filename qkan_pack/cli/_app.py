@@ -8,12 +8,26 @@ from collections.abc import Sequence
 
 import click
 
+from .._supported import supported_text
 from .._version import __version__
 from ._errors import Group
 
 
+def _version_option(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--version``: the ranges are read only when asked (looking the installed releases up
+    takes a tenth of a second, which every other command would otherwise pay at start)."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"qkan-pack {__version__}\nsupported releases of the libraries whose internals "
+               f"it uses (installed here):\n{supported_text()}")
+    ctx.exit()
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="qkan-pack")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_version_option,
+              help="Show the version, the supported releases of the libraries whose internals "
+                   "it uses and those installed, and exit.")
 def cli() -> None:
     """Package launch-bound PyTorch models into artifacts served by pre-captured CUDA graphs.
 

@@ -203,7 +203,9 @@ def _on_device(target: torch.device) -> Any:
 @contextmanager
 def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str,
                   report: LoadReport) -> Iterator[None]:
-    """Serve Triton from the artifact's shipped kernels while loading, when they match."""
+    """Serve Triton from the artifact's shipped kernels while loading, when they match. Shipped
+    kernels left unused (this host's Triton outside the supported range, no set for this
+    host) are a warning as well as the report's line: the cold start compiles them all."""
     if target.type != "cuda" or kernels == "off":
         report.kernel_cache = "not used (CPU)" if target.type != "cuda" else "off (compiled as usual)"
         yield
@@ -211,6 +213,8 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
     with report.stage("kernel cache"):
         kernel_set, report.kernel_cache = matching_set(artifact, target.index or 0)
     if kernel_set is None:
+        if artifact.manifest.kernels:
+            report.warn(report.kernel_cache)
         yield
         return
     with ExitStack() as stack:

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from .._supported import MODEL_SIGNING
 from ..errors import ArtifactSignatureError
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
 __all__: list[str] = []
 
-#: model-signing releases whose private verifying layer this module was written against.
-SUPPORTED = ("1.1.1",)
+#: model-signing releases whose private verifying layer this module was written against
+#: (stated in ``_supported``; the ``sign`` extra declares the same).
+SUPPORTED = MODEL_SIGNING
 #: What the library and the bundle model raise on malformed input (``IndexError`` and
 #: ``KeyError`` are ``LookupError``s): each is the bundle's fault, never a crash.
 MALFORMED: tuple[type[BaseException], ...] = (ValueError, LookupError, TypeError,
@@ -56,9 +58,9 @@ def unsupported_release() -> str | None:
         installed = metadata.version("model-signing")
     except metadata.PackageNotFoundError:
         return "model-signing is not installed"
-    if installed not in SUPPORTED:
+    if not SUPPORTED.admits(installed):
         return (f"model-signing {installed} is installed, and qkan-pack verifies with the "
-                f"internals of {', '.join(SUPPORTED)}; install the pinned release: "
+                f"internals of {SUPPORTED}; install the pinned release: "
                 "pip install 'qkan-pack[sign]'")
     return None
 

@@ -3,14 +3,19 @@
 Both exist for shipped kernels (``_kernels``): a load points Triton's cache at the shipped
 set (``knobs.cache.dir``, overridden through the knob object's ``__dict__`` so that the
 environment variable rules) and may answer ``triton.runtime.cache.triton_key()`` itself.
-They were written against the Triton releases in ``SUPPORTED``; outside that range
-``unsupported_triton`` says so and a load compiles as usual instead of using shipped kernels.
+They were written against the Triton releases in ``SUPPORTED`` (``_supported.TRITON``), each
+read from its sources: ``triton_key``'s inputs and order, the cache layout (one directory per
+kernel hash, files beside a ``__grp__<name>`` JSON index of absolute ``child_paths``) and the
+``knobs.cache.dir`` descriptor are the same in 3.2 to 3.7; CI exercises this module against
+the newest of them installed on a CPU (``tests/runtime/test_triton_releases.py``). Outside that
+range ``unsupported_triton`` says so and a load compiles as usual instead of using shipped
+kernels.
 
 Spare a fresh process Triton's hash of its own installation when a kernel set vouches for it.
 
 Before its first kernel lookup, every process computes ``triton.runtime.cache.triton_key()``
 (Triton 3.x): the sha256 of every source file of Triton's compiler, backends and language,
-and of ``libtriton.so`` -- 415 MB in Triton 3.6, about 0.4 s from a warm page cache and more
+and of ``libtriton.so`` -- over 400 MB in Triton 3.6 and 3.7, about 0.4 s from a warm page cache and more
 from a cold disk, most of the first forward when the kernels are shipped. The value only
 identifies the installation (it is part of every cache key).
 
@@ -37,13 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._extras import release_within
+from .._supported import TRITON
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["record_installation", "triton_key_file"]
 
-#: Triton releases whose internals this module was written against: [3.2, 3.7).
-SUPPORTED = ((3, 2), (3, 7))
+#: Triton releases whose internals this module was written against (stated in ``_supported``).
+SUPPORTED = TRITON
 #: A kernel set's record: ``kernels/<key>`` + this suffix (JSON, written by ``warm``).
 TRITON_KEY_SUFFIX = "-triton-key.json"
 _PT_NOTE = 4
@@ -172,11 +177,11 @@ def unsupported_triton() -> str | None:
         import triton
     except ImportError:
         return None
-    low, high = SUPPORTED
-    if not release_within(triton.__version__, SUPPORTED):
-        return (f"Triton {triton.__version__} is outside the releases qkan-pack's kernel "
-                f"cache supports ({low[0]}.{low[1]} to {high[0]}.{high[1] - 1}); compiled as "
-                "usual")
+    if not SUPPORTED.admits(triton.__version__):
+        return (f"shipped kernels not used: Triton {triton.__version__} is outside the "
+                f"supported range {SUPPORTED}; kernels are compiled at load instead (a slower "
+                "cold start); serve with a Triton in that range to use them (each kernel "
+                "set's key names the torch and Triton it was warmed with)")
     return None
 
 

@@ -19,14 +19,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from .._extras import release_within
+from .._supported import RAY
 from ..errors import ServeError
 
-#: Ray releases whose internals (and generated HAProxy config) this module was read from:
-#: [2.60, 2.61).
-SUPPORTED = ((2, 60), (2, 61))
-#: The extra's pin, for the message.
-INSTALL = "pip install 'ray[serve]==2.60.*'"
+#: Ray releases whose internals (and generated HAProxy config) this module was read from
+#: (stated in ``_supported``; the ``serve`` extra declares the same range).
+SUPPORTED = RAY
+#: The extra's requirement, for the message.
+INSTALL = f"pip install 'ray[serve]{SUPPORTED.pip_specifier}'"
 #: The resource only the head node has (``ray._common.constants.HEAD_NODE_RESOURCE_NAME``).
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 
@@ -36,11 +36,9 @@ def check_ray() -> None:
     import ray
 
     version = ray.__version__
-    low, high = SUPPORTED
-    if not release_within(version, SUPPORTED):
+    if not SUPPORTED.admits(version):
         raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
-                         f"Ray {low[0]}.{low[1]} (up to {high[0]}.{high[1] - 1}.x)",
-                         hint=INSTALL)
+                         f"Ray {SUPPORTED}", hint=INSTALL)
 
 
 def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any]) -> Any:

@@ -32,10 +32,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._extras import release_within
+from .._supported import UVICORN
 
-#: uvicorn releases whose ``RequestResponseCycle.send`` this was written against: [0.30, 1.0).
-SUPPORTED = ((0, 30), (1, 0))
+#: uvicorn releases whose ``RequestResponseCycle.send`` this was written against (stated in
+#: ``_supported``; the ``serve`` extra declares the same range).
+SUPPORTED = UVICORN
 #: Marks a protocol class whose ``send`` already holds reply heads.
 _MARK = "_qkan_pack_whole_replies"
 _HELD = "_qkan_pack_held_head"
@@ -153,11 +154,9 @@ def unsupported_uvicorn() -> str | None:
         import uvicorn
     except ImportError:
         return "uvicorn is not installed"
-    low, high = SUPPORTED
-    if not release_within(uvicorn.__version__, SUPPORTED):
-        return (f"uvicorn {uvicorn.__version__} is outside the releases this was written for "
-                f"({low[0]}.{low[1]} up to {high[0]}.{high[1]}): replies are written as uvicorn "
-                "writes them")
+    if not SUPPORTED.admits(uvicorn.__version__):
+        return (f"uvicorn {uvicorn.__version__} is outside the supported range {SUPPORTED}: "
+                "replies are written as uvicorn writes them")
     return None
 
 

@@ -3,6 +3,7 @@ warmed artifact never hashes Triton (and still finds every shipped kernel)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -55,3 +56,24 @@ def test_a_fresh_load_with_shipped_kernels_never_hashes_triton(tmp_path: Path) -
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["hashed"] == 0, seen  # triton_key() never ran: the shipped record answered
     assert "0 compiled here" in seen["cache"], seen  # and every shipped kernel was found
+
+
+def test_verify_says_plainly_when_this_triton_is_outside_the_supported_range(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shipped kernels a release refuses: ``verify`` shows the warning naming the release and
+    the range (the installed Triton taken out of the range for the test)."""
+    import triton
+    from click.testing import CliRunner
+
+    from qkan_pack.cli import cli
+    from qkan_pack.runtime import _triton_compat
+
+    path = build(EXAMPLES / "qkan_mlp.py", "1x2", output=tmp_path / "q").path
+    warm(path, "cuda")
+    monkeypatch.setattr(_triton_compat, "SUPPORTED",
+                        dataclasses.replace(_triton_compat.SUPPORTED, low=(3, 0), high=(3, 1)))
+    result = CliRunner().invoke(cli, ["verify", str(path), "--device", "cuda"])
+    assert result.exit_code == 0, result.output
+    said = (f"shipped kernels not used: Triton {triton.__version__} is outside the supported "
+            "range 3.0.x; kernels are compiled at load instead")
+    assert f"kernel cache: {said}" in result.output and f"warning: {said}" in result.output

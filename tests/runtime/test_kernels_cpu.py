@@ -119,6 +119,37 @@ def test_matching_and_mismatching_keys(with_kernels: Path, monkeypatch: pytest.M
     assert found is None and "no shipped kernels for sm80-other" in note and KEY in note
 
 
+def test_shipped_kernels_a_triton_release_refuses_are_a_warning_in_the_load_report(
+        with_kernels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU load whose Triton is outside the supported range said only "compiled as usual"
+    on the report's kernel line: now the report (and so ``verify``, which prints it, and
+    ``--json``) carries it as a warning naming the release and the range. Runs without a GPU:
+    the release is refused before anything touches CUDA."""
+    import sys
+    import types
+
+    import torch
+
+    from qkan_pack.runtime import LoadOptions
+    from qkan_pack.runtime._load import _kernel_cache, _new_report
+
+    fake = types.ModuleType("triton")
+    fake.__version__ = "3.8.0"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton", fake)
+    monkeypatch.setenv(TRITON_CACHE_ENV, "/users/own/cache")
+    artifact = read_artifact(with_kernels)
+    gpu = torch.device("cuda", 0)
+    report = _new_report(artifact, gpu, LoadOptions())
+    said = ("shipped kernels not used: Triton 3.8.0 is outside the supported range 3.2–3.7; "
+            "kernels are compiled at load instead")
+    with pytest.warns(UserWarning, match=said), _kernel_cache(artifact, gpu, "auto", report):
+        assert os.environ[TRITON_CACHE_ENV] == "/users/own/cache"  # the shipped set unused
+    assert report.kernel_cache.startswith(said)
+    assert len(report.warnings) == 1 and report.warnings[0].startswith(said)
+    assert f"warning: {said}" in str(report)
+    assert report.as_dict()["warnings"] == report.warnings
+
+
 def test_shipped_kernels_are_private_and_scoped(with_kernels: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRITON_CACHE_ENV, "/users/own/cache")
