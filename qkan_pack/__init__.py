@@ -11,32 +11,8 @@ from typing import TYPE_CHECKING
 
 from ._lazy import lazy_getattr
 from ._version import __version__
-from .errors import (
-    ArtifactError,
-    ArtifactSignatureError,
-    BenchError,
-    CaptureError,
-    DeviceError,
-    DigestMismatchError,
-    FactoryNotReproducibleError,
-    IncompatibleArtifactError,
-    InputError,
-    InputFileError,
-    KernelCacheError,
-    LoadOptionError,
-    MalformedRequestError,
-    ManifestError,
-    ModelSourceError,
-    OptionError,
-    PaddingError,
-    PrecisionError,
-    PredictorClosedError,
-    QkanPackError,
-    SelfTestError,
-    ShapeSpecError,
-    WeakReferencesError,
-    WeightsMismatchError,
-)
+from .errors import *  # noqa: F403  (every error class: errors.__all__ is the list)
+from .errors import __all__ as _ERRORS
 from .format import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
 
 if TYPE_CHECKING:
@@ -58,42 +34,19 @@ _LAZY = {
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "ArtifactError",
-    "ArtifactSignatureError",
-    "BenchError",
     "BuildOptions",
     "BuildResult",
-    "CaptureError",
-    "DeviceError",
-    "DigestMismatchError",
-    "FactoryNotReproducibleError",
-    "IncompatibleArtifactError",
-    "InputError",
-    "InputFileError",
-    "KernelCacheError",
-    "LoadOptionError",
     "LoadOptions",
     "LoadReport",
-    "MalformedRequestError",
     "Manifest",
-    "ManifestError",
-    "ModelSourceError",
-    "OptionError",
-    "PaddingError",
-    "PrecisionError",
     "Predictor",
-    "PredictorClosedError",
-    "QkanPackError",
-    "SelfTestError",
-    "ShapeSpecError",
     "VerifiedArtifact",
-    "WeakReferencesError",
-    "WeightsMismatchError",
     "__version__",
     "build",
     "parse_manifest",
     "parse_shapes",
     "read_artifact",
+    *_ERRORS,
 ]
 
 

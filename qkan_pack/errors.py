@@ -20,8 +20,10 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── ModelSourceError (ImportError)      model file, entry point, or model code failing
     │   │                                   [.stage: import/factory/build forward/load
     │   │                                    forward/call, .path; original as __cause__]
-    │   └── FactoryNotReproducibleError     two factory calls give different models
-    │                                       [.differs: the buffers/outputs that differ]
+    │   ├── FactoryNotReproducibleError     two factory calls give different models
+    │   │                                   [.differs: the buffers/outputs that differ]
+    │   └── StatefulModelError              a forward whose answers depend on earlier calls
+    │                                       [.changed: the state/outputs that moved]
     ├── WeakReferencesError (ValueError)    references that cannot tell a right model from
     │                                       a wrong one (empty or constant outputs)
     │                                       [.shape, .outputs]
@@ -44,6 +46,8 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
     │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
+    ├── PrecompileRefused (RuntimeError)    no precompiled form for this model or torch:
+    │                                       compiled mode falls back  [.reason]
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── OptionError (ValueError)            a Python API argument outside its domain
     │   │                                   (build's) [.option, .value, .expected]
@@ -95,6 +99,7 @@ __all__ = [
     "OverloadedError",
     "PaddingError",
     "PrecisionError",
+    "PrecompileRefused",
     "PredictorClosedError",
     "QkanPackError",
     "ReplicaLoadError",
@@ -102,6 +107,7 @@ __all__ = [
     "ServeError",
     "ServeTokenError",
     "ShapeSpecError",
+    "StatefulModelError",
     "WeakReferencesError",
     "WeightsMismatchError",
 ]
@@ -234,6 +240,34 @@ class FactoryNotReproducibleError(ModelSourceError):
             "built here: seed your factory (torch.manual_seed at its start), or make such "
             "state a persistent buffer so that it is saved with the weights",
             stage="factory", path=path)
+
+
+class PrecompileRefused(QkanPackError, RuntimeError):
+    """This model (or this torch) has no precompiled form (``warm --compiled``'s graphs);
+    ``reason`` says why. Compiled mode catches it and falls back to another route."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class StatefulModelError(ModelSourceError):
+    """A forward that changes what later calls answer: ``changed`` names the parameters,
+    buffers or outputs that moved after the model ran on other inputs (a running maximum,
+    an observer left on in a quantisation-aware model, any state its forward updates). A
+    served model answers every client: one client's inputs would change, and could reveal
+    themselves in, another's answers."""
+
+    def __init__(self, *, path: str, changed: Sequence[str]) -> None:
+        self.changed = tuple(changed)
+        super().__init__(
+            f"{path}: the model's answers depend on earlier calls: after it ran on other "
+            f"inputs, {', '.join(self.changed[:5])} changed. A served model answers many "
+            "clients, so one client's inputs would reach another's answers: make forward "
+            "leave the model's state alone in eval mode (convert a quantisation-aware model "
+            "before packing it, e.g. torch.ao.quantization.convert; freeze observers), or "
+            "keep such state out of the model",
+            stage="build forward", path=path)
 
 
 class WeakReferencesError(QkanPackError, ValueError):

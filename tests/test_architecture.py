@@ -31,7 +31,8 @@ PUBLIC = {
         "Manifest", "ManifestError", "ModelSourceError", "OptionError", "PaddingError", "Predictor",
         "PrecisionError", "PredictorClosedError", "QkanPackError",
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeakReferencesError",
-        "WeightsMismatchError",
+        "WeightsMismatchError", "FileReadError", "OverloadedError", "ReplicaLoadError",
+        "ServeError", "ServeTokenError", "StatefulModelError", "PrecompileRefused",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
     "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
@@ -51,7 +52,7 @@ PUBLIC = {
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
-        "proof_agreement", "proof_bound", "check_int_range",
+        "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
         "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",
@@ -109,6 +110,32 @@ def test_public_names_are_pinned(package: str) -> None:
         module.not_a_name  # noqa: B018
 
 
+def test_every_error_class_lives_in_errors_and_the_package_exports_it() -> None:
+    """One error tree: every ``QkanPackError`` subclass the package defines is in
+    ``errors.__all__`` (so ``from qkan_pack import X`` works for any error a user may
+    catch), and none is defined outside ``errors.py``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import qkan_pack
+    from qkan_pack import errors
+
+    defined = {name for name, value in vars(errors).items()
+               if inspect.isclass(value) and issubclass(value, errors.QkanPackError)}
+    assert defined == set(errors.__all__)
+    assert set(errors.__all__) <= set(qkan_pack.__all__)
+    elsewhere = []
+    for info in pkgutil.walk_packages(qkan_pack.__path__, "qkan_pack."):
+        if info.name in ("qkan_pack.errors", "qkan_pack.__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        elsewhere += [f"{info.name}.{name}" for name, value in vars(module).items()
+                      if inspect.isclass(value) and issubclass(value, errors.QkanPackError)
+                      and value.__module__ == info.name]
+    assert not elsewhere, elsewhere
+
+
 def test_runtime_and_format_export_what_they_list() -> None:
     import qkan_pack.format as fmt
     import qkan_pack.runtime as runtime
@@ -138,7 +165,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "FileReadError": OSError,
                "OptionError": ValueError, "PaddingError": ValueError,
                "PrecisionError": errors.SelfTestError,
-               "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError}
+               "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError,
+               "PrecompileRefused": RuntimeError, "StatefulModelError": errors.ModelSourceError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name

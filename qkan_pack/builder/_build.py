@@ -64,10 +64,12 @@ from ..runtime import (
 )
 from ._checks import (
     Recipe,
+    ReferenceRun,
     RepeatedRun,
     buffers_before_forward,
     check_informative,
     check_reproducible,
+    check_stateless,
 )
 from ._given import Given, given_of_shape, read_calibration, read_reference_inputs
 from ._inputs import (
@@ -83,7 +85,7 @@ from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
 from ._precision import CalibrationSample, GateSample, gate_precision
 from ._references import reference_bytes, run_reference
-from ._row_proof import prove_rows
+from ._row_proof import RowContext, prove_rows
 from ._weights import check_storable, read_user_weights, tied_groups, weights_bytes
 from ._writer import write_artifact
 
@@ -129,6 +131,7 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
     inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     recorded = _record_references(user, inputs, files, options)
+    _check_stateless(recorded, inputs, user.model)
     recorded = _prove(recorded, inputs, options.progress)
     recorded = _gate_precision(recorded, inputs, options)
     return _write(_Built(user, metadata, inputs, recorded, files), options)
@@ -248,8 +251,9 @@ class _Sources:
 
 
 #: Fresh inputs for the row proof are drawn with the reference seed moved by this much (and
-#: the entry's index), far from any seed a reference of this build used.
-FRESH_SEED_OFFSET = 2**62
+#: the entry's index), far from any seed a reference of this build used. Its low 32 bits
+#: matter: torch's CPU generator seeds from them (2**62 would draw the references again).
+FRESH_SEED_OFFSET = 0x9E3779B97F4A7C15 % 2**63
 
 
 @dataclass(frozen=True)
@@ -275,14 +279,21 @@ class _Inputs:
                                 sources.seed + index, sources.hook, self.model_path,
                                 sources.given)
 
-    def fresh(self, index: int) -> list[torch.Tensor]:
-        """Another draw of entry ``index``'s inputs (declared order), from the
-        ``example_input`` hook or at random: the other clients' rows of the row proof. Never
-        the user's ``--reference-inputs``, which hold one batch per shape."""
+    def fresh(self, index: int, reference: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Another draw of entry ``index``'s inputs (declared order): the other clients' rows
+        of the row proof, and what ``check_stateless`` runs. From the ``example_input`` hook
+        with another seed, else (or where the hook gives an input of ``reference`` again: a
+        hook that repeats one sample would make the proof's runs change nothing) at random
+        within each input's range. Never the user's ``--reference-inputs``, which hold one
+        batch per shape."""
         seed = (self.sources.seed + FRESH_SEED_OFFSET + index) % 2**63
         shape_map = self.declared.per_shape[index]
-        return list(reference_inputs(shape_map, self.decls, seed, self.sources.hook,
-                                     self.model_path).values())
+        drawn = list(reference_inputs(shape_map, self.decls, seed, self.sources.hook,
+                                      self.model_path).values())
+        if any(torch.equal(a, b) for a, b in zip(drawn, reference)):
+            drawn = list(reference_inputs(shape_map, self.decls, seed, None,
+                                          self.model_path).values())
+        return drawn
 
     def run(self, index: int, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The model's float32 outputs on entry ``index``'s ``inputs`` (``run_reference``'s
@@ -370,15 +381,27 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
     ) if inputs.padded else None
-    proofs = prove_rows(recorded.references, inputs.fresh, inputs.forward, padding,
-                        progress=lambda items: progress_bar(
-                            items, desc="proving rows independent", enabled=progress))
+    context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh)
+    proofs = prove_rows(recorded.references, context, progress=lambda items: progress_bar(
+        items, desc="proving rows independent", enabled=progress))
     entries = [dataclasses.replace(entry, rows=proof)
                for entry, proof in zip(recorded.entries, proofs)]
     references = [dataclasses.replace(reference, entry=entry)
                   for reference, entry in zip(recorded.references, entries)]
     return _Recorded(entries, references, recorded.notes + _dependent_rows_notes(entries),
                      padding=padding)
+
+
+def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
+    """The model answers the same after running other inputs (``_checks.check_stateless``),
+    checked on the entry with the most input elements (the widest range of values seen)."""
+    index = max(range(len(recorded.references)),
+                key=lambda i: sum(t.numel() for t in recorded.references[i].inputs))
+    reference = recorded.references[index]
+    run = ReferenceRun(inputs.forward, reference.inputs, reference.outputs,
+                       list(reference.entry.outputs.leaf_names()), reference.entry.noise,
+                       inputs.fresh(index, reference.inputs))
+    check_stateless(model, run, str(inputs.model_path))
 
 
 def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:

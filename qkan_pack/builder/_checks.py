@@ -9,6 +9,10 @@ both checked here, at build, where the user can still fix them:
 - a factory that is not reproducible (an unseeded buffer that is not saved with the
   weights) rebuilds another model at every load, which then fails with a difference the
   user cannot explain.
+
+And one about the model itself, which serving relies on: a forward that changes what later
+calls answer (a running statistic, an observer left on) would let one client's inputs reach
+another client's answers, batched or not (``check_stateless``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,24 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_safetensors
 
-from ..errors import FactoryNotReproducibleError, ModelSourceError, WeakReferencesError
-from ..runtime import call_factory, entry_function, flatten, load_strict, uninformative_outputs
+from ..errors import (
+    FactoryNotReproducibleError,
+    ModelSourceError,
+    StatefulModelError,
+    WeakReferencesError,
+)
+from ..runtime import (
+    call_factory,
+    entry_function,
+    flatten,
+    load_strict,
+    proof_agreement,
+    uninformative_outputs,
+)
+
+#: ``check_stateless`` runs the model on other inputs with their floats this many times as
+#: large, so that a running maximum or a min/max observer sees values beyond the references'.
+WIDER_INPUTS = 8.0
 
 
 def check_informative(label: str, outputs: Sequence[torch.Tensor], names: Sequence[str], *,
@@ -113,6 +133,59 @@ def _differing_buffers(first: Mapping[str, torch.Tensor], second: torch.nn.Modul
     theirs = dict(second.named_buffers())
     return [f"buffer {name}" for name, buffer in first.items()
             if name not in theirs or not _same(buffer, theirs[name])]
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """One reference: how to call the model (``forward``), the inputs, its flat outputs
+    with their names and the entry's rounding noise, and other inputs of the same shapes."""
+
+    forward: Callable[..., Any]
+    inputs: Sequence[torch.Tensor]
+    outputs: Sequence[torch.Tensor]
+    names: Sequence[str]
+    noise: float | None
+    other: Sequence[torch.Tensor]
+
+
+def check_stateless(model: torch.nn.Module, run: ReferenceRun, path: str) -> None:
+    """Refuse (``StatefulModelError``) a model whose forward changes what later calls answer:
+    run it on other inputs (their floats ``WIDER_INPUTS`` times as large), then again on the
+    reference inputs; every parameter and buffer must be as it was, and the reference
+    outputs the same within the entry's noise bound (state kept in plain attributes shows
+    there). A model that cannot run the other inputs is not judged by them."""
+    before = _state(model)
+    wider = [t * WIDER_INPUTS if t.is_floating_point() else t for t in run.other]
+    try:
+        with torch.inference_mode():
+            run.forward(*wider)
+    except Exception:
+        return  # inputs the model refuses prove nothing either way
+    changed = [f"{kind} {name}" for kind, name, tensor in _state_items(model)
+               if (kind, name) in before and not _same(before[kind, name], tensor)]
+    try:
+        with torch.inference_mode():
+            again = flatten(run.forward(*run.inputs))
+    except Exception as exc:
+        raise StatefulModelError(path=path, changed=[*changed, f"the forward itself ({exc})"]
+                                 ) from exc
+    if len(again) != len(run.outputs):
+        changed.append("the number of outputs")
+    else:
+        changed += [f"output {name} on the same inputs" for name, got, want
+                    in zip(run.names, again, run.outputs)
+                    if not proof_agreement(got, want, run.noise).ok]
+    if changed:
+        raise StatefulModelError(path=path, changed=changed)
+
+
+def _state_items(model: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    return [*(("parameter", n, p) for n, p in model.named_parameters()),
+            *(("buffer", n, b) for n, b in model.named_buffers())]
+
+
+def _state(model: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    return {(kind, name): tensor.detach().clone() for kind, name, tensor in _state_items(model)}
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

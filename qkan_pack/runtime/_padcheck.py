@@ -30,7 +30,8 @@ from ._selftest import HALF_CEILING, Agreement, compare, proof_bound, structure_
 from ._tree import torch_dtype
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text"]
+__all__ = ["PaddedAgreement", "cut_inputs", "pad_inputs", "padded_agreement", "sizes_text",
+           "values_text"]
 
 #: Said by a model run that fails on padded inputs.
 PAD_VALUE_HINT = "Is each pad value valid for the model (a token id below its vocabulary size)?"

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..errors import QkanPackError
+from ..errors import PrecompileRefused
 from ._kernels import PLAN_FILE, PRECOMPILED_OFF, PRECOMPILED_OUT_ENV, REFUSED_FILE
 from ._tree import flatten
 
@@ -45,14 +45,6 @@ PLAN_SCHEMA = "qkan-pack-precompiled/1"
 #: under this folder beside the graphs: restored into the load's private cache directory,
 #: they spare the load re-benchmarking each kernel's configurations.
 AUTOTUNE_DIR = "autotune"
-
-
-class PrecompileRefused(QkanPackError, RuntimeError):
-    """This model (or this torch) has no precompiled form; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,8 +37,8 @@ from ._progress import progress_bar
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["compare", "float64_noise", "proof_agreement", "proof_bound", "structure_difference",
-           "uninformative_outputs"]
+__all__ = ["HALF_CEILING", "compare", "float64_noise", "proof_agreement", "proof_bound",
+           "structure_difference", "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -169,10 +169,12 @@ def proof_bound(noise: float | None) -> float:
     return min(PROOF_CEILING, max(PROOF_FLOOR, PROOF_NOISE_FACTOR * noise))
 
 
-def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None) -> Agreement:
+def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
+                    bound: float | None = None) -> Agreement:
     """The one comparison of build's proofs: one output computed two ways, held to
-    ``proof_bound`` per channel (``compare(per_channel=True)``)."""
-    return compare([got], [want], (0.0, proof_bound(noise)), per_channel=True)
+    ``proof_bound`` (or ``bound``) per channel (``compare(per_channel=True)``)."""
+    bound = proof_bound(noise) if bound is None else bound
+    return compare([got], [want], (0.0, bound), per_channel=True)
 
 
 class Uninformative(NamedTuple):

@@ -5,18 +5,18 @@ verdict survives the manifest round trip."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from qkan_pack import build
-from qkan_pack.errors import ManifestError
+from qkan_pack.errors import ManifestError, StatefulModelError
 from qkan_pack.format import RowProof, parse_manifest
 from qkan_pack.runtime import read_artifact
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, MODELS
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
 ROWS = MODELS / "row_models.py"
 
 
@@ -133,3 +133,51 @@ def test_the_rows_verdict_round_trips(tmp_path: Path) -> None:
         tmp_path, {"independent": False, "detail": "why"}))
     assert manifest.shapes[1].rows == RowProof(False, "why")
     assert not manifest.shapes[1].batches_rows
+
+
+@pytest.mark.parametrize(("kind", "shapes", "why"), [
+    ("shifted", "8x8", "depends on the rows batched with it|no row's own"),
+    ("one_reads_another", "32x8", "depends on the rows batched with it"),
+    ("fixed_table", "1x8,8x8", "no row's own"),
+    ("extra_output", "1x8,8x8", "no row's own"),
+])
+def test_rows_that_read_other_rows_or_outputs_of_no_row_are_dependent(
+        tmp_path: Path, kind: str, shapes: str, why: str) -> None:
+    """A row that reads another row (of its own parity, or one the alone sample skips), and
+    an output that does not come out with one row per row, are found whichever trial shows
+    them (the alone runs' structure is evidence, not a reason to skip)."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, shapes, config={"kind": kind}, output=tmp_path / kind,
+                       progress=False)
+    batched = [p for p, e in zip(_rows(result.path), result.manifest.shapes)
+               if e.inputs[0][1][0] > 1]
+    assert batched and all(p is not None and not p.independent for p in batched), batched
+    assert re.search(why, batched[0].detail), batched[0].detail
+
+
+def test_a_repeated_example_input_does_not_make_the_proof_vacuous(tmp_path: Path) -> None:
+    """The hook repeats one sample: other inputs are drawn at random instead, and the
+    batch-max quantisation shows."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(MODELS / "repeated_example.py", "1x4,8x4", output=tmp_path / "a",
+                       progress=False)
+    assert not result.manifest.shapes[1].batches_rows
+
+
+def test_a_ragged_batch_is_proved_as_serve_stacks_it(tmp_path: Path) -> None:
+    """Short rows padded beside full-length ones: the longest row's length divides every
+    row. Both proofs passed it when each only ran rows of one length."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "1x4x4,4x8x4", config={"kind": "longest_row"},
+                       output=tmp_path / "a", pad={"x": 0.0}, progress=False)
+    proof = result.manifest.shapes[1].rows
+    assert proof is not None and not proof.independent
+    assert "cut to half their length" in proof.detail
+
+
+@pytest.mark.parametrize("kind", ["running_max", "observer", "attribute_max"])
+def test_a_model_whose_answers_follow_earlier_calls_is_refused(tmp_path: Path, kind: str) -> None:
+    with pytest.raises(StatefulModelError, match="answers depend on earlier calls") as info:
+        build(ROWS, "1x8,8x8", config={"kind": kind}, output=tmp_path / kind, progress=False)
+    assert info.value.changed
+    assert not (tmp_path / kind).exists()

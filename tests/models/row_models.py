@@ -101,11 +101,126 @@ class FixedBatch(nn.Module):
         return self.linear(x)
 
 
+class LongestRowMean(nn.Module):
+    """Each row's sum over its real (non-zero) positions divided by the longest real row of
+    the batch: padding-proof (all rows cut alike) and row-proof (all rows full) alike pass it,
+    yet in a ragged batch a short row's answer follows its longest neighbour."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        real = (x.abs().sum(-1) != 0).sum(1)
+        return self.head(x.sum(1) / real.max().clamp(min=1))
+
+
+class ShiftedRows(nn.Module):
+    """Row j reads row j - 2 (the batch read as a sequence), and ends with ``squeeze()``: a
+    scalar at a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 1)
+        self.mix = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        previous = torch.zeros_like(x)
+        previous[2:] = x[:-2]
+        return (self.linear(x) + self.mix(previous)).squeeze()
+
+
+class OneRowReadsAnother(nn.Module):
+    """Row 1 reads row 3; nothing else interacts (a row the alone sample may skip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if x.shape[0] > 3:
+            y = torch.cat([y[:1], y[1:2] + 0.5 * x[3:4, :3], y[2:]])
+        return y
+
+
+class RunningMax(nn.Module):
+    """Normalised by the largest magnitude seen so far, kept in a buffer: every answer
+    follows every earlier caller's inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.copy_(torch.maximum(self.seen, x.abs().max()))
+        return self.linear(x / self.seen)
+
+
+class ObserverLeftOn(nn.Module):
+    """A quantisation-aware model served unconverted: its min/max observer stays on in eval
+    mode (torch's default), so each call moves the scale later calls quantise with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.ao.quantization import FakeQuantize, MinMaxObserver
+
+        self.fake_quant = FakeQuantize(observer=MinMaxObserver, quant_min=0, quant_max=255)
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.fake_quant(x))
+
+
+class PlainAttributeMax(nn.Module):
+    """A running maximum kept in a plain attribute (no buffer): only the answers show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+        self.seen = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = max(self.seen, float(x.abs().max()))
+        return self.linear(x / self.seen)
+
+
+class FixedTable(nn.Module):
+    """Logits beside a fixed 8x3 table that merely has as many rows as the 8-row batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+        self.prototypes = nn.Parameter(torch.randn(8, 3))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.linear(x), "prototypes": self.prototypes * 1.0}
+
+
+class ExtraOutputInBatches(nn.Module):
+    """One output for a batch of one, two for larger batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.linear(x)
+        if x.shape[0] == 1:
+            return {"logits": y}
+        return {"logits": y, "probs": y.softmax(-1)}
+
+
 def build_model(kind: str = "independent") -> nn.Module:
     torch.manual_seed(0)
     if kind == "independent":
         return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
     models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
               "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
-              "fixed_batch": FixedBatch, "leaky": LeakyScale}
+              "fixed_batch": FixedBatch, "leaky": LeakyScale, "longest_row": LongestRowMean,
+              "shifted": ShiftedRows, "one_reads_another": OneRowReadsAnother,
+              "running_max": RunningMax, "observer": ObserverLeftOn,
+              "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
+              "extra_output": ExtraOutputInBatches}
     return models[kind]()

@@ -136,3 +136,21 @@ def test_an_artifact_from_before_the_proof_is_not_batched(tmp_path: Path) -> Non
 
 def _dependent_texts(core: Any) -> list[str]:
     return [text for texts in core._dependent.values() for text in texts]
+
+
+def test_a_declared_shape_without_rows_is_answered_as_declared(tmp_path: Path) -> None:
+    """1x8 is declared, but its fixed 8x3 table does not follow the batch, so 1x8 takes no
+    rows: a 1x8 request was routed as a row into 8x8 (were 8x8 proved, here by an edited
+    manifest) and got one row of the table."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        path = build(ROWS, "1x8,8x8", config={"kind": "fixed_table"}, output=tmp_path / "a",
+                     progress=False).path
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["shapes"][1]["rows"] = {"independent": True}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    core = _core(path)
+    assert core.mixes
+    (reply,) = _concurrently(core, _clients(5)[None, :1])
+    assert reply["prototypes"].shape == (8, 3)
+    want = core.predictor(torch.from_numpy(_clients(5)[:1]))
+    np.testing.assert_array_equal(reply["prototypes"], want["prototypes"].numpy())
