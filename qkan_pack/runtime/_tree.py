@@ -23,7 +23,8 @@ from ..errors import ModelSourceError
 from ..format import DTYPES, OutputClass, OutputNode, TensorSpec, check_dtype
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["describe_output", "dtype_name", "flatten", "map_leaves", "resolve_output_classes", "torch_dtype"]
+__all__ = ["describe_output", "dtype_name", "flatten", "leaf_names_of", "map_leaves",
+           "resolve_output_classes", "torch_dtype"]
 
 
 #: Resolved output classes, keyed by (module, qualname); None where unresolvable here.
@@ -98,6 +99,26 @@ def describe_output(value: Any, where: str = "output") -> OutputNode:
     if isinstance(value, (tuple, list)) and (cls is None or cls.form == "namedtuple"):
         return OutputNode("list" if isinstance(value, list) else "tuple", items=items, cls=cls)
     return OutputNode("dict", items=items, keys=tuple(str(k) for k, _ in children), cls=cls)
+
+
+def leaf_names_of(tree: Any) -> list[str]:
+    """The names of a returned tree's leaves (tensors or host arrays), by the one naming rule
+    (``OutputNode.leaf_names``): what a reply names outputs by when the entries of one
+    artifact return different structures."""
+    return list(_structure(tree).leaf_names())
+
+
+def _structure(tree: Any) -> OutputNode:
+    """``tree``'s containers as an ``OutputNode``, every leaf a placeholder tensor."""
+    if tree is None:
+        return OutputNode("none")
+    children = _children(tree)
+    if children is None:
+        return OutputNode("tensor", tensor=TensorSpec((), "float32"))
+    items = tuple(_structure(value) for _, value in children)
+    if isinstance(tree, (tuple, list)):
+        return OutputNode("list" if isinstance(tree, list) else "tuple", items=items)
+    return OutputNode("dict", items=items, keys=tuple(str(key) for key, _ in children))
 
 
 def _output_class(value: Any) -> OutputClass | None:

@@ -270,13 +270,22 @@ class OipModel:
     def output_values(self, outputs: Any, request: InferRequest
                       ) -> list[tuple[str, np.ndarray, str]]:
         """(name, host values, manifest dtype) of each output the request asked for, in its
-        order (all of them, in manifest order, when it named none)."""
+        order (all of them, in the order the model returned them, when it named none). Names
+        come from the outputs themselves (``runtime.leaf_names_of``): the shapes an artifact
+        declares may return different structures, and the one that ran decides."""
+        from ..runtime import leaf_names_of  # the replica has torch; the wire helper never calls this
+
         leaves: list[Any] = []
         map_leaves(leaves.append, outputs)
-        names = [o.name for o in request.outputs] if request.outputs else \
-            [t.name for t in self.outputs]
-        return [(name, _host_values(leaves[self._output_index[name]]),
-                 self.outputs[self._output_index[name]].dtype) for name in names]
+        named = dict(zip(leaf_names_of(outputs), leaves))
+        names = [o.name for o in request.outputs] if request.outputs else list(named)
+        missing = [name for name in names if name not in named]
+        if missing:
+            raise MalformedRequestError(
+                f"output(s) {missing} are not returned for this request's shape (it returns "
+                f"{list(named)}): leave them out of \"outputs\"")
+        return [(name, _host_values(named[name]), self.outputs[self._output_index[name]].dtype)
+                for name in names]
 
     def reply(self, outputs: Any, request: InferRequest) -> tuple[bytes, int | None]:
         """(body, JSON header length when binary tensors follow it, else None)."""

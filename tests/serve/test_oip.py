@@ -761,3 +761,29 @@ def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> No
     finally:
         running.stop()
         running.kill()
+
+
+def test_outputs_are_named_by_what_the_shape_that_ran_returns(tmp_path: Path) -> None:
+    """Declared shapes may return different structures (an extra output in batches, keys
+    in another order): a requested output is found by its name in the reply that ran, never
+    by its position among every shape's outputs (which sent the logits as ``output.probs``,
+    or failed with an IndexError)."""
+    from qkan_pack import build
+    from qkan_pack.errors import MalformedRequestError as Malformed
+    from qkan_pack.serve._oip import InferRequest, RequestedOutput
+
+    from ..conftest import MODELS
+
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        path = build(MODELS / "row_models.py", "1x8,8x8", config={"kind": "extra_output"},
+                     output=tmp_path / "a", progress=False).path
+    oip = OipModel(read_artifact(path).manifest, NAME, "1", batched=True, server_version="t")
+    logits, probs = np.ones((8, 3), np.float32), np.full((8, 3), 0.5, np.float32)
+    asked = InferRequest({}, outputs=[RequestedOutput("output.probs", False)])
+    for reply in ({"logits": logits, "probs": probs}, {"probs": probs, "logits": logits}):
+        ((name, values, _),) = oip.output_values(reply, asked)
+        assert name == "output.probs" and np.array_equal(values, probs)
+    with pytest.raises(Malformed, match=r"not returned for this request's shape"):
+        oip.output_values({"logits": logits[:1]}, asked)
+    every = oip.output_values({"logits": logits[:1]}, InferRequest({}))
+    assert [name for name, _, _ in every] == ["output.logits"]
