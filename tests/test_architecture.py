@@ -52,7 +52,7 @@ PUBLIC = {
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
-        "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs", "leaf_names_of",
+        "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs", "leaf_names_of", "spread_for",
         "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",

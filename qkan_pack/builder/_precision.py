@@ -189,7 +189,7 @@ def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         with torch.inference_mode():
             got = flatten(served(*sample.inputs))
         names = list(entry.outputs.leaf_names()) or ["output"]
-        for name, error in zip(names, output_errors(got, sample.want)):
+        for name, error in zip(names, output_errors(got, sample.want, max_error)):
             worst[sample.entry] = max(worst[sample.entry] or 0.0, _rounded(error))
             if error > max_error:
                 key = (entry.label, name)

@@ -26,7 +26,14 @@ import torch
 
 from ..errors import SelfTestError
 from ..format import Manifest, PaddedAxis, Padding
-from ._selftest import HALF_CEILING, Agreement, compare, proof_bound, structure_difference
+from ._selftest import (
+    HALF_CEILING,
+    Agreement,
+    compare,
+    proof_bound,
+    spread_for,
+    structure_difference,
+)
 from ._tree import torch_dtype
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
@@ -84,7 +91,8 @@ def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[s
                                      sides=("padded and sliced back", "unpadded"))
     if structure is not None:
         return PaddedAgreement(structure, (), bound)
-    leaves = tuple(compare([g], [w], (0.0, bound), per_channel=per_channel)
+    spread = spread_for(bound) if per_channel else None
+    leaves = tuple(compare([g], [w], (0.0, bound), channel_spread=spread)
                    for g, w in zip(got, want))
     return PaddedAgreement(None, leaves, bound)
 

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from ..errors import PrecisionError
-from ..format import PRECISIONS, Manifest, PrecisionChoice
+from ..format import DEFAULT_MAX_ERROR, PRECISIONS, Manifest, PrecisionChoice
 from ._calling import tf32_switches
 from ._compat import cpu_model
 from ._options import Tolerance
 from ._report import PrecisionRecord
-from ._selftest import compare
+from ._selftest import compare, spread_for
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
@@ -146,14 +146,17 @@ def precision_scope(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
-def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> list[float]:
+def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                  max_error: float = DEFAULT_MAX_ERROR) -> list[float]:
     """Each output's largest difference from ``want`` as a share of its scale (``compare``'s
-    ``max_rel``, per channel where channels' scales differ widely: a reduced precision that
-    zeroes a small column beside a large one is seen); infinite for NaN/inf, a changed
-    non-float output, or another structure."""
+    ``max_rel``), per channel where a channel could be wholly wrong within ``max_error`` of
+    the whole output's scale (a reduced precision that zeroes a small column beside a large
+    one is seen); infinite for NaN/inf, a changed non-float output, or another structure."""
     if len(got) != len(want):
         return [float("inf")] * max(len(want), 1)
-    return [compare([a], [b], (0.0, 0.0), per_channel=True).max_rel for a, b in zip(got, want)]
+    spread = spread_for(max_error)
+    return [compare([a], [b], (0.0, 0.0), channel_spread=spread).max_rel
+            for a, b in zip(got, want)]
 
 
 def replay_tolerance(tolerance: Tolerance, precision: str) -> Tolerance:
@@ -269,7 +272,7 @@ def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.d
     figures = []
     for label, outputs, references, entry in zip(labels, got, want, manifest.shapes,
                                                  strict=True):
-        errors = output_errors(outputs, references)
+        errors = output_errors(outputs, references, record.max_error)
         names = list(entry.outputs.leaf_names()) or ["output"]
         record.errors[label] = max(errors, default=0.0)
         record.build_errors[label] = entry.precision_error.get(record.of(label))

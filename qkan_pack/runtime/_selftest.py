@@ -38,7 +38,7 @@ from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["HALF_CEILING", "compare", "float64_noise", "proof_agreement", "proof_bound",
-           "structure_difference", "uninformative_outputs"]
+           "spread_for", "structure_difference", "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -71,16 +71,18 @@ class Agreement:
 
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
-            tolerance: Tolerance, *, per_channel: bool = False) -> Agreement:
+            tolerance: Tolerance, *, channel_spread: float | None = None) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
 
-    ``per_channel``: where an output's channels (its last axis) differ in scale by more than
-    ``CHANNEL_SPREAD``, each channel is held to its own scale (``channel_scales``): beside a
-    column 1e6 larger, a column that is wholly wrong is a millionth of the output's scale,
-    which any bound relative to the whole output accepts. The proofs and the precision
-    gate, which decide what a user's outputs may lose, measure so.
+    ``channel_spread``: where an output's channels (its last axis, and its second for a
+    rank of three or more: NCHW) differ in scale by more than this factor, each is held to
+    its own scale (``channel_scales``): beside a column 1e6 larger, a column that is wholly
+    wrong is a millionth of the output's scale, which any bound relative to the whole output
+    accepts. The proofs and the precision gate, which decide what a user's outputs may lose,
+    measure so, with the factor beyond which a channel could be wholly wrong within their
+    bound (``spread_for``).
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -101,7 +103,7 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             continue
         got, want = got.double(), want.double()
         diff = (got - want).abs()
-        scale = channel_scales(want) if per_channel else None
+        scale = channel_scales(want, channel_spread) if channel_spread else None
         if scale is None:
             scale = want.abs().max()
         largest = float(diff.max())
@@ -114,11 +116,12 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     return Agreement(worst_abs, worst_rel, ok)
 
 
-#: ``compare(per_channel=True)``: channels whose scales differ by more than this factor are
-#: each held to their own scale ...
+#: ``compare(channel_spread=...)``: never more than this factor (a wider spread is left to
+#: the whole output's scale) ...
 CHANNEL_SPREAD = 1e3
-#: ... but never to less than this share of the output's largest magnitude (float32 keeps
-#: about seven digits: a channel below it holds the rounding of the large ones' arithmetic) ...
+#: ... and a channel is never held to less than this share of the output's largest
+#: magnitude (float32 keeps about seven digits: a channel below it holds the rounding of the
+#: large ones' arithmetic) ...
 CHANNEL_FLOOR = 1e-7
 #: ... and only for outputs with this many values per channel at least: a channel's scale is
 #: its largest magnitude over them, and a few values may all be small by chance (a logit
@@ -126,29 +129,49 @@ CHANNEL_FLOOR = 1e-7
 CHANNEL_MIN_ROWS = 4
 
 
-def channel_scales(want: torch.Tensor) -> torch.Tensor | None:
-    """Per channel (last axis) of a float output of rank 2 or more, its largest magnitude
-    (at least ``CHANNEL_FLOOR`` of the output's), shaped to broadcast against ``want``; None
-    where the channels' scales are within ``CHANNEL_SPREAD`` of each other (one scale
-    serves) or the output has no channels of ``CHANNEL_MIN_ROWS`` values."""
-    if want.dim() < 2 or want.shape[-1] < 2 or want.numel() < CHANNEL_MIN_ROWS * want.shape[-1]:
+def spread_for(bound: float) -> float:
+    """The channel spread beyond which a channel could be wholly wrong and still within
+    ``bound`` of the whole output's scale (a channel ``bound`` times the largest), capped at
+    ``CHANNEL_SPREAD``."""
+    return min(CHANNEL_SPREAD, 1 / bound) if bound > 0 else CHANNEL_SPREAD
+
+
+def channel_scales(want: torch.Tensor, spread: float) -> torch.Tensor | None:
+    """Each element's scale by its channel, for a float output of rank 2 or more: along the
+    last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude,
+    an element taking the smaller of its two, never below ``CHANNEL_FLOOR`` of the output's
+    largest; broadcastable against ``want``. None where along neither axis the channels'
+    scales differ by more than ``spread`` (one scale serves), or no axis has channels of
+    ``CHANNEL_MIN_ROWS`` values."""
+    if want.dim() < 2:
         return None
-    per_channel = want.abs().reshape(-1, want.shape[-1]).amax(dim=0)
-    largest = per_channel.max()
-    if not largest > 0 or not per_channel.min() * CHANNEL_SPREAD < largest:  # NaN: no
+    magnitude = want.abs()
+    largest = magnitude.max()
+    if not largest > 0:  # NaN too
         return None
-    return torch.maximum(per_channel, largest * CHANNEL_FLOOR)
+    scales = []
+    for axis in sorted({want.dim() - 1, 1 if want.dim() >= 3 else want.dim() - 1}):
+        size = want.shape[axis]
+        if size < 2 or want.numel() < CHANNEL_MIN_ROWS * size:
+            continue
+        others = [d for d in range(want.dim()) if d != axis]
+        per_channel = magnitude.amax(dim=others, keepdim=True)
+        if per_channel.min() * spread < largest:
+            scales.append(per_channel)
+    if not scales:
+        return None
+    scale = scales[0] if len(scales) == 1 else torch.minimum(scales[0], scales[1])
+    return torch.clamp(scale, min=float(largest) * CHANNEL_FLOOR)
 
 
 def _relative(diff: torch.Tensor, scale: torch.Tensor) -> float:
     """The largest difference as a share of its scale: one scale for the output (0-d), or
-    one per channel (``channel_scales``). A difference where the scale is zero is
-    infinitely far; none at all is zero."""
+    one per element by its channels (``channel_scales``). A difference where the scale is
+    zero is infinitely far; none at all is zero."""
     if scale.dim() == 0:
         largest, scale_value = float(diff.max()), float(scale)
         return largest / scale_value if scale_value else (0.0 if largest == 0 else math.inf)
-    per_channel = diff.reshape(-1, diff.shape[-1]).amax(dim=0) / scale
-    return float(per_channel.max())
+    return float((diff / scale).max())
 
 
 #: The proofs build runs on the model (padding, row independence) compare outputs computed
@@ -172,9 +195,10 @@ def proof_bound(noise: float | None) -> float:
 def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
                     bound: float | None = None) -> Agreement:
     """The one comparison of build's proofs: one output computed two ways, held to
-    ``proof_bound`` (or ``bound``) per channel (``compare(per_channel=True)``)."""
+    ``proof_bound`` (or ``bound``), per channel where a channel could hide within it
+    (``compare(channel_spread=spread_for(bound))``)."""
     bound = proof_bound(noise) if bound is None else bound
-    return compare([got], [want], (0.0, bound), per_channel=True)
+    return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound))
 
 
 class Uninformative(NamedTuple):

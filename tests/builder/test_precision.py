@@ -390,3 +390,17 @@ def test_the_gate_sees_small_columns_zeroed_beside_a_large_one(tmp_path: Path) -
                precision="bf16")
     assert info.value.measured >= 0.5
     assert not (tmp_path / "columns").exists()
+
+
+@pytest.mark.parametrize(("kind", "shapes"), [
+    ("small_channel_nchw", "1x3x8x8,4x3x8x8"),  # channels on dim 1
+    ("cancelled_column", "1x2,8x2"),  # a column 150x smaller, within 1/max_error
+])
+def test_the_gate_sees_a_wrong_channel_wherever_it_hides(tmp_path: Path, kind: str,
+                                                          shapes: str) -> None:
+    """A channel is measured on its own scale wherever it could be wholly wrong within the
+    bound on the whole output: NCHW's second axis as well as the last, and channels as close
+    as 1/max_error (100x for the default 1e-2), not only 1e3 apart."""
+    with pytest.raises(PrecisionError):
+        _build(tmp_path, kind, shapes=shapes, config={"kind": kind}, precision="bf16")
+    assert not (tmp_path / kind).exists()

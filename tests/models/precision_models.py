@@ -39,6 +39,41 @@ class SmallColumns(nn.Module):
         return torch.cat([large, small], dim=1).float()
 
 
+class SmallChannelNCHW(nn.Module):
+    """A convolution's two output channels (NCHW: channels on dim 1), one about 1e3 times
+    the other: the small one is the large one's bfloat16 rounding away from its exact value
+    plus a small signal, so under autocast it is mostly rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+        with torch.no_grad():
+            self.conv.weight[0] *= 3000.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        with torch.autocast(x.device.type, enabled=False):
+            exact = nn.functional.conv2d(x.float(), self.conv.weight[:1].float(),
+                                         self.conv.bias[:1].float(), padding=1)
+        return torch.cat([y[:, :1].float(), (y[:, :1].float() + y[:, 1:].float()) - exact], 1)
+
+
+class CancelledColumn(nn.Module):
+    """A large column (about 300) and a small one (about 1, some 150x smaller) computed as
+    (large + small) - large exactly: in bfloat16 the small one carries the large one's
+    rounding, most of its own scale, yet within 1e-2 of the whole output's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.big = nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            self.big.weight.copy_(torch.tensor([[300.0, 0.0]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.big(x)[:, 0]
+        return torch.stack([h.float(), (h.float() + x[:, 1]) - 300.0 * x[:, 0]], -1)
+
+
 def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     torch.manual_seed(0)
     if kind == "overflow":
@@ -52,4 +87,8 @@ def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
                              nn.Linear(64, 8))
     if kind == "small_columns":
         return SmallColumns()
+    if kind == "small_channel_nchw":
+        return SmallChannelNCHW()
+    if kind == "cancelled_column":
+        return CancelledColumn()
     raise ValueError(f"unknown kind {kind!r}")

@@ -86,7 +86,7 @@ def test_per_channel_comparison_sees_a_small_wrong_column() -> None:
     got = want.clone()
     got[:, 1:] = 0  # the four small columns lost
     assert compare([got], [want], (0.0, 1e-4)).ok  # a millionth of the whole output's scale
-    agreement = compare([got], [want], (0.0, 1e-4), per_channel=True)
+    agreement = compare([got], [want], (0.0, 1e-4), channel_spread=1e3)
     assert not agreement.ok and agreement.max_rel == pytest.approx(1.0)
 
 
@@ -95,7 +95,7 @@ def test_per_channel_comparison_leaves_similar_channels_and_single_rows_alone() 
     scale (a logit near zero in one row is no small channel)."""
     want = torch.tensor([[2.0, 1e-5, -3.0]], dtype=torch.float64)
     got = want + torch.tensor([[0.0, 1e-5, 0.0]], dtype=torch.float64)
-    assert compare([got], [want], (0.0, 1e-4), per_channel=True).ok
+    assert compare([got], [want], (0.0, 1e-4), channel_spread=1e3).ok
     rows = torch.randn(16, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     noisy = rows * (1 + 1e-7)
-    assert compare([noisy], [rows], (0.0, 1e-6), per_channel=True).ok
+    assert compare([noisy], [rows], (0.0, 1e-6), channel_spread=1e3).ok
