@@ -359,49 +359,88 @@ def mutate(path: tuple[Any, ...], value: Any) -> bytes:
 DELETE = object()
 
 
-@pytest.mark.parametrize(("path", "value", "says"), [
-    (("inputs",), [], "inputs is empty"),
-    (("inputs", 1, "name"), "a", "repeats a name"),
-    (("inputs", 0, "name"), "not ok", "not an identifier"),
-    (("inputs", 0, "name"), "a\n", "not an identifier"),
-    (("inputs", 0, "dtype"), "float128", "unknown dtype"),
-    (("shapes",), [], "shapes is empty"),
-    (("shapes", 0, "inputs", "a"), [0, 3], "invalid dimension"),
-    (("shapes", 0, "inputs", "a"), [True, 3], "invalid dimension"),
-    (("shapes", 0, "inputs", "a"), [], "1..8"),
-    (("shapes", 0, "inputs", "a"), [1] * 9, "1..8"),
-    (("shapes", 0, "inputs"), {"a": [2, 3]}, "differ from manifest.inputs"),
-    (("shapes", 1, "inputs"), {"a": [2, 3], "b": [2, 4]}, "same input shapes twice"),
-    (("shapes", 0, "outputs"), {}, "exactly one"),
-    (("shapes", 0, "outputs"), {"set": []}, "unknown output kind"),
-    (("shapes", 0, "outputs"), {"tensor": {"shape": [-1], "dtype": "float32"}}, "invalid"),
-    (("shapes", 0, "outputs"), {"tuple": [1]}, "must be an object"),
-    (("shapes", 0, "outputs"), {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"}},
-                                         "a": {"dict": {"b": {"tensor": {
-                                             "shape": [2], "dtype": "float32"}}}}}},
-     r"output\['a.b'\] and output\['a'\]\['b'\] are both named output.a.b"),
-    (("shapes", 0, "reference"), "references/absent.safetensors", "not listed"),
-    (("model", "entry"), "build model", "not a Python identifier"),
-    (("model", "entry"), "os.system", "not a Python identifier"),
-    (("model", "source"), "source/absent.py", "not listed"),
-    (("model", "includes"), [7], "list of paths"),
-    (("model", "tied"), [["a", 1]], "tied"),
-    (("model", "config"), [1], "must be dict"),
-    (("capture", "policy"), "always", "not one of"),
-    (("capture", "submodules"), ["not a class"], "class names"),
-    (("files", "weights.safetensors"), DELETE, "weights.safetensors is not listed"),
-    (("files", "weights.safetensors", "sha256"), "AB" * 32, "64 lowercase hex"),
-    (("files", "weights.safetensors", "sha256"), SHA + "\n", "64 lowercase hex"),
-    (("files", "weights.safetensors", "size"), -1, "negative"),
-    (("files", "weights.safetensors", "size"), 1.5, "integer"),
-    (("producer",), "me", "must be dict"),
-    (("producer", "torch"), 2, "must be str"),
-    (("kernels", 0, "details"), {"triton": [3]}, "text"),
-    (("model",), DELETE, "model is missing"),
+CLASHING_OUTPUTS = {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"}},
+                             "a": {"dict": {"b": {"tensor": {"shape": [2], "dtype": "float32"}}}}}}
+
+
+@pytest.mark.parametrize(("path", "value", "where", "says"), [
+    (("inputs",), [], "manifest.inputs", "must have 1 or more entries, got 0"),
+    (("inputs", 1, "name"), "a", "manifest.inputs[1].name", "repeats a name"),
+    (("inputs", 0, "name"), "not ok", "manifest.inputs[0].name", "must be an identifier"),
+    (("inputs", 0, "name"), "a\n", "manifest.inputs[0].name", "must be an identifier"),
+    (("inputs", 0, "dtype"), "float128", "manifest.inputs[0].dtype",
+     'must be one of float16, bfloat16, float32, float64, uint8, int8, int16, int32, int64, '
+     'bool, got "float128"'),
+    (("shapes",), [], "manifest.shapes", "must have 1 to 256 entries, got 0"),
+    (("shapes", 0, "inputs", "a"), [0, 3], "manifest.shapes[0].inputs.a[0]",
+     "must be an integer in 1..2147483647, got 0"),
+    (("shapes", 0, "inputs", "a"), [3, True], "manifest.shapes[0].inputs.a[1]", "got true"),
+    (("shapes", 0, "inputs", "a"), [], "manifest.shapes[0].inputs.a", "must have 1 to 8 entries"),
+    (("shapes", 0, "inputs", "a"), [1] * 9, "manifest.shapes[0].inputs.a", "1 to 8 entries"),
+    (("shapes", 0, "inputs"), {"a": [2, 3]}, "manifest.shapes[0].inputs",
+     'names ["a"], which differ from manifest.inputs ["a", "b"]'),
+    (("shapes", 1, "inputs"), {"a": [2, 3], "b": [2, 4]}, "manifest.shapes[1].inputs",
+     "declares the same input shapes as manifest.shapes[0]"),
+    (("shapes", 1, "inputs"), {"b": [2, 4], "a": [2, 3]}, "manifest.shapes[1].inputs",
+     "declares the same input shapes as manifest.shapes[0]"),  # in another key order too
+    (("shapes", 0, "outputs"), {}, "manifest.shapes[0].outputs", "must have exactly one of"),
+    (("shapes", 0, "outputs"), {"set": []}, "manifest.shapes[0].outputs.set",
+     "unknown output kind"),
+    (("shapes", 0, "outputs"), {"tensor": {"shape": [2, -1], "dtype": "float32"}},
+     "manifest.shapes[0].outputs.tensor.shape[1]", "must be a non-negative integer, got -1"),
+    (("shapes", 0, "outputs"), {"tuple": [1]}, "manifest.shapes[0].outputs.tuple[0]",
+     "must be a JSON object, got 1"),
+    (("shapes", 0, "outputs"), {"none": 0}, "manifest.shapes[0].outputs.none",
+     "must be null, got 0"),
+    (("shapes", 0, "outputs"), {"tensor": {"shape": [2], "dtype": "float32"},
+                                "class": {"module": "m", "qualname": "Q", "form": "mapping"}},
+     "manifest.shapes[0].outputs.class", "mapping does not fit a tensor output"),
+    (("shapes", 0, "outputs"), CLASHING_OUTPUTS, "manifest.shapes[0].outputs",
+     "give output['a.b'] and output['a']['b'] one name, output.a.b"),
+    (("shapes", 0, "outputs", "class", "module"), "os system", "manifest.shapes[0].outputs.class.module",
+     "must be a dotted Python name"),
+    (("shapes", 0, "reference"), "references/absent.safetensors", "manifest.shapes[0].reference",
+     "not listed in manifest.files"),
+    (("model", "entry"), "build model", "manifest.model.entry", "must be a Python identifier"),
+    (("model", "entry"), "os.system", "manifest.model.entry", "must be a Python identifier"),
+    (("model", "source"), "source/absent.py", "manifest.model.source", "not listed"),
+    (("model", "includes"), ["source/helper.py", 7], "manifest.model.includes[1]",
+     "must be text, got 7"),
+    (("model", "tied"), [["a", 1]], "manifest.model.tied[0][1]", "must be text, got 1"),
+    (("model", "config"), [1], "manifest.model.config", "must be a JSON object, got [1]"),
+    (("capture", "policy"), "always", "manifest.capture.policy",
+     'must be one of auto, full, submodules, got "always"'),
+    (("capture", "submodules"), ["not a class"], "manifest.capture.submodules[0]",
+     "must be a class name"),
+    (("files", "weights.safetensors"), DELETE, "manifest.files", "does not list weights.safetensors"),
+    (("files", "model.sig"), {"size": 1, "sha256": SHA}, "manifest.files['model.sig']",
+     "is reserved"),
+    (("files", "weights.safetensors", "sha256"), "AB" * 32,
+     "manifest.files['weights.safetensors'].sha256", "must be 64 lowercase hex"),
+    (("files", "weights.safetensors", "sha256"), SHA + "\n",
+     "manifest.files['weights.safetensors'].sha256", "must be 64 lowercase hex"),
+    (("files", "weights.safetensors", "size"), -1, "manifest.files['weights.safetensors'].size",
+     "must be a non-negative integer, got -1"),
+    (("files", "weights.safetensors", "size"), 1.5, "manifest.files['weights.safetensors'].size",
+     "must be a non-negative integer, got 1.5"),
+    (("producer",), "me", "manifest.producer", 'must be a JSON object, got "me"'),
+    (("producer", "torch"), 2, "manifest.producer.torch", "must be text or null, got 2"),
+    (("kernels", 0, "details"), {"triton": [3]}, "manifest.kernels[0].details.triton",
+     "must be text"),
+    (("model",), DELETE, "manifest.model", "is missing"),
+    (("call",), DELETE, "manifest.call", "is missing"),
+    (("inputs", 1, "range"), [8, 0], "manifest.inputs[1].range", "must be [low, high] with low < high"),
+    (("inputs", 1, "range"), DELETE, "manifest.inputs[1].range_source", "is given without a range"),
 ])
-def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, says: str) -> None:
-    with pytest.raises(ManifestError, match=says):
+def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, where: str,
+                                       says: str) -> None:
+    """Every refusal names the JSON path of the value refused (``ManifestError.where``); the
+    message is that path and the problem."""
+    with pytest.raises(ManifestError) as info:
         parse_manifest(mutate(path, value))
+    assert info.value.where == where
+    assert says in info.value.problem
+    assert str(info.value) == f"{where} {info.value.problem}"
 
 
 def test_deep_output_nesting_refused() -> None:
