@@ -37,7 +37,7 @@ from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
 from ._metadata import Metadata, metadata_from, metadata_to_dict
 from ._old.v1 import upgrade_v1
-from ._padding import PaddedAxis, Padding, pad_value_problem
+from ._padding import Padding, check_padding
 from ._schema import (
     ALWAYS,
     WHEN_DEFAULT,
@@ -135,6 +135,8 @@ DIMS = ListOf(Integer(1, MAX_DIM), min_len=1, max_len=MAX_RANK)
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One output tensor's shape and dtype, as the build recorded it."""
+
     shape: Shape = json_field(ListOf(Integer(0), max_len=MAX_RANK))
     dtype: str = json_field(DTYPE)
 
@@ -376,12 +378,18 @@ class ShapeEntry:
 
 @dataclass(frozen=True)
 class CapturePolicy:
+    """What a load captures per shape: the whole forward (``full``), submodules (those of
+    the classes named in ``submodules``, else the largest blocks that capture), or the whole
+    forward falling back to submodules where it cannot be captured (``auto``)."""
+
     policy: str = json_field(Choice(CAPTURE_POLICIES), default="auto")
     submodules: tuple[str, ...] = json_field(ListOf(Text(IDENTIFIER, "a class name")), default=())
 
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One listed file's size and sha256: the digest covers it through the manifest."""
+
     size: int = json_field(Integer(0))
     sha256: str = json_field(Text(SHA256_HEX, "64 lowercase hex digits"))
 
@@ -447,7 +455,9 @@ class PrecisionPolicy:
     default: str = json_field(PRECISION)
     max_error: float = json_field(Number())
     allowed: tuple[str, ...] = json_field(ListOf(PRECISION))
-    choices: tuple[PrecisionChoice, ...] = json_field(ListOf(Nested(PrecisionChoice)), default=())
+    choices: tuple[PrecisionChoice, ...] = json_field(
+        ListOf(Nested(PrecisionChoice), unique=(lambda choice: choice.key, "device key")),
+        default=())
 
     def __post_init__(self) -> None:
         if len(set(self.allowed)) != len(self.allowed) or "fp32" not in self.allowed:
@@ -468,6 +478,10 @@ class PrecisionPolicy:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """The model: its source file (and ``--include`` files), the factory (``entry``) and the
+    ``config`` it is called with, its parameter count, tied weights, whether the factory
+    takes ``device``, and what the build saw of its environment."""
+
     source: str = json_field(PATH)
     entry: str = json_field(Text(IDENTIFIER, "a Python identifier"))
     config: Mapping[str, Any] = json_field(JsonObject(), factory=dict)
@@ -521,9 +535,11 @@ class Manifest:
 
     producer: Mapping[str, Any] = json_field(Custom(_read_producer, dict))
     model: ModelInfo = json_field(Nested(ModelInfo))
-    inputs: tuple[InputDecl, ...] = json_field(ListOf(Nested(InputDecl, _check_input), min_len=1))
-    shapes: tuple[ShapeEntry, ...] = json_field(
-        ListOf(Nested(ShapeEntry, _check_entry), min_len=1, max_len=MAX_SHAPES))
+    inputs: tuple[InputDecl, ...] = json_field(ListOf(
+        Nested(InputDecl, _check_input), min_len=1, unique=(lambda decl: decl.name, "name")))
+    shapes: tuple[ShapeEntry, ...] = json_field(ListOf(
+        Nested(ShapeEntry, _check_entry), min_len=1, max_len=MAX_SHAPES,
+        unique=(lambda entry: frozenset(entry.inputs), "input shapes")))
     capture: CapturePolicy = json_field(Nested(CapturePolicy))
     files: Mapping[str, FileEntry] = json_field(MapOf(Nested(FileEntry), key=PATH, sort=True))
     call: str = json_field(Choice(CALL_CONVENTIONS), default="positional", required=True)
@@ -647,21 +663,14 @@ def _check_manifest(manifest: Manifest, where: str) -> Manifest:
     if manifest.created and manifest.format_version > 1:
         refuse(f"{where}.created", "is a format-1 key: format 2 records no build time")
     names = list(manifest.input_names)
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            refuse(f"{where}.inputs[{index}].name", f"repeats a name: {show(name)} is also "
-                                                    f"{where}.inputs[{names.index(name)}]'s")
     shapes = tuple(_in_declared_order(entry, names, f"{where}.shapes[{index}]")
                    for index, entry in enumerate(manifest.shapes))
-    first: dict[Any, int] = {}
-    for index, entry in enumerate(shapes):
-        if first.setdefault(entry.inputs, index) != index:
-            refuse(f"{where}.shapes[{index}].inputs", f"declares the same input shapes as "
-                                                      f"{where}.shapes[{first[entry.inputs]}]")
     manifest = replace(manifest, shapes=shapes)
     _check_files_listed(manifest, where)
     if manifest.padding is not None:
-        _check_padding(manifest, f"{where}.padding")
+        check_padding(manifest.padding, {decl.name: decl.dtype for decl in manifest.inputs},
+                      [(dict(entry.inputs), [leaf.shape for leaf in entry.outputs.leaves()],
+                        entry.label) for entry in shapes], f"{where}.padding")
     if manifest.precision is not None:
         _check_precision(manifest.precision, len(shapes), f"{where}.precision")
     return manifest
@@ -694,61 +703,9 @@ def _check_files_listed(manifest: Manifest, where: str) -> None:
                                                      "manifest itself are never listed")
 
 
-def _check_padding(manifest: Manifest, where: str) -> None:
-    """``manifest.padding`` against the declared inputs and entries: values for inputs, of
-    their dtypes; axes of padded inputs' dimensions (each once) whose members share their
-    size in each entry; every output dimension said to follow an axis is that axis's size in
-    each entry (else a padded call's outputs would be cut along a dimension that does not
-    follow it)."""
-    padding = manifest.padding
-    assert padding is not None
-    dtypes = {decl.name: decl.dtype for decl in manifest.inputs}
-    for name, value in padding.values.items():
-        if name not in dtypes:
-            refuse(key_path(f"{where}.values", name), "is not an input")
-        problem = pad_value_problem(value, dtypes[name])
-        if problem:
-            refuse(key_path(f"{where}.values", name), problem)
-    ranks = {name: len(shape) for name, shape in manifest.shapes[0].inputs}
-    leaf_ranks = [len(leaf.shape) for leaf in manifest.shapes[0].outputs.leaves()]
-    seen: set[tuple[str, int]] = set()
-    for index, axis in enumerate(padding.axes):
-        here = f"{where}.axes[{index}]"
-        for member, (name, dim) in enumerate(axis.inputs):
-            if name not in padding.values or dim >= ranks[name] or (name, dim) in seen:
-                refuse(f"{here}.inputs[{member}]", f"must be a padded input's dimension, each "
-                                                   f"listed once, got {show([name, dim])}")
-            seen.add((name, dim))
-        for follower, (leaf, dim) in enumerate(axis.outputs):
-            if leaf >= len(leaf_ranks) or dim >= leaf_ranks[leaf]:
-                refuse(f"{here}.outputs[{follower}]", f"must be an output dimension, got "
-                                                      f"{show([leaf, dim])}")
-        for entry in manifest.shapes:
-            _check_axis_sizes(axis, entry, here)
-
-
-def _check_axis_sizes(axis: PaddedAxis, entry: ShapeEntry, where: str) -> None:
-    sizes = dict(entry.inputs)
-    if len({sizes[name][dim] if dim < len(sizes[name]) else None
-            for name, dim in axis.inputs} - {None}) != 1 \
-            or any(dim >= len(sizes[name]) for name, dim in axis.inputs):
-        refuse(f"{where}.inputs", f"has members of different sizes in shape {entry.label}")
-    name, dim = axis.inputs[0]
-    leaves = [leaf.shape for leaf in entry.outputs.leaves()]
-    for follower, (leaf, out_dim) in enumerate(axis.outputs):
-        if leaf >= len(leaves) or out_dim >= len(leaves[leaf]) \
-                or leaves[leaf][out_dim] != sizes[name][dim]:
-            refuse(f"{where}.outputs[{follower}]", f"says output {leaf} dim {out_dim} follows "
-                                                   f"axis {axis.label}, but it is not the axis's "
-                                                   f"size in shape {entry.label}")
-
-
 def _check_precision(policy: PrecisionPolicy, shapes: int, where: str) -> None:
-    """One choice per device key, each naming allowed precisions, with figures for every
-    shape of each precision timed."""
-    keys = [choice.key for choice in policy.choices]
-    if len(set(keys)) != len(keys):
-        refuse(f"{where}.choices", "names a device key twice")
+    """Each choice names allowed precisions, with figures for every shape of each precision
+    timed."""
     allowed = policy.allowed
     among = ", ".join(allowed)
     for index, choice in enumerate(policy.choices):

@@ -7,7 +7,8 @@ length axis: both dims 1). A call fits an entry when every unpadded dimension eq
 entry's, every padded one is at most the entry's, and the members of an axis agree on their
 size; the outputs are then sliced back along the dimensions that follow each axis. Build proves, on the model,
 that padding leaves the sliced outputs unchanged (``builder._padding``); everything here is
-the torch-free bookkeeping that build, the predictor and serve share.
+the torch-free bookkeeping that build, the predictor and serve share, and the checks a read
+manifest's padding passes against its entries (``check_padding``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,19 @@ from typing import Any
 
 from ._constants import DTYPES
 from ._grammar import Shape
-from ._schema import Codec, Integer, ListOf, MapOf, Nested, Pair, Text, json_field
+from ._schema import (
+    Codec,
+    Integer,
+    ListOf,
+    MapOf,
+    Nested,
+    Pair,
+    Text,
+    json_field,
+    key_path,
+    refuse,
+    show,
+)
 
 PadValue = int | float | bool
 
@@ -157,6 +170,48 @@ def accepted_ranges(entries: Sequence[Sequence[Shape]], names: Sequence[str],
             for d, size in enumerate(shape)]}
             for name, shape, dtype in zip(names, entry, dtypes)})
     return ranges
+
+
+def check_padding(padding: Padding, dtypes: Mapping[str, str],
+                  entries: Sequence[tuple[Mapping[str, Shape], Sequence[Shape], str]],
+                  where: str) -> None:
+    """Refuse (``ManifestError`` at its path) read ``padding`` that does not fit the declared
+    inputs (name -> dtype) and entries (each: its input shapes by name, its output leaves'
+    shapes, its label): values for inputs, within their dtypes; axes of padded inputs'
+    dimensions, each once, whose members share their size in each entry; and every output
+    dimension said to follow an axis that axis's size in each entry (else a padded call's
+    outputs would be cut along a dimension that does not follow it)."""
+    for name, value in padding.values.items():
+        problem = "is not an input" if name not in dtypes else pad_value_problem(value, dtypes[name])
+        if problem:
+            refuse(key_path(f"{where}.values", name), problem)
+    seen: set[tuple[str, int]] = set()
+    for index, axis in enumerate(padding.axes):
+        for member, pair in enumerate(axis.inputs):
+            if pair[0] not in padding.values or pair in seen:
+                refuse(f"{where}.axes[{index}].inputs[{member}]", f"must be a padded input's "
+                       f"dimension, each listed once, got {show(list(pair))}")
+            seen.add(pair)
+        for sizes, leaves, label in entries:
+            _check_axis(axis, sizes, leaves, label, f"{where}.axes[{index}]")
+
+
+def _check_axis(axis: PaddedAxis, sizes: Mapping[str, Shape], leaves: Sequence[Shape], label: str,
+                where: str) -> None:
+    for member, (name, dim) in enumerate(axis.inputs):
+        if dim >= len(sizes[name]):
+            refuse(f"{where}.inputs[{member}]", f"names dim {dim} of {name}, which shape {label} "
+                                                "does not have")
+    if len({sizes[name][dim] for name, dim in axis.inputs}) != 1:
+        refuse(f"{where}.inputs", f"has members of different sizes in shape {label}")
+    name, dim = axis.inputs[0]
+    for follower, (leaf, out_dim) in enumerate(axis.outputs):
+        here = f"{where}.outputs[{follower}]"
+        if leaf >= len(leaves) or out_dim >= len(leaves[leaf]):
+            refuse(here, f"names output {leaf} dim {out_dim}, which shape {label} does not have")
+        if leaves[leaf][out_dim] != sizes[name][dim]:
+            refuse(here, f"says output {leaf} dim {out_dim} follows axis {axis.label}, but it is "
+                         f"not the axis's size in shape {label}")
 
 
 def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) -> None:

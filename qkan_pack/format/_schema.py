@@ -181,12 +181,14 @@ class JsonObject(Codec):
 
 
 class ListOf(Codec):
-    """A JSON list of ``item`` values, ``min_len``..``max_len`` long; read as a tuple."""
+    """A JSON list of ``item`` values, ``min_len``..``max_len`` long; read as a tuple. With
+    ``unique`` (a function of an item, and what it is called), no two items may share it."""
 
     what = "a JSON list"
 
-    def __init__(self, item: Codec, min_len: int = 0, max_len: int | None = None) -> None:
-        self.item, self.min_len, self.max_len = item, min_len, max_len
+    def __init__(self, item: Codec, min_len: int = 0, max_len: int | None = None,
+                 unique: tuple[Callable[[Any], Any], str] | None = None) -> None:
+        self.item, self.min_len, self.max_len, self.unique = item, min_len, max_len, unique
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, list)
@@ -197,7 +199,14 @@ class ListOf(Codec):
             bounds = (f"{self.min_len} to {self.max_len}" if self.max_len is not None
                       else f"{self.min_len} or more")
             refuse(where, f"must have {bounds} entries, got {len(value)}")
-        return tuple(self.item.read(item, f"{where}[{i}]") for i, item in enumerate(value))
+        items = tuple(self.item.read(item, f"{where}[{i}]") for i, item in enumerate(value))
+        if self.unique is not None:
+            key, what = self.unique
+            first: dict[Any, int] = {}
+            for index, item in enumerate(items):
+                if first.setdefault(key(item), index) != index:
+                    refuse(f"{where}[{index}]", f"repeats the {what} of {where}[{first[key(item)]}]")
+        return items
 
     def write(self, value: Any) -> list[Any]:
         return [self.item.write(item) for item in value]
@@ -287,15 +296,16 @@ class Custom(Codec):
 WHEN_DEFAULT, ALWAYS = "default", "always"
 
 
-@dataclasses.dataclass(frozen=True)
 class _Slot:
-    field: str
-    key: str
-    codec: Codec
-    required: bool
-    default: Any
-    omit: str | Callable[[Any], bool] | None
-    fills: tuple[str, ...]
+    """One declared field as the walkers use it (a plain class: a dataclass here would add
+    to the import time of ``import qkan_pack``)."""
+
+    __slots__ = ("codec", "default", "field", "fills", "key", "omit", "required")
+
+    def __init__(self, field: str, key: str, codec: Codec, required: bool, default: Any,
+                 omit: str | Callable[[Any], bool] | None, fills: tuple[str, ...]) -> None:
+        self.field, self.key, self.codec, self.required = field, key, codec, required
+        self.default, self.omit, self.fills = default, omit, fills
 
 
 def json_field(codec: Codec, *, key: str | None = None, default: Any = dataclasses.MISSING,

@@ -29,6 +29,7 @@ from qkan_pack.format import (
     dumps_manifest,
     format_shape,
     loads_strict,
+    manifest_to_dict,
     parse_config_items,
     parse_manifest,
     parse_shape,
@@ -36,7 +37,7 @@ from qkan_pack.format import (
 )
 from qkan_pack.runtime import safetensors_header
 
-from .test_manifest import sample_dict
+from .test_manifest import rich_manifest, sample_dict
 
 pytestmark = pytest.mark.slow
 RAN: Counter[str] = Counter()
@@ -192,10 +193,14 @@ POISON = st.one_of(json_values, st.sampled_from([
 ])).map(copy.deepcopy)
 
 
+def rich_dict() -> dict[str, Any]:
+    return manifest_to_dict(rich_manifest())
+
+
 @st.composite
-def mutated_manifests(draw: st.DrawFn) -> bytes:
+def mutated_manifests(draw: st.DrawFn, seed: Callable[[], dict[str, Any]] = sample_dict) -> bytes:
     """A valid manifest with 1-3 edits: replace a node, delete a key, add a key, or duplicate."""
-    raw = sample_dict()
+    raw = seed()
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(paths_of(raw)))
         if not path:
@@ -240,6 +245,13 @@ def _sample_kwargs() -> dict[str, Any]:
 def test_parse_manifest_mutated_valid() -> None:
     assert parse_manifest(json.dumps(sample_dict()))  # the seed itself is valid
     run_counted("parse_manifest mutated", 1200, mutated_manifests(), check_manifest)
+
+
+def test_parse_manifest_mutated_rich() -> None:
+    """The same edits to a manifest with every optional part: a row proof, declared padding,
+    reduced precision with a device's choice, metadata."""
+    assert parse_manifest(json.dumps(rich_dict()))
+    run_counted("parse_manifest mutated rich", 800, mutated_manifests(rich_dict), check_manifest)
 
 
 def test_parse_manifest_byte_mutated() -> None:

@@ -125,8 +125,10 @@ def test_malformed_shape_precision_errors_are_refused_by_name(value: Any, where:
 def test_one_choice_per_device_key() -> None:
     raw = manifest_to_dict(precise_manifest())
     raw["precision"]["choices"].append(copy.deepcopy(raw["precision"]["choices"][0]))
-    with pytest.raises(ManifestError, match="names a device key twice"):
+    with pytest.raises(ManifestError, match="repeats the device key of manifest.precision."
+                                            r"choices\[0\]") as info:
         parse_manifest(encode(raw))
+    assert info.value.where == "manifest.precision.choices[1]"
 
 
 def test_a_writer_cannot_make_an_invalid_policy_either() -> None:
