@@ -126,9 +126,10 @@ class ShapeSpecError(QkanPackError, ValueError):
 
 class ManifestError(QkanPackError, ValueError):
     """A manifest (or another JSON document of an artifact: the precompiled plan) that is not
-    valid. ``where``: the JSON path of the value refused (``manifest.shapes[2].outputs.tensor
-    .shape[1]``; ``manifest`` for the document as a whole), None where no document path
-    applies; ``problem``: what is wrong there. The message is the two together."""
+    valid. ``where``: the JSON path of the value refused
+    (``manifest.shapes[2].outputs.tensor.shape[1]``; ``manifest`` for the document as a
+    whole), None where no document path applies; ``problem``: what is wrong there. The
+    message is the two together."""
 
     def __init__(self, problem: str, *, where: str | None = None) -> None:
         super().__init__(f"{where} {problem}" if where else problem)

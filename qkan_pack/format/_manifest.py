@@ -122,6 +122,7 @@ class _Range(Codec):
 
 TEXT = Text()
 TEXTS = MapOf(TEXT)
+OBJECT = JsonObject()
 PATH = Text(_inside_artifact, "relative and stay inside the artifact")
 PRECISION = Choice(PRECISIONS)
 DTYPE = _DType()
@@ -233,7 +234,7 @@ class _Outputs(Codec):
     def read(self, value: Any, where: str) -> OutputNode:
         if self.depth > MAX_OUTPUT_DEPTH:
             refuse(where, f"nests deeper than {MAX_OUTPUT_DEPTH} levels")
-        raw = JsonObject().read(value, where)
+        raw = OBJECT.read(value, where)
         kinds = [key for key in raw if key != "class"]
         if len(kinds) != 1:
             refuse(where, f"must have exactly one of {'/'.join(OUTPUT_KINDS)}, got {kinds}")
@@ -484,7 +485,7 @@ class ModelInfo:
 
     source: str = json_field(PATH)
     entry: str = json_field(Text(IDENTIFIER, "a Python identifier"))
-    config: Mapping[str, Any] = json_field(JsonObject(), factory=dict)
+    config: Mapping[str, Any] = json_field(OBJECT, factory=dict)
     includes: tuple[str, ...] = json_field(ListOf(PATH), default=())
     parameters: int = json_field(Integer(), default=0)
     tied: tuple[tuple[str, ...], ...] = json_field(ListOf(ListOf(TEXT)), default=())
@@ -498,10 +499,13 @@ class ModelInfo:
                    "tied", "packages", "solvers")
 
 
+_VERSION = Nullable(TEXT)
+
+
 def _read_producer(value: Any, where: str) -> dict[str, Any]:
-    producer = JsonObject().read(value, where)
+    producer = OBJECT.read(value, where)
     for key in _PRODUCER_TEXT:
-        Nullable(TEXT).read(producer.get(key), key_path(where, key))
+        _VERSION.read(producer.get(key), key_path(where, key))
     return producer
 
 
@@ -645,7 +649,7 @@ def parse_manifest(data: str | bytes) -> Manifest:
 
 def _format_version(raw: Any) -> int:
     """The format version, after the format name: checked before anything else is read."""
-    name = JsonObject().read(raw, "manifest").get("format")
+    name = OBJECT.read(raw, "manifest").get("format")
     if name != FORMAT_NAME:
         refuse("manifest.format", f"must be {show(FORMAT_NAME)}, got {show(name)}: not a qkan-pack "
                                   "manifest")

@@ -28,6 +28,7 @@ from ._schema import (
     Nested,
     Pair,
     Text,
+    finite,
     json_field,
     key_path,
     refuse,
@@ -219,13 +220,13 @@ def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) 
     (``pad_value_problem``)."""
     expected = _pad_value_expected(value, dtype)
     if expected:
-        raise error(f"{where}: pad value {value!r} must be {expected}")
+        raise error(f"{where}: pad value {show(value)} must be {expected}")
 
 
 def pad_value_problem(value: Any, dtype: str) -> str | None:
     """What is wrong with ``value`` as the pad value of an input of ``dtype``, or None."""
     expected = _pad_value_expected(value, dtype)
-    return f"must be {expected}, got {value!r}" if expected else None
+    return f"must be {expected}, got {show(value)}" if expected else None
 
 
 def _pad_value_expected(value: Any, dtype: str) -> str | None:
@@ -240,7 +241,7 @@ def _pad_value_expected(value: Any, dtype: str) -> str | None:
     elif limits is not None:
         ok = type(value) is int and limits[0] <= value <= limits[1]
     else:
-        ok = type(value) in (int, float) and math.isfinite(value) \
+        ok = type(value) in (int, float) and finite(value) \
             and abs(value) <= (spec.largest or math.inf)
     if ok:
         return None

@@ -115,36 +115,51 @@ class Boolean(Codec):
         return isinstance(value, bool)
 
 
-class Integer(Codec):
-    """An integer (never a boolean or a float), within ``low``..``high`` when given."""
-
-    def __init__(self, low: int | None = None, high: int | None = None) -> None:
-        self.low, self.high = low, high
-        self.what = ("a non-negative integer" if low == 0 and high is None
-                     else f"an integer in {low}..{high}" if low is not None and high is not None
-                     else "an integer")
-
-    def accepts(self, value: Any) -> bool:
-        return type(value) is int and (self.low is None or value >= self.low) \
-            and (self.high is None or value <= self.high)
-
-
 class Number(Codec):
     """A finite number (an integer reads as a float; never a boolean), within ``low``..``high``
     when given."""
 
+    noun = "number"
+
     def __init__(self, low: float | None = None, high: float | None = None) -> None:
         self.low, self.high = low, high
-        self.what = ("a non-negative number" if low == 0 and high is None
-                     else f"a number in [{low:g}, {high:g}]" if low is not None and high is not None
-                     else "a number")
+        article = "an" if self.noun[0] in "aeiou" else "a"
+        self.what = (f"a non-negative {self.noun}" if low == 0 and high is None
+                     else f"{article} {self.noun} in [{low}, {high}]" if low is not None
+                     and high is not None
+                     else f"{article} {self.noun} of at least {low}" if low is not None
+                     else f"{article} {self.noun}")
 
     def accepts(self, value: Any) -> bool:
-        return type(value) in (int, float) and math.isfinite(value) \
-            and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        return type(value) in (int, float) and finite(value) and self._within(value)
+
+    def _within(self, value: Any) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
 
     def read(self, value: Any, where: str) -> float:
         return float(super().read(value, where))
+
+
+class Integer(Number):
+    """An integer of any size (never a boolean or a float), within ``low``..``high`` when
+    given."""
+
+    noun = "integer"
+
+    def accepts(self, value: Any) -> bool:
+        return type(value) is int and self._within(value)
+
+    def read(self, value: Any, where: str) -> int:
+        return Codec.read(self, value, where)  # type: ignore[no-any-return]
+
+
+def finite(value: int | float) -> bool:
+    """Whether a JSON number is one a float holds: not NaN or infinite, nor an integer beyond
+    float's range (``math.isfinite`` raises on those)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class Nullable(Codec):
@@ -178,6 +193,9 @@ class JsonObject(Codec):
 
     def write(self, value: Any) -> Any:
         return dict(value)
+
+
+_OBJECT = JsonObject()
 
 
 class ListOf(Codec):
@@ -350,7 +368,7 @@ def read_object(cls: type, value: Any, where: str,
                 check: Callable[[Any, str], Any] | None = None) -> Any:
     """Dataclass ``cls`` from the JSON object ``value`` at path ``where``, by its declared
     fields; ``check`` as in ``Nested``. Refusals are ``ManifestError`` naming the path."""
-    raw = JsonObject().read(value, where)
+    raw = _OBJECT.read(value, where)
     slots = _layout(cls)
     keys = [slot.key for slot in slots]
     for key in raw:

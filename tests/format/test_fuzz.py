@@ -188,7 +188,7 @@ def paths_of(value: Any, prefix: tuple = ()) -> list[tuple]:
 # Deep copies: sampled_from hands out the same objects every time, and the mutations below
 # edit what they insert, which made later examples differ (and could nest a node in itself).
 POISON = st.one_of(json_values, st.sampled_from([
-    0, -1, 2**63, 1.5, True, None, "", "..", "../x", "/abs", "a\\b", "x\n", [], {}, [[]],
+    0, -1, 2**63, 10**400, 1.5, True, None, "", "..", "../x", "/abs", "a\\b", "x\n", [], {}, [[]],
     "float32", "int64", "build_model", "tensor", {"tensor": {"shape": [1], "dtype": "bool"}},
 ])).map(copy.deepcopy)
 

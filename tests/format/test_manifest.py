@@ -383,7 +383,7 @@ CLASHING_OUTPUTS = {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"
      'bool, got "float128"'),
     (("shapes",), [], "manifest.shapes", "must have 1 to 256 entries, got 0"),
     (("shapes", 0, "inputs", "a"), [0, 3], "manifest.shapes[0].inputs.a[0]",
-     "must be an integer in 1..2147483647, got 0"),
+     "must be an integer in [1, 2147483647], got 0"),
     (("shapes", 0, "inputs", "a"), [3, True], "manifest.shapes[0].inputs.a[1]", "got true"),
     (("shapes", 0, "inputs", "a"), [], "manifest.shapes[0].inputs.a", "must have 1 to 8 entries"),
     (("shapes", 0, "inputs", "a"), [1] * 9, "manifest.shapes[0].inputs.a", "1 to 8 entries"),
@@ -630,6 +630,39 @@ def test_malformed_padding_is_refused_by_path(path: tuple[Any, ...], value: Any,
     node[path[-1]] = value
     error = _located(raw)
     assert error.where == where and says in error.problem
+
+
+HUGE = 10**400  # JSON holds it as an integer; a float cannot
+
+
+@pytest.mark.parametrize(("path", "where", "says"), [
+    (("shapes", 0, "noise"), "manifest.shapes[0].noise", "must be a number or null"),
+    (("shapes", 0, "precision_error", "bf16"), "manifest.shapes[0].precision_error.bf16",
+     "must be a non-negative number or null"),
+    (("precision", "max_error"), "manifest.precision.max_error", "must be a number"),
+    (("precision", "choices", 0, "latency_us", "bf16", 1),
+     "manifest.precision.choices[0].latency_us.bf16[1]", "must be a non-negative number"),
+    (("padding", "values", "a"), "manifest.padding.values.a",
+     "must be a finite number within ±3.40282e+38 (float32)"),
+])
+def test_an_integer_beyond_a_floats_range_is_refused_not_a_crash(path: tuple[Any, ...],
+                                                                  where: str, says: str) -> None:
+    """An OverflowError (``math.isfinite`` of a 400-digit integer) escaped the reader for
+    every float field but the noise."""
+    raw = manifest_to_dict(rich_manifest())
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = HUGE
+    error = _located(raw)
+    assert error.where == where and says in error.problem and len(str(error)) < 200
+
+
+def test_a_pad_value_beyond_a_floats_range_is_a_usage_error() -> None:
+    from qkan_pack.format import check_pad_value
+
+    with pytest.raises(ShapeSpecError, match=r"--pad x: pad value 1000.*… must be a finite"):
+        check_pad_value(HUGE, "float32", "--pad x", ShapeSpecError)
 
 
 def test_deep_output_nesting_refused() -> None:
