@@ -39,7 +39,6 @@ from ._metadata import Metadata, metadata_from, metadata_to_dict
 from ._old.v1 import upgrade_v1
 from ._padding import Padding, check_padding
 from ._schema import (
-    ALWAYS,
     WHEN_DEFAULT,
     Boolean,
     Choice,
@@ -551,8 +550,9 @@ class Manifest:
     #: torch float32 matmul precision at build.
     reference_precision: str = json_field(Choice(("highest", "high", "medium")),
                                           default="highest")
-    #: Format 1 only: builds are reproducible, nothing time-dependent.
-    created: str = json_field(TEXT, default="", omit=ALWAYS)
+    #: The build time format 1 recorded (kept when read); builds are reproducible now,
+    #: nothing time-dependent.
+    created: str = json_field(TEXT, default="", omit=WHEN_DEFAULT)
     kernels: tuple[KernelSet, ...] = json_field(ListOf(Nested(KernelSet)), default=())
     metadata: Metadata = json_field(Custom(_read_metadata, metadata_to_dict), factory=Metadata)
     #: Declared padding (``build --pad``): calls may be smaller along its axes. None: exact
@@ -566,9 +566,9 @@ class Manifest:
     format_name: str = json_field(Choice((FORMAT_NAME,)), key="format", default=FORMAT_NAME)
     format_version: int = json_field(Integer(1, FORMAT_VERSION), default=FORMAT_VERSION)
 
-    _json_order = ("format_name", "format_version", "metadata", "producer", "model", "call",
-                   "inputs", "shapes", "reference_device", "reference_precision", "capture",
-                   "created", "kernels", "padding", "precision", "files")
+    _json_order = ("format_name", "format_version", "created", "metadata", "producer", "model",
+                   "call", "inputs", "shapes", "reference_device", "reference_precision",
+                   "capture", "kernels", "padding", "precision", "files")
 
     def input_dtype(self, name: str) -> str:
         return {decl.name: decl.dtype for decl in self.inputs}[name]
@@ -664,8 +664,6 @@ def _format_version(raw: Any) -> int:
 def _check_manifest(manifest: Manifest, where: str) -> Manifest:
     """The rules between a manifest's parts, once each part has been read; the shapes' inputs
     put in declared order."""
-    if manifest.created and manifest.format_version > 1:
-        refuse(f"{where}.created", "is a format-1 key: format 2 records no build time")
     names = list(manifest.input_names)
     shapes = tuple(_in_declared_order(entry, names, f"{where}.shapes[{index}]")
                    for index, entry in enumerate(manifest.shapes))

@@ -51,8 +51,8 @@ class _PadValue(Codec):
 @dataclass(frozen=True)
 class PaddedAxis:
     """One padded axis: the ``(input, dim)`` pairs it sizes, and the ``(output leaf, dim)``
-    pairs that follow it (sliced back to the call's size). Checked against the manifest's
-    inputs and entries by ``format._manifest``."""
+    pairs that follow it (sliced back to the call's size). A read manifest's axes are checked
+    against its inputs and entries by ``check_padding``."""
 
     inputs: tuple[tuple[str, int], ...] = json_field(
         ListOf(Pair(Text(), Integer(0)), min_len=1))

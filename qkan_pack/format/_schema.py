@@ -309,9 +309,8 @@ class Custom(Codec):
 # Fields and the walkers
 # ---------------------------------------------------------------------------
 
-#: ``omit`` values: leave the key out when the field holds its default, or always (a field
-#: read from older versions only).
-WHEN_DEFAULT, ALWAYS = "default", "always"
+#: ``omit``: leave the key out when the field holds its default.
+WHEN_DEFAULT = "default"
 
 
 class _Slot:
@@ -333,7 +332,7 @@ def json_field(codec: Codec, *, key: str | None = None, default: Any = dataclass
     """A dataclass field held by JSON key ``key`` (default: the field's name), read and
     written by ``codec``. Without ``default``/``factory`` the key must be present (and
     ``required`` demands it even where the dataclass has a default). ``omit``: when the
-    writer leaves the key out (``WHEN_DEFAULT``, ``ALWAYS``, or a predicate on the object).
+    writer leaves the key out (``WHEN_DEFAULT``, or a predicate on the object).
     ``fills``: the fields one key holds together (``range`` -> ``low``, ``high``)."""
     required = required or (default is dataclasses.MISSING and factory is dataclasses.MISSING)
     return dataclasses.field(default=default, default_factory=factory, metadata={
@@ -399,7 +398,7 @@ def write_object(obj: Any) -> dict[str, Any]:
             value: Any = tuple(getattr(obj, name) for name in slot.fills)
         else:
             value = getattr(obj, slot.field)
-        if slot.omit == ALWAYS or (slot.omit == WHEN_DEFAULT and value == slot.default) \
+        if (slot.omit == WHEN_DEFAULT and value == slot.default) \
                 or (callable(slot.omit) and slot.omit(obj)):
             continue
         data[slot.key] = slot.codec.write(value)
