@@ -36,7 +36,6 @@ from ._constants import (
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
 from ._metadata import Metadata, metadata_from, metadata_to_dict
-from ._old.v1 import upgrade_v1
 from ._padding import Padding, check_padding
 from ._schema import (
     WHEN_DEFAULT,
@@ -643,6 +642,8 @@ def parse_manifest(data: str | bytes) -> Manifest:
     except ManifestError as exc:
         raise ManifestError(f"cannot be read: {exc}", where="manifest") from None
     if _format_version(raw) == 1:
+        from ._old.v1 import upgrade_v1  # here: only format-1 artifacts pay for its import
+
         raw = upgrade_v1(raw)
     return read_object(Manifest, raw, "manifest", _check_manifest)
 
