@@ -480,6 +480,16 @@ def _located(raw: dict[str, Any]) -> ManifestError:
     return info.value
 
 
+def _refused_rich(path: tuple[Any, ...], value: Any) -> ManifestError:
+    """The refusal of ``rich_manifest``'s JSON with ``value`` set at ``path``."""
+    raw = manifest_to_dict(rich_manifest())
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return _located(raw)
+
+
 #: Every object the format defines (by its path in the JSON), the path a key added there is
 #: refused at, and what the refusal says.
 OBJECTS = [
@@ -512,12 +522,7 @@ def test_an_unknown_key_is_refused_in_every_object_of_the_format(path: tuple[Any
                                                                  where: str, says: str) -> None:
     """One policy everywhere: a key this format version does not define is refused, named by
     its path (a newer producer's key comes with a newer format version: docs/artifacts.md)."""
-    raw = manifest_to_dict(rich_manifest())
-    node = raw
-    for key in path:
-        node = node[key]
-    node["surprise"] = 1
-    error = _located(raw)
+    error = _refused_rich((*path, "surprise"), 1)
     assert error.where == where and says in str(error)
 
 
@@ -581,9 +586,7 @@ def test_a_dataclass_rule_names_its_field_in_python_and_its_path_when_read() -> 
     raw = sample_dict()
     raw["shapes"][0]["rows"] = {"independent": True, "detail": "x" * 401}
     assert _located(raw).where == "manifest.shapes[0].rows.detail"
-    raw = manifest_to_dict(rich_manifest())
-    raw["precision"]["default"] = "tf32"
-    assert _located(raw).where == "manifest.precision.default"
+    assert _refused_rich(("precision", "default"), "tf32").where == "manifest.precision.default"
 
 
 def test_a_padding_axis_an_entry_lacks_is_refused_not_a_crash() -> None:
@@ -622,12 +625,7 @@ def test_a_padding_axis_an_entry_lacks_is_refused_not_a_crash() -> None:
 ])
 def test_malformed_padding_is_refused_by_path(path: tuple[Any, ...], value: Any, where: str,
                                               says: str) -> None:
-    raw = manifest_to_dict(rich_manifest())
-    node = raw
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    error = _located(raw)
+    error = _refused_rich(path, value)
     assert error.where == where and says in error.problem
 
 
@@ -648,12 +646,7 @@ def test_an_integer_beyond_a_floats_range_is_refused_not_a_crash(path: tuple[Any
                                                                   where: str, says: str) -> None:
     """An OverflowError (``math.isfinite`` of a 400-digit integer) escaped the reader for
     every float field but the noise."""
-    raw = manifest_to_dict(rich_manifest())
-    node = raw
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = HUGE
-    error = _located(raw)
+    error = _refused_rich(path, HUGE)
     assert error.where == where and says in error.problem and len(str(error)) < 200
 
 
