@@ -5,7 +5,8 @@ that matches its nature, so ``except ValueError`` keeps working::
 
     QkanPackError
     ├── ShapeSpecError (ValueError)         bad --shapes / --dtype / --config text
-    ├── ManifestError (ValueError)          missing/invalid field, unknown or newer format
+    ├── ManifestError (ValueError)          missing/invalid/unknown field, unknown or newer
+    │   │                                   format  [.where: the JSON path, .problem]
     │   └── IncompatibleArtifactError       built for a newer format or an unsafe runtime
     ├── FileReadError (OSError)             a supplied file that is not a regular file, is
     │                                       missing, unreadable or over its size limit
@@ -134,7 +135,16 @@ class ShapeSpecError(QkanPackError, ValueError):
 
 
 class ManifestError(QkanPackError, ValueError):
-    """A manifest that is not a valid qkan-pack manifest."""
+    """A manifest (or another JSON document of an artifact: the precompiled plan) that is not
+    valid. ``where``: the JSON path of the value refused
+    (``manifest.shapes[2].outputs.tensor.shape[1]``; ``manifest`` for the document as a
+    whole), None where no document path applies; ``problem``: what is wrong there. The
+    message is the two together."""
+
+    def __init__(self, problem: str, *, where: str | None = None) -> None:
+        super().__init__(f"{where} {problem}" if where else problem)
+        self.problem = problem
+        self.where = where
 
 
 class IncompatibleArtifactError(ManifestError):

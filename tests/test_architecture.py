@@ -52,7 +52,8 @@ PUBLIC = {
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
-        "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs", "leaf_names_of", "spread_for",
+        "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
+        "leaf_names_of", "spread_for",
         "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",
@@ -92,6 +93,10 @@ PUBLIC = {
         "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
         "precision_choice_to_dict", "shape_fix", "with_batch_sizes",
+        "MAX_ROW_DETAIL", "RowProof", "entry_batch", "input_batch",
+        # the declarative JSON the manifest and the precompiled plan are read and written by
+        "Choice", "Integer", "JsonObject", "ListOf", "Nested", "Text", "json_field",
+        "read_object", "write_object",
     ],
     "qkan_pack.predict": ["INPUT_SUFFIXES", "OUTPUT_SUFFIXES", "check_output", "named_outputs",
                           "read_inputs", "summarize", "write_outputs"],

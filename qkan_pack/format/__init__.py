@@ -99,6 +99,17 @@ from ._padding import (
     find_axes,
     fit_entry,
 )
+from ._schema import (
+    Choice,
+    Integer,
+    JsonObject,
+    ListOf,
+    Nested,
+    Text,
+    json_field,
+    read_object,
+    write_object,
+)
 from ._shape_fix import shape_fix
 
 __all__ = [
@@ -132,13 +143,18 @@ __all__ = [
     "SOURCE_DIR",
     "WEIGHTS_NAME",
     "CapturePolicy",
+    "Choice",
     "DType",
     "FileEntry",
     "InputDecl",
+    "Integer",
+    "JsonObject",
     "KernelSet",
+    "ListOf",
     "Manifest",
     "Metadata",
     "ModelInfo",
+    "Nested",
     "OutputClass",
     "OutputNode",
     "PadValue",
@@ -152,6 +168,7 @@ __all__ = [
     "ShapeEntry",
     "Signature",
     "TensorSpec",
+    "Text",
     "accepted_ranges",
     "check_class_labels",
     "check_config",
@@ -171,6 +188,7 @@ __all__ = [
     "format_shape",
     "geometric_mean",
     "input_batch",
+    "json_field",
     "loads_strict",
     "manifest_schema",
     "manifest_to_dict",
@@ -185,6 +203,8 @@ __all__ = [
     "parse_shape",
     "parse_shapes",
     "precision_choice_to_dict",
+    "read_object",
     "shape_fix",
     "with_batch_sizes",
+    "write_object",
 ]

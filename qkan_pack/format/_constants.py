@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 FORMAT_NAME = "qkan-pack"
+#: A key added to the manifest comes with a new version (docs/artifacts.md, "Unknown keys").
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "weights.safetensors"

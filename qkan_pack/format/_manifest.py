@@ -1,7 +1,11 @@
-"""The manifest: frozen dataclasses describing an artifact, and their strict JSON I/O.
+"""The manifest: frozen dataclasses describing an artifact, and their JSON.
 
-Every reader here either returns a valid frozen object or raises a ``QkanPackError``
-subclass; no other exception escapes (the property tests hold us to it).
+Every field declares its JSON key and rule (``_schema.json_field``); one reader and one writer
+walk those declarations. What reading a field cannot check alone is checked after it
+(``_check_manifest``): every input named in every shape, every file listed, padding and
+precision figures that fit the declared shapes. A reader here either returns a valid frozen
+object or raises a ``QkanPackError`` subclass naming the JSON path (``ManifestError.where``);
+no other exception escapes (the property tests hold us to it).
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import IncompatibleArtifactError, ManifestError, ShapeSpecError
 from ._constants import (
     CAPTURE_POLICIES,
+    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -31,8 +36,28 @@ from ._constants import (
 from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
 from ._json import loads_strict
 from ._metadata import Metadata, metadata_from, metadata_to_dict
-from ._old.v1 import upgrade_v1
-from ._padding import Padding, padding_from, padding_to_dict
+from ._padding import Padding, check_padding
+from ._schema import (
+    WHEN_DEFAULT,
+    Boolean,
+    Choice,
+    Codec,
+    Custom,
+    Integer,
+    JsonObject,
+    ListOf,
+    MapOf,
+    Nested,
+    Nullable,
+    Number,
+    Text,
+    json_field,
+    key_path,
+    read_object,
+    refuse,
+    show,
+    write_object,
+)
 
 #: Producer fields the runtime compares with its own versions: text or null.
 _PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",
@@ -43,9 +68,63 @@ OUTPUT_KINDS = ("tensor", "tuple", "list", "dict", "none")
 #: transformers' ModelOutput, ``cls(**items)``), ``dataclass`` (``cls(**fields)``),
 #: ``namedtuple`` (``cls(*items)``).
 OUTPUT_CLASS_FORMS = ("mapping", "dataclass", "namedtuple")
+#: The deepest output structure a manifest may describe.
+MAX_OUTPUT_DEPTH = 16
 
 #: One accepted input signature: input name -> (shape, dtype), in declared order.
 Signature = Mapping[str, tuple[Shape, str]]
+
+
+def _inside_artifact(path: str) -> bool:
+    """A plain relative POSIX path that stays inside the artifact."""
+    return bool(path) and len(path) <= 255 and not path.startswith("/") \
+        and "\\" not in path and "\x00" not in path \
+        and not any(part in ("", ".", "..") for part in path.split("/"))
+
+
+def _dotted(name: str) -> bool:
+    return all(IDENTIFIER.match(part) for part in name.split("."))
+
+
+class _DType(Codec):
+    """A dtype name (aliases such as ``float`` read as their canonical name)."""
+
+    what = f"one of {', '.join(DTYPES)}"
+
+    def accepts(self, value: Any) -> bool:
+        try:
+            check_dtype(value)
+        except ShapeSpecError:
+            return False
+        return True
+
+    def read(self, value: Any, where: str) -> str:
+        return check_dtype(super().read(value, where))
+
+
+class _Range(Codec):
+    """An input's value range, ``[low, high]``."""
+
+    what = "[low, high] with low < high"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, list) and len(value) == 2 \
+            and all(type(v) in (int, float) for v in value) and value[0] < value[1]
+
+    def read(self, value: Any, where: str) -> tuple[float, float]:
+        return tuple(super().read(value, where))  # type: ignore[return-value]
+
+    def write(self, value: Any) -> list[float]:
+        return list(value)
+
+
+TEXT = Text()
+TEXTS = MapOf(TEXT)
+OBJECT = JsonObject()
+PATH = Text(_inside_artifact, "relative and stay inside the artifact")
+PRECISION = Choice(PRECISIONS)
+DTYPE = _DType()
+DIMS = ListOf(Integer(1, MAX_DIM), min_len=1, max_len=MAX_RANK)
 
 
 # ---------------------------------------------------------------------------
@@ -55,8 +134,10 @@ Signature = Mapping[str, tuple[Shape, str]]
 
 @dataclass(frozen=True)
 class TensorSpec:
-    shape: Shape
-    dtype: str
+    """One output tensor's shape and dtype, as the build recorded it."""
+
+    shape: Shape = json_field(ListOf(Integer(0), max_len=MAX_RANK))
+    dtype: str = json_field(DTYPE)
 
     @property
     def label(self) -> str:
@@ -71,9 +152,9 @@ class OutputClass:
     imported by name from the manifest.
     """
 
-    module: str
-    qualname: str
-    form: str  # one of OUTPUT_CLASS_FORMS
+    module: str = json_field(Text(_dotted, "a dotted Python name"))
+    qualname: str = json_field(Text(_dotted, "a dotted Python name"))
+    form: str = json_field(Choice(OUTPUT_CLASS_FORMS))
 
     @property
     def label(self) -> str:
@@ -83,7 +164,9 @@ class OutputClass:
 @dataclass(frozen=True)
 class OutputNode:
     """One node of a model's output structure: a tensor, None, a tuple/list or a dict,
-    the containers optionally of a recorded class (``cls``)."""
+    the containers optionally of a recorded class (``cls``). In JSON, an object with one key
+    naming the kind (``{"tensor": {...}}``, ``{"tuple": [...]}``) and optionally ``class``
+    (``_Outputs``)."""
 
     kind: str  # one of OUTPUT_KINDS
     tensor: TensorSpec | None = None
@@ -140,17 +223,71 @@ class OutputNode:
         return f"{self.cls.label}{text}" if self.cls is not None else text
 
 
+class _Outputs(Codec):
+    """An ``OutputNode`` tree, at most ``MAX_OUTPUT_DEPTH`` levels below ``depth``."""
+
+    def __init__(self, depth: int = 0) -> None:
+        self.depth = depth
+
+    def read(self, value: Any, where: str) -> OutputNode:
+        if self.depth > MAX_OUTPUT_DEPTH:
+            refuse(where, f"nests deeper than {MAX_OUTPUT_DEPTH} levels")
+        raw = OBJECT.read(value, where)
+        kinds = [key for key in raw if key != "class"]
+        if len(kinds) != 1:
+            refuse(where, f"must have exactly one of {'/'.join(OUTPUT_KINDS)}, got {kinds}")
+        kind, here = kinds[0], key_path(where, kinds[0])
+        child = _Outputs(self.depth + 1)
+        if kind == "tensor":
+            node = OutputNode("tensor", tensor=read_object(TensorSpec, raw[kind], here))
+        elif kind == "none":
+            if raw[kind] is not None:
+                refuse(here, f"must be null, got {show(raw[kind])}")
+            node = OutputNode("none")
+        elif kind in ("tuple", "list"):
+            node = OutputNode(kind, items=ListOf(child).read(raw[kind], here))
+        elif kind == "dict":
+            pairs = MapOf(child, pairs=True).read(raw[kind], here)
+            node = OutputNode("dict", items=tuple(v for _, v in pairs), keys=tuple(k for k, _ in pairs))
+        else:
+            refuse(here, f"is an unknown output kind: one of {'/'.join(OUTPUT_KINDS)} expected")
+        if "class" not in raw:
+            return node
+        cls = read_object(OutputClass, raw["class"], key_path(where, "class"))
+        if node.kind not in ("tuple", "dict") or (cls.form == "namedtuple") != (node.kind == "tuple"):
+            refuse(f"{where}.class", f"{cls.form} does not fit a {node.kind} output")
+        return replace(node, cls=cls)
+
+    def write(self, node: OutputNode) -> dict[str, Any]:
+        if node.kind == "tensor" and node.tensor is not None:
+            return {"tensor": write_object(node.tensor)}
+        if node.kind == "none":
+            return {"none": None}
+        if node.kind == "dict":
+            data: dict[str, Any] = {"dict": {k: self.write(v) for k, v in zip(node.keys, node.items)}}
+        else:
+            data = {node.kind: [self.write(item) for item in node.items]}
+        if node.cls is not None:
+            data["class"] = write_object(node.cls)
+        return data
+
+
+def _without_range(decl: InputDecl) -> bool:
+    return decl.low is None or decl.high is None
+
+
 @dataclass(frozen=True)
 class InputDecl:
     """One model input: its name, dtype, and for integer inputs (and float inputs built with
     ``--input-range``) the range reference values were drawn from (``low`` inclusive,
-    ``high`` exclusive) and where that range came from."""
+    ``high`` exclusive; JSON ``range``) and where that range came from."""
 
-    name: str
-    dtype: str
-    low: float | None = None
+    name: str = json_field(Text(IDENTIFIER, "an identifier"))
+    dtype: str = json_field(DTYPE)
+    low: float | None = json_field(_Range(), key="range", fills=("low", "high"), default=None,
+                                   omit=_without_range)
     high: float | None = None
-    range_source: str = ""
+    range_source: str = json_field(TEXT, default="", omit=_without_range)
 
     @property
     def index_bounds(self) -> tuple[int, int] | None:
@@ -185,43 +322,45 @@ class RowProof:
     serve packs rows of different requests into one replay of the entry only when
     ``independent``."""
 
-    independent: bool
-    detail: str = ""
+    independent: bool = json_field(Boolean())
+    detail: str = json_field(TEXT, default="", omit=WHEN_DEFAULT)
 
     def __post_init__(self) -> None:
         if len(self.detail) > MAX_ROW_DETAIL:
-            raise ManifestError(f"rows.detail is {len(self.detail)} characters; at most "
-                                f"{MAX_ROW_DETAIL}")
+            raise ManifestError(f"is {len(self.detail)} characters; at most {MAX_ROW_DETAIL}",
+                                where="detail")
 
 
 @dataclass(frozen=True)
 class ShapeEntry:
     """One declared input signature: a shape per input, its outputs, its reference file."""
 
-    inputs: tuple[tuple[str, Shape], ...]
-    outputs: OutputNode
-    reference: str
+    inputs: tuple[tuple[str, Shape], ...] = json_field(MapOf(DIMS, pairs=True))
+    outputs: OutputNode = json_field(_Outputs())
+    reference: str = json_field(PATH)
     #: The reference outputs' float32 rounding noise (against the model in float64, as a
     #: share of each output's scale); None where build could not measure it (and in
     #: artifacts from before it did).
-    noise: float | None = None
+    noise: float | None = json_field(Nullable(Number()), default=None, omit=WHEN_DEFAULT)
     #: Per reduced precision build gated: how far its outputs were from these references
     #: (and the ``--calibration`` inputs of this shape) on the build host, as a share of each
     #: output's scale, the worst output; None where the build host cannot compute in it (TF32
     #: on a CPU). Shown, never used as a bound: each load measures its own.
-    precision_error: Mapping[str, float | None] = field(default_factory=dict)
+    precision_error: Mapping[str, float | None] = json_field(
+        MapOf(Nullable(Number(low=0)), key=PRECISION), factory=dict, omit=WHEN_DEFAULT)
     #: Whether its rows are independent (``RowProof``), for an entry with a batch axis of
     #: two rows or more (``entry_batch``); None for others, and where build did not prove
     #: it (artifacts from before it did): serve then never mixes requests' rows in it.
-    rows: RowProof | None = None
+    rows: RowProof | None = json_field(Nullable(Nested(RowProof)), default=None,
+                                       omit=WHEN_DEFAULT)
 
     def __post_init__(self) -> None:
         if self.noise is not None and not 0 <= self.noise <= 1:  # NaN too
-            raise ManifestError(f"shape {self.label}: noise must be a number in [0, 1], "
-                                f"got {self.noise!r}")
+            raise ManifestError(f"must be a number in [0, 1], got {show(self.noise)}",
+                                where="noise")
         if self.rows is not None and (input_batch(self) or 0) < 2:
-            raise ManifestError(f"shape {self.label}: rows is recorded only for a shape whose "
-                                "inputs all lead with one batch size of two or more")
+            raise ManifestError("is recorded only for a shape whose inputs all lead with one "
+                                "batch size of two or more", where="rows")
 
     @property
     def batches_rows(self) -> bool:
@@ -238,23 +377,32 @@ class ShapeEntry:
 
 @dataclass(frozen=True)
 class CapturePolicy:
-    policy: str = "auto"
-    submodules: tuple[str, ...] = ()
+    """What a load captures per shape: the whole forward (``full``), submodules (those of
+    the classes named in ``submodules``, else the largest blocks that capture), or the whole
+    forward falling back to submodules where it cannot be captured (``auto``)."""
+
+    policy: str = json_field(Choice(CAPTURE_POLICIES), default="auto")
+    submodules: tuple[str, ...] = json_field(ListOf(Text(IDENTIFIER, "a class name")), default=())
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    size: int
-    sha256: str
+    """One listed file's size and sha256: the digest covers it through the manifest."""
+
+    size: int = json_field(Integer(0))
+    sha256: str = json_field(Text(SHA256_HEX, "64 lowercase hex digits"))
 
 
 @dataclass(frozen=True)
 class KernelSet:
     """JIT-compiled kernels shipped for one GPU architecture + toolchain key."""
 
-    key: str
-    directory: str
-    details: Mapping[str, str] = field(default_factory=dict)
+    key: str = json_field(TEXT)
+    directory: str = json_field(PATH)
+    details: Mapping[str, str] = json_field(TEXTS, factory=dict)
+
+
+_FIGURES = MapOf(ListOf(Number(low=0)), key=PRECISION)
 
 
 @dataclass(frozen=True)
@@ -268,13 +416,13 @@ class PrecisionChoice:
     where a large batch gains from bfloat16); empty: every shape runs ``precision``, the
     choice over all shapes."""
 
-    key: str
-    precision: str
-    details: Mapping[str, str] = field(default_factory=dict)
-    latency_us: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    error: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    refused: Mapping[str, str] = field(default_factory=dict)
-    shapes: tuple[str, ...] = ()
+    key: str = json_field(TEXT)
+    precision: str = json_field(PRECISION)
+    details: Mapping[str, str] = json_field(TEXTS, factory=dict)
+    latency_us: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
+    error: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
+    refused: Mapping[str, str] = json_field(MapOf(TEXT, key=PRECISION), factory=dict)
+    shapes: tuple[str, ...] = json_field(ListOf(PRECISION), default=(), omit=WHEN_DEFAULT)
 
     def for_shape(self, index: int) -> str:
         """The precision manifest shape ``index`` runs on this kind of device."""
@@ -303,18 +451,24 @@ class PrecisionPolicy:
     every one of them at every load, on the loading device (a share of each output's scale).
     """
 
-    default: str
-    max_error: float
-    allowed: tuple[str, ...]
-    choices: tuple[PrecisionChoice, ...] = ()
+    default: str = json_field(PRECISION)
+    max_error: float = json_field(Number())
+    allowed: tuple[str, ...] = json_field(ListOf(PRECISION))
+    choices: tuple[PrecisionChoice, ...] = json_field(
+        ListOf(Nested(PrecisionChoice), unique=(lambda choice: choice.key, "device key")),
+        default=())
 
     def __post_init__(self) -> None:
-        if self.default not in self.allowed or "fp32" not in self.allowed:
-            raise ManifestError(f"precision: default {self.default!r} and fp32 must be among "
-                                f"the allowed precisions {list(self.allowed)}")
+        if len(set(self.allowed)) != len(self.allowed) or "fp32" not in self.allowed:
+            raise ManifestError(f"must list fp32 and each precision once, got "
+                                f"{show(list(self.allowed))}", where="allowed")
+        if self.default not in self.allowed:
+            raise ManifestError(f"must be among the allowed precisions "
+                                f"{', '.join(self.allowed)}, got {show(self.default)}",
+                                where="default")
         if not 0 < self.max_error <= MAX_MAX_ERROR:  # NaN too
-            raise ManifestError(f"precision.max_error must be in (0, {MAX_MAX_ERROR:g}], "
-                                f"got {self.max_error!r:.40}")
+            raise ManifestError(f"must be in (0, {MAX_MAX_ERROR:g}], got "
+                                f"{show(self.max_error)}", where="max_error")
 
     def choice(self, key: str) -> PrecisionChoice | None:
         """The choice recorded for device ``key``, if any."""
@@ -323,15 +477,56 @@ class PrecisionPolicy:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    source: str
-    entry: str
-    config: Mapping[str, Any]
-    includes: tuple[str, ...] = ()
-    parameters: int = 0
-    tied: tuple[tuple[str, ...], ...] = ()
-    device_argument: bool = False
-    packages: Mapping[str, str] = field(default_factory=dict)  # third-party imports' versions
-    solvers: tuple[str, ...] = ()  # solvers the modules ran at build (QKAN: exact, flash...)
+    """The model: its source file (and ``--include`` files), the factory (``entry``) and the
+    ``config`` it is called with, its parameter count, tied weights, whether the factory
+    takes ``device``, and what the build saw of its environment."""
+
+    source: str = json_field(PATH)
+    entry: str = json_field(Text(IDENTIFIER, "a Python identifier"))
+    config: Mapping[str, Any] = json_field(OBJECT, factory=dict)
+    includes: tuple[str, ...] = json_field(ListOf(PATH), default=())
+    parameters: int = json_field(Integer(), default=0)
+    tied: tuple[tuple[str, ...], ...] = json_field(ListOf(ListOf(TEXT)), default=())
+    device_argument: bool = json_field(Boolean(), default=False)
+    #: Third-party imports' versions.
+    packages: Mapping[str, str] = json_field(TEXTS, factory=dict)
+    #: Solvers the modules ran at build (QKAN: exact, flash...).
+    solvers: tuple[str, ...] = json_field(ListOf(TEXT), default=())
+
+    _json_order = ("source", "includes", "entry", "config", "device_argument", "parameters",
+                   "tied", "packages", "solvers")
+
+
+_VERSION = Nullable(TEXT)
+
+
+def _read_producer(value: Any, where: str) -> dict[str, Any]:
+    producer = OBJECT.read(value, where)
+    for key in _PRODUCER_TEXT:
+        _VERSION.read(producer.get(key), key_path(where, key))
+    return producer
+
+
+def _read_metadata(value: Any, where: str) -> Metadata:
+    try:
+        return metadata_from(value, where)
+    except ManifestError as exc:
+        if exc.where is None:
+            exc.where = where  # its message already names the place: metadata_from was told it
+        raise
+
+
+def _check_input(decl: InputDecl, where: str) -> InputDecl:
+    if decl.range_source and _without_range(decl):
+        refuse(f"{where}.range_source", "is given without a range")
+    return decl
+
+
+def _check_entry(entry: ShapeEntry, where: str) -> ShapeEntry:
+    for name, first, second in entry.outputs.name_clashes()[:1]:
+        refuse(f"{where}.outputs", f"give {first} and {second} one name, {name}: output names "
+                                   "must differ")
+    return entry
 
 
 @dataclass(frozen=True)
@@ -340,26 +535,39 @@ class Manifest:
     (by their declared names) or ``positional`` (in declared order: one unnamed input, and
     every format-1 artifact)."""
 
-    producer: Mapping[str, Any]
-    model: ModelInfo
-    inputs: tuple[InputDecl, ...]
-    shapes: tuple[ShapeEntry, ...]
-    capture: CapturePolicy
-    files: Mapping[str, FileEntry]
-    call: str = "positional"
-    reference_device: str = "cpu"
-    reference_precision: str = "highest"  # torch float32 matmul precision at build
-    created: str = ""  # format 1 only: builds are reproducible, nothing time-dependent
-    kernels: tuple[KernelSet, ...] = ()
-    metadata: Metadata = field(default_factory=Metadata)
+    producer: Mapping[str, Any] = json_field(Custom(_read_producer, dict))
+    model: ModelInfo = json_field(Nested(ModelInfo))
+    inputs: tuple[InputDecl, ...] = json_field(ListOf(
+        Nested(InputDecl, _check_input), min_len=1, unique=(lambda decl: decl.name, "name")))
+    shapes: tuple[ShapeEntry, ...] = json_field(ListOf(
+        Nested(ShapeEntry, _check_entry), min_len=1, max_len=MAX_SHAPES,
+        unique=(lambda entry: frozenset(entry.inputs), "input shapes")))
+    capture: CapturePolicy = json_field(Nested(CapturePolicy))
+    files: Mapping[str, FileEntry] = json_field(MapOf(Nested(FileEntry), key=PATH, sort=True))
+    call: str = json_field(Choice(CALL_CONVENTIONS), default="positional", required=True)
+    reference_device: str = json_field(TEXT, default="cpu")
+    #: torch float32 matmul precision at build.
+    reference_precision: str = json_field(Choice(("highest", "high", "medium")),
+                                          default="highest")
+    #: The build time format 1 recorded (kept when read); builds are reproducible now,
+    #: nothing time-dependent.
+    created: str = json_field(TEXT, default="", omit=WHEN_DEFAULT)
+    kernels: tuple[KernelSet, ...] = json_field(ListOf(Nested(KernelSet)), default=())
+    metadata: Metadata = json_field(Custom(_read_metadata, metadata_to_dict), factory=Metadata)
     #: Declared padding (``build --pad``): calls may be smaller along its axes. None: exact
     #: shapes only.
-    padding: Padding | None = None
+    padding: Padding | None = json_field(Nullable(Nested(Padding)), default=None,
+                                         omit=WHEN_DEFAULT)
     #: Reduced precision (``build --precision``). None: float32, as every artifact built
     #: without it.
-    precision: PrecisionPolicy | None = None
-    format_name: str = FORMAT_NAME
-    format_version: int = FORMAT_VERSION
+    precision: PrecisionPolicy | None = json_field(Nullable(Nested(PrecisionPolicy)),
+                                                   default=None, omit=WHEN_DEFAULT)
+    format_name: str = json_field(Choice((FORMAT_NAME,)), key="format", default=FORMAT_NAME)
+    format_version: int = json_field(Integer(1, FORMAT_VERSION), default=FORMAT_VERSION)
+
+    _json_order = ("format_name", "format_version", "created", "metadata", "producer", "model",
+                   "call", "inputs", "shapes", "reference_device", "reference_precision",
+                   "capture", "kernels", "padding", "precision", "files")
 
     def input_dtype(self, name: str) -> str:
         return {decl.name: decl.dtype for decl in self.inputs}[name]
@@ -400,7 +608,7 @@ def manifest_schema(manifest: Manifest) -> dict[str, Any]:
         "inputs": inputs,
         "outputs": list(outputs.values()),
         "entries": [{"inputs": {n: list(s) for n, s in entry.inputs},
-                     "outputs": _output_to_dict(entry.outputs)} for entry in manifest.shapes],
+                     "outputs": _Outputs().write(entry.outputs)} for entry in manifest.shapes],
         "call": manifest.call,
     }
 
@@ -412,554 +620,111 @@ def manifest_schema(manifest: Manifest) -> dict[str, Any]:
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     """The manifest as JSON-ready data, in the current format (what the writer emits)."""
-    return {
-        "format": manifest.format_name,
-        "format_version": manifest.format_version,
-        "metadata": metadata_to_dict(manifest.metadata),
-        "producer": dict(manifest.producer),
-        "model": _model_to_dict(manifest.model),
-        "call": manifest.call,
-        "inputs": [_input_to_dict(d) for d in manifest.inputs],
-        "shapes": [_shape_to_dict(entry) for entry in manifest.shapes],
-        "reference_device": manifest.reference_device,
-        "reference_precision": manifest.reference_precision,
-        "capture": {
-            "policy": manifest.capture.policy,
-            "submodules": list(manifest.capture.submodules),
-        },
-        "kernels": [
-            {"key": k.key, "directory": k.directory, "details": dict(k.details)}
-            for k in manifest.kernels
-        ],
-        **({"padding": padding_to_dict(manifest.padding)} if manifest.padding else {}),
-        **({"precision": _precision_to_dict(manifest.precision)} if manifest.precision else {}),
-        "files": {
-            name: {"size": entry.size, "sha256": entry.sha256}
-            for name, entry in sorted(manifest.files.items())
-        },
-    }
-
-
-def _model_to_dict(model: ModelInfo) -> dict[str, Any]:
-    return {
-        "source": model.source,
-        "includes": list(model.includes),
-        "entry": model.entry,
-        "config": dict(model.config),
-        "device_argument": model.device_argument,
-        "parameters": model.parameters,
-        "tied": [list(group) for group in model.tied],
-        "packages": dict(model.packages),
-        "solvers": list(model.solvers),
-    }
-
-
-def _shape_to_dict(entry: ShapeEntry) -> dict[str, Any]:
-    return {
-        "inputs": {name: list(shape) for name, shape in entry.inputs},
-        "outputs": _output_to_dict(entry.outputs),
-        "reference": entry.reference,
-        **({} if entry.noise is None else {"noise": entry.noise}),
-        **({"precision_error": dict(entry.precision_error)} if entry.precision_error else {}),
-        **({} if entry.rows is None else {"rows": _rows_to_dict(entry.rows)}),
-    }
-
-
-def _rows_to_dict(rows: RowProof) -> dict[str, Any]:
-    return {"independent": rows.independent, **({"detail": rows.detail} if rows.detail else {})}
-
-
-def _precision_to_dict(policy: PrecisionPolicy) -> dict[str, Any]:
-    return {
-        "default": policy.default,
-        "max_error": policy.max_error,
-        "allowed": list(policy.allowed),
-        "choices": [precision_choice_to_dict(choice) for choice in policy.choices],
-    }
+    return write_object(manifest)
 
 
 def precision_choice_to_dict(choice: PrecisionChoice) -> dict[str, Any]:
     """One device's precision choice as JSON-ready data (the manifest's, ``warm --json``'s)."""
-    return {"key": choice.key, "precision": choice.precision, "details": dict(choice.details),
-            "latency_us": {p: list(v) for p, v in choice.latency_us.items()},
-            "error": {p: list(v) for p, v in choice.error.items()},
-            "refused": dict(choice.refused),
-            **({"shapes": list(choice.shapes)} if choice.shapes else {})}
+    return write_object(choice)
 
 
 def dumps_manifest(manifest: Manifest) -> bytes:
     return (json.dumps(manifest_to_dict(manifest), indent=2, sort_keys=False) + "\n").encode()
 
 
-def _input_to_dict(decl: InputDecl) -> dict[str, Any]:
-    data: dict[str, Any] = {"name": decl.name, "dtype": decl.dtype}
-    if decl.low is not None and decl.high is not None:
-        data["range"] = [decl.low, decl.high]
-        data["range_source"] = decl.range_source
-    return data
-
-
-def _output_to_dict(node: OutputNode) -> dict[str, Any]:
-    if node.kind == "tensor" and node.tensor is not None:
-        return {"tensor": {"shape": list(node.tensor.shape), "dtype": node.tensor.dtype}}
-    if node.kind == "none":
-        return {"none": None}
-    if node.kind == "dict":
-        data: dict[str, Any] = {"dict": {k: _output_to_dict(v) for k, v in zip(node.keys, node.items)}}
-    else:
-        data = {node.kind: [_output_to_dict(item) for item in node.items]}
-    if node.cls is not None:
-        data["class"] = {"module": node.cls.module, "qualname": node.cls.qualname,
-                         "form": node.cls.form}
-    return data
-
-
 def parse_manifest(data: str | bytes) -> Manifest:
     """Parse and validate manifest JSON; refuse newer formats with 'upgrade qkan-pack'."""
     if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(
-            f"manifest is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES} "
-            "(a real manifest is a few KiB: this one is corrupt or hostile)"
-        )
-    raw = loads_strict(data)
-    reader = _Reader(raw, "manifest")
-    version = _check_format(reader)
-    if version == 1:
-        reader = _Reader(upgrade_v1(reader.raw), "manifest")
-    return reader.build(_manifest_from)
+        refuse("manifest", f"is {len(data)} bytes; the limit is {MAX_MANIFEST_BYTES} (a real "
+                           "manifest is a few KiB: this one is corrupt or hostile)")
+    try:
+        raw = loads_strict(data)
+    except ManifestError as exc:
+        raise ManifestError(f"cannot be read: {exc}", where="manifest") from None
+    if _format_version(raw) == 1:
+        from ._old.v1 import upgrade_v1  # here: only format-1 artifacts pay for its import
+
+        raw = upgrade_v1(raw)
+    return read_object(Manifest, raw, "manifest", _check_manifest)
 
 
-def _check_format(reader: _Reader) -> int:
-    name = reader.get("format", str)
+def _format_version(raw: Any) -> int:
+    """The format version, after the format name: checked before anything else is read."""
+    name = OBJECT.read(raw, "manifest").get("format")
     if name != FORMAT_NAME:
-        raise ManifestError(f"not a qkan-pack manifest (format {name!r}, expected {FORMAT_NAME!r})")
-    version = reader.get("format_version", int)
+        refuse("manifest.format", f"must be {show(FORMAT_NAME)}, got {show(name)}: not a qkan-pack "
+                                  "manifest")
+    version = Integer(1).read(raw.get("format_version"), "manifest.format_version")
     if version > FORMAT_VERSION:
         raise IncompatibleArtifactError(
-            f"artifact format version {version} is newer than this qkan-pack reads "
-            f"(up to {FORMAT_VERSION}): upgrade qkan-pack (pip install -U qkan-pack)"
-        )
-    if version < 1:
-        raise ManifestError(f"format_version {version} is invalid: versions start at 1")
+            f"is {version}, newer than this qkan-pack reads (up to {FORMAT_VERSION}): upgrade "
+            "qkan-pack (pip install -U qkan-pack)", where="manifest.format_version")
     return version
 
 
-def _manifest_from(reader: _Reader) -> Manifest:
-    inputs = _inputs_from(reader)
-    shapes = _shapes_from(reader, [d.name for d in inputs])
-    files = reader.child("files").mapping(_file_from)
-    model = reader.child("model").build(_model_from)
-    _check_files_listed(files, shapes, model)
-    return Manifest(
-        format_version=reader.get("format_version", int),
-        created=reader.get("created", str, default=""),
-        producer=reader.child("producer").build(_producer_from),
-        model=model,
-        call=reader.choice("call", CALL_CONVENTIONS),
-        inputs=inputs,
-        shapes=shapes,
-        reference_device=reader.get("reference_device", str, default="cpu"),
-        reference_precision=reader.choice("reference_precision", ("highest", "high", "medium"),
-                                          default="highest"),
-        capture=reader.child("capture").build(_capture_from),
-        kernels=tuple(reader.each("kernels", _kernel_from, default=[])),
-        metadata=metadata_from(reader.raw.get("metadata")),
-        padding=_padding_from(reader.raw.get("padding"), inputs, shapes),
-        precision=_precision_from(reader.raw.get("precision"), len(shapes)),
-        files=files,
-    )
+def _check_manifest(manifest: Manifest, where: str) -> Manifest:
+    """The rules between a manifest's parts, once each part has been read; the shapes' inputs
+    put in declared order."""
+    names = list(manifest.input_names)
+    shapes = tuple(_in_declared_order(entry, names, f"{where}.shapes[{index}]")
+                   for index, entry in enumerate(manifest.shapes))
+    manifest = replace(manifest, shapes=shapes)
+    _check_files_listed(manifest, where)
+    if manifest.padding is not None:
+        check_padding(manifest.padding, {decl.name: decl.dtype for decl in manifest.inputs},
+                      [(dict(entry.inputs), [leaf.shape for leaf in entry.outputs.leaves()],
+                        entry.label) for entry in shapes], f"{where}.padding")
+    if manifest.precision is not None:
+        _check_precision(manifest.precision, len(shapes), f"{where}.precision")
+    return manifest
 
 
-def _precision_from(raw: Any, shapes: int) -> PrecisionPolicy | None:
-    """``manifest.precision``: known precisions only, float32 always allowed, ``max_error``
-    within ``MAX_MAX_ERROR``, one choice per device key naming an allowed precision, and
-    figures for every shape of each precision timed."""
-    if raw is None:
-        return None
-    reader = _Reader(raw, "manifest.precision")
-    allowed = tuple(_precision_names(reader.get("allowed", list), "manifest.precision.allowed"))
-    if len(set(allowed)) != len(allowed) or "fp32" not in allowed:
-        raise ManifestError(f"manifest.precision.allowed must list fp32 and each precision once, "
-                            f"got {list(allowed)}")
-    default = reader.choice("default", tuple(PRECISIONS))
-    max_error = reader.get("max_error", float)
-    choices = tuple(reader.each("choices", lambda r: _choice_from(r, allowed, shapes),
-                                default=[]))
-    if len({c.key for c in choices}) != len(choices):
-        raise ManifestError("manifest.precision.choices names a device key twice")
-    return PrecisionPolicy(default=default, max_error=float(max_error), allowed=allowed,
-                           choices=choices)
-
-
-def _precision_names(value: list[Any], where: str) -> list[str]:
-    if not all(isinstance(v, str) and v in PRECISIONS for v in value):
-        raise ManifestError(f"{where} must list precisions among {list(PRECISIONS)}")
-    return value
-
-
-def _choice_from(reader: _Reader, allowed: tuple[str, ...], shapes: int) -> PrecisionChoice:
-    precision = reader.choice("precision", allowed)
-    figures = {}
-    for name in ("latency_us", "error"):
-        table = reader.get(name, dict, default={})
-        _precision_names(list(table), f"{reader.where}.{name}")
-        for key, values in table.items():
-            if key not in allowed or not isinstance(values, list) or len(values) != shapes \
-                    or not all(_non_negative(v) for v in values):
-                raise ManifestError(f"{reader.where}.{name}.{key} must be {shapes} non-negative "
-                                    "numbers (one per shape) of an allowed precision")
-        figures[name] = {key: tuple(float(v) for v in values) for key, values in table.items()}
-    refused = _text_mapping(reader.get("refused", dict, default={}), f"{reader.where}.refused")
-    _precision_names(list(refused), f"{reader.where}.refused")
-    per_shape = reader.get("shapes", list, default=[])
-    if per_shape and (len(per_shape) != shapes or not all(p in allowed for p in per_shape)):
-        raise ManifestError(f"{reader.where}.shapes must name one allowed precision per shape "
-                            f"({shapes}), among {list(allowed)}")
-    return PrecisionChoice(
-        key=reader.get("key", str), precision=precision,
-        details=_text_mapping(reader.get("details", dict, default={}), f"{reader.where}.details"),
-        latency_us=figures["latency_us"], error=figures["error"], refused=refused,
-        shapes=tuple(per_shape))
-
-
-def _non_negative(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value >= 0
-
-
-def _padding_from(raw: Any, inputs: Sequence[InputDecl],
-                  shapes: Sequence[ShapeEntry]) -> Padding | None:
-    """``manifest.padding`` checked against the declared inputs and entries: every axis's
-    members share their size in each entry, and every output dimension said to follow an
-    axis is that axis's size in each entry (else a padded call's outputs would be cut
-    along a dimension that does not follow it)."""
-    dtypes = {d.name: d.dtype for d in inputs}
-    first = dict(shapes[0].inputs)
-    leaf_ranks = [len(leaf.shape) for leaf in shapes[0].outputs.leaves()]
-    padding = padding_from(raw, dtypes, {n: len(s) for n, s in first.items()}, leaf_ranks)
-    if padding is None:
-        return None
-    for entry in shapes:
-        sizes = dict(entry.inputs)
-        leaves = [leaf.shape for leaf in entry.outputs.leaves()]
-        for axis in padding.axes:
-            if len({sizes[name][dim] for name, dim in axis.inputs}) != 1:
-                raise ManifestError(f"manifest.padding: axis {axis.label} has members of "
-                                    f"different sizes in shape {entry.label}")
-            name, dim = axis.inputs[0]
-            for leaf, out_dim in axis.outputs:
-                if leaf >= len(leaves) or out_dim >= len(leaves[leaf]) \
-                        or leaves[leaf][out_dim] != sizes[name][dim]:
-                    raise ManifestError(f"manifest.padding: output {leaf} dim {out_dim} is said "
-                                        f"to follow axis {axis.label}, but is not its size in "
-                                        f"shape {entry.label}")
-    return padding
-
-
-def _inputs_from(reader: _Reader) -> tuple[InputDecl, ...]:
-    inputs = tuple(reader.each("inputs", _input_from))
-    names = [d.name for d in inputs]
-    if not names:
-        raise ManifestError("manifest.inputs is empty: an artifact declares at least one input")
-    if len(set(names)) != len(names):
-        raise ManifestError(f"manifest.inputs repeats a name: {names}")
-    return inputs
-
-
-def _shapes_from(reader: _Reader, names: list[str]) -> tuple[ShapeEntry, ...]:
-    shapes = tuple(reader.each("shapes", lambda r: _shape_from(r, names)))
-    if not shapes:
-        raise ManifestError("manifest.shapes is empty: an artifact declares at least one shape")
-    if len(shapes) > MAX_SHAPES:
-        raise ManifestError(f"manifest declares {len(shapes)} shapes; at most {MAX_SHAPES}")
-    if len({s.inputs for s in shapes}) != len(shapes):
-        raise ManifestError("manifest.shapes declares the same input shapes twice")
-    return shapes
-
-
-def _check_files_listed(files: Mapping[str, FileEntry], shapes: Sequence[ShapeEntry],
-                        model: ModelInfo) -> None:
-    """Every file the manifest names is in ``files``; the reserved names are not."""
-    for entry in shapes:
-        if entry.reference not in files:
-            raise ManifestError(f"reference {entry.reference!r} is not listed in manifest.files")
-    for path in (model.source, *model.includes):
-        if path not in files:
-            raise ManifestError(f"model source {path!r} is not listed in manifest.files")
-    if WEIGHTS_NAME not in files:
-        raise ManifestError(f"{WEIGHTS_NAME} is not listed in manifest.files")
-    if SIGNATURE_NAME in files or MANIFEST_NAME in files:
-        raise ManifestError(f"manifest.files lists {SIGNATURE_NAME} or {MANIFEST_NAME}: those "
-                            "names are reserved (the signature and the manifest itself)")
-
-
-def _producer_from(reader: _Reader) -> dict[str, Any]:
-    for key in _PRODUCER_TEXT:
-        if reader.raw.get(key) is not None:
-            reader.get(key, str)
-    return reader.raw
-
-
-def _input_from(reader: _Reader) -> InputDecl:
-    name = reader.get("name", str)
-    if not IDENTIFIER.match(name):
-        raise ManifestError(f"{reader.where}.name {name!r} is not an identifier")
-    try:
-        dtype = check_dtype(reader.get("dtype", str))
-    except ShapeSpecError as exc:
-        raise ManifestError(f"{reader.where}.dtype: {exc}") from None
-    bounds = reader.get("range", list, default=None)
-    if bounds is None:
-        return InputDecl(name=name, dtype=dtype)
-    if len(bounds) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                   for v in bounds) or not bounds[0] < bounds[1]:
-        raise ManifestError(f"{reader.where}.range must be [low, high] with low < high")
-    return InputDecl(name=name, dtype=dtype, low=bounds[0], high=bounds[1],
-                     range_source=reader.get("range_source", str, default=""))
-
-
-def _shape_from(reader: _Reader, names: list[str]) -> ShapeEntry:
-    declared = reader.get("inputs", dict)
+def _in_declared_order(entry: ShapeEntry, names: list[str], where: str) -> ShapeEntry:
+    declared = dict(entry.inputs)
     if sorted(declared) != sorted(names):
-        raise ManifestError(
-            f"{reader.where}.inputs names {sorted(declared)} differ from manifest.inputs {names}"
-        )
-    inputs = tuple((name, _shape_value(declared[name], f"{reader.where}.inputs.{name}"))
-                   for name in names)
-    outputs = _output_from(reader.get("outputs", dict), f"{reader.where}.outputs", 0)
-    for name, first, second in outputs.name_clashes()[:1]:
-        raise ManifestError(f"{reader.where}.outputs: {first} and {second} are both named "
-                            f"{name}; output names must differ")
-    return ShapeEntry(
-        inputs=inputs,
-        outputs=outputs,
-        reference=_relative_path(reader.get("reference", str), f"{reader.where}.reference"),
-        noise=_noise_from(reader),
-        precision_error=_precision_error_from(reader),
-        rows=_rows_from(reader.raw.get("rows"), f"{reader.where}.rows"),
-    )
+        refuse(f"{where}.inputs", f"names {show(sorted(declared))}, which differ from "
+                                  f"manifest.inputs {show(names)}")
+    return replace(entry, inputs=tuple((name, declared[name]) for name in names))
 
 
-def _rows_from(raw: Any, where: str) -> RowProof | None:
-    """``shapes[i].rows``: ``{"independent": bool, "detail": text}``, nothing else."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or not set(raw) <= {"independent", "detail"}:
-        raise ManifestError(f"{where} must be {{\"independent\": true|false, \"detail\": text}}")
-    reader = _Reader(raw, where)
-    return RowProof(independent=reader.get("independent", bool),
-                    detail=reader.get("detail", str, default=""))
+def _check_files_listed(manifest: Manifest, where: str) -> None:
+    """Every file the manifest names is in ``files``; the reserved names are not."""
+    files = manifest.files
+    named = [(f"{where}.shapes[{index}].reference", entry.reference)
+             for index, entry in enumerate(manifest.shapes)]
+    named += [(f"{where}.model.source", manifest.model.source)]
+    named += [(f"{where}.model.includes[{index}]", path)
+              for index, path in enumerate(manifest.model.includes)]
+    for here, path in named:
+        if path not in files:
+            refuse(here, f"{show(path)} is not listed in {where}.files")
+    if WEIGHTS_NAME not in files:
+        refuse(f"{where}.files", f"does not list {WEIGHTS_NAME}")
+    for name in (SIGNATURE_NAME, MANIFEST_NAME):
+        if name in files:
+            refuse(key_path(f"{where}.files", name), "is reserved: the signature and the "
+                                                     "manifest itself are never listed")
 
 
-def _precision_error_from(reader: _Reader) -> dict[str, float | None]:
-    table = reader.get("precision_error", dict, default={})
-    _precision_names(list(table), f"{reader.where}.precision_error")
-    for key, value in table.items():
-        if value is not None and not _non_negative(value):
-            raise ManifestError(f"{reader.where}.precision_error.{key} must be a non-negative "
-                                f"number or null, got {value!r:.60}")
-    return {key: None if value is None else float(value) for key, value in table.items()}
-
-
-def _noise_from(reader: _Reader) -> float | None:
-    value = reader.raw.get("noise")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ManifestError(f"{reader.where}.noise must be a number in [0, 1], got {value!r:.60}")
-    return float(value)
-
-
-def _shape_value(value: Any, where: str) -> Shape:
-    if not isinstance(value, list) or not value or len(value) > MAX_RANK:
-        raise ManifestError(f"{where} must be a list of 1..{MAX_RANK} positive integers")
-    for dim in value:
-        if type(dim) is not int or dim <= 0 or dim > MAX_DIM:
-            raise ManifestError(f"{where} has invalid dimension {dim!r}")
-    return tuple(value)
-
-
-def _output_from(value: dict[str, Any], where: str, depth: int) -> OutputNode:
-    if depth > 16:
-        raise ManifestError(f"{where} nests deeper than 16 levels")
-    value = dict(value)
-    cls = _output_class(value.pop("class"), f"{where}.class") if "class" in value else None
-    if len(value) != 1:
-        raise ManifestError(f"{where} must have exactly one of {'/'.join(OUTPUT_KINDS)}")
-    ((kind, body),) = value.items()
-    node = _output_body(kind, body, where, depth)
-    if cls is not None:
-        if node.kind not in ("tuple", "dict") or (cls.form == "namedtuple") != (node.kind == "tuple"):
-            raise ManifestError(f"{where}.class {cls.form} does not fit a {node.kind} output")
-        return OutputNode(node.kind, items=node.items, keys=node.keys, cls=cls)
-    return node
-
-
-def _output_class(value: Any, where: str) -> OutputClass:
-    reader = _Reader(value, where)
-    module, qualname = reader.get("module", str), reader.get("qualname", str)
-    if not all(IDENTIFIER.match(part) for part in (*module.split("."), *qualname.split("."))):
-        raise ManifestError(f"{where}: {module!r}.{qualname!r} is not a dotted Python name")
-    return OutputClass(module=module, qualname=qualname,
-                       form=reader.choice("form", OUTPUT_CLASS_FORMS))
-
-
-def _output_body(kind: str, body: Any, where: str, depth: int) -> OutputNode:
-    if kind == "none" and body is None:
-        return OutputNode("none")
-    if kind == "tensor":
-        sub = _Reader(body, where + ".tensor")
-        try:
-            dtype = check_dtype(sub.get("dtype", str))
-        except ShapeSpecError as exc:
-            raise ManifestError(f"{where}.tensor.dtype: {exc}") from None
-        shape = sub.get("shape", list)
-        if len(shape) > MAX_RANK or any(type(d) is not int or d < 0 for d in shape):
-            raise ManifestError(f"{where}.tensor.shape {shape!r} is invalid")
-        return OutputNode("tensor", tensor=TensorSpec(tuple(shape), dtype))
-    if kind in ("tuple", "list") and isinstance(body, list):
-        items = tuple(_child_output(v, f"{where}.{kind}[{i}]", depth) for i, v in enumerate(body))
-        return OutputNode(kind, items=items)
-    if kind == "dict" and isinstance(body, dict):
-        items = tuple(_child_output(v, f"{where}.dict.{k}", depth) for k, v in body.items())
-        return OutputNode("dict", items=items, keys=tuple(body))
-    raise ManifestError(f"{where}: unknown output kind {kind!r} or malformed body")
-
-
-def _child_output(value: Any, where: str, depth: int) -> OutputNode:
-    if not isinstance(value, dict):
-        raise ManifestError(f"{where} must be an object")
-    return _output_from(value, where, depth + 1)
-
-
-def _model_from(reader: _Reader) -> ModelInfo:
-    entry = reader.get("entry", str)
-    if not IDENTIFIER.match(entry):
-        raise ManifestError(f"manifest.model.entry {entry!r} is not a Python identifier")
-    tied = reader.get("tied", list, default=[])
-    if not all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in tied):
-        raise ManifestError("manifest.model.tied must be a list of lists of tensor names")
-    includes = reader.get("includes", list, default=[])
-    if not all(isinstance(p, str) for p in includes):
-        raise ManifestError("manifest.model.includes must be a list of paths")
-    return ModelInfo(
-        source=_relative_path(reader.get("source", str), "manifest.model.source"),
-        includes=tuple(_relative_path(p, "manifest.model.includes") for p in includes),
-        entry=entry,
-        config=reader.get("config", dict, default={}),
-        device_argument=reader.get("device_argument", bool, default=False),
-        parameters=reader.get("parameters", int, default=0),
-        tied=tuple(tuple(g) for g in tied),
-        packages=_text_mapping(reader.get("packages", dict, default={}), "manifest.model.packages"),
-        solvers=tuple(_text_list(reader.get("solvers", list, default=[]), "manifest.model.solvers")),
-    )
-
-
-def _text_list(value: list[Any], where: str) -> list[str]:
-    if not all(isinstance(v, str) for v in value):
-        raise ManifestError(f"{where} must list names")
-    return value
-
-
-def _text_mapping(value: dict[str, Any], where: str) -> dict[str, str]:
-    if not all(isinstance(v, str) for v in value.values()):
-        raise ManifestError(f"{where} must map names to text")
-    return dict(value)
-
-
-def _capture_from(reader: _Reader) -> CapturePolicy:
-    policy = reader.get("policy", str, default="auto")
-    if policy not in CAPTURE_POLICIES:
-        raise ManifestError(f"manifest.capture.policy {policy!r} is not one of {CAPTURE_POLICIES}")
-    names = reader.get("submodules", list, default=[])
-    if not all(isinstance(n, str) and IDENTIFIER.match(n) for n in names):
-        raise ManifestError("manifest.capture.submodules must list class names")
-    return CapturePolicy(policy=policy, submodules=tuple(names))
-
-
-def _kernel_from(reader: _Reader) -> KernelSet:
-    return KernelSet(
-        key=reader.get("key", str),
-        directory=_relative_path(reader.get("directory", str), f"{reader.where}.directory"),
-        details=_text_mapping(reader.get("details", dict, default={}), f"{reader.where}.details"),
-    )
-
-
-def _file_from(reader: _Reader) -> FileEntry:
-    size = reader.get("size", int)
-    digest = reader.get("sha256", str)
-    if size < 0:
-        raise ManifestError(f"{reader.where}.size is negative")
-    if not SHA256_HEX.match(digest):
-        raise ManifestError(f"{reader.where}.sha256 is not 64 lowercase hex digits")
-    return FileEntry(size=size, sha256=digest)
-
-
-def _relative_path(path: str, where: str) -> str:
-    """Accept only plain relative POSIX paths that stay inside the artifact."""
-    parts = path.split("/")
-    bad = (
-        not path
-        or path.startswith("/")
-        or "\\" in path
-        or "\x00" in path
-        or any(p in ("", ".", "..") for p in parts)
-        or len(path) > 255
-    )
-    if bad:
-        raise ManifestError(f"{where}: path {path!r} must be relative and stay inside the artifact")
-    return path
-
-
-class _Reader:
-    """Typed access to one JSON object with error messages that name the field."""
-
-    def __init__(self, raw: Any, where: str) -> None:
-        if not isinstance(raw, dict):
-            raise ManifestError(f"{where} must be a JSON object, got {type(raw).__name__}")
-        self.raw = raw
-        self.where = where
-
-    _MISSING = object()
-
-    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
-        if key not in self.raw:
-            if default is self._MISSING:
-                raise ManifestError(f"{self.where}.{key} is missing")
-            return default
-        value = self.raw[key]
-        if kind is int and (type(value) is not int):
-            raise ManifestError(f"{self.where}.{key} must be an integer, got {value!r:.60}")
-        if kind is float and not (isinstance(value, (int, float)) and math.isfinite(value)):
-            raise ManifestError(f"{self.where}.{key} must be a number")
-        if not isinstance(value, kind):
-            raise ManifestError(
-                f"{self.where}.{key} must be {kind.__name__}, got {type(value).__name__}"
-            )
-        return value
-
-    def choice(self, key: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
-        value = self.get(key, str, default=default)
-        if value not in allowed:
-            raise ManifestError(f"{self.where}.{key} {value!r:.40} is not one of {list(allowed)}")
-        return value
-
-    def child(self, key: str) -> _Reader:
-        return _Reader(self.get(key, dict), f"{self.where}.{key}")
-
-    def build(self, fn: Any) -> Any:
-        return fn(self)
-
-    def each(self, key: str, fn: Any, default: Any = _MISSING) -> Iterator[Any]:
-        items = self.get(key, list, default=default)
-        for index, item in enumerate(items):
-            yield fn(_Reader(item, f"{self.where}.{key}[{index}]"))
-
-    def mapping(self, fn: Any) -> dict[str, Any]:
-        return {
-            _relative_path(name, f"{self.where} key"): fn(_Reader(v, f"{self.where}[{name!r}]"))
-            for name, v in self.raw.items()
-        }
+def _check_precision(policy: PrecisionPolicy, shapes: int, where: str) -> None:
+    """Each choice names allowed precisions, with figures for every shape of each precision
+    timed."""
+    allowed = policy.allowed
+    among = ", ".join(allowed)
+    for index, choice in enumerate(policy.choices):
+        here = f"{where}.choices[{index}]"
+        if choice.precision not in allowed:
+            refuse(f"{here}.precision", f"must be one of the allowed precisions {among}, got "
+                                        f"{show(choice.precision)}")
+        for table in ("latency_us", "error"):
+            for key, values in getattr(choice, table).items():
+                if key not in allowed or len(values) != shapes:
+                    refuse(key_path(f"{here}.{table}", key), f"must be {shapes} non-negative "
+                           f"numbers (one per shape) of an allowed precision ({among})")
+        if choice.shapes and (len(choice.shapes) != shapes
+                              or not all(p in allowed for p in choice.shapes)):
+            refuse(f"{here}.shapes", f"must name one allowed precision per shape ({shapes}), "
+                                     f"among {among}")
 
 
 def input_batch(entry: ShapeEntry) -> int | None:

@@ -7,7 +7,8 @@ length axis: both dims 1). A call fits an entry when every unpadded dimension eq
 entry's, every padded one is at most the entry's, and the members of an axis agree on their
 size; the outputs are then sliced back along the dimensions that follow each axis. Build proves, on the model,
 that padding leaves the sliced outputs unchanged (``builder._padding``); everything here is
-the torch-free bookkeeping that build, the predictor and serve share.
+the torch-free bookkeeping that build, the predictor and serve share, and the checks a read
+manifest's padding passes against its entries (``check_padding``).
 """
 
 from __future__ import annotations
@@ -17,20 +18,46 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ManifestError
 from ._constants import DTYPES
 from ._grammar import Shape
+from ._schema import (
+    Codec,
+    Integer,
+    ListOf,
+    MapOf,
+    Nested,
+    Pair,
+    Text,
+    finite,
+    json_field,
+    key_path,
+    refuse,
+    show,
+)
 
 PadValue = int | float | bool
+
+
+class _PadValue(Codec):
+    """A pad value as JSON holds it; whether it fits its input's dtype is checked with the
+    inputs (``pad_value_problem``)."""
+
+    what = "a number, true or false"
+
+    def accepts(self, value: Any) -> bool:
+        return type(value) in (int, float, bool)
 
 
 @dataclass(frozen=True)
 class PaddedAxis:
     """One padded axis: the ``(input, dim)`` pairs it sizes, and the ``(output leaf, dim)``
-    pairs that follow it (sliced back to the call's size)."""
+    pairs that follow it (sliced back to the call's size). A read manifest's axes are checked
+    against its inputs and entries by ``check_padding``."""
 
-    inputs: tuple[tuple[str, int], ...]
-    outputs: tuple[tuple[int, int], ...] = ()
+    inputs: tuple[tuple[str, int], ...] = json_field(
+        ListOf(Pair(Text(), Integer(0)), min_len=1))
+    outputs: tuple[tuple[int, int], ...] = json_field(
+        ListOf(Pair(Integer(0), Integer(0))), default=(), required=True)
 
     @property
     def label(self) -> str:
@@ -41,8 +68,8 @@ class PaddedAxis:
 class Padding:
     """Pad value per padded input, and the axes."""
 
-    values: Mapping[str, PadValue]
-    axes: tuple[PaddedAxis, ...]
+    values: Mapping[str, PadValue] = json_field(MapOf(_PadValue(), min_len=1))
+    axes: tuple[PaddedAxis, ...] = json_field(ListOf(Nested(PaddedAxis), min_len=1))
 
     def axis_of(self, name: str, dim: int) -> int | None:
         for index, axis in enumerate(self.axes):
@@ -146,64 +173,67 @@ def accepted_ranges(entries: Sequence[Sequence[Shape]], names: Sequence[str],
     return ranges
 
 
-def padding_to_dict(padding: Padding) -> dict[str, Any]:
-    return {"values": dict(padding.values),
-            "axes": [{"inputs": [[n, d] for n, d in axis.inputs],
-                      "outputs": [[leaf, d] for leaf, d in axis.outputs]}
-                     for axis in padding.axes]}
+def check_padding(padding: Padding, dtypes: Mapping[str, str],
+                  entries: Sequence[tuple[Mapping[str, Shape], Sequence[Shape], str]],
+                  where: str) -> None:
+    """Refuse (``ManifestError`` at its path) read ``padding`` that does not fit the declared
+    inputs (name -> dtype) and entries (each: its input shapes by name, its output leaves'
+    shapes, its label): values for inputs, within their dtypes; axes of padded inputs'
+    dimensions, each once, whose members share their size in each entry; and every output
+    dimension said to follow an axis that axis's size in each entry (else a padded call's
+    outputs would be cut along a dimension that does not follow it)."""
+    for name, value in padding.values.items():
+        problem = "is not an input" if name not in dtypes else pad_value_problem(value, dtypes[name])
+        if problem:
+            refuse(key_path(f"{where}.values", name), problem)
+    seen: set[tuple[str, int]] = set()
+    for index, axis in enumerate(padding.axes):
+        for member, pair in enumerate(axis.inputs):
+            if pair[0] not in padding.values or pair in seen:
+                refuse(f"{where}.axes[{index}].inputs[{member}]", f"must be a padded input's "
+                       f"dimension, each listed once, got {show(list(pair))}")
+            seen.add(pair)
+        for sizes, leaves, label in entries:
+            _check_axis(axis, sizes, leaves, label, f"{where}.axes[{index}]")
 
 
-def padding_from(raw: Any, inputs: Mapping[str, str], ranks: Mapping[str, int],
-                 leaf_ranks: Sequence[int], where: str = "manifest.padding") -> Padding | None:
-    """Parse ``manifest.padding`` against the declared inputs (name -> dtype name), their
-    ranks and the output leaves' ranks; absent is None (no padding declared)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) != {"values", "axes"}:
-        raise ManifestError(f"{where} must be an object with values and axes")
-    values, axes = raw["values"], raw["axes"]
-    if not isinstance(values, dict) or not values or not isinstance(axes, list) or not axes:
-        raise ManifestError(f"{where}: values must be a non-empty object, axes a non-empty list")
-    for name, value in values.items():
-        if name not in inputs:
-            raise ManifestError(f"{where}.values: {name!r} is not an input")
-        check_pad_value(value, inputs[name], f"{where}.values.{name}", ManifestError)
-    parsed, seen = [], set()
-    for index, axis in enumerate(axes):
-        here = f"{where}.axes[{index}]"
-        if not isinstance(axis, dict) or set(axis) != {"inputs", "outputs"}:
-            raise ManifestError(f"{here} must be an object with inputs and outputs")
-        members = _pairs(axis["inputs"], here + ".inputs")
-        followers = _pairs(axis["outputs"], here + ".outputs")
-        if not members:
-            raise ManifestError(f"{here}.inputs is empty")
-        for name, dim in members:
-            if name not in values or not 0 <= dim < ranks.get(name, 0) or (name, dim) in seen:
-                raise ManifestError(f"{here}: ({name!r}, {dim}) is not a padded input's "
-                                    "dimension, or is listed twice")
-            seen.add((name, dim))
-        for leaf, dim in followers:
-            if not isinstance(leaf, int) or not 0 <= leaf < len(leaf_ranks) \
-                    or not 0 <= dim < leaf_ranks[leaf]:
-                raise ManifestError(f"{here}.outputs: ({leaf!r}, {dim}) is not an output "
-                                    "dimension")
-        parsed.append(PaddedAxis(tuple((str(n), d) for n, d in members),
-                                 tuple((int(leaf), d) for leaf, d in followers)))
-    return Padding(values=dict(values), axes=tuple(parsed))
-
-
-def _pairs(value: Any, where: str) -> list[tuple[Any, int]]:
-    if not isinstance(value, list) or not all(
-            isinstance(p, list) and len(p) == 2 and type(p[1]) is int for p in value):
-        raise ManifestError(f"{where} must be a list of [name or index, dim] pairs")
-    return [(p[0], p[1]) for p in value]
+def _check_axis(axis: PaddedAxis, sizes: Mapping[str, Shape], leaves: Sequence[Shape], label: str,
+                where: str) -> None:
+    for member, (name, dim) in enumerate(axis.inputs):
+        if dim >= len(sizes[name]):
+            refuse(f"{where}.inputs[{member}]", f"names dim {dim} of {name}, which shape {label} "
+                                                "does not have")
+    if len({sizes[name][dim] for name, dim in axis.inputs}) != 1:
+        refuse(f"{where}.inputs", f"has members of different sizes in shape {label}")
+    name, dim = axis.inputs[0]
+    for follower, (leaf, out_dim) in enumerate(axis.outputs):
+        here = f"{where}.outputs[{follower}]"
+        if leaf >= len(leaves) or out_dim >= len(leaves[leaf]):
+            refuse(here, f"names output {leaf} dim {out_dim}, which shape {label} does not have")
+        if leaves[leaf][out_dim] != sizes[name][dim]:
+            refuse(here, f"says output {leaf} dim {out_dim} follows axis {axis.label}, but it is "
+                         f"not the axis's size in shape {label}")
 
 
 def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) -> None:
-    """A pad value fits its input's dtype (a manifest dtype name): a bool for bool inputs,
-    an integer within the dtype's range for integer ones, a finite number within the
-    dtype's largest for floats. torch would refuse any other value only when the first
-    padded call fills a buffer with it (or round it to infinity)."""
+    """Raise ``error`` naming ``where`` unless ``value`` fits its input's dtype
+    (``pad_value_problem``)."""
+    expected = _pad_value_expected(value, dtype)
+    if expected:
+        raise error(f"{where}: pad value {show(value)} must be {expected}")
+
+
+def pad_value_problem(value: Any, dtype: str) -> str | None:
+    """What is wrong with ``value`` as the pad value of an input of ``dtype``, or None."""
+    expected = _pad_value_expected(value, dtype)
+    return f"must be {expected}, got {show(value)}" if expected else None
+
+
+def _pad_value_expected(value: Any, dtype: str) -> str | None:
+    """What a pad value of ``dtype`` (a manifest dtype name) must be when ``value`` is not it:
+    a bool for bool inputs, an integer within the dtype's range for integer ones, a finite
+    number within the dtype's largest for floats. torch would refuse any other value only
+    when the first padded call fills a buffer with it (or round it to infinity)."""
     spec = DTYPES[dtype]
     limits = spec.int_limits
     if spec.kind == "bool":
@@ -211,13 +241,14 @@ def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) 
     elif limits is not None:
         ok = type(value) is int and limits[0] <= value <= limits[1]
     else:
-        ok = type(value) in (int, float) and math.isfinite(value) \
+        ok = type(value) in (int, float) and finite(value) \
             and abs(value) <= (spec.largest or math.inf)
-    if not ok:
-        expected = ("true or false" if spec.kind == "bool"
-                    else f"an integer from {limits[0]} to {limits[1]}" if limits is not None
-                    else f"a finite number within ±{spec.largest:g}")
-        raise error(f"{where}: pad value {value!r} must be {expected} ({dtype})")
+    if ok:
+        return None
+    expected = ("true or false" if spec.kind == "bool"
+                else f"an integer from {limits[0]} to {limits[1]}" if limits is not None
+                else f"a finite number within ±{spec.largest:g}")
+    return f"{expected} ({dtype})"
 
 
 def describe_axes(padding: Padding, entries: Sequence[Sequence[Shape]],

@@ -33,7 +33,19 @@ from typing import Any
 
 import torch
 
-from ..errors import PrecompileRefused
+from ..errors import ManifestError, PrecompileRefused
+from ..format import (
+    Choice,
+    Integer,
+    JsonObject,
+    ListOf,
+    Nested,
+    Text,
+    json_field,
+    loads_strict,
+    read_object,
+    write_object,
+)
 from ._kernels import PLAN_FILE, PRECOMPILED_OFF, PRECOMPILED_OUT_ENV, REFUSED_FILE
 from ._tree import flatten
 
@@ -47,16 +59,21 @@ PLAN_SCHEMA = "qkan-pack-precompiled/1"
 AUTOTUNE_DIR = "autotune"
 
 
+#: What a graph input is: a manifest input, the model's parameter or buffer, or a plain tensor
+#: attribute of one of its modules.
+TENSOR_KINDS = ("input", "state", "attr")
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorRef:
     """One graph input: manifest input ``name`` (kind ``input``, name its position), or the
     model's parameter/buffer (``state``, its qualified name) or plain tensor attribute
     (``attr``: ``module.path:attribute``), with the shape and dtype it must have."""
 
-    kind: str
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
+    kind: str = json_field(Choice(TENSOR_KINDS))
+    name: str = json_field(Text())
+    shape: tuple[int, ...] = json_field(ListOf(Integer(0)))
+    dtype: str = json_field(Text())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +82,25 @@ class ShapePlan:
     the graph's inputs (``args``), and which of its outputs are the model's output leaves,
     in order."""
 
-    label: str
-    file: str
-    inputs: tuple[TensorRef, ...]
-    args: tuple[TensorRef, ...]
-    outputs: tuple[int, ...]
+    label: str = json_field(Text())
+    file: str = json_field(Text())
+    inputs: tuple[TensorRef, ...] = json_field(ListOf(Nested(TensorRef)))
+    args: tuple[TensorRef, ...] = json_field(ListOf(Nested(TensorRef)))
+    outputs: tuple[int, ...] = json_field(ListOf(Integer(0)))
+
+
+def _check_shape_plan(shape: ShapePlan, where: str) -> ShapePlan:
+    """The graph is for the manifest's inputs, in order, and every graph input of kind
+    ``input`` is one of them."""
+    if [ref.name for ref in shape.inputs] != [str(i) for i in range(len(shape.inputs))] \
+            or any(ref.kind != "input" for ref in shape.inputs):
+        raise ManifestError("must be the manifest's inputs in order (kind input, named 0, 1, "
+                            "...)", where=f"{where}.inputs")
+    for index, ref in enumerate(shape.args):
+        if ref.kind == "input" and not (ref.name.isdigit() and int(ref.name) < len(shape.inputs)):
+            raise ManifestError(f"must name one of the {len(shape.inputs)} inputs, got "
+                                f"{ref.name!r:.40}", where=f"{where}.args[{index}].name")
+    return shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,74 +108,33 @@ class Plan:
     """The forms of one model: the torch that made them, the device they were compiled for
     (inductor's code names its GPU index), the model's config they were traced with (dynamo
     bakes Python-level settings, a solver's name say, into the graph), and one ``ShapePlan``
-    per manifest shape."""
+    per manifest shape. Read and written by the format's declarative JSON, as the manifest
+    is (``format.read_object``), with ``schema`` beside the fields."""
 
-    torch: str
-    device: str
-    config: Mapping[str, Any]
-    shapes: tuple[ShapePlan, ...]
+    torch: str = json_field(Text())
+    device: str = json_field(Text())
+    config: Mapping[str, Any] = json_field(JsonObject())
+    shapes: tuple[ShapePlan, ...] = json_field(ListOf(Nested(ShapePlan, _check_shape_plan)))
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": PLAN_SCHEMA, **dataclasses.asdict(self)},
-                          indent=1, sort_keys=True).encode()
+        return json.dumps({"schema": PLAN_SCHEMA, **write_object(self)}, indent=1,
+                          sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Plan:
         """The plan, checked whole before anything is loaded (a malformed one is refused
-        here, not when a graph is called)."""
+        here, not when a graph is called); the reader's refusal, naming the JSON path of
+        what it refused, is the ``__cause__``."""
         try:
-            raw = json.loads(data)
-            if not isinstance(raw, dict) or raw.get("schema") != PLAN_SCHEMA:
-                raise ValueError(f"schema {raw.get('schema') if isinstance(raw, dict) else raw!r}, "
-                                 f"expected {PLAN_SCHEMA!r}")
-            if not isinstance(raw["config"], dict):
-                raise TypeError("config is not an object")
-            shapes = tuple(_shape_plan(s) for s in _list(raw["shapes"], "shapes"))
-            return cls(torch=_text(raw["torch"]), device=_text(raw["device"]),
-                       config=raw["config"], shapes=shapes)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raw = loads_strict(data)
+            schema = raw.get("schema") if isinstance(raw, dict) else raw
+            if schema != PLAN_SCHEMA:
+                raise ManifestError(f"must be {PLAN_SCHEMA!r}, got {schema!r:.60}",
+                                    where="plan.schema")
+            return read_object(cls, {k: v for k, v in raw.items() if k != "schema"}, "plan")
+        except ManifestError as exc:
             raise PrecompileRefused(f"the precompiled plan is unreadable ({exc}); re-run "
-                                    "`qkan-pack warm --compiled` on this kind of host") from None
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{value!r} is not text")
-    return value
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise TypeError(f"{what} is not a list")
-    return value
-
-
-def _index(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{value!r} is not an index")
-    return value
-
-
-def _shape_plan(raw: Mapping[str, Any]) -> ShapePlan:
-    inputs = tuple(_ref(r) for r in _list(raw["inputs"], "inputs"))
-    if [ref.name for ref in inputs] != [str(i) for i in range(len(inputs))] \
-            or any(ref.kind != "input" for ref in inputs):
-        raise ValueError("inputs are not the manifest's inputs in order")
-    args = tuple(_ref(r) for r in _list(raw["args"], "args"))
-    for ref in args:
-        if ref.kind == "input" and not (ref.name.isdigit() and int(ref.name) < len(inputs)):
-            raise ValueError(f"graph input {ref.name!r} is not one of the {len(inputs)} inputs")
-    return ShapePlan(label=_text(raw["label"]), file=_text(raw["file"]), inputs=inputs, args=args,
-                     outputs=tuple(_index(i) for i in _list(raw["outputs"], "outputs")))
-
-
-def _ref(raw: Mapping[str, Any]) -> TensorRef:
-    kind = _text(raw["kind"])
-    if kind not in ("input", "state", "attr"):
-        raise ValueError(f"tensor kind {kind!r}")
-    return TensorRef(kind=kind, name=_text(raw["name"]),
-                     shape=tuple(_index(d) for d in _list(raw["shape"], "shape")),
-                     dtype=_text(raw["dtype"]))
+                                    "`qkan-pack warm --compiled` on this kind of host") from exc
 
 
 def _input_refs(inputs: Sequence[torch.Tensor]) -> tuple[TensorRef, ...]:

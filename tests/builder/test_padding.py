@@ -254,8 +254,8 @@ def test_a_manifest_whose_padding_the_entries_contradict_is_refused(masked: Path
     batch, length = manifest.padding.axes
     edited = replace(manifest, padding=replace(manifest.padding, axes=(
         batch, PaddedAxis(length.inputs, ((0, 1),)))))
-    with pytest.raises(ManifestError, match=r"output 0 dim 1 is said to follow axis "
-                                            r"input_ids dim 1, attention_mask dim 1"):
+    with pytest.raises(ManifestError, match=r"axes\[1\]\.outputs\[0\] says output 0 dim 1 "
+                                            r"follows axis input_ids dim 1, attention_mask dim 1"):
         parse_manifest(dumps_manifest(edited))
     too_big = replace(manifest, padding=replace(manifest.padding,
                                                 values={"input_ids": 0, "attention_mask": 2**63}))

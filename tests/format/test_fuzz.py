@@ -29,6 +29,7 @@ from qkan_pack.format import (
     dumps_manifest,
     format_shape,
     loads_strict,
+    manifest_to_dict,
     parse_config_items,
     parse_manifest,
     parse_shape,
@@ -36,7 +37,7 @@ from qkan_pack.format import (
 )
 from qkan_pack.runtime import safetensors_header
 
-from .test_manifest import sample_dict
+from .test_manifest import rich_manifest, sample_dict
 
 pytestmark = pytest.mark.slow
 RAN: Counter[str] = Counter()
@@ -187,15 +188,19 @@ def paths_of(value: Any, prefix: tuple = ()) -> list[tuple]:
 # Deep copies: sampled_from hands out the same objects every time, and the mutations below
 # edit what they insert, which made later examples differ (and could nest a node in itself).
 POISON = st.one_of(json_values, st.sampled_from([
-    0, -1, 2**63, 1.5, True, None, "", "..", "../x", "/abs", "a\\b", "x\n", [], {}, [[]],
+    0, -1, 2**63, 10**400, 1.5, True, None, "", "..", "../x", "/abs", "a\\b", "x\n", [], {}, [[]],
     "float32", "int64", "build_model", "tensor", {"tensor": {"shape": [1], "dtype": "bool"}},
 ])).map(copy.deepcopy)
 
 
+def rich_dict() -> dict[str, Any]:
+    return manifest_to_dict(rich_manifest())
+
+
 @st.composite
-def mutated_manifests(draw: st.DrawFn) -> bytes:
+def mutated_manifests(draw: st.DrawFn, seed: Callable[[], dict[str, Any]] = sample_dict) -> bytes:
     """A valid manifest with 1-3 edits: replace a node, delete a key, add a key, or duplicate."""
-    raw = sample_dict()
+    raw = seed()
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(paths_of(raw)))
         if not path:
@@ -240,6 +245,13 @@ def _sample_kwargs() -> dict[str, Any]:
 def test_parse_manifest_mutated_valid() -> None:
     assert parse_manifest(json.dumps(sample_dict()))  # the seed itself is valid
     run_counted("parse_manifest mutated", 1200, mutated_manifests(), check_manifest)
+
+
+def test_parse_manifest_mutated_rich() -> None:
+    """The same edits to a manifest with every optional part: a row proof, declared padding,
+    reduced precision with a device's choice, metadata."""
+    assert parse_manifest(json.dumps(rich_dict()))
+    run_counted("parse_manifest mutated rich", 800, mutated_manifests(rich_dict), check_manifest)
 
 
 def test_parse_manifest_byte_mutated() -> None:

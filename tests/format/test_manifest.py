@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +22,15 @@ from qkan_pack.format import (
     InputDecl,
     KernelSet,
     Manifest,
+    Metadata,
     ModelInfo,
     OutputClass,
     OutputNode,
+    PaddedAxis,
+    Padding,
+    PrecisionChoice,
+    PrecisionPolicy,
+    RowProof,
     ShapeEntry,
     TensorSpec,
     check_dtype,
@@ -35,6 +44,7 @@ from qkan_pack.format import (
 )
 
 SHA = "ab" * 32
+GOLDEN = Path(__file__).parents[1] / "golden"
 
 
 def sample_manifest() -> Manifest:
@@ -359,49 +369,292 @@ def mutate(path: tuple[Any, ...], value: Any) -> bytes:
 DELETE = object()
 
 
-@pytest.mark.parametrize(("path", "value", "says"), [
-    (("inputs",), [], "inputs is empty"),
-    (("inputs", 1, "name"), "a", "repeats a name"),
-    (("inputs", 0, "name"), "not ok", "not an identifier"),
-    (("inputs", 0, "name"), "a\n", "not an identifier"),
-    (("inputs", 0, "dtype"), "float128", "unknown dtype"),
-    (("shapes",), [], "shapes is empty"),
-    (("shapes", 0, "inputs", "a"), [0, 3], "invalid dimension"),
-    (("shapes", 0, "inputs", "a"), [True, 3], "invalid dimension"),
-    (("shapes", 0, "inputs", "a"), [], "1..8"),
-    (("shapes", 0, "inputs", "a"), [1] * 9, "1..8"),
-    (("shapes", 0, "inputs"), {"a": [2, 3]}, "differ from manifest.inputs"),
-    (("shapes", 1, "inputs"), {"a": [2, 3], "b": [2, 4]}, "same input shapes twice"),
-    (("shapes", 0, "outputs"), {}, "exactly one"),
-    (("shapes", 0, "outputs"), {"set": []}, "unknown output kind"),
-    (("shapes", 0, "outputs"), {"tensor": {"shape": [-1], "dtype": "float32"}}, "invalid"),
-    (("shapes", 0, "outputs"), {"tuple": [1]}, "must be an object"),
-    (("shapes", 0, "outputs"), {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"}},
-                                         "a": {"dict": {"b": {"tensor": {
-                                             "shape": [2], "dtype": "float32"}}}}}},
-     r"output\['a.b'\] and output\['a'\]\['b'\] are both named output.a.b"),
-    (("shapes", 0, "reference"), "references/absent.safetensors", "not listed"),
-    (("model", "entry"), "build model", "not a Python identifier"),
-    (("model", "entry"), "os.system", "not a Python identifier"),
-    (("model", "source"), "source/absent.py", "not listed"),
-    (("model", "includes"), [7], "list of paths"),
-    (("model", "tied"), [["a", 1]], "tied"),
-    (("model", "config"), [1], "must be dict"),
-    (("capture", "policy"), "always", "not one of"),
-    (("capture", "submodules"), ["not a class"], "class names"),
-    (("files", "weights.safetensors"), DELETE, "weights.safetensors is not listed"),
-    (("files", "weights.safetensors", "sha256"), "AB" * 32, "64 lowercase hex"),
-    (("files", "weights.safetensors", "sha256"), SHA + "\n", "64 lowercase hex"),
-    (("files", "weights.safetensors", "size"), -1, "negative"),
-    (("files", "weights.safetensors", "size"), 1.5, "integer"),
-    (("producer",), "me", "must be dict"),
-    (("producer", "torch"), 2, "must be str"),
-    (("kernels", 0, "details"), {"triton": [3]}, "text"),
-    (("model",), DELETE, "model is missing"),
+CLASHING_OUTPUTS = {"dict": {"a.b": {"tensor": {"shape": [2], "dtype": "float32"}},
+                             "a": {"dict": {"b": {"tensor": {"shape": [2], "dtype": "float32"}}}}}}
+
+
+@pytest.mark.parametrize(("path", "value", "where", "says"), [
+    (("inputs",), [], "manifest.inputs", "must have 1 or more entries, got 0"),
+    (("inputs", 1, "name"), "a", "manifest.inputs[1]", "repeats the name of manifest.inputs[0]"),
+    (("inputs", 0, "name"), "not ok", "manifest.inputs[0].name", "must be an identifier"),
+    (("inputs", 0, "name"), "a\n", "manifest.inputs[0].name", "must be an identifier"),
+    (("inputs", 0, "dtype"), "float128", "manifest.inputs[0].dtype",
+     'must be one of float16, bfloat16, float32, float64, uint8, int8, int16, int32, int64, '
+     'bool, got "float128"'),
+    (("shapes",), [], "manifest.shapes", "must have 1 to 256 entries, got 0"),
+    (("shapes", 0, "inputs", "a"), [0, 3], "manifest.shapes[0].inputs.a[0]",
+     "must be an integer in [1, 2147483647], got 0"),
+    (("shapes", 0, "inputs", "a"), [3, True], "manifest.shapes[0].inputs.a[1]", "got true"),
+    (("shapes", 0, "inputs", "a"), [], "manifest.shapes[0].inputs.a", "must have 1 to 8 entries"),
+    (("shapes", 0, "inputs", "a"), [1] * 9, "manifest.shapes[0].inputs.a", "1 to 8 entries"),
+    (("shapes", 0, "inputs"), {"a": [2, 3]}, "manifest.shapes[0].inputs",
+     'names ["a"], which differ from manifest.inputs ["a", "b"]'),
+    (("shapes", 1, "inputs"), {"a": [2, 3], "b": [2, 4]}, "manifest.shapes[1]",
+     "repeats the input shapes of manifest.shapes[0]"),
+    (("shapes", 1, "inputs"), {"b": [2, 4], "a": [2, 3]}, "manifest.shapes[1]",
+     "repeats the input shapes of manifest.shapes[0]"),  # in another key order too
+    (("shapes", 0, "outputs"), {}, "manifest.shapes[0].outputs", "must have exactly one of"),
+    (("shapes", 0, "outputs"), {"set": []}, "manifest.shapes[0].outputs.set",
+     "unknown output kind"),
+    (("shapes", 0, "outputs"), {"tensor": {"shape": [2, -1], "dtype": "float32"}},
+     "manifest.shapes[0].outputs.tensor.shape[1]", "must be a non-negative integer, got -1"),
+    (("shapes", 0, "outputs"), {"tuple": [1]}, "manifest.shapes[0].outputs.tuple[0]",
+     "must be a JSON object, got 1"),
+    (("shapes", 0, "outputs"), {"none": 0}, "manifest.shapes[0].outputs.none",
+     "must be null, got 0"),
+    (("shapes", 0, "outputs"), {"tensor": {"shape": [2], "dtype": "float32"},
+                                "class": {"module": "m", "qualname": "Q", "form": "mapping"}},
+     "manifest.shapes[0].outputs.class", "mapping does not fit a tensor output"),
+    (("shapes", 0, "outputs"), CLASHING_OUTPUTS, "manifest.shapes[0].outputs",
+     "give output['a.b'] and output['a']['b'] one name, output.a.b"),
+    (("shapes", 0, "outputs", "class", "module"), "os system", "manifest.shapes[0].outputs.class.module",
+     "must be a dotted Python name"),
+    (("shapes", 0, "reference"), "references/absent.safetensors", "manifest.shapes[0].reference",
+     "not listed in manifest.files"),
+    (("model", "entry"), "build model", "manifest.model.entry", "must be a Python identifier"),
+    (("model", "entry"), "os.system", "manifest.model.entry", "must be a Python identifier"),
+    (("model", "source"), "source/absent.py", "manifest.model.source", "not listed"),
+    (("model", "includes"), ["source/helper.py", 7], "manifest.model.includes[1]",
+     "must be text, got 7"),
+    (("model", "tied"), [["a", 1]], "manifest.model.tied[0][1]", "must be text, got 1"),
+    (("model", "config"), [1], "manifest.model.config", "must be a JSON object, got [1]"),
+    (("capture", "policy"), "always", "manifest.capture.policy",
+     'must be one of auto, full, submodules, got "always"'),
+    (("capture", "submodules"), ["not a class"], "manifest.capture.submodules[0]",
+     "must be a class name"),
+    (("files", "weights.safetensors"), DELETE, "manifest.files", "does not list weights.safetensors"),
+    (("files", "model.sig"), {"size": 1, "sha256": SHA}, "manifest.files['model.sig']",
+     "is reserved"),
+    (("files", "weights.safetensors", "sha256"), "AB" * 32,
+     "manifest.files['weights.safetensors'].sha256", "must be 64 lowercase hex"),
+    (("files", "weights.safetensors", "sha256"), SHA + "\n",
+     "manifest.files['weights.safetensors'].sha256", "must be 64 lowercase hex"),
+    (("files", "weights.safetensors", "size"), -1, "manifest.files['weights.safetensors'].size",
+     "must be a non-negative integer, got -1"),
+    (("files", "weights.safetensors", "size"), 1.5, "manifest.files['weights.safetensors'].size",
+     "must be a non-negative integer, got 1.5"),
+    (("producer",), "me", "manifest.producer", 'must be a JSON object, got "me"'),
+    (("producer", "torch"), 2, "manifest.producer.torch", "must be text or null, got 2"),
+    (("kernels", 0, "details"), {"triton": [3]}, "manifest.kernels[0].details.triton",
+     "must be text"),
+    (("model",), DELETE, "manifest.model", "is missing"),
+    (("call",), DELETE, "manifest.call", "is missing"),
+    (("inputs", 1, "range"), [8, 0], "manifest.inputs[1].range", "must be [low, high] with low < high"),
+    (("inputs", 1, "range"), DELETE, "manifest.inputs[1].range_source", "is given without a range"),
 ])
-def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, says: str) -> None:
-    with pytest.raises(ManifestError, match=says):
+def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, where: str,
+                                       says: str) -> None:
+    """Every refusal names the JSON path of the value refused (``ManifestError.where``); the
+    message is that path and the problem."""
+    with pytest.raises(ManifestError) as info:
         parse_manifest(mutate(path, value))
+    assert info.value.where == where
+    assert says in info.value.problem
+    assert str(info.value) == f"{where} {info.value.problem}"
+
+
+def rich_manifest() -> Manifest:
+    """``sample_manifest`` with every optional part: a row proof, declared padding, reduced
+    precision with a device's choice, metadata."""
+    manifest = sample_manifest()
+    first = dataclasses.replace(manifest.shapes[0], rows=RowProof(True, "rows alone agree"),
+                                precision_error={"bf16": 0.004, "tf32": None})
+    choice = PrecisionChoice("sm90", "bf16", latency_us={"fp32": (2.0, 3.0), "bf16": (1.0, 2.0)},
+                             error={"bf16": (0.001, 0.002)}, refused={"fp16": "overflow"},
+                             shapes=("fp32", "bf16"))
+    return dataclasses.replace(
+        manifest, shapes=(first, manifest.shapes[1]),
+        padding=Padding(values={"a": 0.0, "b": 0}, axes=(PaddedAxis((("a", 0), ("b", 0))),)),
+        precision=PrecisionPolicy("fp32", 1e-2, ("fp32", "bf16"), (choice,)),
+        metadata=Metadata(name="m", labels={"team": "search"}))
+
+
+def test_a_manifest_with_every_optional_part_round_trips_exactly() -> None:
+    data = dumps_manifest(rich_manifest())
+    assert parse_manifest(data) == rich_manifest() and dumps_manifest(parse_manifest(data)) == data
+
+
+def _located(raw: dict[str, Any]) -> ManifestError:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(encode(raw))
+    return info.value
+
+
+def _refused_rich(path: tuple[Any, ...], value: Any) -> ManifestError:
+    """The refusal of ``rich_manifest``'s JSON with ``value`` set at ``path``."""
+    raw = manifest_to_dict(rich_manifest())
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return _located(raw)
+
+
+#: Every object the format defines (by its path in the JSON), the path a key added there is
+#: refused at, and what the refusal says.
+OBJECTS = [
+    ((), "manifest.surprise", "is not a key this format version defines here (known: format, "
+                              "format_version, created, metadata, producer, model, call, inputs"),
+    (("model",), "manifest.model.surprise", "(known: source, includes, entry, config,"),
+    (("inputs", 1), "manifest.inputs[1].surprise", "(known: name, dtype, range, range_source)"),
+    (("shapes", 0), "manifest.shapes[0].surprise", "(known: inputs, outputs, reference, noise,"),
+    (("shapes", 0, "outputs", "dict", "y", "tensor"),
+     "manifest.shapes[0].outputs.dict.y.tensor.surprise", "(known: shape, dtype)"),
+    (("shapes", 0, "outputs", "class"), "manifest.shapes[0].outputs.class.surprise",
+     "(known: module, qualname, form)"),
+    (("shapes", 0, "outputs"), "manifest.shapes[0].outputs", "must have exactly one of"),
+    (("shapes", 0, "rows"), "manifest.shapes[0].rows.surprise", "(known: independent, detail)"),
+    (("capture",), "manifest.capture.surprise", "(known: policy, submodules)"),
+    (("kernels", 0), "manifest.kernels[0].surprise", "(known: key, directory, details)"),
+    (("files", "weights.safetensors"), "manifest.files['weights.safetensors'].surprise",
+     "(known: size, sha256)"),
+    (("padding",), "manifest.padding.surprise", "(known: values, axes)"),
+    (("padding", "axes", 0), "manifest.padding.axes[0].surprise", "(known: inputs, outputs)"),
+    (("precision",), "manifest.precision.surprise", "(known: default, max_error, allowed,"),
+    (("precision", "choices", 0), "manifest.precision.choices[0].surprise",
+     "(known: key, precision, details, latency_us, error, refused, shapes)"),
+    (("metadata",), "manifest.metadata", "has unknown keys ['surprise']"),
+]
+
+
+@pytest.mark.parametrize(("path", "where", "says"), OBJECTS, ids=lambda v: str(v)[:50])
+def test_an_unknown_key_is_refused_in_every_object_of_the_format(path: tuple[Any, ...],
+                                                                 where: str, says: str) -> None:
+    """One policy everywhere: a key this format version does not define is refused, named by
+    its path (a newer producer's key comes with a newer format version: docs/artifacts.md)."""
+    error = _refused_rich((*path, "surprise"), 1)
+    assert error.where == where and says in str(error)
+
+
+def test_free_form_maps_keep_any_key() -> None:
+    """Maps of names are data, not format keys: the producer's versions, the factory's
+    config, packages, kernel details and labels take any name and keep it."""
+    raw = manifest_to_dict(rich_manifest())
+    raw["producer"]["cuda"] = "12.4"
+    raw["model"]["config"]["new_option"] = {"nested": [1, None]}
+    raw["model"]["packages"]["timm"] = "1.0.0"
+    raw["kernels"][0]["details"]["nvcc"] = "12.4"
+    raw["metadata"]["labels"]["owner"] = "me"
+    parsed = parse_manifest(encode(raw))
+    assert parsed.producer["cuda"] == "12.4" and parsed.model.config["new_option"] == {
+        "nested": [1, None]}
+    assert parsed.model.packages["timm"] == "1.0.0" and parsed.kernels[0].details["nvcc"] == "12.4"
+    assert parse_manifest(dumps_manifest(parsed)) == parsed
+
+
+def test_a_newer_format_is_refused_by_its_version_before_its_keys() -> None:
+    """A newer producer's keys come with its format version: the refusal says to upgrade,
+    not that a key is unknown."""
+    raw = sample_dict()
+    raw["format_version"] = FORMAT_VERSION + 1
+    raw["shapes"][0]["future_key"] = {"x": 1}
+    with pytest.raises(IncompatibleArtifactError, match="upgrade qkan-pack") as info:
+        parse_manifest(encode(raw))
+    assert info.value.where == "manifest.format_version"
+
+
+def test_format_1_reads_its_own_keys_and_nothing_else() -> None:
+    """Format 1 (tests/golden) keeps reading, its build time included (and kept when written
+    back); a key it never had is refused."""
+    raw = json.loads((GOLDEN / "v1_multi_io" / "manifest.json").read_bytes())
+    manifest = parse_manifest(encode(raw))
+    assert manifest.format_version == 1 and manifest.created and manifest.call == "positional"
+    assert parse_manifest(dumps_manifest(manifest)) == manifest
+    assert _located({**raw, "surprise": 1}).where == "manifest.surprise"
+
+
+def test_manifest_error_carries_where_and_problem_and_survives_pickling() -> None:
+    raw = sample_dict()
+    raw["shapes"][1]["outputs"]["dict"]["parts"]["tuple"][1]["list"][0]["tensor"]["shape"] = [2, -3]
+    error = _located(raw)
+    where = "manifest.shapes[1].outputs.dict.parts.tuple[1].list[0].tensor.shape[1]"
+    assert (error.where, error.problem) == (where, "must be a non-negative integer, got -3")
+    assert str(error) == f"{where} must be a non-negative integer, got -3"
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), copy.where, copy.problem, str(copy)) == (ManifestError, error.where,
+                                                                error.problem, str(error))
+    assert ManifestError("not JSON").where is None  # refusals of no path keep their text
+
+
+def test_a_dataclass_rule_names_its_field_in_python_and_its_path_when_read() -> None:
+    """Rules a dataclass checks itself (also for objects built in Python) name the field
+    relative to it; the reader puts the object's path in front."""
+    with pytest.raises(ManifestError) as info:
+        dataclasses.replace(sample_manifest().shapes[0], noise=2.0)
+    assert (info.value.where, str(info.value)) == ("noise",
+                                                   "noise must be a number in [0, 1], got 2.0")
+    raw = sample_dict()
+    raw["shapes"][0]["rows"] = {"independent": True, "detail": "x" * 401}
+    assert _located(raw).where == "manifest.shapes[0].rows.detail"
+    assert _refused_rich(("precision", "default"), "tf32").where == "manifest.precision.default"
+
+
+def test_a_padding_axis_an_entry_lacks_is_refused_not_a_crash() -> None:
+    """A re-hashed manifest whose padding names a dimension one entry does not have (the
+    entries differ in rank): an IndexError escaped the reader."""
+    raw = manifest_to_dict(rich_manifest())
+    raw["padding"]["axes"] = [{"inputs": [["a", 1]], "outputs": []}]
+    raw["shapes"][1]["inputs"]["a"] = [8]
+    error = _located(raw)
+    assert error.where == "manifest.padding.axes[0].inputs[0]"
+    assert "names dim 1 of a, which shape a:8,b:8x4 does not have" in error.problem
+
+
+@pytest.mark.parametrize(("path", "value", "where", "says"), [
+    (("padding", "values", "c"), 0, "manifest.padding.values.c", "is not an input"),
+    (("padding", "values", "b"), 2**63, "manifest.padding.values.b",
+     "must be an integer from -9223372036854775808 to 9223372036854775807 (int64)"),
+    (("padding", "values", "a"), "0", "manifest.padding.values.a",
+     'must be a number, true or false, got "0"'),
+    (("padding", "values"), {}, "manifest.padding.values", "must have 1 or more keys"),
+    (("padding", "axes"), [], "manifest.padding.axes", "must have 1 or more entries"),
+    (("padding", "axes", 0, "inputs", 1), ["b", 5], "manifest.padding.axes[0].inputs[1]",
+     "names dim 5 of b, which shape a:2x3,b:2x4 does not have"),
+    (("padding", "axes", 0, "inputs", 1), ["c", 0], "manifest.padding.axes[0].inputs[1]",
+     "must be a padded input's dimension"),
+    (("padding", "axes", 0, "inputs", 1), ["a", 0], "manifest.padding.axes[0].inputs[1]",
+     "each listed once"),
+    (("padding", "axes", 0, "inputs", 1), ["b"], "manifest.padding.axes[0].inputs[1]",
+     "must be a [text, a non-negative integer] pair"),
+    (("padding", "axes", 0, "outputs"), [[0, 3]], "manifest.padding.axes[0].outputs[0]",
+     "names output 0 dim 3, which shape a:2x3,b:2x4 does not have"),
+    (("padding", "axes", 0, "outputs"), [[3, 0]], "manifest.padding.axes[0].outputs[0]",
+     "names output 3 dim 0"),
+    (("padding", "axes", 0, "outputs"), [[1, 0]], "manifest.padding.axes[0].outputs[0]",
+     "says output 1 dim 0 follows axis a dim 0, b dim 0, but it is not the axis's size"),
+])
+def test_malformed_padding_is_refused_by_path(path: tuple[Any, ...], value: Any, where: str,
+                                              says: str) -> None:
+    error = _refused_rich(path, value)
+    assert error.where == where and says in error.problem
+
+
+HUGE = 10**400  # JSON holds it as an integer; a float cannot
+
+
+@pytest.mark.parametrize(("path", "where", "says"), [
+    (("shapes", 0, "noise"), "manifest.shapes[0].noise", "must be a number or null"),
+    (("shapes", 0, "precision_error", "bf16"), "manifest.shapes[0].precision_error.bf16",
+     "must be a non-negative number or null"),
+    (("precision", "max_error"), "manifest.precision.max_error", "must be a number"),
+    (("precision", "choices", 0, "latency_us", "bf16", 1),
+     "manifest.precision.choices[0].latency_us.bf16[1]", "must be a non-negative number"),
+    (("padding", "values", "a"), "manifest.padding.values.a",
+     "must be a finite number within ±3.40282e+38 (float32)"),
+])
+def test_an_integer_beyond_a_floats_range_is_refused_not_a_crash(path: tuple[Any, ...],
+                                                                  where: str, says: str) -> None:
+    """An OverflowError (``math.isfinite`` of a 400-digit integer) escaped the reader for
+    every float field but the noise."""
+    error = _refused_rich(path, HUGE)
+    assert error.where == where and says in error.problem and len(str(error)) < 200
+
+
+def test_a_pad_value_beyond_a_floats_range_is_a_usage_error() -> None:
+    from qkan_pack.format import check_pad_value
+
+    with pytest.raises(ShapeSpecError, match=r"--pad x: pad value 1000.*… must be a finite"):
+        check_pad_value(HUGE, "float32", "--pad x", ShapeSpecError)
 
 
 def test_deep_output_nesting_refused() -> None:

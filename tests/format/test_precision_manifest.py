@@ -72,41 +72,63 @@ def _mutated(path: tuple[Any, ...], value: Any) -> bytes:
     return encode(raw)
 
 
-@pytest.mark.parametrize(("path", "value", "says"), [
-    (("precision", "default"), "fp8", "not one of"),
-    (("precision", "default"), "fp16", "must be among the allowed"),
-    (("precision", "allowed"), ["bf16"], "must list fp32 and each precision once"),
-    (("precision", "allowed"), ["fp32", "int8"], "must list precisions"),
-    (("precision", "allowed"), ["fp32", "bf16", "bf16"], "each precision once"),
-    (("precision", "max_error"), 0.0, r"max_error must be in \(0, 0.1\]"),
-    (("precision", "max_error"), MAX_MAX_ERROR * 2, "max_error must be in"),
-    (("precision", "max_error"), -1e-2, "max_error must be in"),
-    (("precision", "max_error"), "0.01", "must be a number"),
-    (("precision", "max_error"), True, "must be"),
-    (("precision", "choices", 0, "precision"), "fp16", "not one of"),
-    (("precision", "choices", 0, "latency_us", "bf16"), [30.0], "one per shape"),
-    (("precision", "choices", 0, "latency_us", "bf16"), [30.0, -1.0], "non-negative"),
-    (("precision", "choices", 0, "error", "fp16"), [0.1, 0.1], "of an allowed precision"),
-    (("precision", "choices", 0, "error", "int8"), [0.1, 0.1], "must list precisions"),
-    (("precision", "choices", 0, "refused"), {"bf16": 3}, "text"),
-    (("precision", "choices", 0, "key"), 7, "must be str"),
-    (("precision",), [], "must be a JSON object"),
-    (("shapes", 0, "precision_error"), {"bf16": -0.1}, "non-negative number or null"),
-    (("shapes", 0, "precision_error"), {"bf16": "0.1"}, "non-negative number or null"),
-    (("shapes", 0, "precision_error"), {"fp64": 0.1}, "must list precisions"),
-    (("shapes", 0, "precision_error"), [0.1], "must be dict"),
+@pytest.mark.parametrize(("path", "value", "where", "says"), [
+    (("precision", "default"), "fp8", "default", 'must be one of fp32, tf32, bf16, fp16, got "fp8"'),
+    (("precision", "default"), "fp16", "default", "must be among the allowed"),
+    (("precision", "allowed"), ["bf16"], "allowed", "must list fp32 and each precision once"),
+    (("precision", "allowed"), ["fp32", "int8"], "allowed[1]", "must be one of fp32, tf32"),
+    (("precision", "allowed"), ["fp32", "bf16", "bf16"], "allowed", "each precision once"),
+    (("precision", "max_error"), 0.0, "max_error", r"must be in (0, 0.1], got 0.0"),
+    (("precision", "max_error"), MAX_MAX_ERROR * 2, "max_error", "must be in (0, 0.1]"),
+    (("precision", "max_error"), -1e-2, "max_error", "must be in (0, 0.1]"),
+    (("precision", "max_error"), "0.01", "max_error", "must be a number"),
+    (("precision", "max_error"), True, "max_error", "must be a number, got true"),
+    (("precision", "choices", 0, "precision"), "fp16", "choices[0].precision",
+     "must be one of the allowed precisions fp32, tf32, bf16"),
+    (("precision", "choices", 0, "latency_us", "bf16"), [30.0], "choices[0].latency_us.bf16",
+     "one per shape"),
+    (("precision", "choices", 0, "latency_us", "bf16"), [30.0, -1.0],
+     "choices[0].latency_us.bf16[1]", "must be a non-negative number"),
+    (("precision", "choices", 0, "error", "fp16"), [0.1, 0.1], "choices[0].error.fp16",
+     "of an allowed precision"),
+    (("precision", "choices", 0, "error", "int8"), [0.1, 0.1], "choices[0].error.int8",
+     "is not a valid key here: keys must be one of fp32"),
+    (("precision", "choices", 0, "refused"), {"bf16": 3}, "choices[0].refused.bf16",
+     "must be text"),
+    (("precision", "choices", 0, "key"), 7, "choices[0].key", "must be text"),
+    (("precision", "choices", 0, "shapes"), ["bf16"], "choices[0].shapes",
+     "one allowed precision per shape (2)"),
+    (("precision",), [], "", "must be a JSON object"),
 ])
 def test_malformed_precision_fields_are_refused_by_name(path: tuple[Any, ...], value: Any,
-                                                        says: str) -> None:
-    with pytest.raises(ManifestError, match=says):
+                                                        where: str, says: str) -> None:
+    with pytest.raises(ManifestError) as info:
         parse_manifest(_mutated(path, value))
+    assert info.value.where == f"manifest.precision.{where}".rstrip(".")
+    assert says in info.value.problem
+
+
+@pytest.mark.parametrize(("value", "where", "says"), [
+    ({"bf16": -0.1}, ".bf16", "must be a non-negative number or null"),
+    ({"bf16": "0.1"}, ".bf16", "must be a non-negative number or null"),
+    ({"fp64": 0.1}, ".fp64", "is not a valid key here: keys must be one of fp32"),
+    ([0.1], "", "must be a JSON object"),
+])
+def test_malformed_shape_precision_errors_are_refused_by_name(value: Any, where: str,
+                                                              says: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(_mutated(("shapes", 0, "precision_error"), value))
+    assert info.value.where == "manifest.shapes[0].precision_error" + where
+    assert says in info.value.problem
 
 
 def test_one_choice_per_device_key() -> None:
     raw = manifest_to_dict(precise_manifest())
     raw["precision"]["choices"].append(copy.deepcopy(raw["precision"]["choices"][0]))
-    with pytest.raises(ManifestError, match="names a device key twice"):
+    with pytest.raises(ManifestError, match="repeats the device key of manifest.precision."
+                                            r"choices\[0\]") as info:
         parse_manifest(encode(raw))
+    assert info.value.where == "manifest.precision.choices[1]"
 
 
 def test_a_writer_cannot_make_an_invalid_policy_either() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkan_pack import Predictor, build
+from qkan_pack import ManifestError, Predictor, build
 from qkan_pack.runtime._calling import bind_forward
 from qkan_pack.runtime._precompiled import (
     Plan,
@@ -138,6 +139,29 @@ def test_a_malformed_plan_is_refused_before_anything_loads(change: dict) -> None
     assert Plan.from_json(_plan_with()).shapes[0].outputs == (0,)
     with pytest.raises(PrecompileRefused, match="plan is unreadable"):
         Plan.from_json(_plan_with(**change))
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    ({"outputs": [0, -1]}, "plan.shapes[0].outputs[1]"),
+    ({"extra": 1}, "plan.shapes[0].extra"),
+    ({"args": [{"kind": "input", "name": "3", "shape": [2, 4], "dtype": "float32"}]},
+     "plan.shapes[0].args[0].name"),
+    ({"inputs": [{"kind": "input", "name": "0", "shape": [2, "4"], "dtype": "float32"}]},
+     "plan.shapes[0].inputs[0].shape[1]"),
+])
+def test_a_refused_plan_names_the_json_path(change: dict, where: str) -> None:
+    """The plan is read by the manifest's reader: the refusal's cause names the path, and a
+    key the plan's schema does not define is refused as in the manifest."""
+    with pytest.raises(PrecompileRefused, match=re.escape(f"plan is unreadable ({where} ")) as info:
+        Plan.from_json(_plan_with(**change))
+    assert isinstance(info.value.__cause__, ManifestError)
+    assert info.value.__cause__.where == where
+
+
+def test_a_plan_round_trips_through_its_json() -> None:
+    plan = Plan.from_json(_plan_with())
+    assert Plan.from_json(plan.to_json()) == plan
+    assert json.loads(plan.to_json()) == json.loads(_plan_with())
 
 
 FRESH = """
