@@ -93,7 +93,6 @@ PUBLIC = {
         "parse_config_items", "parse_input_option",
         "parse_manifest", "parse_range", "parse_shape", "parse_shapes",
         "precision_choice_to_dict", "shape_fix", "with_batch_sizes",
-        "MAX_ROW_DETAIL", "RowProof", "entry_batch", "input_batch",
         # the declarative JSON the manifest and the precompiled plan are read and written by
         "Choice", "Integer", "JsonObject", "ListOf", "Nested", "Text", "json_field",
         "read_object", "write_object",

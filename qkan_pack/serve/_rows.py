@@ -81,7 +81,12 @@ class Route(NamedTuple):
 
 def route(shapes: Tail, plan: Mapping[Tail, Any], exact: Mapping[Tail, str]) -> Route | None:
     """A single row (unbatched or a batch of one) is batched; a manifest shape passes
-    through; anything else has no route (None)."""
+    through; anything else has no route (None). A declared shape that takes no rows (its
+    outputs do not follow a batch) always passes through as declared: routed as a row, it
+    would replay in another shape and come back sliced."""
+    rows = {label for sizes in plan.values() for _, label in sizes}
+    if shapes in exact and exact[shapes] not in rows:
+        return Route(None)
     if shapes in plan:
         return Route(shapes, squeezed=True)
     if shapes and all(len(s) >= 1 and s[0] == 1 for s in shapes):
