@@ -47,7 +47,7 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
     │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
-    ├── PrecompileRefused (RuntimeError)    no precompiled form for this model or torch:
+    ├── PrecompileRefusedError (RuntimeError)    no precompiled form for this model or torch:
     │                                       compiled mode falls back  [.reason]
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── OptionError (ValueError)            a Python API argument outside its domain
@@ -100,7 +100,7 @@ __all__ = [
     "OverloadedError",
     "PaddingError",
     "PrecisionError",
-    "PrecompileRefused",
+    "PrecompileRefusedError",
     "PredictorClosedError",
     "QkanPackError",
     "ReplicaLoadError",
@@ -252,7 +252,7 @@ class FactoryNotReproducibleError(ModelSourceError):
             stage="factory", path=path)
 
 
-class PrecompileRefused(QkanPackError, RuntimeError):
+class PrecompileRefusedError(QkanPackError, RuntimeError):
     """This model (or this torch) has no precompiled form (``warm --compiled``'s graphs);
     ``reason`` says why. Compiled mode catches it and falls back to another route."""
 

@@ -32,7 +32,7 @@ PUBLIC = {
         "PrecisionError", "PredictorClosedError", "QkanPackError",
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeakReferencesError",
         "WeightsMismatchError", "FileReadError", "OverloadedError", "ReplicaLoadError",
-        "ServeError", "ServeTokenError", "StatefulModelError", "PrecompileRefused",
+        "ServeError", "ServeTokenError", "StatefulModelError", "PrecompileRefusedError",
         "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
     "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
@@ -170,7 +170,7 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "OptionError": ValueError, "PaddingError": ValueError,
                "PrecisionError": errors.SelfTestError,
                "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError,
-               "PrecompileRefused": RuntimeError, "StatefulModelError": errors.ModelSourceError}
+               "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name

@@ -39,7 +39,7 @@ from ._calling import bind_forward
 from ._kernels import PROCESS_CACHES, matching_set, precompiled_dir
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
 from ._precompiled import (
-    PrecompileRefused,
+    PrecompileRefusedError,
     autotune_results,
     export_forms,
     export_refusal,
@@ -175,7 +175,7 @@ def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], targ
             outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
             exporting = shipped is None and warm_child()
             autotuned = autotune_results(private) if exporting else {}  # first calls autotune
-        except PrecompileRefused as exc:
+        except PrecompileRefusedError as exc:
             export_refusal(exc.reason)
             return None, exc.reason
         except Exception as exc:  # inductor failed to compile, load or run its code here

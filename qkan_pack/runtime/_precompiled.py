@@ -15,7 +15,7 @@ kernels come from the shipped kernel set). The bytes hold pickles and Python tha
 loads: shipped compiled code, under the same trust as the model source.
 
 A model with a graph break, or whose graph reads a tensor the plan cannot name, has no
-precompiled form (``PrecompileRefused``, with the reason); ``_compiled`` then falls back.
+precompiled form (``PrecompileRefusedError``, with the reason); ``_compiled`` then falls back.
 
 Not owned here: choosing and falling back (``_compiled``), capture (``_capture``), where the
 files live in the artifact (``_kernels``).
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ManifestError, PrecompileRefused
+from ..errors import ManifestError, PrecompileRefusedError
 from ..format import (
     Choice,
     Integer,
@@ -133,7 +133,7 @@ class Plan:
                                     where="plan.schema")
             return read_object(cls, {k: v for k, v in raw.items() if k != "schema"}, "plan")
         except ManifestError as exc:
-            raise PrecompileRefused(f"the precompiled plan is unreadable ({exc}); re-run "
+            raise PrecompileRefusedError(f"the precompiled plan is unreadable ({exc}); re-run "
                                     "`qkan-pack warm --compiled` on this kind of host") from exc
 
 
@@ -171,15 +171,15 @@ def resolve(model: torch.nn.Module, ref: TensorRef) -> torch.Tensor:
             path, _, attribute = ref.name.partition(":")
             tensor = vars(model.get_submodule(path))[attribute]
         else:
-            raise PrecompileRefused(f"unknown tensor kind {ref.kind!r} in the plan")
+            raise PrecompileRefusedError(f"unknown tensor kind {ref.kind!r} in the plan")
     except (AttributeError, KeyError) as exc:
-        raise PrecompileRefused(f"the model has no {ref.kind} {ref.name!r} the precompiled "
+        raise PrecompileRefusedError(f"the model has no {ref.kind} {ref.name!r} the precompiled "
                                 f"graph reads ({exc})") from None
     if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != ref.shape \
             or _dtype_text(tensor) != ref.dtype:
         got = (f"{tuple(tensor.shape)} {_dtype_text(tensor)}" if isinstance(tensor, torch.Tensor)
                else type(tensor).__name__)
-        raise PrecompileRefused(f"{ref.kind} {ref.name!r} is {got} here, but the precompiled "
+        raise PrecompileRefusedError(f"{ref.kind} {ref.name!r} is {got} here, but the precompiled "
                                 f"graph was made for {ref.shape} {ref.dtype}")
     return tensor
 
@@ -217,12 +217,12 @@ def trace_graph(model: torch.nn.Module, forward: Callable[..., Any],
             output = torch.compile(forward, backend=keep_graph, fullgraph=True,
                                    dynamic=False)(*inputs)
     except Exception as exc:  # a graph break or an op dynamo cannot trace
-        raise PrecompileRefused(f"dynamo cannot capture the whole forward in one graph "
+        raise PrecompileRefusedError(f"dynamo cannot capture the whole forward in one graph "
                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]})") from exc
     finally:
         torch._dynamo.reset()
     if len(graphs) != 1 or len(returned) != 1:
-        raise PrecompileRefused(f"dynamo made {len(graphs)} graphs of the forward, not one")
+        raise PrecompileRefusedError(f"dynamo made {len(graphs)} graphs of the forward, not one")
     gm, example = graphs[0]
     args = _graph_inputs(model, inputs, example)
     outputs = _graph_outputs(flatten(output), returned[0])
@@ -237,13 +237,13 @@ def _graph_inputs(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
     refs = []
     for value in example:
         if not isinstance(value, torch.Tensor):
-            raise PrecompileRefused(f"the graph takes a {type(value).__name__}, not a tensor")
+            raise PrecompileRefusedError(f"the graph takes a {type(value).__name__}, not a tensor")
         if id(value) in positions:
             kind, name = "input", str(positions[id(value)])
         elif id(value) in own:
             kind, name = own[id(value)]
         else:
-            raise PrecompileRefused(
+            raise PrecompileRefusedError(
                 f"the graph reads a {tuple(value.shape)} tensor that is neither an input nor a "
                 "parameter, buffer or tensor attribute of the model's modules")
         refs.append(TensorRef(kind=kind, name=name, shape=tuple(value.shape),
@@ -256,7 +256,7 @@ def _graph_outputs(leaves: Sequence[torch.Tensor], returned: Sequence[Any]) -> t
     for leaf in leaves:
         index = next((i for i, t in enumerate(returned) if t is leaf), None)
         if index is None:
-            raise PrecompileRefused("an output of the forward is not an output of its graph "
+            raise PrecompileRefusedError("an output of the forward is not an output of its graph "
                                     "(an input or constant returned as is)")
         indices.append(index)
     return tuple(indices)
@@ -282,7 +282,7 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
     """Trace and compile every shape of the model built with ``config``: the plan, the graph
     files by name (``<index>.bin``) and the forward that calls them."""
     if os.environ.get(PRECOMPILED_OUT_ENV) == PRECOMPILED_OFF:
-        raise PrecompileRefused("warm's fresh-process probe refused them")
+        raise PrecompileRefusedError("warm's fresh-process probe refused them")
     shapes, files, graphs = [], {}, []
     for index, (label, inputs) in enumerate(samples):
         gm, example, plan = trace_graph(model, forward, inputs)
@@ -313,7 +313,7 @@ def restore_autotune(files: Mapping[str, bytes], cache_dir: str | os.PathLike[st
         parts = name[len(prefix):].split("/")
         if any(p in ("", ".", "..") or "\\" in p for p in parts) or not parts[-1].endswith(
                 ".best_config"):
-            raise PrecompileRefused(f"shipped autotuning file {name!r} is not a plain path "
+            raise PrecompileRefusedError(f"shipped autotuning file {name!r} is not a plain path "
                                     "inside the cache")
         destination = Path(cache_dir, *parts)
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -331,16 +331,16 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     (``TORCHINDUCTOR_CACHE_DIR``: the caller's private one)."""
     plan = Plan.from_json(plan_bytes)
     if plan.torch != torch.__version__:
-        raise PrecompileRefused(f"made with torch {plan.torch}, this is {torch.__version__}")
+        raise PrecompileRefusedError(f"made with torch {plan.torch}, this is {torch.__version__}")
     if json.dumps(plan.config, sort_keys=True) != json.dumps(dict(config), sort_keys=True):
-        raise PrecompileRefused(f"traced with config {json.dumps(plan.config, sort_keys=True)}, "
+        raise PrecompileRefusedError(f"traced with config {json.dumps(plan.config, sort_keys=True)}, "
                                 f"this load's is {json.dumps(dict(config), sort_keys=True)} "
                                 "(dynamo bakes it into the graph)")
     if plan.device != str(device):
-        raise PrecompileRefused(f"compiled for {plan.device} (inductor's code names the GPU "
+        raise PrecompileRefusedError(f"compiled for {plan.device} (inductor's code names the GPU "
                                 f"index), loading on {device}: warm with --device {device}")
     if [s.label for s in plan.shapes] != list(labels):
-        raise PrecompileRefused(f"made for shapes {[s.label for s in plan.shapes]}, the "
+        raise PrecompileRefusedError(f"made for shapes {[s.label for s in plan.shapes]}, the "
                                 f"manifest declares {list(labels)}")
     cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if cache_dir:
@@ -348,7 +348,7 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     graphs = []
     for shape in plan.shapes:
         if shape.file not in files:
-            raise PrecompileRefused(f"the plan names {shape.file}, which is not shipped")
+            raise PrecompileRefusedError(f"the plan names {shape.file}, which is not shipped")
         graphs.append(_callable(files[shape.file]))
     return PrecompiledForward(model, plan, graphs)
 
@@ -391,7 +391,7 @@ def _callable(data: bytes) -> Callable[..., Any]:
         try:
             return CompiledArtifact.load(path=path, format="binary")
         except Exception as exc:  # another torch's bytes, or corrupt ones
-            raise PrecompileRefused(f"this torch cannot load the precompiled graph "
+            raise PrecompileRefusedError(f"this torch cannot load the precompiled graph "
                                     f"({type(exc).__name__}: {exc})") from exc
 
 
@@ -414,7 +414,7 @@ class PrecompiledForward:
         try:
             graph, fixed, shape = self._by_shape[key]
         except KeyError:
-            raise PrecompileRefused(f"no precompiled graph for inputs {key}") from None
+            raise PrecompileRefusedError(f"no precompiled graph for inputs {key}") from None
         args = [inputs[int(ref.name)] if value is None else value
                 for ref, value in zip(shape.args, fixed)]
         with torch.no_grad():

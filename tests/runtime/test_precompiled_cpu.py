@@ -21,7 +21,7 @@ from qkan_pack import ManifestError, Predictor, build
 from qkan_pack.runtime._calling import bind_forward
 from qkan_pack.runtime._precompiled import (
     Plan,
-    PrecompileRefused,
+    PrecompileRefusedError,
     autotune_results,
     load_precompiled,
     precompile,
@@ -75,7 +75,7 @@ def test_the_plan_names_every_graph_input_and_output_leaf() -> None:
 
 
 def test_a_graph_break_has_no_precompiled_form() -> None:
-    with pytest.raises(PrecompileRefused, match="cannot capture the whole forward in one graph"):
+    with pytest.raises(PrecompileRefusedError, match="cannot capture the whole forward in one graph"):
         trace_graph(Breaks(), Breaks(), [torch.ones(2)])
 
 
@@ -83,33 +83,33 @@ def test_a_changed_model_is_refused_naming_the_tensor() -> None:
     model = Cached(4)
     _, _, plan = trace_graph(model, bind_forward(model, ["x", "y"], "keyword"), _inputs())
     weight = next(ref for ref in plan.args if ref.name == "linear.weight")
-    with pytest.raises(PrecompileRefused, match=r"'linear.weight' is \(5, 5\) float32 here, but "
+    with pytest.raises(PrecompileRefusedError, match=r"'linear.weight' is \(5, 5\) float32 here, but "
                                                 r"the precompiled graph was made for \(4, 4\)"):
         resolve(Cached(5), weight)
     gone = dataclasses.replace(weight, name="linear.missing")
-    with pytest.raises(PrecompileRefused, match=r"has no state 'linear\.missing'"):
+    with pytest.raises(PrecompileRefusedError, match=r"has no state 'linear\.missing'"):
         resolve(Cached(4), gone)
 
 
 def test_an_unreadable_plan_or_another_torch_config_or_device_is_refused() -> None:
-    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+    with pytest.raises(PrecompileRefusedError, match="plan is unreadable"):
         Plan.from_json(b'{"schema": "something else"}')
-    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+    with pytest.raises(PrecompileRefusedError, match="plan is unreadable"):
         Plan.from_json(b"not json")
     cpu = torch.device("cpu")
     other = Plan(torch="0.0.1", device="cpu", config={}, shapes=()).to_json()
-    with pytest.raises(PrecompileRefused, match=r"made with torch 0\.0\.1"):
+    with pytest.raises(PrecompileRefusedError, match=r"made with torch 0\.0\.1"):
         load_precompiled(Cached(), other, {}, [], cpu, {})
     mine = Plan(torch=torch.__version__, device="cpu", config={}, shapes=()).to_json()
-    with pytest.raises(PrecompileRefused, match=r"made for shapes \[\], the manifest declares"):
+    with pytest.raises(PrecompileRefusedError, match=r"made for shapes \[\], the manifest declares"):
         load_precompiled(Cached(), mine, {}, ["2x4"], cpu, {})
     elsewhere = Plan(torch=torch.__version__, device="cuda:0", config={}, shapes=()).to_json()
-    with pytest.raises(PrecompileRefused, match=r"compiled for cuda:0 .* loading on cuda:1: "
+    with pytest.raises(PrecompileRefusedError, match=r"compiled for cuda:0 .* loading on cuda:1: "
                                                 r"warm with --device cuda:1"):
         load_precompiled(Cached(), elsewhere, {}, [], torch.device("cuda:1"), {})
     flash = Plan(torch=torch.__version__, device="cpu", config={"solver": "flash"},
                  shapes=()).to_json()
-    with pytest.raises(PrecompileRefused, match=r'traced with config \{"solver": "flash"\}, this '
+    with pytest.raises(PrecompileRefusedError, match=r'traced with config \{"solver": "flash"\}, this '
                                                 r'load\'s is \{"solver": "exact"\}'):
         load_precompiled(Cached(), flash, {}, [], cpu, {"solver": "exact"})
 
@@ -137,7 +137,7 @@ def _plan_with(**change: object) -> bytes:
 ], ids=lambda change: next(iter(change)) + ":" + json.dumps(next(iter(change.values())))[:40])
 def test_a_malformed_plan_is_refused_before_anything_loads(change: dict) -> None:
     assert Plan.from_json(_plan_with()).shapes[0].outputs == (0,)
-    with pytest.raises(PrecompileRefused, match="plan is unreadable"):
+    with pytest.raises(PrecompileRefusedError, match="plan is unreadable"):
         Plan.from_json(_plan_with(**change))
 
 
@@ -152,7 +152,7 @@ def test_a_malformed_plan_is_refused_before_anything_loads(change: dict) -> None
 def test_a_refused_plan_names_the_json_path(change: dict, where: str) -> None:
     """The plan is read by the manifest's reader: the refusal's cause names the path, and a
     key the plan's schema does not define is refused as in the manifest."""
-    with pytest.raises(PrecompileRefused, match=re.escape(f"plan is unreadable ({where} ")) as info:
+    with pytest.raises(PrecompileRefusedError, match=re.escape(f"plan is unreadable ({where} ")) as info:
         Plan.from_json(_plan_with(**change))
     assert isinstance(info.value.__cause__, ManifestError)
     assert info.value.__cause__.where == where
@@ -244,6 +244,6 @@ def test_autotuning_choices_round_trip_and_stay_inside_the_cache(tmp_path: Path)
     assert restore_autotune({**shipped, "0.bin": b"graph"}, private) == 1
     assert (private / "ab" / "k1.best_config").read_text() == '{"XBLOCK": 128}'
     for bad in ("autotune/../escape.best_config", "autotune/ab/k1.py", "autotune//x.best_config"):
-        with pytest.raises(PrecompileRefused, match="not a plain path inside the cache"):
+        with pytest.raises(PrecompileRefusedError, match="not a plain path inside the cache"):
             restore_autotune({bad: b"{}"}, private)
     assert not (tmp_path / "escape.best_config").exists()
