@@ -48,7 +48,7 @@ that matches its nature, so ``except ValueError`` keeps working::
     │                                       [.requested, .problem, .suggestion]
     ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
     ├── PrecompileRefusedError (RuntimeError)
-│                                       no precompiled form for this model or torch:
+    │                                       no precompiled form for this model or torch:
     │                                       compiled mode falls back  [.reason]
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── OptionError (ValueError)            a Python API argument outside its domain
