@@ -98,6 +98,11 @@ class ArrivalPacing:
             self._next_probe = now + PROBE_EVERY_S
         return self._linger
 
+    @property
+    def paced(self) -> bool:
+        """Whether a paced row ever came (else runs need not be timed)."""
+        return self._since is not None
+
     def ran(self, now: float) -> None:
         """A run ended at ``now``: the next gap counts from here."""
         self._since = now
@@ -178,13 +183,13 @@ class RowGatherer(Generic[Item]):
         loop = asyncio.get_running_loop()
         self._quiet = 0 if len(self._items) > self._seen else self._quiet + 1
         self._seen = len(self._items)
-        left = self._deadline - loop.time()
-        if left > 0:
-            if self._quiet < QUIET_PASSES:
+        if self._quiet < QUIET_PASSES:
+            if loop.time() < self._deadline:
                 self._timer = loop.call_soon(self._close_when_quiet)
                 return
-            hold = self._hold_until - time.perf_counter()
-            if hold > 0:
+        elif self._held:
+            hold, left = self._hold_until - time.perf_counter(), self._deadline - loop.time()
+            if hold > 0 and left > 0:
                 self._timer = loop.call_later(min(hold, left), self._close_when_quiet)
                 return
         self.flush()
@@ -201,9 +206,10 @@ class RowGatherer(Generic[Item]):
         if self._waited is not None:
             started = time.perf_counter()
             self._waited([started - arrived for arrived in arrivals])
-        if self._held and self.pacing is not None:
-            self.pacing.closed(len(items))
-        self._held = False
+        if self._held:
+            self._held = False
+            if self.pacing is not None:
+                self.pacing.closed(len(items))
         results: Sequence[Any] = []
         try:
             results = list(self._run(items))
@@ -215,7 +221,7 @@ class RowGatherer(Generic[Item]):
             if not isinstance(exc, Exception):
                 raise  # (KeyboardInterrupt, ...) after the callers are answered, below
         finally:
-            if self.pacing is not None:
+            if self.pacing is not None and self.pacing.paced:
                 self.pacing.ran(time.perf_counter())
             for future, result in zip(futures, results):
                 if not future.done():  # a caller that went away (cancelled) is skipped

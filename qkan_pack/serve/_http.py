@@ -259,7 +259,8 @@ class HttpApi:
             reply = await work(request)
         finally:
             self.admission.release()
-        self.core.stats.answered(protocol, outcome_of(reply.status_code),
+        status = reply.status_code
+        self.core.stats.answered(protocol, "success" if status == 200 else outcome_of(status),
                                  time.perf_counter() - started)
         return reply
 

@@ -73,6 +73,16 @@ class Entry:
     elements: int
 
 
+class _Shape:
+    """One captured shape's replay counters (attributes: no tuple keys on the request path)."""
+
+    __slots__ = ("elements", "entry", "filler", "padding", "rows", "seconds")
+
+    def __init__(self, entry: Entry | None) -> None:
+        self.entry, self.seconds = entry, Buckets()
+        self.rows = self.filler = self.elements = self.padding = 0
+
+
 @dataclass
 class Snapshot:
     """The counters at one moment (copies: the replica keeps counting)."""
@@ -102,11 +112,8 @@ class ReplicaStats:
         self._answered: Counter[tuple[str, str]] = Counter()
         self._latency: dict[str, Buckets] = {}
         self._queue = Buckets()
-        self._replays: Counter[str] = Counter()
-        self._replay_seconds: dict[str, Buckets] = {}
+        self._shapes: dict[str, _Shape] = {}
         self._rows_per_replay: Counter[int] = Counter()
-        self._rows: Counter[tuple[str, str]] = Counter()
-        self._elements: Counter[tuple[str, str]] = Counter()
         self._direct: Counter[str] = Counter()
         self._baseline = self._copy()
         self._since = time.time()
@@ -128,48 +135,57 @@ class ReplicaStats:
                 buckets = self._latency.get(protocol)
                 if buckets is None:
                     buckets = self._latency[protocol] = Buckets()
-                buckets.observe(seconds)
+                buckets.counts[bisect_left(buckets.bounds, seconds)] += 1
+                buckets.total += seconds
 
     def waited(self, seconds: Iterable[float]) -> None:
         """Each request's wait in the batcher before its replay (0: it replayed at once)."""
+        queue = self._queue
+        counts, bounds = queue.counts, queue.bounds
         with self._lock:
             for value in seconds:
-                self._queue.observe(value)
+                counts[bisect_left(bounds, value)] += 1
+                queue.total += value
 
     def replay(self, label: str, rows: int, seconds: float = 0.0,
                elements: int | None = None) -> None:
         """One replay of captured shape ``label`` carrying ``rows`` requests' rows and
         ``elements`` of their input elements (None: whole rows of the shape's own size);
         the rest of the shape was computed for nothing."""
-        entry = self.entries.get(label)
+        shape = self._shapes.get(label)
+        if shape is None:
+            shape = self._shapes.setdefault(label, _Shape(self.entries.get(label)))
+        entry, buckets = shape.entry, shape.seconds
         with self._lock:
-            self._replays[label] += 1
             self._rows_per_replay[rows] += 1
-            buckets = self._replay_seconds.get(label)
-            if buckets is None:
-                buckets = self._replay_seconds[label] = Buckets()
-            buckets.observe(seconds)
+            buckets.counts[bisect_left(buckets.bounds, seconds)] += 1
+            buckets.total += seconds
             if entry is None:
                 return
-            filler = max(0, entry.rows - rows)
             if elements is None:
                 elements = entry.elements * rows // max(1, entry.rows)
-            self._rows[label, "request"] += rows
-            self._rows[label, "filler"] += filler
-            self._elements[label, "request"] += elements
-            self._elements[label, "padding"] += max(0, entry.elements - elements)
+            shape.rows += rows
+            shape.filler += max(0, entry.rows - rows)
+            shape.elements += elements
+            shape.padding += max(0, entry.elements - elements)
 
     # -- readers ---------------------------------------------------------------------
 
     def _copy(self) -> Snapshot:
+        shapes = self._shapes.items()
+        rows, elements = Counter(), Counter()
+        for label, shape in shapes:
+            if shape.entry is not None:
+                rows[label, "request"], rows[label, "filler"] = shape.rows, shape.filler
+                elements[label, "request"] = shape.elements
+                elements[label, "padding"] = shape.padding
         return Snapshot(
             requests=Counter(self._requests), answered=Counter(self._answered),
             latency={k: b.copy() for k, b in self._latency.items()}, queue=self._queue.copy(),
-            replays=Counter(self._replays),
-            replay_seconds={k: b.copy() for k, b in self._replay_seconds.items()},
-            rows_per_replay=Counter(self._rows_per_replay), rows=Counter(self._rows),
-            elements=Counter(self._elements), direct=Counter(self._direct),
-            labels=list(self._labels))
+            replays=Counter({label: sum(shape.seconds.counts) for label, shape in shapes}),
+            replay_seconds={label: shape.seconds.copy() for label, shape in shapes},
+            rows_per_replay=Counter(self._rows_per_replay), rows=rows, elements=elements,
+            direct=Counter(self._direct), labels=list(self._labels))
 
     def snapshot(self) -> Snapshot:
         """Every counter since the replica started (what ``/metrics`` exports)."""
