@@ -13,10 +13,12 @@ raised; Ray retries it and the deployment fails if none loads). ``check_health``
 replay hit a device error, and Ray replaces the replica.
 
 A single row (unbatched ``[2]`` or a batch of one ``1x2``, for shapes ``1x2,64x2``) is
-gathered with concurrent rows by ``@serve.batch``, zero-padded to the smallest captured batch
-that holds them, replayed once and split back (``exact=True``: each row replays alone, so its
-answer never depends on its neighbours' bits). A captured shape (``64x2``) passes through;
-anything else is a 422 naming the accepted shapes. The HTTP API is ``_http.HttpApi``.
+gathered with concurrent rows (``_gather``; HTTP, gRPC and handle calls alike) into the
+smallest captured batch that holds them where build proved rows independent, replayed once
+and split back (``exact=True``: each row replays alone, so its answer never depends on its
+neighbours' bits). A captured shape (``64x2``) passes through; anything else is a 422
+naming the accepted shapes. The HTTP API is ``_http.HttpApi``; ``GET /metrics`` is every
+replica's ``metric_families`` (``_metrics``).
 
 Ray is imported only where a deployment is built or run: ``import qkan_pack`` stays cheap.
 """

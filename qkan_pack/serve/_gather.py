@@ -28,9 +28,9 @@ connection that has a request, and their tasks all run in the next pass. gRPC re
 not: grpc's asyncio server (Ray's gRPC ingress) asks its core for one call at a time, and
 each call, then its message, crosses from gRPC's poller thread to the loop through a socket
 before the next is asked for, so requests that are all waiting in gRPC reach the loop one
-by one, with passes without a new row between them, and the quiet rule ran each alone (1.02
-rows per replay at 32 clients, against 23 for the JSON route: profile and traces in
-``benchmarks/results/2026-12-06_cpu_grpc-rows-per-replay.md``). A group holding a paced row
+by one, with passes without a new row between them, and the quiet rule ran each alone
+(traces and profile: ``benchmarks/results/2026-12-06_cpu_grpc-rows-per-replay.md``). A
+group holding a paced row
 therefore also stays open until no paced row came for ``LINGER_GAPS`` times the recent
 median gap between paced rows (``ArrivalPacing``; the loop sleeps meanwhile), within the same
 bound. A lone client would pay that wait on every request: after ``MISSES_TO_REST`` held

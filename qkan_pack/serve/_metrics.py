@@ -33,6 +33,8 @@ from typing import Any
 
 from ._stats import Buckets, Snapshot
 
+#: The text format's content type (``exposition``).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: How long a scrape waits for every replica's families.
 SCRAPE_TIMEOUT_S = 5.0
 #: Bounds of the rows-per-replay histogram (the largest captured batch is added).
@@ -238,8 +240,9 @@ def scrape_family(answered: int, failed: int) -> Any:
 
 
 def exposition(families: Sequence[Any]) -> tuple[bytes, str]:
-    """The families in Prometheus's text format, with its content type."""
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    """The families in Prometheus's text format, with its content type: version 0.0.4, which
+    every Prometheus reads (the names here need none of 1.0.0's escaping)."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
     class Families:
         def collect(self) -> Iterable[Any]:
@@ -247,7 +250,7 @@ def exposition(families: Sequence[Any]) -> tuple[bytes, str]:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Families())
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE
 
 
 async def every_replica(method: str, local: list[Any]
