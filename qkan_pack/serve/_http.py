@@ -198,6 +198,10 @@ class HttpApi:
         self._metrics = metrics
         if metrics is not None:
             self._routes["/metrics", "GET"] = self._get_metrics
+        if oip is not None:  # the protocol's infer routes, found without parsing the path
+            base = f"/v2/models/{oip.name}"
+            for infer in (f"{base}/infer", f"{base}/versions/{oip.version}/infer"):
+                self._routes[infer, "POST"] = self._oip_predict
 
     async def handle(self, request: Request) -> Response:
         scope = request.scope  # not request.url: that parses the whole URL, per request
@@ -241,6 +245,9 @@ class HttpApi:
 
     async def _predict(self, request: Request) -> Response:
         return await self._admitted(request, self._predict_admitted, "json")
+
+    async def _oip_predict(self, request: Request) -> Response:
+        return await self._admitted(request, self._oip_infer, "oip-http")
 
     async def _admitted(self, request: Request, work: Callable[[Request], Awaitable[Response]],
                         protocol: str) -> Response:
@@ -345,13 +352,14 @@ class HttpApi:
         body = await self._read_body(request)
         if not isinstance(body, bytes):
             return body
-        encoding = _header(request.scope, "content-encoding")
+        encoding, header_length = _headers(request.scope, b"content-encoding",
+                                           BINARY_HEADER.encode())
         if encoding not in (None, "identity"):
             body = decompressed(body, encoding, self.limits.max_body_bytes)
             if not isinstance(body, bytes):
                 return body
         try:
-            parsed: InferRequest = self.oip.parse_http(body, _header(request.scope, BINARY_HEADER))
+            parsed: InferRequest = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
                 payload, header_length = self.oip.reply(outputs, parsed)
@@ -523,13 +531,17 @@ def _method_not_allowed(method: str, path: str, allowed: str) -> Response:
                          {"Allow": allowed})
 
 
-def _header(scope: Mapping[str, Any], name: str) -> str | None:
-    """One request header from the raw ASGI headers (``name`` in lower case)."""
-    wanted = name.encode("latin-1")
+def _headers(scope: Mapping[str, Any], *names: bytes) -> list[str | None]:
+    """Request headers from the raw ASGI headers (``names`` in lower case; the first of each,
+    None where absent), in one pass."""
+    found: list[str | None] = [None] * len(names)
     for key, value in scope.get("headers", ()):
-        if key.lower() == wanted:
-            return value.decode("latin-1")
-    return None
+        key = key.lower()
+        if key in names:
+            index = names.index(key)
+            if found[index] is None:
+                found[index] = value.decode("latin-1")
+    return found
 
 
 def binary_response(payload: bytes, header_length: int) -> Response:
