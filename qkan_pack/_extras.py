@@ -11,6 +11,7 @@ from collections.abc import Mapping
 EXTRAS = {
     "qkan": "qkan",
     "ray": "serve", "orjson": "serve", "starlette": "serve", "uvicorn": "serve",
+    "prometheus_client": "serve",
     "matplotlib": "bench",
     "tritonclient": "grpc",
     "model_signing": "sign", "OpenSSL": "sign", "sigstore": "sign", "sigstore_models": "sign",

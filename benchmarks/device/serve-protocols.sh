@@ -1,10 +1,12 @@
 #!/bin/bash
-# Issue 35's protocol figures on one GPU host: the Open Inference Protocol's binary HTTP and
-# gRPC against the JSON route (POST /), side by side on one server per run, at 8-512 clients:
-# 1 replica (with the no-op, JSON only), 64-row requests (JSON against binary), 4 replicas on
-# 0.25 GPU each. Targets: binary HTTP >= 0.9x the JSON route's req/s; a 64-row request >= 3x
-# the JSON route's rows/s (the last lines set 64-row rows/s against 1-row JSON's). Each run
-# gets what is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
+# Issues 35 and 43's protocol figures on one GPU host: the Open Inference Protocol's binary
+# HTTP and gRPC against the JSON route (POST /), side by side on one server per run, at 8-512
+# clients: 1 replica (with the no-op, JSON only), 64-row requests (JSON against binary), 4
+# replicas on 0.25 GPU each. Targets (issue 43): binary HTTP >= 1.0x and gRPC >= 0.9x the
+# JSON route's req/s at every load, each with p99 <= 1.2x the JSON route's; a 64-row binary
+# request >= 3x the 1-row JSON route's rows/s. The last lines set each point against them,
+# with rows per replay per protocol (every replica's, from GET /metrics). Each run gets what
+# is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
@@ -38,16 +40,37 @@ bench() {
 import json, pathlib, sys
 
 results = pathlib.Path(sys.argv[1])
+#: Issue 43: req/s against the JSON route's at the same load, and p99 at most 1.2x its.
+TARGETS = {"oip-binary": 1.0, "oip-grpc": 0.9}
+
 def model_points(name):
     path = results / name
     return json.loads(path.read_text())["curves"]["model"] if path.exists() else []
+
+for run in ("protocols_1rep.json", "protocols_4rep.json"):
+    points = model_points(run)
+    base = {p["clients"]: p for p in points if p["protocol"] == "json"}
+    for point in points:
+        json_point = base.get(point["clients"])
+        line = (f"{run[10:-5]:<5} {point['protocol']:<10} at {point['clients']:>3} clients: "
+                f"{point['requests_per_s']:>8.0f} req/s, p99 {point['p99_ms']:>7.2f} ms, "
+                f"{point['rows_per_replay'] or 0:>5.2f} rows/replay")
+        if point["protocol"] in TARGETS and json_point and json_point["requests_per_s"]:
+            ratio = point["requests_per_s"] / json_point["requests_per_s"]
+            p99 = point["p99_ms"] / json_point["p99_ms"] if json_point["p99_ms"] else 0.0
+            met = ratio >= TARGETS[point["protocol"]] and p99 <= 1.2
+            line += (f"; {ratio:.2f}x JSON's req/s (target {TARGETS[point['protocol']]}x), "
+                     f"p99 {p99:.2f}x (target <= 1.2x): {'met' if met else 'NOT met'}")
+        print(line)
 
 single = {p["clients"]: p for p in model_points("protocols_1rep.json") if p["protocol"] == "json"}
 for point in model_points("protocols_1rep_64rows.json"):
     base = single.get(point["clients"])
     if base and base["rows_per_s"]:
+        ratio = point["rows_per_s"] / base["rows_per_s"]
         print(f"64-row {point['protocol']:<10} at {point['clients']:>3} clients: "
-              f"{point['rows_per_s']:>10.0f} rows/s, {point['rows_per_s'] / base['rows_per_s']:.2f}x "
-              f"the 1-row JSON route's {base['rows_per_s']:.0f}")
+              f"{point['rows_per_s']:>10.0f} rows/s, {ratio:.2f}x the 1-row JSON route's "
+              f"{base['rows_per_s']:.0f}" + (f" (target 3x: {'met' if ratio >= 3 else 'NOT met'})"
+                                            if point["protocol"] == "oip-binary" else ""))
 PY
 } 2>&1 | tee "$RESULTS/protocols.txt"

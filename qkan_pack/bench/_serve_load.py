@@ -4,10 +4,11 @@ The server runs as its own process (``python -m qkan_pack serve ...``), exactly 
 starts it; this module never imports the serve layer or Ray. For each mode (the artifact, then
 ``--noop``: Ray Serve's own ceiling with a fixed reply) it starts the server, runs every
 client count (``_load``) in every protocol asked for, back to back against that one server
-(the no-op speaks only the JSON route), reads the replica's replay counters (``GET
-/stats``), and stops the server with SIGTERM. Optional runs, over the JSON route: SIGKILL of
-one replica under load (``kill_at_s``; with ``kills`` > 1, a kill loop: one replica every
-``kill_every_s``), and single-row latency while large bodies arrive (``large_body_mb``).
+(the no-op speaks only the JSON route), reads every replica's replay counters (``GET
+/metrics``, Prometheus's text read by its own parser), and stops the server with SIGTERM.
+Optional runs, over the JSON route: SIGKILL of one replica under load (``kill_at_s``; with
+``kills`` > 1, a kill loop: one replica every ``kill_every_s``), and single-row latency while
+large bodies arrive (``large_body_mb``).
 """
 
 from __future__ import annotations
@@ -176,11 +177,26 @@ class ServerProcess:
         raise BenchError(f"qkan-pack serve did not start: {stderr.strip()[-800:]}")
 
     def get(self, path: str, method: str = "GET") -> dict[str, Any]:
+        return json.loads(self.read(path, method))
+
+    def read(self, path: str, method: str = "GET") -> bytes:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
                                          data=b"" if method == "POST" else None, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as reply:
-            return json.loads(reply.read())
+            return reply.read()
+
+    def replay_totals(self) -> tuple[float, float]:
+        """(rows replayed, replays) since the server started, over every replica (``GET
+        /metrics``: ``qkan_pack_rows_per_replay``'s sum and count)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        totals = {"qkan_pack_rows_per_replay_sum": 0.0, "qkan_pack_rows_per_replay_count": 0.0}
+        for family in text_string_to_metric_families(self.read("/metrics").decode()):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+        return totals["qkan_pack_rows_per_replay_sum"], totals["qkan_pack_rows_per_replay_count"]
 
     def replica_pids(self) -> list[int]:
         """The server's replica processes (Ray names them ``ray::ServeReplica:...``)."""
@@ -367,15 +383,13 @@ def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSe
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
                   has_stats: bool, protocol: str = "json") -> Point:
-    if has_stats:
-        server.get("/stats/reset", method="POST")
+    before = server.replay_totals() if has_stats else None
     result = run_load(_spec(server, rows, clients, settings, protocol=protocol),
                       settings.processes)
     point = summarise(clients, result, settings.seconds, protocol, settings.rows_per_request)
-    if has_stats:
-        stats = server.get("/stats")
-        replays = sum(stats["replays"].values())
-        point.rows_per_replay = round(stats["rows_replayed"] / replays, 2) if replays else None
+    if before is not None:
+        rows_replayed, replays = (now - then for now, then in zip(server.replay_totals(), before))
+        point.rows_per_replay = round(rows_replayed / replays, 2) if replays else None
     print(render_point(point), file=sys.stderr, flush=True)
     return point
 

@@ -13,16 +13,19 @@ raised; Ray retries it and the deployment fails if none loads). ``check_health``
 replay hit a device error, and Ray replaces the replica.
 
 A single row (unbatched ``[2]`` or a batch of one ``1x2``, for shapes ``1x2,64x2``) is
-gathered with concurrent rows by ``@serve.batch``, zero-padded to the smallest captured batch
-that holds them, replayed once and split back (``exact=True``: each row replays alone, so its
-answer never depends on its neighbours' bits). A captured shape (``64x2``) passes through;
-anything else is a 422 naming the accepted shapes. The HTTP API is ``_http.HttpApi``.
+gathered with concurrent rows (``_gather``; HTTP, gRPC and handle calls alike) into the
+smallest captured batch that holds them where build proved rows independent, replayed once
+and split back (``exact=True``: each row replays alone, so its answer never depends on its
+neighbours' bits). A captured shape (``64x2``) passes through; anything else is a 422
+naming the accepted shapes. The HTTP API is ``_http.HttpApi``; ``GET /metrics`` is every
+replica's ``metric_families`` (``_metrics``).
 
 Ray is imported only where a deployment is built or run: ``import qkan_pack`` stays cheap.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -34,10 +37,21 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ServeError
 from ..format import MODEL_NAME, check_device_text
 from ._cluster import load_failed, this_node
+from ._haproxy import ingress_counts
 from ._http import HttpApi, HttpLimits, json_response
+from ._metrics import (
+    Ingress,
+    ReplicaInfo,
+    every_replica,
+    exposition,
+    merge,
+    replica_families,
+    scrape_family,
+)
 from ._model import ModelCore
 from ._oip import OipModel
 from ._oip_grpc import IMPLEMENTED, UNSERVED
+from ._ray_compat import haproxy_admin_socket
 from ._rows import dependent_rows, describe_artifact, largest_batch, row_plan
 from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
@@ -178,8 +192,10 @@ class ArtifactServer:
         self._grpc: GrpcApi | None = None
         self._token_sha256 = options.limits.token_sha256
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
+        self._metrics_info = replica_info(predictor, self.oip, self._replica,
+                                          max(e.rows for e in self.core.stats.entries.values()))
         self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
-                            self._description["accepted"], self.oip)
+                            self._description["accepted"], self.oip, metrics=self.scrape)
         if options.grpc:
             _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
 
@@ -211,6 +227,23 @@ class ArtifactServer:
         """Ray Serve's health probe (see ``ModelCore.check_health``)."""
         self.core.check_health()
 
+    async def metric_families(self) -> list[Any]:
+        """This replica's Prometheus families (``_metrics``): what a scrape asks every
+        replica for over the deployment handle."""
+        ingress = None
+        socket = haproxy_admin_socket()
+        if socket is not None:
+            counts = await ingress_counts(socket)
+            ingress = Ingress(**counts) if counts is not None else None
+        return replica_families(self.core.stats.snapshot(), self._metrics_info,
+                                self.core.gpu_memory(), ingress)
+
+    async def scrape(self) -> tuple[bytes, str]:
+        """``GET /metrics``: every replica's families, merged (``_metrics.every_replica``)."""
+        parts, answered, failed = await every_replica("metric_families",
+                                                      await self.metric_families())
+        return exposition([*merge(parts), scrape_family(answered, failed)])
+
     async def __call__(self, request: Request) -> Response:
         return await self.http.handle(request)
 
@@ -223,7 +256,9 @@ class ArtifactServer:
             from ._oip_grpc import GrpcApi
 
             self._grpc = GrpcApi(self.oip, self.core, self._token_sha256, self.http.admission,
-                                 self.http.limits.retry_after_s)
+                                 self.http.limits.retry_after_s,
+                                 infer=functools.partial(self.core.infer, paced=True),
+                                 answered=functools.partial(self.core.stats.answered, "oip-grpc"))
         return self._grpc
 
 
@@ -260,6 +295,17 @@ class NoopServer:
 
     def describe(self) -> dict[str, Any]:
         return {"noop": True, "replica": {"id": _replica_id(), "device": "none"}}
+
+
+def replica_info(predictor: Any, oip: OipModel, replica: Mapping[str, Any],
+                 max_rows: int) -> ReplicaInfo:
+    """What the metrics say about a replica beside its counters (``_metrics.ReplicaInfo``)."""
+    report = predictor.report
+    tests = tuple((shape.label, test, float(value)) for shape in report.shapes
+                  for test, value in (("reference", shape.reference_max_abs),
+                                      ("replay", shape.replay_max_abs)))
+    return ReplicaInfo(oip.name, oip.version, replica["id"], replica["device"],
+                       replica["load_to_ready_seconds"], replica["ready_at"], tests, max_rows)
 
 
 def oip_model(manifest: Manifest, name: str | None, *, batched: bool) -> OipModel:

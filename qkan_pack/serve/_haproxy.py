@@ -100,6 +100,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
 from ._workdir import record_process
@@ -153,6 +154,16 @@ UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable"
 UNAVAILABLE_SOCKET = "unavailable.sock"
 _UNAVAILABLE_SERVER = "qkan-pack-unavailable"
 _SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
+#: Where HAProxy counts the 401s it answers (with a token): a one-entry stick table whose
+#: first general-purpose counter every 401 reply of the HTTP frontend increments. Counted
+#: after the reply (``http-after-response``), so the refusal stays the frontend's first
+#: rule; the connection is tracked by a ``tcp-request`` rule, which HAProxy runs before any
+#: ``http-request`` rule wherever it stands (it warns that it does).
+COUNTS_TABLE_NAME = "qkan-pack-counts"
+COUNTS_SECTION = f"backend {COUNTS_TABLE_NAME}"
+COUNTS_TABLE = (COUNTS_SECTION, "    stick-table type integer size 1 store gpc(1)")
+COUNT_UNAUTHORIZED = (f"    tcp-request connection track-sc2 int(0) table {COUNTS_TABLE_NAME}",
+                      "    http-after-response sc-inc-gpc(0,2) if { status 401 }")
 
 
 @dataclass(frozen=True)
@@ -172,11 +183,13 @@ class IngressAdmission:
 
     def refusal_rule(self) -> str:
         """A backend rule, evaluated before the request is queued: refused when some replica
-        is up, none has a free slot and the per-replica queue is full."""
+        is up, none has a free slot and the per-replica queue is full. A ``deny`` (not a
+        ``return``), so that HAProxy counts each refusal in the backend's denied requests
+        (``ingress_counts``)."""
         body = ('{"error":"overloaded: every replica is at its limit of '
                 f'{self.ongoing} requests and {self.queued} wait per replica; retry after '
                 f'{self.retry_after_s} s"}}')
-        return (f"    http-request return status 503 content-type application/json hdr "
+        return (f"    http-request deny status 503 content-type application/json hdr "
                 f"Retry-After {self.retry_after_s} string '{body}' if {{ nbsrv() gt 0 }} "
                 f"{{ be_conn_free() le 0 }} {{ avg_queue() ge {self.queued} }}")
 
@@ -198,6 +211,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
                                          unavailable))
     if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
+    if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
+        config = "\n".join([config.rstrip("\n"), *COUNTS_TABLE, ""])
     config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     config = _RETRY_SETTING.sub(lambda m: m[1] + RETRY_POLICY[" ".join(m[2].split())], config)
@@ -233,9 +248,10 @@ def _unavailable_section(socket_path: str) -> list[str]:
             f"hdr Cache-Control no-cache string '{_UNAVAILABLE.decode()}'"]
 
 
-def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, str]:
+def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str]]:
     """The rule refusing a request without the token, by section (none without a token):
-    the HTTP frontend's spares the liveness route, the side sections' spare nothing."""
+    the HTTP frontend's spares the liveness route, the side sections' spare nothing; the
+    HTTP frontend also counts its 401s (``COUNT_UNAUTHORIZED``)."""
     if token_sha256 is None:
         return {}
     digest = check_digest(token_sha256)
@@ -245,12 +261,13 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, str]:
     refuse = (f"    http-request return status 401 content-type application/json file "
               f"{error_dir}/{UNAUTHORIZED_FILE} hdr WWW-Authenticate '{CHALLENGE}'")
     live = f"{{ path -i {LIVENESS_PATH} }}"
-    return {HTTP_FRONTEND: f"{refuse} if !{live} !{scheme} || !{live} !{matches}",
-            **{section: f"{refuse} unless {scheme} {matches}" for section in SIDE_SECTIONS}}
+    return {HTTP_FRONTEND: [f"{refuse} if !{live} !{scheme} || !{live} !{matches}",
+                            *COUNT_UNAUTHORIZED],
+            **{section: [f"{refuse} unless {scheme} {matches}"] for section in SIDE_SECTIONS}}
 
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
-                      replica_host: str | None, refusals: dict[str, str],
+                      replica_host: str | None, refusals: dict[str, list[str]],
                       unavailable: str | None) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server but ``unavailable`` (the
@@ -260,6 +277,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     ``APP_REQUEST_RULES``; each ``refusals`` rule first in its section."""
     section = ""
     out = []
+    refusing = {line for rules in refusals.values() for line in rules}
     added = [admission.refusal_rule()] if admission else []
     added.extend(APP_REQUEST_RULES)
     if unavailable:
@@ -271,9 +289,9 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             if _is_app_backend(section):
                 out.extend(added)
             if section in refusals:
-                out.append(refusals[section])
+                out.extend(refusals[section])
             continue
-        if line in added or line in refusals.values() or _DISABLES_REQUIRED.fullmatch(line):
+        if line in added or line in refusing or _DISABLES_REQUIRED.fullmatch(line):
             continue  # added above (a rewritten config rewrites to itself); or undoes one we need
         if section == HTTP_FRONTEND:
             line = _LIVENESS_REPLY.sub(r"\1\2", line)
@@ -309,7 +327,8 @@ def _watched(server: str) -> str:
 def _is_app_backend(section: str) -> bool:
     """A backend of replicas (Ray's per-application ones), not the no-route default or the
     ingress request router's (whose servers ``track`` the app backend's)."""
-    return (section.startswith("backend ") and section != "backend default_backend"
+    return (section.startswith("backend ") and section not in ("backend default_backend",
+                                                               COUNTS_SECTION)
             and not section.endswith("-via-ingress-request-router"))
 
 
@@ -357,6 +376,56 @@ def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
+
+
+async def ingress_counts(socket_path: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The requests HAProxy answered itself (``parse_ingress_counts``), read from its admin
+    socket; None where there is no HAProxy on this node or it does not answer in time."""
+    import asyncio
+
+    if not os.path.exists(socket_path):
+        return None
+    try:
+        stat = await asyncio.wait_for(_admin_command(socket_path, "show stat"), timeout_s)
+        table = await asyncio.wait_for(
+            _admin_command(socket_path, f"show table {COUNTS_TABLE_NAME}"), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    return parse_ingress_counts(stat, table)
+
+
+async def _admin_command(socket_path: str, command: str) -> str:
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    try:
+        writer.write(command.encode() + b"\n")
+        await writer.drain()
+        return (await reader.read(-1)).decode("utf-8", "replace")
+    finally:
+        writer.close()
+
+
+def parse_ingress_counts(stat_csv: str, table: str) -> dict[str, Any]:
+    """From ``show stat`` and ``show table``: 401s of the HTTP frontend (``COUNTS_TABLE``),
+    overload refusals (denied requests) of each app backend by protocol (``http``, ``grpc``),
+    and requests that no replica could take (``UNAVAILABLE_SECTION``'s listener)."""
+    import csv
+
+    counts: dict[str, Any] = {"unauthorized": 0, "overloaded": {}, "unavailable": 0}
+    found = re.search(r"\bgpc0=(\d+)", table)
+    if found:
+        counts["unauthorized"] = int(found[1])
+    lines = stat_csv.lstrip("# ").splitlines()
+    for row in csv.DictReader(lines):
+        name, kind = row.get("pxname", ""), row.get("svname", "")
+        if kind == "BACKEND" and _is_app_backend(f"backend {name}"):
+            protocol = "grpc" if name.startswith("grpc") else "http"
+            counts["overloaded"][protocol] = (counts["overloaded"].get(protocol, 0)
+                                              + int(row.get("dreq") or 0))
+        elif kind == "FRONTEND" and name == UNAVAILABLE_SECTION.split()[1]:
+            counts["unavailable"] = int(row.get("req_tot") or 0)
+    return counts
 
 
 def real_haproxy() -> str | None:

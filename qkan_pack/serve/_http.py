@@ -2,9 +2,10 @@
 Every reply, errors included, is a JSON body (``_wire.dumps``).
 
 Routes (under the route prefix): ``GET /`` describes the artifact and replica, ``POST /``
-predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` zeroes them;
+predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` zeroes them,
+``GET /metrics`` is every replica's counters in Prometheus's text format (``_metrics``);
 ``/v2/...`` is the Open Inference Protocol (``_oip``), behind the same token, admission and
-limits.
+limits. Each inference request's outcome and latency are counted (``ReplicaStats.answered``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._offload import WireHelper
 from ._oip import BINARY_HEADER, InferRequest, OipModel
+from ._stats import outcome_of
 from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
 
 if TYPE_CHECKING:
@@ -175,7 +178,9 @@ class HttpApi:
 
     def __init__(self, core: ModelCore, limits: HttpLimits, describe: Callable[[], dict[str, Any]],
                  stats: Callable[[bool], dict[str, Any]], accepted: list[str],
-                 oip: OipModel | None = None) -> None:
+                 oip: OipModel | None = None,
+                 metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
+        """``metrics``: the text of ``GET /metrics`` and its content type (no route without)."""
         self.core = core
         self.oip = oip
         self.limits = limits
@@ -190,13 +195,21 @@ class HttpApi:
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
             ("/stats/reset", "POST"): self._reset_stats,
         }
+        self._metrics = metrics
+        if metrics is not None:
+            self._routes["/metrics", "GET"] = self._get_metrics
+        if oip is not None:  # the protocol's infer routes, found without parsing the path
+            base = f"/v2/models/{oip.name}"
+            for infer in (f"{base}/infer", f"{base}/versions/{oip.version}/infer"):
+                self._routes[infer, "POST"] = self._oip_predict
 
     async def handle(self, request: Request) -> Response:
-        if not self._authorized(request):
-            self.core.stats.request("unauthorized")
-            return raw_response(401, UNAUTHORIZED_BODY, {"WWW-Authenticate": CHALLENGE})
         scope = request.scope  # not request.url: that parses the whole URL, per request
         path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
+        if not self._authorized(request):
+            self.core.stats.request("unauthorized")
+            self.core.stats.answered(_protocol(path), "unauthorized", 0.0)
+            return raw_response(401, UNAUTHORIZED_BODY, {"WWW-Authenticate": CHALLENGE})
         handler = self._routes.get((path, request.method))
         if handler is not None:
             return await handler(request)
@@ -207,8 +220,8 @@ class HttpApi:
             return json_response(405, {"error": f"{request.method} is not allowed on "
                                        f"{path or '/'}; use {', '.join(allowed)}"})
         return json_response(404, {"error": f"no route {path!r}; use GET /, POST /, "
-                                   "GET /stats, POST /stats/reset, or /v2/... (the Open "
-                                   "Inference Protocol)"})
+                                   "GET /stats, POST /stats/reset, GET /metrics, or /v2/... "
+                                   "(the Open Inference Protocol)"})
 
     def _authorized(self, request: Request) -> bool:
         want = self.limits.token_sha256
@@ -223,23 +236,40 @@ class HttpApi:
     async def _reset_stats(self, request: Request) -> Response:
         return json_response(200, self._stats(True))
 
-    async def _predict(self, request: Request) -> Response:
-        return await self._admitted(request, self._predict_admitted)
+    async def _get_metrics(self, request: Request) -> Response:
+        assert self._metrics is not None
+        payload, content_type = await self._metrics()
+        reply = raw_response(200, payload)
+        reply.raw_headers[1] = (b"content-type", content_type.encode("latin-1"))
+        return reply
 
-    async def _admitted(self, request: Request,
-                        work: Callable[[Request], Awaitable[Response]]) -> Response:
-        """``work`` within the replica's admission bounds, else a 503 with Retry-After."""
+    async def _predict(self, request: Request) -> Response:
+        return await self._admitted(request, self._predict_admitted, "json")
+
+    async def _oip_predict(self, request: Request) -> Response:
+        return await self._admitted(request, self._oip_infer, "oip-http")
+
+    async def _admitted(self, request: Request, work: Callable[[Request], Awaitable[Response]],
+                        protocol: str) -> Response:
+        """``work`` within the replica's admission bounds, else a 503 with Retry-After; its
+        outcome and latency counted under ``protocol``."""
+        started = time.perf_counter()
         try:
             await self.admission.acquire()
         except OverloadedError:
             self.core.stats.request("overloaded")
+            self.core.stats.answered(protocol, "overloaded", 0.0)
             return json_response(503, {"error": "overloaded: this replica's queue is full; "
                                        f"retry after {self.limits.retry_after_s} s"},
                                  {"Retry-After": str(self.limits.retry_after_s)})
         try:
-            return await work(request)
+            reply = await work(request)
         finally:
             self.admission.release()
+        status = reply.status_code
+        self.core.stats.answered(protocol, "success" if status == 200 else outcome_of(status),
+                                 time.perf_counter() - started)
+        return reply
 
     async def _read_body(self, request: Request) -> bytes | Response:
         """The body within the size and time limits, or the error reply that ends the request."""
@@ -305,7 +335,7 @@ class HttpApi:
         if action == "infer":
             if method != "POST":
                 return _method_not_allowed(method, path, "POST")
-            return await self._admitted(request, self._oip_infer)
+            return await self._admitted(request, self._oip_infer, "oip-http")
         if method not in ("GET", "HEAD"):
             return _method_not_allowed(method, path, "GET")
         if action == "":
@@ -322,13 +352,14 @@ class HttpApi:
         body = await self._read_body(request)
         if not isinstance(body, bytes):
             return body
-        encoding = _header(request.scope, "content-encoding")
+        encoding, header_length = _headers(request.scope, b"content-encoding",
+                                           BINARY_HEADER.encode())
         if encoding not in (None, "identity"):
             body = decompressed(body, encoding, self.limits.max_body_bytes)
             if not isinstance(body, bytes):
                 return body
         try:
-            parsed: InferRequest = self.oip.parse_http(body, _header(request.scope, BINARY_HEADER))
+            parsed: InferRequest = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
                 payload, header_length = self.oip.reply(outputs, parsed)
@@ -490,18 +521,27 @@ def _inflate_stream(view: memoryview, start: int, window: int, room: int
     return pieces, position - len(inflater.unused_data)
 
 
+def _protocol(path: str) -> str:
+    """The protocol a path belongs to, as the metrics label it."""
+    return "oip-http" if path == "/v2" or path.startswith("/v2/") else "json"
+
+
 def _method_not_allowed(method: str, path: str, allowed: str) -> Response:
     return json_response(405, {"error": f"{method} is not allowed on {path}; use {allowed}"},
                          {"Allow": allowed})
 
 
-def _header(scope: Mapping[str, Any], name: str) -> str | None:
-    """One request header from the raw ASGI headers (``name`` in lower case)."""
-    wanted = name.encode("latin-1")
+def _headers(scope: Mapping[str, Any], *names: bytes) -> list[str | None]:
+    """Request headers from the raw ASGI headers (``names`` in lower case; the first of each,
+    None where absent), in one pass."""
+    found: list[str | None] = [None] * len(names)
     for key, value in scope.get("headers", ()):
-        if key.lower() == wanted:
-            return value.decode("latin-1")
-    return None
+        key = key.lower()
+        if key in names:
+            index = names.index(key)
+            if found[index] is None:
+                found[index] = value.decode("latin-1")
+    return found
 
 
 def binary_response(payload: bytes, header_length: int) -> Response:

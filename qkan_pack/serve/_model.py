@@ -6,6 +6,8 @@ the handle and the HTTP API both call ``infer``."""
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,7 @@ from ._rows import (
     row_plan,
     unrouted,
 )
-from ._stats import ReplicaStats
+from ._stats import Entry, ReplicaStats
 from ._wire import (
     Given,
     check_index_bounds,
@@ -37,6 +39,7 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
+    from ..format import Manifest
     from ..runtime import Predictor
 
 #: Multi-row requests at least this large replay in a worker thread, so that a big replay
@@ -50,6 +53,21 @@ def _filled(parts: Sequence[np.ndarray], batch: int) -> np.ndarray:
     if missing:
         parts = [*parts, np.broadcast_to(parts[0], (missing, *parts[0].shape[1:]))]
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def replay_entries(manifest: Manifest) -> dict[str, Entry]:
+    """Each captured shape's batch rows and input elements, for what a replay of fewer or
+    shorter rows computed for nothing (``ReplicaStats.replay``)."""
+    def rows(shapes: list[tuple[int, ...]]) -> int:
+        firsts = {shape[0] for shape in shapes if shape}
+        return firsts.pop() if len(firsts) == 1 and all(shapes) else 1
+
+    return {e.label: Entry(rows([tuple(s) for _, s in e.inputs]),
+                           sum(math.prod(s) for _, s in e.inputs)) for e in manifest.shapes}
+
+
+def _elements(arrays: Sequence[np.ndarray]) -> int:
+    return sum(a.size for a in arrays)
 
 
 @dataclass
@@ -81,7 +99,8 @@ class ModelCore:
         self._ragged = RaggedPlan(manifest) if manifest.padding is not None else None
         self._labels = [e.label for e in manifest.shapes]
         self.stats = ReplicaStats(self._labels if self._ragged is not None else
-                                  [label for sizes in self.plan.values() for _, label in sizes])
+                                  [label for sizes in self.plan.values() for _, label in sizes],
+                                  replay_entries(manifest))
         self.fault: str | None = None
         quiet = max_batch_wait_ms is None
         body, rows = self._run_rows, self.max_batch_size
@@ -91,7 +110,7 @@ class ModelCore:
         self.mixes = not exact and mixes_requests(manifest) and (
             self._ragged is None or self._ragged.rows_proved)
         self._gatherer = RowGatherer(
-            body, max_rows=max(1, rows), until_quiet=quiet,
+            body, max_rows=max(1, rows), until_quiet=quiet, waited=self.stats.waited,
             wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000) if self.mixes else None
         self.batch_rule = (self._gatherer.rule if self._gatherer is not None else
                            "never: each request replays alone (exact)" if exact else
@@ -110,15 +129,16 @@ class ModelCore:
         given.update({n: given_from_python(v, f"input {n!r}") for n, v in named.items()})
         return given
 
-    async def infer(self, given: Mapping[str, Given]) -> Any:
+    async def infer(self, given: Mapping[str, Given], *, paced: bool = False) -> Any:
         """Outputs (``host_outputs``: numpy arrays) for one request: a single row joins a
         batch (alone when ``exact``), a captured shape passes through; anything else is an
-        ``InputError``."""
+        ``InputError``. ``paced``: the request came over gRPC, whose requests reach the loop
+        one at a time (``RowGatherer.submit``)."""
         try:
             arrays = self._fit(given)
             shapes = tuple(a.shape for a in arrays)
             if self._ragged is not None:
-                return await self._infer_ragged(arrays, shapes)
+                return await self._infer_ragged(arrays, shapes, paced)
             way = self._routes.get(shapes)
             if way is None:
                 raise unrouted(shapes, self.plan, self.predictor.manifest, self._dependent)
@@ -126,43 +146,58 @@ class ModelCore:
             self.stats.request("rejected")
             raise
         if way.tail is None:
-            self.stats.request("direct", self._exact_shapes[shapes])
-            if shapes[0] and shapes[0][0] >= THREAD_ROWS:
-                return await asyncio.to_thread(self.replay, arrays)
-            return self.replay(arrays)
+            label = self._exact_shapes[shapes]
+            self.stats.request("direct", label)
+            return await self._replay_whole(arrays, label)
         if way.squeezed:
             arrays = [a[None] for a in arrays]
         self.stats.request("rows")
         if self._gatherer is None:  # the row replays alone, in the smallest entry it fits
+            self.stats.waited((0.0,))
             out = self._run_rows([_Row(arrays, way.tail)])[0]
             if isinstance(out, BaseException):
                 raise out
         else:
-            out = await self._gatherer.submit(_Row(arrays, way.tail))
+            out = await self._gatherer.submit(_Row(arrays, way.tail), paced=paced)
         # [0, ...]: a row's share of a per-row output is a 0-d array (a numpy scalar would
         # lose its array type, and the handle could not give it back as a tensor)
         return map_leaves(lambda t: t[0, ...], out) if way.squeezed else out
 
-    async def _infer_ragged(self, arrays: list[np.ndarray], shapes: tuple) -> Any:
+    async def _infer_ragged(self, arrays: list[np.ndarray], shapes: tuple, paced: bool) -> Any:
         """A request of an artifact with declared padding that is not a captured shape: a
         single row joins a ragged group (``_ragged``); a larger request that fits replays
         alone, padded by the predictor. ``InputError`` stays the caller's to count."""
         assert self._ragged is not None
         found = self._ragged.row(arrays)
         if found is None:
-            if not self._ragged.fits(shapes):
+            entry = self._ragged.entry(shapes)
+            if entry is None:
                 raise self._ragged.refuse(shapes)
             self.stats.request("direct", self._exact_shapes.get(shapes, "padded"))
-            if shapes[0] and shapes[0][0] >= THREAD_ROWS:
-                return await asyncio.to_thread(self.replay, arrays)
-            return self.replay(arrays)
+            return await self._replay_whole(arrays, self._label(entry))
         row, squeezed = found
         self.stats.request("rows")
         if self._gatherer is None:  # the row replays alone, padded by the predictor
+            self.stats.waited((0.0,))
+            started = time.perf_counter()
             out = self._ragged.share(self.replay(row.arrays), 0, row, squeezed)
-            self.stats.replay(self._label(self._ragged.entry_of([row])), 1)
+            self.stats.replay(self._label(self._ragged.entry_of([row])), 1,
+                              time.perf_counter() - started, _elements(row.arrays))
             return out
-        return await self._gatherer.submit((row, squeezed))
+        return await self._gatherer.submit((row, squeezed), paced=paced)
+
+    async def _replay_whole(self, arrays: list[np.ndarray], label: str) -> Any:
+        """A whole request in its captured shape ``label`` (padded into it by the predictor
+        when it is smaller along declared axes): in a worker thread when it is large."""
+        rows = arrays[0].shape[0] if arrays[0].ndim else 1
+        self.stats.waited((0.0,))
+        started = time.perf_counter()
+        if rows >= THREAD_ROWS:
+            out = await asyncio.to_thread(self.replay, arrays)
+        else:
+            out = self.replay(arrays)
+        self.stats.replay(label, rows, time.perf_counter() - started, _elements(arrays))
+        return out
 
     def _run_ragged(self, submitted: list[tuple[RaggedRow, bool]]) -> list[Any]:
         """The gatherer's body for ragged rows (each with whether it came without its batch
@@ -173,13 +208,15 @@ class ModelCore:
         results: list[Any] = [None] * len(rows)
         for chunk, entry in self._ragged.chunks(rows):
             members = [rows[i] for i in chunk]
+            started = time.perf_counter()
             try:
                 out = self.replay(self._ragged.stack(members))
             except Exception as exc:
                 for i in chunk:
                     results[i] = exc
                 continue
-            self.stats.replay(self._label(entry), len(members))
+            self.stats.replay(self._label(entry), len(members), time.perf_counter() - started,
+                              sum(_elements(m.arrays) for m in members))
             for j, i in enumerate(chunk):
                 results[i] = self._ragged.share(out, j, rows[i], squeezed=submitted[i][1])
         return results
@@ -217,13 +254,14 @@ class ModelCore:
         build proved rows independent, with such copies among the neighbours it tried)."""
         batch, label = captured_batch(sizes, len(rows))
         stacked = [_filled(parts, batch) for parts in zip(*(row.arrays for row in rows))]
+        started = time.perf_counter()
         try:
             out = self.replay(stacked)
         except Exception as exc:
             for i in slots:
                 results[i] = exc
             return
-        self.stats.replay(label, len(rows))
+        self.stats.replay(label, len(rows), time.perf_counter() - started)
         for j, i in enumerate(slots):
             results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
 
@@ -238,6 +276,16 @@ class ModelCore:
             if self.predictor.device.type == "cuda":
                 self.fault = f"{type(exc).__name__}: {exc}"
             raise
+
+    def gpu_memory(self) -> dict[str, int]:
+        """The CUDA memory this process holds on the predictor's device (``allocated``,
+        ``reserved``), as torch counts it; empty off CUDA."""
+        device = self.predictor.device
+        if device.type != "cuda":
+            return {}
+        cuda = torch_module().cuda
+        return {"allocated": int(cuda.memory_allocated(device)),
+                "reserved": int(cuda.memory_reserved(device))}
 
     def check_health(self) -> None:
         """Unhealthy after a device error in a replay; on CUDA also sync the device, which

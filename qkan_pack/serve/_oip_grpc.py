@@ -9,12 +9,16 @@ registers the service with ``add_inference_service`` and calls the replica's met
 after each RPC (``ServerLive``, ``ModelInfer``...) with the request message and a
 ``grpc_context``; methods the service has and this server does not implement answer
 UNIMPLEMENTED. The bearer token travels as ``authorization: Bearer ...`` metadata.
+
+Each ``ModelInfer`` (and any call refused for its token) is counted with its outcome and
+latency (``answered``, protocol ``oip-grpc``): the status a call ends with is the outcome.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -89,13 +93,48 @@ def add_inference_service(servicer: Any, server: Any) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
+#: A call's status as an outcome (``_stats.OUTCOMES``): unknown statuses are the server's.
+OUTCOME_OF_STATUS = {None: "success", "OK": "success", "UNAUTHENTICATED": "unauthorized",
+                     "UNAVAILABLE": "overloaded", "INVALID_ARGUMENT": "client_error",
+                     "NOT_FOUND": "client_error", "UNIMPLEMENTED": "client_error"}
+
+
+class _Call:
+    """A call's context as the methods use it, remembering the status set on it (the
+    context may be None: a call made without gRPC)."""
+
+    __slots__ = ("code", "context")
+
+    def __init__(self, context: Any) -> None:
+        self.context, self.code = context, None
+
+    def invocation_metadata(self) -> Any:
+        return self.context.invocation_metadata() if self.context is not None else ()
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+        if self.context is not None:
+            self.context.set_code(code)
+
+    def set_details(self, details: str) -> None:
+        if self.context is not None:
+            self.context.set_details(details)
+
+
 class GrpcApi:
     """The replica's gRPC methods' bodies; the replica class forwards each RPC here."""
 
     def __init__(self, oip: OipModel, core: Any, token_sha256: str | None,
-                 admission: Admission, retry_after_s: int) -> None:
+                 admission: Admission, retry_after_s: int, *,
+                 infer: Callable[..., Any] | None = None,
+                 answered: Callable[[str, float], None] | None = None) -> None:
+        """``infer``: the model's inference (default ``core.infer``; the replica passes it
+        with ``paced=True``: gRPC hands requests to the loop one at a time, ``_gather``);
+        ``answered``: told each counted call's outcome and seconds."""
         self.oip, self.core, self.token_sha256 = oip, core, token_sha256
         self.admission, self.retry_after_s = admission, retry_after_s
+        self._infer = infer or core.infer
+        self._answered = answered
         self.pb = protocol()
 
     def authorized(self, context: Any) -> bool:
@@ -105,7 +144,7 @@ class GrpcApi:
             return True
         import grpc
 
-        sent = next((v for k, v in (context.invocation_metadata() if context else ())
+        sent = next((v for k, v in (context.invocation_metadata() if context is not None else ())
                      if k.lower() == "authorization"), None)
         sent = sent.decode("latin-1") if isinstance(sent, bytes) else sent
         if sent is not None and bearer_matches(sent.encode("latin-1"), self.token_sha256):
@@ -126,7 +165,18 @@ class GrpcApi:
 
     async def answer(self, rpc: str, request: Any, context: Any) -> Any:
         """One RPC: the token first, then (for a model's RPCs) the model's name and version,
-        then the answer; a refusal is the RPC's empty reply with its status set."""
+        then the answer; a refusal is the RPC's empty reply with its status set. Counted
+        (``answered``): every ``ModelInfer``, and any call refused for its token."""
+        started = time.perf_counter()
+        call = _Call(context)
+        reply = await self._answer(rpc, request, call)
+        name = getattr(call.code, "name", call.code)
+        if self._answered is not None and (rpc == "ModelInfer" or name == "UNAUTHENTICATED"):
+            self._answered(OUTCOME_OF_STATUS.get(name, "server_error"),
+                           time.perf_counter() - started)
+        return reply
+
+    async def _answer(self, rpc: str, request: Any, context: Any) -> Any:
         if rpc not in IMPLEMENTED:
             return self.unimplemented(rpc, context)
         if not self.authorized(context):
@@ -212,7 +262,7 @@ class GrpcApi:
 
         try:
             parsed = self.parse(request)
-            outputs = await self.core.infer(parsed.inputs)
+            outputs = await self._infer(parsed.inputs)
             return self.reply(outputs, parsed)
         except (MalformedRequestError, InputError) as exc:
             _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))

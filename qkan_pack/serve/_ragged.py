@@ -77,8 +77,10 @@ class RaggedPlan:
 
     # -- requests --------------------------------------------------------------------
 
-    def fits(self, shapes: Sequence[Shape]) -> bool:
-        return fit_entry(list(shapes), self.entries, self.names, self.padding) is not None
+    def entry(self, shapes: Sequence[Shape]) -> int | None:
+        """The entry a whole request of ``shapes`` pads into, or None when it fits none."""
+        found = fit_entry(list(shapes), self.entries, self.names, self.padding)
+        return None if found is None else found[0]
 
     def row(self, arrays: Sequence[np.ndarray]) -> tuple[RaggedRow, bool] | None:
         """The request as one row (and whether it came without its batch dimension), or None

@@ -7,7 +7,9 @@ for replicas a cluster cannot place), re-reading Ray's cached config (``ray._ray
 keeping a local node's exporters on loopback (``ray._private.ray_constants``), turning off
 auto-init after shutdown (``ray._private.auto_init_hook``), finding a running Serve by its
 controller's actor name and the head node by its resource (``serve_running``,
-``HEAD_NODE_RESOURCE``). The HAProxy ingress also depends
+``HEAD_NODE_RESOURCE``), where Ray puts a node's HAProxy admin socket
+(``haproxy_admin_socket``, for the ingress counts ``/metrics`` exports). The HAProxy ingress
+also depends
 on the config Ray Serve generates (``_haproxy`` rewrites it). ``check_ray`` runs before Ray
 starts and refuses a release outside ``SUPPORTED`` with the range and the fix; a test pins
 each private name.
@@ -15,6 +17,7 @@ each private name.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -117,3 +120,16 @@ def without_auto_init() -> None:
         auto_init_hook.enable_auto_connect = False
 
 
+
+
+def haproxy_admin_socket() -> str | None:
+    """The admin socket of the HAProxy Ray runs on this node (whether or not it runs): Ray
+    2.60 puts it at ``RAY_SERVE_HAPROXY_SOCKET_PATH`` with the node's id as a directory
+    before the file name (``HAProxyManager``'s ``_per_node``). None outside a Ray worker."""
+    import ray
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+
+    if not ray.is_initialized():
+        return None
+    directory, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
+    return os.path.join(directory, ray.get_runtime_context().get_node_id(), name)

@@ -334,6 +334,46 @@ def _bf16_artifact(tmp_path: Path) -> Path:
     return build(source, "1x2,4x2", output=tmp_path / "bf16", progress=False).path
 
 
+def test_a_kept_binary_header_reads_each_request_s_own_tensors(manifest: Any) -> None:
+    """Binary requests' JSON headers are parsed once and kept (``HeaderPlan``): a request
+    that reuses a header gets its own values and the reply the uncached path makes; a body
+    whose binary part does not fit the header still gets the uncached path's error; a
+    header holding JSON values is not kept, and the kept ones stay bounded."""
+    from qkan_pack.serve._oip import CACHED_HEADERS
+
+    oip = _oip(manifest)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 8}}],
+                         "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+                         "id": "r1"}).encode()
+    first, second = np.float32([[1.5, 2.5]]), np.float32([[-3.0, 4.0]])
+    kept = oip.parse_http(header + first.tobytes(), str(len(header)))
+    again = oip.parse_http(header + second.tobytes(), str(len(header)))
+    assert kept.plan is not None and again.plan is kept.plan and again.id == "r1"
+    np.testing.assert_array_equal(again.inputs["x"].array, second)
+    np.testing.assert_array_equal(kept.inputs["x"].array, first)  # not overwritten
+    out = np.float32([[0.25, 0.5]])
+    fresh = OipModel(manifest, NAME, "1", batched=True, server_version="test")
+    uncached = fresh.reply(out, fresh.parse_http(header + first.tobytes(), str(len(header))))
+    assert oip.reply(out, kept) == uncached and oip.reply(out, again) == uncached  # kept
+    wide = np.float32([[0.25, 0.5], [1.0, 2.0]])
+    assert oip.reply(wide, again)[0].endswith(wide.tobytes())  # other shapes, own header
+    for body in (header + first.tobytes()[:4], header + first.tobytes() + b"\0" * 4):
+        with pytest.raises(MalformedRequestError) as cached_error:
+            oip.parse_http(body, str(len(header)))
+        with pytest.raises(MalformedRequestError) as plain_error:
+            OipModel(manifest, NAME, "1", batched=True, server_version="t").parse_http(
+                body, str(len(header)))
+        assert str(cached_error.value) == str(plain_error.value)
+    values = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                     "data": [1, 2]}]}).encode()
+    assert oip.parse_http(values, str(len(values))).plan is None
+    for index in range(CACHED_HEADERS + 5):
+        other = header.replace(b'"r1"', f'"{index}"'.encode())
+        oip.parse_http(other + first.tobytes(), str(len(other)))
+    assert len(oip._plans) == CACHED_HEADERS
+
+
 def test_bench_serve_binary_bodies_parse_back_to_the_values_drawn(manifest: Any) -> None:
     """bench-serve's oip-binary requests (its own encoder, not tritonclient's) read by the
     server's parser: the same values in the same shape, binary replies asked for; and its

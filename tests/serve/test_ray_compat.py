@@ -32,6 +32,18 @@ def test_the_private_ray_names_relied_on_exist() -> None:
     assert isinstance(SERVE_CONTROLLER_NAME, str) and isinstance(SERVE_NAMESPACE, str)
 
 
+def test_the_haproxy_admin_socket_is_where_ray_puts_it() -> None:
+    """``haproxy_admin_socket`` repeats Ray's own per-node path for HAProxy's socket (the
+    ingress counts of ``/metrics`` are read there)."""
+    from ray.serve._private import haproxy
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+
+    source = inspect.getsource(haproxy)
+    assert "socket_path=_per_node(RAY_SERVE_HAPROXY_SOCKET_PATH)" in source
+    assert "return os.path.join(d, self._node_id, f)" in source
+    assert RAY_SERVE_HAPROXY_SOCKET_PATH.endswith(".sock")
+
+
 @pytest.mark.parametrize("version", ["2.59.1", "2.61.0", "3.0.0", "nightly"])
 def test_another_ray_release_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch,
                                                      version: str) -> None:
