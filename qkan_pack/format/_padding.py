@@ -199,11 +199,17 @@ def _pairs(value: Any, where: str) -> list[tuple[Any, int]]:
     return [(p[0], p[1]) for p in value]
 
 
+#: The integers a float input's pad value may be written as: torch fills a buffer from a
+#: Python int through a 64-bit integer, and refuses (OverflowError) one beyond it.
+_FLOAT_PAD_INTS = (-(2**63), 2**63 - 1)
+
+
 def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) -> None:
     """A pad value fits its input's dtype (a manifest dtype name): a bool for bool inputs,
     an integer within the dtype's range for integer ones, a finite number within the
-    dtype's largest for floats. torch would refuse any other value only when the first
-    padded call fills a buffer with it (or round it to infinity)."""
+    dtype's largest for floats (an integer one within 64 bits, which torch fills a float
+    buffer from). torch would refuse any other value only when the first padded call fills a
+    buffer with it (or round it to infinity)."""
     spec = DTYPES[dtype]
     limits = spec.int_limits
     if spec.kind == "bool":
@@ -211,8 +217,12 @@ def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) 
     elif limits is not None:
         ok = type(value) is int and limits[0] <= value <= limits[1]
     else:
-        ok = type(value) in (int, float) and math.isfinite(value) \
-            and abs(value) <= (spec.largest or math.inf)
+        ok = (type(value) is int or type(value) is float and math.isfinite(value)) \
+            and abs(value) <= (spec.largest or math.inf)  # an int beyond floats is no float
+        if ok and type(value) is int and not _FLOAT_PAD_INTS[0] <= value <= _FLOAT_PAD_INTS[1]:
+            raise error(f"{where}: pad value {value} is an integer beyond 64 bits, which "
+                        f"torch cannot fill a {dtype} input with: write it as a float "
+                        f"({float(value):g})")
     if not ok:
         expected = ("true or false" if spec.kind == "bool"
                     else f"an integer from {limits[0]} to {limits[1]}" if limits is not None
