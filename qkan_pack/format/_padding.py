@@ -217,7 +217,7 @@ def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) 
     elif limits is not None:
         ok = type(value) is int and limits[0] <= value <= limits[1]
     else:
-        ok = (type(value) is int or type(value) is float and math.isfinite(value)) \
+        ok = (type(value) is int or (type(value) is float and math.isfinite(value))) \
             and abs(value) <= (spec.largest or math.inf)  # an int beyond floats is no float
         if ok and type(value) is int and not _FLOAT_PAD_INTS[0] <= value <= _FLOAT_PAD_INTS[1]:
             raise error(f"{where}: pad value {value} is an integer beyond 64 bits, which "

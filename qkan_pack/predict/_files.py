@@ -296,8 +296,8 @@ def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = (),
         low, mean, high = ((float(array.min()), float(array.astype(np.float64).mean()),
                             float(array.max())) if numeric else (math.nan,) * 3)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        lines.append(f"{shown(name):<24}{shape:<16}{dtype:<10}{low:>11.4g}{mean:>11.4g}"
-                     f"{high:>11.4g}")
+        lines.append(f"{shown(name):<23} {shape:<16}{dtype:<10}{low:>11.4g}{mean:>11.4g}"
+                     f"{high:>11.4g}")  # a long name keeps a space before its shape
         if class_labels and array.ndim >= 1 and array.shape[-1] == len(class_labels):
             top = np.asarray(array.reshape(-1, array.shape[-1]).argmax(axis=-1))
             labels = ", ".join(shown(class_labels[int(i)]) for i in top[:16])
