@@ -67,7 +67,7 @@ PUBLIC = {
         "load_strict", "map_leaves", "model_code_failed", "model_solvers", "module_state",
         "output_errors", "package_versions", "parse_weights", "precision_key",
         "precision_scope", "precision_unavailable", "progress_bar", "read_artifact",
-        "read_regular_file", "rebuild_model", "record_installation",
+        "open_regular_file", "read_regular_file", "rebuild_model", "record_installation",
         "reference_samples", "referenced_modules", "release_graph_memory", "resolve_device",
         "resolve_output_classes", "safetensors_header", "served_forward", "sha256_hex",
         "structure_difference", "torch_dtype",

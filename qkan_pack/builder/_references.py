@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,9 @@ def run_reference(forward: Callable[..., Any], inputs: Mapping[str, torch.Tensor
         raise error from exc
     # refuses caches and other non-tensor state with a fix to try, and outputs one name
     # would stand for twice
-    refuse_name_clashes(describe_output(first), model_path, label)
+    structure = describe_output(first)
+    refuse_name_clashes(structure, model_path, label)
+    refuse_layouts(structure, flatten(first), model_path, label)
     for index, (a, b) in enumerate(zip(flatten(first), flatten(second))):
         if a.is_floating_point() and not torch.isfinite(a).all():
             raise ModelSourceError(
@@ -76,6 +78,20 @@ def refuse_name_clashes(structure: OutputNode, model_path: Path, label: str) -> 
             "indices as [i]) in predict's files, GET / and the Open Inference Protocol, so "
             "every name must differ: rename one of the keys", stage="build forward",
             path=str(model_path))
+
+
+def refuse_layouts(structure: OutputNode, leaves: Sequence[torch.Tensor], model_path: Path,
+                   label: str) -> None:
+    """Every output must be a dense (strided) tensor: a sparse or other layout is neither
+    stored in safetensors, compared, sliced nor replayed from a graph's buffers, and torch's
+    own refusal of the first op on one lists every backend it knows."""
+    for name, leaf in zip(structure.leaf_names(), leaves):
+        if leaf.layout != torch.strided:
+            layout = str(leaf.layout).removeprefix("torch.")
+            raise ModelSourceError(
+                f"{model_path}: forward on shape {label} returns {name} as a {layout} tensor; "
+                "qkan-pack serves dense tensors only: return it dense (.to_dense())",
+                stage="build forward", path=str(model_path))
 
 
 def dtype_hint(dtypes: Mapping[str, str]) -> str:

@@ -1,5 +1,6 @@
 """Weights out of the user's model and files: tied tensors stored once, checkpoints read
-without unpickling code (``weights_only=True``)."""
+without unpickling code (``weights_only=True``), ``--weights`` read through the one reader of
+supplied files (a FIFO or a device is refused without waiting on it or reading it)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import pickle
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import save as save_safetensors
 
-from ..errors import ModelSourceError, WeightsMismatchError
-from ..runtime import parse_weights
+from ..errors import FileReadError, ModelSourceError, WeightsMismatchError
+from ..runtime import open_regular_file, parse_weights, read_regular_file
 
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
+#: The largest ``--weights`` file: a bound for a file that is no weights at all, far above
+#: any model built on one host (a safetensors file is held whole while it is parsed; a
+#: checkpoint streams through ``torch.load``).
+MAX_WEIGHTS_BYTES = 1024**4
 
 
 def check_storable(model: torch.nn.Module, model_path: str) -> None:
@@ -58,21 +64,22 @@ def read_user_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """Read ``--weights``: a safetensors file, or a torch checkpoint with ``weights_only=True``."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise WeightsMismatchError(source=str(path), reason=f"cannot read: {exc.strerror}") from None
-    if path.suffix == ".safetensors":
-        return parse_weights(data, str(path))
-    return _read_checkpoint(path)
+        if path.suffix == ".safetensors":
+            return parse_weights(read_regular_file(path, limit=MAX_WEIGHTS_BYTES), str(path))
+        with open_regular_file(path, limit=MAX_WEIGHTS_BYTES) as handle:
+            return _read_checkpoint(handle, path)
+    except FileReadError as exc:
+        raise WeightsMismatchError(source=str(path), reason=exc.problem) from None
 
 
 #: Terminal escape sequences some libraries put in their messages.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+def _read_checkpoint(handle: BinaryIO, path: Path) -> dict[str, torch.Tensor]:
+    """A torch checkpoint streamed from ``handle``, the opened ``path``."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # weights_only refused an object: a pickled model
         raise WeightsMismatchError(
             source=str(path), reason="it holds pickled Python objects (a whole model saved "

@@ -16,7 +16,7 @@ from ._options import (
     load_precision_option,
     trusted_keys_option,
 )
-from ._output import say
+from ._output import say, visible
 from ._params import parsed
 
 
@@ -66,11 +66,11 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
     )
     from ..runtime import Predictor
 
-    if output is not None:  # before the load
+    if output is not None:  # before the load: a path or outputs the file cannot take
         if output.suffix not in OUTPUT_SUFFIXES:
             raise click.BadParameter(f"{output}: write {', '.join(OUTPUT_SUFFIXES)}",
                                      param_hint="--output")
-        check_output(output)
+        check_output(output, directory)
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
                         trusted_keys=keys, precision=precision, progress=False) as predictor:
@@ -85,7 +85,7 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
     if output is not None:
         written, notes = write_outputs(outputs, output)
         for note in notes:
-            say(f"note: {note}", err=True)
+            say(f"note: {visible(note)}", err=True)  # an output name may hold a newline
         say(f"wrote {written}")
     else:
-        say(summarize(outputs, manifest.metadata.class_labels))
+        say(summarize(outputs, manifest.metadata.class_labels, shown=visible))

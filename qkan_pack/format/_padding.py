@@ -215,25 +215,26 @@ def _check_axis(axis: PaddedAxis, sizes: Mapping[str, Shape], leaves: Sequence[S
                          f"not the axis's size in shape {label}")
 
 
+#: The integers a float input's pad value may be written as: torch fills a buffer from a
+#: Python int through a 64-bit integer, and refuses (OverflowError) one beyond it.
+_FLOAT_PAD_INTS = (-(2**63), 2**63 - 1)
+
+
 def check_pad_value(value: Any, dtype: str, where: str, error: type[Exception]) -> None:
     """Raise ``error`` naming ``where`` unless ``value`` fits its input's dtype
     (``pad_value_problem``)."""
-    expected = _pad_value_expected(value, dtype)
-    if expected:
-        raise error(f"{where}: pad value {show(value)} must be {expected}")
+    problem = pad_value_problem(value, dtype)
+    if problem:
+        raise error(f"{where}: pad value {show(value)} {problem}")
 
 
 def pad_value_problem(value: Any, dtype: str) -> str | None:
-    """What is wrong with ``value`` as the pad value of an input of ``dtype``, or None."""
-    expected = _pad_value_expected(value, dtype)
-    return f"must be {expected}, got {show(value)}" if expected else None
-
-
-def _pad_value_expected(value: Any, dtype: str) -> str | None:
-    """What a pad value of ``dtype`` (a manifest dtype name) must be when ``value`` is not it:
-    a bool for bool inputs, an integer within the dtype's range for integer ones, a finite
-    number within the dtype's largest for floats. torch would refuse any other value only
-    when the first padded call fills a buffer with it (or round it to infinity)."""
+    """What is wrong with ``value`` as the pad value of an input of ``dtype`` (a manifest
+    dtype name), or None: a bool for bool inputs, an integer within the dtype's range for
+    integer ones, a finite number within the dtype's largest for floats (an integer one
+    within 64 bits, which torch fills a float buffer from). torch would refuse any other
+    value only when the first padded call fills a buffer with it (or round it to
+    infinity)."""
     spec = DTYPES[dtype]
     limits = spec.int_limits
     if spec.kind == "bool":
@@ -243,12 +244,15 @@ def _pad_value_expected(value: Any, dtype: str) -> str | None:
     else:
         ok = type(value) in (int, float) and finite(value) \
             and abs(value) <= (spec.largest or math.inf)
+        if ok and type(value) is int and not _FLOAT_PAD_INTS[0] <= value <= _FLOAT_PAD_INTS[1]:
+            return (f"is an integer beyond 64 bits, which torch cannot fill a {dtype} input "
+                    f"with: write it as a float ({float(value):g})")
     if ok:
         return None
     expected = ("true or false" if spec.kind == "bool"
                 else f"an integer from {limits[0]} to {limits[1]}" if limits is not None
                 else f"a finite number within ±{spec.largest:g}")
-    return f"{expected} ({dtype})"
+    return f"must be {expected} ({dtype})"
 
 
 def describe_axes(padding: Padding, entries: Sequence[Sequence[Shape]],

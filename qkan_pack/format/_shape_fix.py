@@ -24,13 +24,15 @@ Entry = Sequence[Shape]
 def shape_fix(manifest: Manifest, call: Sequence[Shape]) -> dict[str, Any]:
     """``InputError`` keyword arguments for a call of input shapes ``call`` (declared input
     order) that fits no entry; none for a call no build could declare (a 0-d input, a
-    zero-size or oversized dimension)."""
+    zero-size or oversized dimension), nor for one whose inputs have the declared rank but
+    for some (a batch dimension left off one input: a mistake in the call, not a shape to
+    declare)."""
     names = manifest.input_names
     entries = [[tuple(shape) for _, shape in entry.inputs] for entry in manifest.shapes]
     call = [tuple(shape) for shape in call]
     if len(call) != len(names) or not all(
             shape and len(shape) <= MAX_RANK and all(0 < d <= MAX_DIM for d in shape)
-            for shape in call):
+            for shape in call) or _mixed_ranks(call, entries):
         return {}
     largest = _largest_batch(call, entries, names, manifest.padding)
     paddable = (manifest.padding is None and largest is None
@@ -38,6 +40,14 @@ def shape_fix(manifest: Manifest, call: Sequence[Shape]) -> dict[str, Any]:
     return {"given": dict(zip(names, call)), "largest_batch": largest,
             "pad_inputs": _padded_inputs(entries, names) if paddable else (),
             "by_name": manifest.call == "keyword"}
+
+
+def _mixed_ranks(call: Sequence[Shape], entries: Sequence[Entry]) -> bool:
+    """Whether some inputs of the call have a rank that a declared entry gives them and
+    others one that none does."""
+    declared = [any(len(shape) == len(entry[i]) for entry in entries)
+                for i, shape in enumerate(call)]
+    return any(declared) and not all(declared)
 
 
 def _largest_batch(call: Sequence[Shape], entries: Sequence[Entry], names: Sequence[str],

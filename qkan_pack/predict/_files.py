@@ -22,15 +22,15 @@ import math
 import os
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import InputError, InputFileError
-from ..format import loads_strict
+from ..errors import FileReadError, InputError, InputFileError, QkanPackError
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, loads_strict, parse_manifest
 from ..runtime import (
     describe_output,
     flatten,
@@ -38,6 +38,7 @@ from ..runtime import (
     map_leaves,
     numbers_array,
     read_array_file,
+    read_regular_file,
     refuse_unsafe_output,
 )
 
@@ -98,12 +99,10 @@ def _read(path: Path, dtypes: Mapping[str, str], name: str | None) -> dict[str, 
         return {key: value.numpy() if isinstance(value, torch.Tensor)
                 and value.dtype != torch.bfloat16 else value for key, value in arrays.items()}
     try:
-        if path.stat().st_size > MAX_INPUT_BYTES:
-            raise _error(path, f"larger than {MAX_INPUT_BYTES} bytes")
-        data = loads_strict(path.read_bytes())
-    except InputFileError:
-        raise
-    except Exception as exc:  # the strict parser's, or the file system's
+        data = loads_strict(read_regular_file(path, limit=MAX_INPUT_BYTES))
+    except FileReadError as exc:
+        raise _error(path, exc.problem) from None
+    except Exception as exc:  # the strict parser's
         raise _error(path, f"cannot be read: {exc}") from None
     return _from_json(data, dtypes, path, name)
 
@@ -153,16 +152,59 @@ def _host_tensor(value: Any) -> torch.Tensor:
     return tensor.detach().cpu()
 
 
-def check_output(path: Path) -> Path:
+def check_output(path: Path, artifact: Path | None = None) -> Path:
     """Where ``-o`` writes (symlinks followed, as the write would), refused before the load
     when predict cannot or must not write there: an unknown type, or a path inside an
-    artifact (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow)."""
+    artifact (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow). Given
+    the ``artifact`` directory, also when its manifest shows that no declared entry's outputs
+    fit the file (``output_problem``: several outputs to ``.npy``, a name ``.npz`` cannot
+    hold), rather than after the load and the forward."""
     if path.suffix not in OUTPUT_SUFFIXES:
         raise _error(path, f"unknown output type {path.suffix or '(none)'}; use "
                            f"{', '.join(OUTPUT_SUFFIXES)}", option="--output")
     target = Path(os.path.realpath(path))
     refuse_unsafe_output(target)
+    manifest = _peek_manifest(artifact) if artifact is not None else None
+    if manifest is not None:
+        problems = [output_problem(list(entry.outputs.leaf_names()), path)
+                    for entry in manifest.shapes]
+        if problems and all(problems):
+            raise _error(path, str(problems[0]), option="--output")
     return target
+
+
+def _peek_manifest(artifact: Path) -> Manifest | None:
+    """``artifact``'s manifest read without verifying the artifact, or None where it cannot
+    be read: it only lets a doomed ``-o`` be refused early; the load that follows verifies
+    everything and says what is wrong with an artifact."""
+    try:
+        data = read_regular_file(artifact / MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
+                                 follow_symlinks=False)
+        return parse_manifest(data)
+    except QkanPackError:
+        return None
+
+
+#: Characters an ``.npz`` member name cannot hold faithfully: zip cuts a name at NUL (two
+#: outputs could become one member), and a slash or backslash makes the name a path (``../``
+#: would climb out of wherever the archive is unpacked).
+_NPZ_UNSAFE = ("\x00", "/", "\\")
+
+
+def output_problem(names: Sequence[str], path: Path) -> str | None:
+    """Why outputs of these names cannot be written to ``path`` by its suffix, or None:
+    ``.npy`` holds one array, and ``.npz`` member names hold no NUL, slash or backslash
+    (``.safetensors`` and ``.json`` hold any name)."""
+    if path.suffix == ".npy" and len(names) != 1:
+        return (f"the model returns {len(names)} tensors ({', '.join(map(repr, names))}); .npy "
+                "holds one: write .npz, .safetensors or .json")
+    if path.suffix == ".npz":
+        for name in names:
+            if any(char in name for char in _NPZ_UNSAFE):
+                return (f"output {name!r} has a NUL, slash or backslash, which an .npz member "
+                        "name cannot hold (it would be cut short or become a path): write "
+                        ".safetensors or .json")
+    return None
 
 
 def write_outputs(outputs: Mapping[str, Any], path: Path) -> tuple[Path, list[str]]:
@@ -170,6 +212,9 @@ def write_outputs(outputs: Mapping[str, Any], path: Path) -> tuple[Path, list[st
     at all (a temporary file beside it, renamed into place). Returns the path written and a
     note per bfloat16 output written as float32 (only ``.safetensors`` holds bfloat16)."""
     target = check_output(path)
+    problem = output_problem(list(outputs), path)
+    if problem is not None:
+        raise _error(path, problem, option="--output")
     tensors = {name: _host_tensor(value) for name, value in outputs.items()}
     notes = [f"output {name} is bfloat16, written as float32 ({path.suffix} has no bfloat16; "
              ".safetensors keeps it)" for name, t in tensors.items()
@@ -193,11 +238,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 def _numpy_bytes(arrays: Mapping[str, np.ndarray], path: Path) -> bytes:
     """``.npy``, ``.npz`` or ``.json`` bytes of the arrays."""
     buffer = io.BytesIO()
-    if path.suffix == ".npy":
-        if len(arrays) != 1:
-            raise _error(path, f"the model returns {len(arrays)} tensors ({', '.join(arrays)}); "
-                               ".npy holds one: write .npz, .safetensors or .json",
-                         option="--output")
+    if path.suffix == ".npy":  # one array: output_problem
         np.save(buffer, next(iter(arrays.values())), allow_pickle=False)
     elif path.suffix == ".npz":
         # numpy's own member format, written one by one: np.savez(**arrays) takes an output
@@ -239,9 +280,13 @@ def _replace(target: Path, data: bytes) -> None:
         raise
 
 
-def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = ()) -> str:
+def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = (),
+              shown: Callable[[str], str] = str) -> str:
     """A table of the outputs: shape, dtype, range and mean; the top class per row where the
-    model records class labels and an output's last dimension matches them."""
+    model records class labels and an output's last dimension matches them. Output names and
+    labels are the artifact's text, each written as ``shown`` makes it (the CLI's
+    ``visible``: a newline in a label would otherwise print a line of the artifact's
+    choosing)."""
     lines = [f"{'output':<24}{'shape':<16}{'dtype':<10}{'min':>11}{'mean':>11}{'max':>11}"]
     for name, value in outputs.items():
         tensor = _host_tensor(value)
@@ -251,11 +296,12 @@ def summarize(outputs: Mapping[str, Any], class_labels: Sequence[str] = ()) -> s
         low, mean, high = ((float(array.min()), float(array.astype(np.float64).mean()),
                             float(array.max())) if numeric else (math.nan,) * 3)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        lines.append(f"{name:<24}{shape:<16}{dtype:<10}{low:>11.4g}{mean:>11.4g}{high:>11.4g}")
+        lines.append(f"{shown(name):<23} {shape:<16}{dtype:<10}{low:>11.4g}{mean:>11.4g}"
+                     f"{high:>11.4g}")  # a long name keeps a space before its shape
         if class_labels and array.ndim >= 1 and array.shape[-1] == len(class_labels):
             top = np.asarray(array.reshape(-1, array.shape[-1]).argmax(axis=-1))
-            shown = ", ".join(class_labels[int(i)] for i in top[:16])
-            lines.append(f"  top class per row: {shown}" + (" …" if top.size > 16 else ""))
+            labels = ", ".join(shown(class_labels[int(i)]) for i in top[:16])
+            lines.append(f"  top class per row: {labels}" + (" …" if top.size > 16 else ""))
     return "\n".join(lines)
 
 

@@ -76,6 +76,8 @@ def fit_numbers(array: np.ndarray, name: str, want: str,
         return array
     if DTYPES[want].kind == "int" and kind in "iu":
         return check_int_range(array, name, want, accepted)
+    if DTYPES[want].kind == "int" and kind == "f":
+        _refuse_beyond_int_range(array, name, want, accepted)
     raise InputError(f"input {name!r} holds {_SENT[kind]}, which do not convert to {want} "
                      f"exactly{_bool_hint(want)}", accepted=accepted)
 
@@ -95,6 +97,19 @@ def check_int_range(array: np.ndarray, name: str, want: str,
         raise InputError(f"input {name!r} holds {bad}, outside the {want} range "
                          f"[{low}, {high}]", accepted=accepted)
     return array
+
+
+def _refuse_beyond_int_range(array: np.ndarray, name: str, want: str,
+                             accepted: Sequence[Signature]) -> None:
+    """Numbers for an integer input read as floats may be integers: numpy reads JSON
+    integers that no one 64-bit type holds together (``[1, 18446744073709551615]``: int64
+    and uint64) as float64. One beyond ``want``'s range is refused as out of range, not as
+    a float."""
+    low, high = DTYPES[want].int_limits or (0, 0)
+    outside = array[(array < low) | (array > high)]
+    if outside.size:
+        raise InputError(f"input {name!r} holds {float(outside.flat[0]):.6g}, outside the "
+                         f"{want} range [{low}, {high}]", accepted=accepted)
 
 
 def _bool_hint(want: str) -> str:

@@ -160,8 +160,9 @@ def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
     if len(raw) != expected:
         raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
                                     f"the base64 holds {len(raw)}")
+    values = wire_values(raw, dtype, where)  # its own refusal (a bool byte other than 0/1)
     try:
-        return Given(wire_values(raw, dtype, where).reshape(shape), dtype)
+        return Given(values.reshape(shape), dtype)
     except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
         raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
 

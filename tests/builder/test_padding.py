@@ -134,6 +134,26 @@ def test_bad_declarations_say_what_is_wrong(tmp_path: Path, pad: dict, error: ty
               output=tmp_path / "a", pad=pad, progress=False)
 
 
+def test_a_float_pad_value_beyond_64_bit_integers_is_refused_before_running(
+        tmp_path: Path) -> None:
+    """`--pad x=99999999999999999999` on a float input passed the magnitude check and was
+    "unexpected OverflowError: int too big to convert" from torch.full in the proof; an int
+    beyond every float (10**400) was an OverflowError in the check itself."""
+    from qkan_pack.format import check_pad_value
+
+    with pytest.raises(ShapeSpecError, match=r"--pad \w+: pad value 99999999999999999999 is an "
+                       r"integer beyond 64 bits, which torch cannot fill a float32 input with: "
+                       r"write it as a float \(1e\+20\)"):
+        build(PADS, "1x6,4x6", config={"kind": "rows"}, output=tmp_path / "a",
+              pad={"x": 99999999999999999999}, progress=False)
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ShapeSpecError, match=r"pad value 1000.* must be a finite number"):
+        check_pad_value(10**400, "float64", "--pad x", ShapeSpecError)
+    for fits in (2**63 - 1, -(2**63), 1e20, -3):  # what torch fills a float buffer with
+        check_pad_value(fits, "float32", "--pad x", ShapeSpecError)
+        torch.full((1,), fits, dtype=torch.float32)
+
+
 def test_a_pad_id_outside_the_embedding_is_refused_before_running(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     with pytest.raises(PaddingError, match=r"pad value 100 of input_ids is outside \[0, 100\)"):

@@ -256,3 +256,41 @@ def test_a_cache_buffer_a_forward_fills_is_no_unreproducible_factory(tmp_path: P
     path = build(source, "2x8x4,2x16x4", output=tmp_path / "a", progress=False).path
     with Predictor.load(path, progress=False) as predictor:
         assert predictor(torch.ones(2, 8, 4)).shape == (2, 8, 4)
+
+
+SPARSE = """
+import torch
+
+
+class Sparse(torch.nn.Module):
+    def __init__(self, layout):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(4, 3)
+        self.layout = layout
+
+    def forward(self, x):
+        y = self.linear(x)
+        return {"y": y, "z": y.to_sparse() if self.layout == "coo" else y.to_sparse_csr()}
+
+
+def build_model(layout="coo"):
+    return Sparse(layout)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize(("layout", "says"), [("coo", "sparse_coo"), ("csr", "sparse_csr")])
+def test_a_sparse_output_is_refused_naming_it_and_its_layout(tmp_path: Path, layout: str,
+                                                             says: str) -> None:
+    """A sparse output was "unexpected NotImplementedError" with torch's 3 KB list of
+    backends (the first op on it, the finiteness check)."""
+    model = tmp_path / "sparse.py"
+    model.write_text(SPARSE)
+    with pytest.raises(ModelSourceError) as info:
+        build(model, "1x4,8x4", config={"layout": layout}, output=tmp_path / "a",
+              progress=False)
+    assert str(info.value) == (f"{model}: forward on shape 1x4 returns output.z as a {says} "
+                               "tensor; qkan-pack serves dense tensors only: return it dense "
+                               "(.to_dense())")
+    assert info.value.stage == "build forward" and not (tmp_path / "a").exists()

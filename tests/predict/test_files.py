@@ -96,6 +96,7 @@ def test_json_booleans_are_true_or_false_only(tmp_path: Path, value: list) -> No
     ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
     ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),
     ([[2**63]], "int64"), ([[2**64]], "int64"), ([[-1]], "uint8"), ([[True, False]], "bool"),
+    ([[1, 2**64 - 1]], "int64"),
 ])
 def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
                                                    dtype: str) -> None:
@@ -119,6 +120,22 @@ def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
     if dtype == "bfloat16":  # serve keeps bfloat16 as its raw bits, predict as a tensor
         read = read.view(torch.int16).numpy().view(np.uint16)
     assert read.dtype == served.dtype and np.array_equal(read, served)
+
+
+@pytest.mark.parametrize(("value", "dtype", "shown"), [
+    ([1, 2**64 - 1], "int64", "1.84467e+19"), ([-1, 2**64 - 1], "int32", "1.84467e+19"),
+    ([[0.5], [-3e9]], "int32", "-3e+09"),
+])
+def test_integers_beyond_the_range_read_as_floats_are_said_to_be_outside_it(
+        tmp_path: Path, value: Any, dtype: str, shown: str) -> None:
+    """`[1, 18446744073709551615]` (numpy reads int64 beside uint64 as float64) for an int
+    input was said to hold floats; it holds a number outside the input's range."""
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, value))], ["ids"], {"ids": dtype})
+    assert caught.value.problem.startswith(f"input 'ids' holds {shown}, outside the {dtype} "
+                                           "range [")
+    with pytest.raises(InputFileError, match="holds floats, which do not convert to int64"):
+        read_inputs([(None, _json_file(tmp_path, [1, 2.5]))], ["ids"], {"ids": "int64"})
 
 
 # -- outputs ---------------------------------------------------------------------------------
@@ -216,3 +233,124 @@ def test_outputs_whose_names_collide_are_refused_at_build(tmp_path: Path) -> Non
     assert ("returns two outputs named output.a.b: output['a.b'] and output['a']['b']"
             in str(caught.value))
     assert "rename one of the keys" in str(caught.value) and not (tmp_path / "a").exists()
+
+
+NAMED = textwrap.dedent("""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    KEYS = {
+        "text": ["ok", "line\\nOK: verified signature of ACME", "\\x1b[31mred"],
+        "nul": ["a\\x00b", "a"],
+        "path": ["../../pwn", "plain"],
+        "backslash": ["..\\\\pwn", "plain"],
+        "one": ["only"],
+    }
+
+    class Named(nn.Module):
+        def __init__(self, keys):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(2, 3)
+            self.keys = keys
+            self.config = SimpleNamespace(id2label={0: "cat", 1: "dog\\nOK: verified", 2: "\\u202eeert"})
+
+        def forward(self, x):
+            y = self.linear(x)
+            return {k: y * (i + 1) for i, k in enumerate(self.keys)}
+
+    def build_model(keys="text"):
+        return Named(KEYS[keys])
+""")
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Artifacts whose outputs are a dict with the keys ``KEYS[kind]``, built once per kind."""
+    folder = tmp_path_factory.mktemp("named")
+    model = folder / "named.py"
+    model.write_text(NAMED)
+    built: dict[str, Path] = {}
+
+    def artifact(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = build(model, "1x2", config={"keys": kind}, output=folder / kind,
+                                progress=False).path
+        return built[kind]
+
+    return artifact
+
+
+def test_the_summary_shows_the_artifacts_text_on_one_line_each(named: Any,
+                                                               tmp_path: Path) -> None:
+    """An output key or a class label with a newline printed a line of the artifact's
+    choosing ("OK: verified signature of ACME"); inspect already escaped them."""
+    np.save(tmp_path / "x.npy", np.ones((1, 2), np.float32))
+    done = run("predict", named("text"), "--input", tmp_path / "x.npy")
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("OK")], lines
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
+    assert any(line.startswith("output.line\\nOK: verified signature of ACME ")
+               for line in lines), lines
+    assert any(line.startswith("output.\\x1b[31mred ") for line in lines), lines
+    tops = [line for line in lines if "top class per row" in line]
+    assert len(tops) == 3 and all(line.count("\n") == 0 for line in tops)
+    assert {line.split(": ", 1)[1] for line in tops} <= {"cat", "dog\\nOK: verified",
+                                                          "\\u202eeert"}
+    assert len(lines) == 1 + 2 * 3  # a header, a row and a top-class line per output
+
+
+@pytest.mark.parametrize(("kind", "name"), [("nul", "output.a\x00b"), ("path", "output.../../pwn"),
+                                            ("backslash", "output...\\pwn")])
+def test_npz_output_names_that_are_no_member_names_are_refused_before_the_load(
+        named: Any, tmp_path: Path, kind: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`a\\x00b` was written as member `a` (beside an output `a`: one silently lost), and
+    `../../pwn` as a member path climbing out of wherever the archive is unpacked. Refused,
+    from the manifest, before the load; .safetensors and .json hold them."""
+    from qkan_pack.runtime import Predictor
+
+    path = named(kind)
+    np.save(tmp_path / "x.npy", np.ones((1, 2), np.float32))
+    loads: list[Any] = []
+    monkeypatch.setattr(Predictor, "load", lambda *a, **k: loads.append(a) or pytest.fail())
+    done = run("predict", path, "--input", tmp_path / "x.npy", "-o", tmp_path / "out.npz")
+    assert done.exit_code == 1 and loads == [], done.output
+    assert f"output {name!r} has a NUL, slash or backslash" in done.output
+    assert "write .safetensors or .json" in done.output
+    assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob(".out.npz*"))
+    with pytest.raises(InputFileError, match=r"an \.npz member name cannot hold"):
+        write_outputs({name: np.ones(2, np.float32), "plain": np.ones(2, np.float32)},
+                      tmp_path / "out.npz")  # the Python API, after its own forward
+    monkeypatch.undo()
+    for suffix in (".safetensors", ".json"):
+        done = run("predict", path, "--input", tmp_path / "x.npy", "-o", tmp_path / f"o{suffix}")
+        assert done.exit_code == 0, done.output
+    from safetensors.numpy import load_file
+
+    assert name in load_file(str(tmp_path / "o.safetensors"))
+    assert name in json.loads((tmp_path / "o.json").read_text())
+
+
+def test_several_outputs_to_npy_are_refused_before_the_load(
+        named: Any, multi: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-o out.npy` for a multi-output model was refused only after the load and the forward;
+    the manifest already says how many outputs there are."""
+    from qkan_pack.runtime import Predictor
+
+    np.savez(tmp_path / "in.npz", a=np.ones((1, 3), np.float32), b=np.ones((1, 2), np.int64))
+    real_load = Predictor.load
+    loads: list[Any] = []
+    monkeypatch.setattr(Predictor, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    done = run("predict", multi, "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npy")
+    assert done.exit_code == 1 and loads == [], done.output
+    assert ("the model returns 4 tensors ('output.y', 'output.parts[0]', 'output.parts[1][0]', "
+            "'output.parts[1][1]'); .npy holds one: write .npz, .safetensors or .json"
+            in done.output)
+    assert not (tmp_path / "out.npy").exists()
+    np.save(tmp_path / "x.npy", np.ones((1, 2), np.float32))
+    done = run("predict", named("one"), "--input", tmp_path / "x.npy", "-o", tmp_path / "one.npy")
+    assert done.exit_code == 0 and len(loads) == 1, done.output
+    assert np.load(tmp_path / "one.npy").shape == (1, 3)

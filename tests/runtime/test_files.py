@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qkan_pack.errors import FileReadError
-from qkan_pack.runtime import _files, read_regular_file
+from qkan_pack.runtime import _files, open_regular_file, read_regular_file
 
 
 def _reason(call: object) -> str:
@@ -82,3 +82,30 @@ def test_a_name_opens_relative_to_a_directory(tmp_path: Path) -> None:
         assert read_regular_file("record", limit=10, dir_fd=fd) == b"1 2\n"
     finally:
         os.close(fd)
+
+
+def test_a_large_limit_costs_what_the_file_holds(tmp_path: Path) -> None:
+    """Each read asked for the whole limit plus one, and ``os.read`` allocates what it is
+    asked for: a limit of a weights file's size (a terabyte) was a MemoryError on a file of
+    four bytes. A file that grew past what was checked is still read to the limit."""
+    (tmp_path / "small").write_bytes(b"data")
+    assert read_regular_file(tmp_path / "small", limit=2**40) == b"data"
+
+
+def test_an_opened_file_is_checked_as_a_read_one_is(tmp_path: Path) -> None:
+    """``open_regular_file`` (a reader that streams, such as torch.load) gets the descriptor
+    that was checked, refused as ``read_regular_file`` refuses, and closed after the block."""
+    (tmp_path / "a").write_bytes(b"abc")
+    with open_regular_file(tmp_path / "a", limit=3) as handle:
+        assert handle.read() == b"abc"
+        fd = handle.fileno()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert _reason(lambda: open_regular_file(fifo, limit=10).__enter__()) == "special"
+    assert _reason(lambda: open_regular_file("/dev/zero", limit=10).__enter__()) == "special"
+    assert _reason(lambda: open_regular_file(tmp_path / "a", limit=2).__enter__()) == \
+        "too large"
+    assert _reason(lambda: open_regular_file(tmp_path / "none", limit=2).__enter__()) == \
+        "missing"

@@ -84,3 +84,16 @@ def test_a_shape_no_build_could_declare_gets_no_fix(mlp: Path) -> None:
     for shape in ((0, 2), ()):
         error = refusal(mlp, np.zeros(shape, np.float32))
         assert error.given is None and "to run it" not in str(error) and error.accepted
+
+
+def test_a_batch_dimension_left_off_one_input_gets_no_shape_to_declare(tmp_path: Path) -> None:
+    """`a` as 1x3 with `b` as [2] (one input sent as a row, the other without its batch
+    dimension) suggested declaring `--input a:1x3,4x3,1x3 --input b:1x2,4x2,2`: a mistake in
+    the call, not a shape to build. The accepted shapes still say what to send."""
+    path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}, {"a": (4, 3), "b": (4, 2)}],
+                 dtype={"a": "float32", "b": "int64"}, output=tmp_path / "m", progress=False).path
+    error = refusal(path, a=np.zeros((1, 3), np.float32), b=np.zeros((2,), np.int64))
+    assert error.given is None and "to run it" not in str(error) and "declare" not in str(error)
+    assert "a: 1x3 float32, b: 1x2 int64" in str(error)
+    both = refusal(path, a=np.zeros((3,), np.float32), b=np.zeros((2,), np.int64))
+    assert both.given == {"a": (3,), "b": (2,)}  # every input one rank down: declarable
