@@ -575,6 +575,9 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
     for args in (["serve", str(mlp_artifact), "--max-body-mb", "nan"],
                  ["serve", str(mlp_artifact), "--max-body-mb", "inf"],
                  ["serve", str(mlp_artifact), "--body-timeout-s", "nan"],
+                 ["serve", str(mlp_artifact), "--max-batch-wait-ms", "inf"],  # never answered
+                 ["serve", str(mlp_artifact), "--max-batch-wait-ms", "1e400"],
+                 ["serve", str(mlp_artifact), "--max-batch-wait-ms", "nan"],
                  ["serve", str(mlp_artifact), "--device", "foo"],  # failed in replicas, 19 s in
                  ["bench-serve", str(mlp_artifact), "--serve-args", "'--replicas"]):
         result = CliRunner().invoke(cli, args)

@@ -39,7 +39,7 @@ from ._token import read_token
               help="Rows gathered per replay [default: the largest captured batch].")
 @click.option("--max-batch-wait-ms", type=click.FloatRange(min=0),
               help="Every batch waits this long for more rows after its first (a fixed "
-              "wait, as Ray's @serve.batch). [default: adaptive: a batch runs once rows stop "
+              "wait, as Ray's @serve.batch; at most 60000). [default: adaptive: a batch runs once rows stop "
               "arriving, at most 10 ms after its first; a lone row does not wait]")
 @click.option("--exact", is_flag=True,
               help="Replay each row alone: bit-identical answers whatever else is in flight "
@@ -110,9 +110,11 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
         resolve_device(device)  # the error verify gives in a second, before Ray starts
     token = read_token(auth_token_file, take=True)
-    for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s)):
-        if math.isnan(value):  # click's FloatRange lets NaN through
-            raise click.BadParameter("not a number", param_hint=hint)
+    for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s),
+                        ("--max-batch-wait-ms", max_batch_wait_ms)):
+        # click's FloatRange lets NaN through, and inf where it sets no maximum
+        if value is not None and not math.isfinite(value):
+            raise click.BadParameter("not a finite number", param_hint=hint)
     limits = HttpLimits(max_body_bytes=int(max_body_mb * 2**20), body_timeout_s=body_timeout_s,
                         max_ongoing=max_ongoing_requests, max_queued=max_queued_requests)
     options = ServeOptions(replicas=replicas, max_batch_size=max_batch_size,

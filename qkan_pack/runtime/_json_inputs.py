@@ -4,7 +4,8 @@
 JSON has no dtypes, so a nested list of numbers takes the input's declared dtype only where
 every value converts exactly: integers (never floats: ``1.0`` is not an index) for integer
 inputs, within the dtype's range; ``true``/``false`` only for bool inputs (``0``, ``1``,
-``0.5`` and strings are refused: ``"false"`` would otherwise be True); integers and floats
+``0.5`` and strings are refused: ``"false"`` would otherwise be True), and never mixed with
+numbers (numpy reads ``[true, 5]`` as ``[1, 5]``); integers and floats
 for float inputs, finite in the dtype (``1e308`` into float32 is refused, never a silent
 infinity). Integers stay integers (the decoder's ints, never read through float64):
 9007199254740993 arrives as itself. Decoding the text is the caller's (serve: orjson; predict:
@@ -17,6 +18,7 @@ imports this without torch. A host array of a bfloat16 input holds its raw 16 bi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).ne
                for name, spec in DTYPES.items()}
 _BF16_EXPONENT = np.uint16(0x7F80)
 _SENT = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}
+_BOOLEANS = frozenset({bool, np.bool_})
 
 
 def json_input(value: Any, name: str, want: str, where: str,
@@ -44,10 +47,15 @@ def json_input(value: Any, name: str, want: str, where: str,
                       name, want, accepted)
 
 
-def numbers_array(value: Any, where: str) -> np.ndarray:
+def numbers_array(value: Any, where: str, *, may_hold_booleans: bool = True) -> np.ndarray:
     """Nested lists of numbers (or booleans) as one numpy array, its dtype numpy's reading
     of the JSON types (bool, int64/uint64, float64); anything else (strings, ragged lists,
-    integers beyond 64 bits) is a ``MalformedRequestError`` at ``where``."""
+    integers beyond 64 bits) is a ``MalformedRequestError`` at ``where``, and booleans
+    mixed with numbers an ``InputError``: numpy reads ``[true, 5]`` as the integers
+    ``[1, 5]`` and ``[true, 0.5]`` as floats, which no input takes (a bool input takes
+    booleans only, any other numbers only). Finding them takes a pass over the values;
+    a caller that knows none can hide there (serve: the JSON text holds no ``true`` or
+    ``false``) skips it with ``may_hold_booleans=False``."""
     try:
         array = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as exc:
@@ -56,7 +64,21 @@ def numbers_array(value: Any, where: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested "
                                     "lists of one depth everywhere (integers within 64 bits)")
+    if may_hold_booleans and array.dtype.kind != "b" and array.ndim and _holds_booleans(
+            value, array.ndim):
+        raise InputError(f"{where} mixes true/false with numbers: a bool input takes true "
+                         "and false only, any other input numbers only (1 and 0, not true "
+                         "and false)")
     return array
+
+
+def _holds_booleans(value: Any, depth: int) -> bool:
+    """Whether ``value``, lists nested ``depth`` deep (as numpy read them), holds a Python or
+    numpy bool: its leaves' types collected at C speed, no Python loop per value."""
+    leaves = value
+    for _ in range(depth - 1):
+        leaves = chain.from_iterable(leaves)
+    return not _BOOLEANS.isdisjoint(map(type, leaves))
 
 
 def fit_numbers(array: np.ndarray, name: str, want: str,

@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 
 #: Replies of the no-op deployment (``--noop``): the floor Ray Serve's own path sets.
 NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
+#: The longest fixed batching wait (``ServeOptions.max_batch_wait_ms``): a lone row waits it
+#: whole, so a longer one is no latency anyone serves at, and an infinite one never answers.
+MAX_BATCH_WAIT_MS = 60_000.0
 #: The replica's youngest-generation collection threshold (CPython's default: 700).
 REPLICA_GC_THRESHOLD = 7000
 logger = logging.getLogger(__name__)
@@ -124,8 +127,8 @@ class ServeOptions:
             ("replicas >= 1", self.replicas >= 1), ("gpus_per_replica >= 0", self.gpus_per_replica >= 0),
             ("cpus_per_replica >= 0", self.cpus_per_replica >= 0),
             ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
-            ("max_batch_wait_ms >= 0",
-             self.max_batch_wait_ms is None or self.max_batch_wait_ms >= 0),
+            (f"0 <= max_batch_wait_ms <= {MAX_BATCH_WAIT_MS:g}", self.max_batch_wait_ms is None
+             or 0 <= self.max_batch_wait_ms <= MAX_BATCH_WAIT_MS),
             ("grace_s >= 0", self.grace_s >= 0),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
             ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from ._model import ModelCore
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-#: Bodies at least this large are parsed in the replica's helper process (``_offload``), so a
-#: big body never holds the event loop that every small request needs.
+#: JSON at least this large is parsed in the replica's helper process (``_offload``), on
+#: ``POST /`` and ``/v2`` alike, so a big body never holds the event loop that every small
+#: request needs.
 INLINE_PARSE_BYTES = 64 * 1024
 #: Outputs at least this large (numpy bytes; their JSON is ~3x) are encoded there too.
 INLINE_ENCODE_BYTES = 16 * 1024
@@ -359,7 +360,11 @@ class HttpApi:
             if not isinstance(body, bytes):
                 return body
         try:
-            parsed: InferRequest = self.oip.parse_http(body, header_length)
+            parsed: InferRequest
+            if json_bytes(body, header_length) >= INLINE_PARSE_BYTES:
+                parsed = await self._helper.parse_infer(self.oip, body, header_length)
+            else:
+                parsed = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
                 payload, header_length = self.oip.reply(outputs, parsed)
@@ -412,6 +417,14 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
         if not message.get("more_body", False):
             return b"".join((*chunks, chunk)) if chunks else chunk
         chunks.append(chunk)
+
+
+def json_bytes(body: bytes, header_length: str | None) -> int:
+    """How much of an ``infer`` body is JSON: with the binary extension, the header's length
+    (the binary tensors after it are read without parsing); a length that is no byte count
+    within the body counts the whole, and ``parse_http`` says what is wrong with it."""
+    split = None if header_length is None else header_count(header_length)
+    return len(body) if split is None or split > len(body) else split
 
 
 def _client_went_away(exc: Exception) -> bool:

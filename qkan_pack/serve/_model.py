@@ -1,7 +1,8 @@
 """The model half of a replica: one ``Predictor``, requests fitted to its inputs, single rows
 gathered (``_gather.RowGatherer``) into captured shapes whose rows build proved independent
-(else, and with ``exact``, each request replayed alone), counters. No HTTP and no Ray here:
-the handle and the HTTP API both call ``infer``."""
+(else, and with ``exact``, each request replayed alone; a failed replay of several rows
+replayed row by row, so that only the rows that fail alone fail), counters. No HTTP and no
+Ray here: the handle and the HTTP API both call ``infer``."""
 
 from __future__ import annotations
 
@@ -204,22 +205,29 @@ class ModelCore:
         dimension): per chunk, pad to the longest row, stack, replay, give each row its own
         share."""
         assert self._ragged is not None
-        rows = [row for row, _ in submitted]
-        results: list[Any] = [None] * len(rows)
-        for chunk, entry in self._ragged.chunks(rows):
-            members = [rows[i] for i in chunk]
-            started = time.perf_counter()
-            try:
-                out = self.replay(self._ragged.stack(members))
-            except Exception as exc:
-                for i in chunk:
-                    results[i] = exc
-                continue
-            self.stats.replay(self._label(entry), len(members), time.perf_counter() - started,
-                              sum(_elements(m.arrays) for m in members))
-            for j, i in enumerate(chunk):
-                results[i] = self._ragged.share(out, j, rows[i], squeezed=submitted[i][1])
+        results: list[Any] = [None] * len(submitted)
+        for chunk, entry in self._ragged.chunks([row for row, _ in submitted]):
+            self._replay_ragged(submitted, chunk, entry, results)
         return results
+
+    def _replay_ragged(self, submitted: Sequence[tuple[RaggedRow, bool]], chunk: list[int],
+                       entry: int | None, results: list[Any]) -> None:
+        """One replay of the ``chunk`` rows of ``submitted``, padded into ``entry``; each
+        row alone again when it fails (``_retry_alone``)."""
+        assert self._ragged is not None
+        members = [submitted[i][0] for i in chunk]
+        started = time.perf_counter()
+        try:
+            out = self.replay(self._ragged.stack(members))
+        except Exception as exc:
+            if self._retry_alone(exc, chunk, results):
+                for i, row in zip(chunk, members):
+                    self._replay_ragged(submitted, [i], self._ragged.entry_of([row]), results)
+            return
+        self.stats.replay(self._label(entry), len(members), time.perf_counter() - started,
+                          sum(_elements(m.arrays) for m in members))
+        for j, i in enumerate(chunk):
+            results[i] = self._ragged.share(out, j, members[j], squeezed=submitted[i][1])
 
     def _label(self, entry: int | None) -> str:
         return self._labels[entry] if entry is not None else "padded"
@@ -235,7 +243,7 @@ class ModelCore:
 
     def _run_rows(self, rows: list[_Row]) -> list[Any]:
         """The gatherer's body: per row shape, stack into captured batches, replay, split
-        (a failed replay's exception is each of its rows' result)."""
+        (a row that fails alone gets its exception as its result: ``_retry_alone``)."""
         results: list[Any] = [None] * len(rows)
         groups: dict[Tail, list[int]] = {}
         for i, row in enumerate(rows):
@@ -251,19 +259,34 @@ class ModelCore:
                       slots: Sequence[int], results: list[Any]) -> None:
         """One replay of ``rows`` in the smallest captured batch that holds them, the batch
         filled with copies of the first row (``row_plan`` offers a larger batch only where
-        build proved rows independent, with such copies among the neighbours it tried)."""
+        build proved rows independent, with such copies among the neighbours it tried); each
+        row alone again when it fails (``_retry_alone``)."""
         batch, label = captured_batch(sizes, len(rows))
         stacked = [_filled(parts, batch) for parts in zip(*(row.arrays for row in rows))]
         started = time.perf_counter()
         try:
             out = self.replay(stacked)
         except Exception as exc:
-            for i in slots:
-                results[i] = exc
+            if self._retry_alone(exc, slots, results):
+                for row, slot in zip(rows, slots):
+                    self._replay_chunk([row], sizes, [slot], results)
             return
         self.stats.replay(label, len(rows), time.perf_counter() - started)
         for j, i in enumerate(slots):
             results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
+
+    def _retry_alone(self, exc: Exception, slots: Sequence[int], results: list[Any]) -> bool:
+        """After a failed replay of the rows at ``slots``: whether each is to replay alone
+        again, so that only the rows that fail alone fail, each with its own error. One
+        client's bad input (an id past a one-hot's classes) must neither fail the requests
+        batched with it nor show them its error text, which may quote its values. Not after
+        a device error (``fault``: the replica is unhealthy, Ray replaces it, and no further
+        replay on it can be trusted), nor for a single row: then every row gets ``exc``."""
+        if len(slots) > 1 and self.fault is None:
+            return True
+        for i in slots:
+            results[i] = exc
+        return False
 
     def replay(self, arrays: Sequence[np.ndarray]) -> Any:
         """One predictor call on ``fit`` arrays, outputs as ``host_outputs``; a device error

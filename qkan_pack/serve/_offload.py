@@ -1,4 +1,5 @@
-"""Large request bodies parsed, and large replies encoded, in a helper process of the replica.
+"""Large request bodies parsed (``POST /`` and the Open Inference Protocol's ``infer``), and
+large replies encoded, in a helper process of the replica.
 
 Why a process and not a thread: orjson and numpy hold the GIL for the whole of a call, so
 parsing a body in a worker thread still stops the replica's event loop, and with it every
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ._oip import InferRequest, OipModel
 from ._wire import encode_reply, parse_request
 
 logger = logging.getLogger(__name__)
@@ -44,8 +46,15 @@ def job_timeout_s(payload_bytes: int) -> float:
     return 10.0 + 2.0 * payload_bytes / 2**20
 
 
+def parse_infer(oip: OipModel, body: bytes, header_length: str | None) -> InferRequest:
+    """``oip.parse_http(body, header_length)``: the model's protocol view travels with the
+    job (a few names and dtypes)."""
+    return oip.parse_http(body, header_length)
+
+
 #: What the helper does, by name (the parent sends the name and the arguments).
-JOBS: dict[str, Callable[..., Any]] = {"parse": parse_request, "encode": encode_reply}
+JOBS: dict[str, Callable[..., Any]] = {"parse": parse_request, "parse_infer": parse_infer,
+                                       "encode": encode_reply}
 
 
 class WireHelper:
@@ -61,6 +70,11 @@ class WireHelper:
     async def parse(self, body: bytes, names: Sequence[str]) -> Any:
         """``parse_request(body, names)``, done in the helper."""
         return await asyncio.to_thread(self.run, "parse", body, tuple(names))
+
+    async def parse_infer(self, oip: OipModel, body: bytes,
+                          header_length: str | None) -> InferRequest:
+        """``oip.parse_http(body, header_length)``, done in the helper."""
+        return await asyncio.to_thread(self.run, "parse_infer", oip, body, header_length)
 
     async def encode(self, outputs: Any, encoding: str) -> bytes:
         """``encode_reply(outputs, encoding)``, done in the helper."""

@@ -146,6 +146,12 @@ class OipModel:
         self._output_index = {t.name: i for i, t in enumerate(self.outputs)}
         self._plans: dict[bytes, HeaderPlan] = {}
 
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for the wire helper without the kept request headers (the helper keeps
+        none; a large body's job should not carry them)."""
+        return {**self.__dict__, "_plans": {}}
+
     @staticmethod
     def _varying(shapes: Sequence[Sequence[int]], batched: bool) -> tuple[int, ...]:
         shape = merged_shape(shapes)

@@ -92,6 +92,21 @@ def test_json_booleans_are_true_or_false_only(tmp_path: Path, value: list) -> No
 
 
 @pytest.mark.parametrize(("value", "dtype"), [
+    ([[True, 2, 3, 4]], "float32"), ([[1, 2], [False, 3]], "int64"), ([[0.5, True]], "float16"),
+    ({"a": [[0.5, 1.5, 2.5]], "b": [[True, 7]]}, "int64"),
+])
+def test_json_booleans_mixed_with_numbers_are_refused(tmp_path: Path, value: Any,
+                                                      dtype: str) -> None:
+    """Audit M6: numpy read ``[true, 2]`` as the integers ``[1, 2]``, so predict ran a float
+    or integer input on booleans."""
+    names = list(value) if isinstance(value, dict) else ["x"]
+    dtypes = {name: dtype if name != "a" else "float32" for name in names}
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, value))], names, dtypes)
+    assert "mixes true/false with numbers" in caught.value.problem
+
+
+@pytest.mark.parametrize(("value", "dtype"), [
     ([[2**53 + 1]], "int64"), ([[1.0, 2.0]], "int64"), ([[300]], "int8"), ([[True]], "int32"),
     ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
     ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),

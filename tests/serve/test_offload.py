@@ -28,8 +28,8 @@ def _rows(count: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, (count, 2)).astype(np.float32)
 
 
-def _post(body: bytes) -> Any:
-    """A POST / as Ray's replica hands it over: the whole body in one ASGI message."""
+def _post(body: bytes, path: str = "/", headers: tuple[tuple[bytes, bytes], ...] = ()) -> Any:
+    """A POST as Ray's replica hands it over: the whole body in one ASGI message."""
     from starlette.requests import Request
 
     sent = False
@@ -41,8 +41,8 @@ def _post(body: bytes) -> Any:
             return {"type": "http.request", "body": body, "more_body": False}
         return {"type": "http.disconnect"}
 
-    return Request({"type": "http", "method": "POST", "path": "/", "headers": [
-        (b"content-length", str(len(body)).encode())]}, receive)
+    return Request({"type": "http", "method": "POST", "path": path, "headers": [
+        (b"content-length", str(len(body)).encode()), *headers]}, receive)
 
 
 def _forbidden(*args: Any, **kwargs: Any) -> Any:
@@ -78,6 +78,47 @@ def test_large_bodies_and_replies_never_run_in_the_replica_process(tmp_path: Pat
     np.testing.assert_array_equal(got, want)
     helper = server.http._helper.pid
     assert helper is not None and helper != os.getpid()
+    server.http._helper.close()
+
+
+def test_a_large_protocol_body_is_parsed_in_the_helper_too(tmp_path: Path,
+                                                           monkeypatch: Any) -> None:
+    """Audit M5: ``/v2/.../infer`` parsed every body on the replica's event loop, so one 8 MB
+    JSON body held every other request for seconds. Its JSON now goes to the helper by the
+    rule of ``POST /``; a binary-extension body whose JSON header is small is still read in
+    place (its tensors need no parse, and the round trip would copy them twice)."""
+    import torch
+
+    from qkan_pack import build
+    from qkan_pack.serve import _http
+    from qkan_pack.serve._app import ArtifactServer, ServeOptions
+    from qkan_pack.serve._oip import OipModel
+
+    from ..conftest import EXAMPLES
+
+    build(EXAMPLES / "qkan_mlp.py", "1x2,4096x2", output=tmp_path / "a")
+    server = ArtifactServer(str(tmp_path / "a"), options=ServeOptions(device="cpu"))
+    path = f"/v2/models/{server.oip.name}/infer"
+    rows = _rows(4096)
+    want = server.predictor(torch.from_numpy(rows)).numpy()
+    tensor = {"name": "x", "shape": list(rows.shape), "datatype": "FP32"}
+    body = orjson.dumps({"id": "a:b", "inputs": [{**tensor, "data": rows.ravel().tolist()}]})
+    assert len(body) >= _http.INLINE_PARSE_BYTES
+    in_place = OipModel.parse_http
+    monkeypatch.setattr(OipModel, "parse_http", _forbidden)
+    reply = asyncio.run(server(_post(body, path)))
+    assert reply.status_code == 200, reply.body[:300]
+    (output,) = strict_json(reply.body)["outputs"]
+    np.testing.assert_array_equal(np.asarray(output["data"], np.float32), want.ravel())
+
+    monkeypatch.setattr(OipModel, "parse_http", in_place)
+    monkeypatch.setattr(server.http._helper, "parse_infer", _forbidden)
+    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": rows.nbytes}}]})
+    reply = asyncio.run(server(_post(header + rows.tobytes(), path, (
+        (b"inference-header-content-length", str(len(header)).encode()),))))
+    assert reply.status_code == 200, reply.body[:300]
+    (output,) = strict_json(reply.body)["outputs"]
+    np.testing.assert_array_equal(np.asarray(output["data"], np.float32), want.ravel())
     server.http._helper.close()
 
 

@@ -216,6 +216,28 @@ def test_json_integers_outside_their_datatype_are_refused(typed_oip: OipModel, n
         fit(parsed.inputs[name], name, dtype, ())
 
 
+@pytest.mark.parametrize(("name", "data"), [
+    ("i64", [True, 5, 6]), ("i8", [[1], [False], [2]]), ("flag", [True, 1, False]),
+])
+def test_json_booleans_mixed_with_numbers_are_refused(typed_oip: OipModel, name: str,
+                                                      data: list) -> None:
+    """Audit M6: numpy read ``[true, 5]`` as the integers ``[1, 5]``, so an INT64 input took
+    booleans (and an FP32 input ``[true, false, 1.5]``); true and false are BOOL's only."""
+    from qkan_pack.errors import InputError
+
+    with pytest.raises(InputError, match=r"inputs\[\d\] \(\w+\)\.data mixes true/false with"):
+        typed_oip.parse_http(_typed_json({name: data}), None)
+
+
+def test_json_booleans_in_a_float_input_are_refused(manifest: Any) -> None:
+    from qkan_pack.errors import InputError
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                   "data": [True, 1.5]}]}).encode()
+    with pytest.raises(InputError, match="mixes true/false with numbers"):
+        _oip(manifest).parse_http(body, None)
+
+
 def _grpc_api(oip: OipModel) -> Any:
     from qkan_pack.serve._http import Admission
     from qkan_pack.serve._oip_grpc import GrpcApi
