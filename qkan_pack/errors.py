@@ -61,8 +61,11 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   ├── ReplicaLoadError                a replica that cannot load the artifact on its
     │   │                                   node  [.node_ip, .node_id, .path, .reason;
     │   │                                    the load's own error as __cause__]
-    │   └── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
-    │                                       use  [.source, .problem]
+    │   ├── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
+    │   │                                   use  [.source, .problem]
+    │   └── RepositoryError (also ValueError)  a model repository laid out wrong, a model
+    │                                       config or a version that cannot serve
+    │                                       [.path, .problems]
     └── InputError (ValueError)             shape/dtype/device outside the manifest
         │                                   [.accepted: the signatures the artifact takes;
         │                                    a shape no entry takes: .given, .largest_batch,
@@ -105,6 +108,7 @@ __all__ = [
     "PredictorClosedError",
     "QkanPackError",
     "ReplicaLoadError",
+    "RepositoryError",
     "SelfTestError",
     "ServeError",
     "ServeTokenError",
@@ -518,6 +522,20 @@ class ServeTokenError(ServeError, ValueError):
         self.source = source
         super().__init__(f"{source} {problem}")
         self.problem = problem
+
+
+class RepositoryError(ServeError, ValueError):
+    """A model repository (``serve REPO``: ``REPO/<name>/<version>/``) that cannot serve as
+    laid out, or a model in it that cannot load: ``path`` is the repository (or the model's
+    directory), ``problems`` each thing wrong, as ``<name>/<version>: what`` where it concerns
+    one version. All are reported at once, so one pass fixes them."""
+
+    def __init__(self, *, path: str, problems: Sequence[str], hint: str = "") -> None:
+        self.path = path
+        self.problems = tuple(problems)
+        count = len(self.problems)
+        super().__init__(f"model repository {path}: " + ("; ".join(self.problems) if count
+                         else "nothing wrong was named"), hint=hint)
 
 
 class InputError(QkanPackError, ValueError):

@@ -32,8 +32,8 @@ PUBLIC = {
         "PrecisionError", "PredictorClosedError", "QkanPackError",
         "SelfTestError", "ShapeSpecError", "VerifiedArtifact", "WeakReferencesError",
         "WeightsMismatchError", "FileReadError", "OverloadedError", "ReplicaLoadError",
-        "ServeError", "ServeTokenError", "StatefulModelError", "PrecompileRefusedError",
-        "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
+        "RepositoryError", "ServeError", "ServeTokenError", "StatefulModelError",
+        "PrecompileRefusedError", "__version__", "build", "parse_manifest", "parse_shapes", "read_artifact",
     ],
     "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
                           "check_warm_device", "sign", "warm", "write_artifact"],
@@ -170,6 +170,7 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "OptionError": ValueError, "PaddingError": ValueError,
                "PrecisionError": errors.SelfTestError,
                "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError,
+               "RepositoryError": errors.ServeError,
                "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
@@ -211,6 +212,10 @@ ERRORS_WITH_FIELDS = [
                              reason="ArtifactError: no artifact at /models/m"),
      {"node_ip": "10.0.0.7", "node_id": "ab12", "path": "/models/m"},
      "the replica on node 10.0.0.7 (id ab12) cannot load the artifact at /models/m"),
+    (errors.RepositoryError(path="/repo", problems=["mlp/0: not a positive integer",
+                                                    "x/1: names model 'y'"]),
+     {"path": "/repo", "problems": ("mlp/0: not a positive integer", "x/1: names model 'y'")},
+     "model repository /repo: mlp/0: not a positive integer; x/1: names model 'y'"),
 ]
 
 

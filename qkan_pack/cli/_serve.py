@@ -90,7 +90,12 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
           address: str | None, precision: str, model_name: str | None, grpc_port: int | None,
           verbose: bool, noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
-    'qkan-pack[serve]').
+    'qkan-pack[serve]'). DIRECTORY is an artifact (manifest.json at its root) or a model
+    repository laid out as Triton's, DIRECTORY/<name>/<version>/ (each version an artifact,
+    each model's settings in DIRECTORY/<name>/qkan-pack.toml, the options below their
+    defaults): each version its own deployment, POST /models/<name>[/versions/<v>] and
+    /v2/models/<name>/... its routes, /v2/repository/... the repository's index, load and
+    unload.
 
     Single rows from concurrent requests are batched into the captured shapes. GET /
     describes the artifact, POST / {"inputs": [[...]]} predicts, GET /stats counts replays,
@@ -124,6 +129,9 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
                     grpc_port=grpc_port)
 
     def ready(url: str, description: dict) -> None:
+        if "models" in description:
+            ready_repository(url, description)
+            return
         what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
         say(f"serving {what} at {url} with {replicas} replica(s) on "
              f"{replica_device_text(description['replica']['device'], replicas)}"
@@ -136,6 +144,19 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
                  f"{oip['version']}){grpc}")
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
+
+    def ready_repository(url: str, description: dict) -> None:
+        models = description["models"]
+        versions = sum(len(m["versions"]) for m in models)
+        say(f"serving the model repository {directory} ({len(models)} model(s), {versions} "
+            f"version(s)) at {url}" + ("; bearer token required" if token else ""))
+        for model in models:
+            numbers = ", ".join(v["version"] for v in model["versions"])
+            say(f"  {model['name']}: versions {numbers} (default {model['default_version']}): "
+                f"POST {url}models/{model['name']}, {url}v2/models/{model['name']}")
+        say(f"repository: POST {url}v2/repository/index, .../models/<name>/load, /unload"
+            + (f"; gRPC on port {grpc_port}" if grpc_port else ""))
+        click.echo(f"Ctrl-C or SIGTERM stops (drains for {grace_s:g} s)", err=True)
 
     serve_forever(directory, options, listen, token=token, trusted_keys=keys, precision=precision,
                   cpus_per_replica=cpus_per_replica,

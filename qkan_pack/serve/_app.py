@@ -38,7 +38,7 @@ from ..errors import ServeError
 from ..format import MODEL_NAME, check_device_text
 from ._cluster import load_failed, this_node
 from ._haproxy import ingress_counts
-from ._http import HttpApi, HttpLimits, json_response
+from ._http import HttpApi, HttpLimits, forwarded_request, json_response
 from ._metrics import (
     Ingress,
     ReplicaInfo,
@@ -50,7 +50,7 @@ from ._metrics import (
 )
 from ._model import ModelCore
 from ._oip import OipModel
-from ._oip_grpc import IMPLEMENTED, UNSERVED
+from ._oip_grpc import ForwardedCall, add_rpc_methods
 from ._ray_compat import haproxy_admin_socket
 from ._rows import dependent_rows, describe_artifact, largest_batch, row_plan
 from ._uvicorn_compat import write_replies_whole
@@ -118,6 +118,10 @@ class ServeOptions:
     #: The model's name in the Open Inference Protocol's URLs (``/v2/models/{name}``); None:
     #: the artifact's own (``build --name``, default the model file's stem).
     model_name: str | None = None
+    #: The version in those URLs (``/v2/models/{name}/versions/{version}``); None: the
+    #: artifact's own. A model repository's version directory sets it, and with it the
+    #: repository's JSON routes (``/models/{name}[/versions/{version}]``) on the replica.
+    model_version: str | None = None
     #: Whether replicas answer the protocol over gRPC (``serve --grpc-port``): they then
     #: load its stubs as they start (``_oip_grpc.protocol``), before a request arrives.
     grpc: bool = False
@@ -141,6 +145,9 @@ class ServeOptions:
             raise ServeError(f"--name {self.model_name!r}: a model name is letters, digits, "
                              "'.', '_' and '-' (at most 128, starting with a letter or digit): "
                              "it is part of the protocol's URLs")
+        if self.model_version is not None and not MODEL_NAME.match(self.model_version):
+            raise ServeError(f"model version {self.model_version!r}: letters, digits, '.', '_' "
+                             "and '-' (it is part of the protocol's URLs)")
 
     def for_artifact(self, manifest: Manifest) -> ServeOptions:
         """These options with the admission bounds the user left unset derived from the batch
@@ -191,14 +198,16 @@ class ArtifactServer:
                          "load_to_ready_seconds": round(predictor.report.load_to_ready_seconds, 3),
                          "captured": [r.label for r in predictor.report.shapes],
                          "ready_at": time.time()}
-        self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan))
+        self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan),
+                             version=options.model_version)
         self._grpc: GrpcApi | None = None
         self._token_sha256 = options.limits.token_sha256
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self._metrics_info = replica_info(predictor, self.oip, self._replica,
                                           max(e.rows for e in self.core.stats.entries.values()))
         self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
-                            self._description["accepted"], self.oip, metrics=self.scrape)
+                            self._description["accepted"], self.oip, metrics=self.scrape,
+                            aliases=json_routes(self.oip) if options.model_version else ())
         if options.grpc:
             _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
 
@@ -250,6 +259,22 @@ class ArtifactServer:
     async def __call__(self, request: Request) -> Response:
         return await self.http.handle(request)
 
+    async def forward_http(self, method: str, path: str, headers: list[tuple[bytes, bytes]],
+                           body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A request a model repository's router passes on over the handle (the client's
+        method, path, headers and body), answered by the same HTTP API as one that came
+        from the ingress: (status, headers, body)."""
+        reply = await self.http.handle(forwarded_request(method, path, headers, body))
+        return reply.status_code, list(reply.raw_headers), bytes(reply.body)
+
+    async def forward_grpc(self, rpc: str, request: Any, metadata: tuple[tuple[str, str], ...]
+                           ) -> tuple[Any, str | None, str]:
+        """An RPC a model repository's router passes on over the handle: (reply, the status
+        it set by name, None for OK, and its details)."""
+        context = ForwardedCall(metadata)
+        reply = await self.grpc.answer(rpc, request, context)
+        return reply, getattr(context.code, "name", None), context.details
+
     # -- the Open Inference Protocol over gRPC (``serve --grpc-port``; ``_oip_grpc``) ----
     # Ray Serve calls the method named after each RPC with its request message.
 
@@ -265,19 +290,7 @@ class ArtifactServer:
         return self._grpc
 
 
-def _rpc_method(rpc: str) -> Any:
-    """The replica's method for RPC ``rpc`` of ``inference.GRPCInferenceService``: Ray Serve
-    calls the method named after the RPC with its request message (``GrpcApi.answer``)."""
-    async def method(self: ArtifactServer, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.answer(rpc, request, grpc_context)
-
-    method.__name__ = method.__qualname__ = rpc
-    method.__doc__ = f"``{rpc}`` of the Open Inference Protocol over gRPC."
-    return method
-
-
-for _rpc in (*IMPLEMENTED, *UNSERVED):
-    setattr(ArtifactServer, _rpc, _rpc_method(_rpc))
+add_rpc_methods(ArtifactServer)  # Ray Serve calls the method named after each RPC
 
 
 class NoopServer:
@@ -311,13 +324,22 @@ def replica_info(predictor: Any, oip: OipModel, replica: Mapping[str, Any],
                        replica["load_to_ready_seconds"], replica["ready_at"], tests, max_rows)
 
 
-def oip_model(manifest: Manifest, name: str | None, *, batched: bool) -> OipModel:
-    """The Open Inference Protocol's view of the artifact: named ``name`` or as built."""
+def oip_model(manifest: Manifest, name: str | None, *, batched: bool,
+              version: str | None = None) -> OipModel:
+    """The Open Inference Protocol's view of the artifact: named ``name`` (and ``version``)
+    or as built."""
     from .._version import __version__
 
     metadata = manifest.metadata
-    return OipModel(manifest, name or metadata.name or "model", metadata.version or "1",
-                    batched=batched, server_version=__version__)
+    return OipModel(manifest, name or metadata.name or "model",
+                    version or metadata.version or "1", batched=batched,
+                    server_version=__version__)
+
+
+def json_routes(oip: OipModel) -> tuple[str, ...]:
+    """A repository member's JSON routes (``POST`` predicts, ``GET`` describes), beside
+    ``POST /``: the model's and its version's."""
+    return f"/models/{oip.name}", f"/models/{oip.name}/versions/{oip.version}"
 
 
 def _replica_id() -> str:
@@ -357,9 +379,20 @@ def app_for(artifact: VerifiedArtifact, options: ServeOptions | None = None, *,
             name: str = "QkanPack") -> Application:
     """``build_app`` for an artifact already read and verified (``serve_forever`` reads it
     once, before Ray starts, instead of hashing every file twice)."""
+    # absolute: a relative path would be resolved in each replica's working directory,
+    # which on a joined cluster is wherever that node's Ray was started
+    return deployment_app(os.path.abspath(artifact.path), artifact.digest,
+                          (options or ServeOptions()).for_artifact(artifact.manifest),
+                          predictor_options=predictor_options, noop=noop, name=name)
+
+
+def deployment_app(path: str, digest: str, options: ServeOptions, *,
+                   predictor_options: Mapping[str, Any] | None = None, noop: bool = False,
+                   name: str = "QkanPack") -> Application:
+    """The deployment of the artifact at ``path`` (absolute), its replicas pinned to
+    ``digest``, with ``options`` as ``ServeOptions.for_artifact`` made them."""
     from ray import serve
 
-    options = (options or ServeOptions()).for_artifact(artifact.manifest)
     deployment = serve.deployment(
         NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica,
@@ -370,7 +403,5 @@ def app_for(artifact: VerifiedArtifact, options: ServeOptions | None = None, *,
     )
     if noop:
         return deployment.bind(options.limits.max_body_bytes)
-    # absolute: a relative path would be resolved in each replica's working directory,
-    # which on a joined cluster is wherever that node's Ray was started
-    return deployment.bind(os.path.abspath(artifact.path), digest=artifact.digest, options=options,
+    return deployment.bind(path, digest=digest, options=options,
                            predictor_options=predictor_options)

@@ -21,71 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
-from ..format import PRECISIONS, SHA256_HEX
+from ..format import SHA256_HEX
 from ._app import ServeOptions, app_for
 from ._auth import read_token_file, token_digest
 from ._http import HttpLimits
 from ._launch import load_options
+from ._settings import READERS, apply_settings, text_value
 
 if TYPE_CHECKING:
     from ray.serve import Application
 
 
-def _boolean(text: Any) -> bool:
-    if isinstance(text, bool):
-        return text
-    if str(text).lower() in ("true", "1", "yes"):
-        return True
-    if str(text).lower() in ("false", "0", "no"):
-        return False
-    raise ValueError("not true or false")
-
-
-def _finite(text: Any) -> float:
-    if isinstance(text, bool):
-        raise ValueError("not a number")
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("not a finite number")
-    return value
-
-
-def _integer(text: Any) -> int:
-    """A whole number: 2 or "2", never 1.7 (which ``int`` would truncate) or true."""
-    if isinstance(text, bool) or not (isinstance(text, int) or str(text).strip().isdigit()):
-        raise ValueError("not a whole number")
-    return int(text)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise ValueError("not text")
-    return str(value)
-
-
-def _within(low: float, high: float) -> Callable[[Any], float]:
-    def read(text: Any) -> float:
-        value = _finite(text)
-        if not low <= value <= high:
-            raise ValueError(f"outside [{low:g}, {high:g}]")
-        return value
-    return read
-
-
 #: Each argument the builder takes and how its text (a YAML value, or ``key=value`` of
-#: ``serve run``) is read.
+#: ``serve run``) is read: the deployment settings (``_settings``) and where the artifact,
+#: its pins and the token are.
 ARGS: Mapping[str, Callable[[Any], Any]] = {
-    "artifact": _text, "digest": _text, "keys": _text, "token_file": _text,
-    "token_sha256": _text, "name": _text, "replicas": _integer, "gpus_per_replica": _finite,
-    "cpus_per_replica": _finite, "device": _text, "max_batch_size": _integer,
-    "max_batch_wait_ms": _finite, "exact": _boolean, "max_ongoing_requests": _integer,
-    "max_queued_requests": _integer, "max_body_mb": _within(0.001, 65536.0),
-    "body_timeout_s": _within(0.1, 86400.0), "grace_s": _finite, "precision": _text,
+    "artifact": text_value, "digest": text_value, "keys": text_value, "token_file": text_value,
+    "token_sha256": text_value, "name": text_value, **READERS,
 }
 
 
@@ -103,9 +59,6 @@ def read_args(args: Mapping[str, Any]) -> dict[str, Any]:
             read[key] = ARGS[key](value)
         except (TypeError, ValueError) as exc:
             raise ServeError(f"app_builder: argument {key}={value!r}: {exc}") from None
-    if read.get("precision", "recorded") not in ("recorded", *PRECISIONS):
-        raise ServeError(f"app_builder: precision {read['precision']!r}; give recorded or one "
-                         f"of {', '.join(PRECISIONS)}")
     return read
 
 
@@ -121,17 +74,10 @@ def options_from(read: Mapping[str, Any]) -> ServeOptions:
         if token is not None:
             raise ServeError("app_builder: give token_file or token_sha256, not both")
         token = token_digest(read_token_file(read["token_file"]))
-    limits = HttpLimits(max_ongoing=read.get("max_ongoing_requests"),
-                        max_queued=read.get("max_queued_requests"), token_sha256=token)
-    if "max_body_mb" in read:
-        limits = dataclasses.replace(limits, max_body_bytes=int(read["max_body_mb"] * 2**20))
-    if "body_timeout_s" in read:
-        limits = dataclasses.replace(limits, body_timeout_s=read["body_timeout_s"])
-    fields = {key: read[key] for key in ("replicas", "gpus_per_replica", "cpus_per_replica",
-                                         "device", "max_batch_size", "max_batch_wait_ms",
-                                         "exact", "grace_s") if key in read}
-    return ServeOptions(**fields, limits=limits, model_name=read.get("name"),
-                        grpc=importlib.util.find_spec("tritonclient") is not None)
+    return apply_settings(ServeOptions(limits=HttpLimits(token_sha256=token),
+                                       model_name=read.get("name"),
+                                       grpc=importlib.util.find_spec("tritonclient") is not None),
+                          read)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

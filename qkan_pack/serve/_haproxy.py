@@ -98,11 +98,13 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
+from ._routes import ROUTER_APP, generation_of, read_admission
 from ._workdir import record_process
 
 HEADER_TIMEOUT_S = 10
@@ -110,6 +112,12 @@ ERROR_CODES = (502, 503, 504)
 TIMEOUT_CODE = 408
 UNAUTHORIZED_FILE = "401.json"
 HTTP_FRONTEND = "frontend http_frontend"
+GRPC_FRONTEND = "frontend grpc_frontend"
+#: A line of ``model_routes`` (a config rewritten before gets the routes of now).
+_MODEL_ROUTE = re.compile(r"\s*(acl qk_|http-request set-path /qkan-pack/)")
+#: Ray's gRPC rule for calls that name no application while several are deployed (a
+#: NOT_FOUND): a repository's go to its router instead.
+DEFAULT_GRPC_BACKEND = "default_backend default_grpc_backend"
 SIDE_SECTIONS = ("frontend prometheus", "listen stats")
 #: Ray's liveness replies (``healthcheck`` rules of its HTTP frontend) with their text:
 #: reduced to the status code.
@@ -196,19 +204,27 @@ class IngressAdmission:
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
             admission: IngressAdmission | None = None, replica_host: str | None = None,
-            token_sha256: str | None = None) -> str:
+            token_sha256: str | None = None,
+            versions_admission: Mapping[str, tuple[int, int, int]] | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests, a request timeout, liveness replies without text and, given
     ``admission``, bounded admission to each replica; given ``replica_host`` (where local
     replicas bind, IPv6 in brackets), local replicas addressed there; given
     ``token_sha256``, the token required on every listener but the liveness route; always
     HAProxy's retry policy (``RETRY_POLICY``, ``ERROR_LIMIT``) over the template's, and
-    HAProxy itself as each app backend's backup (``UNAVAILABLE_SECTION``) (idempotent: a
+    HAProxy itself as each app backend's backup (``UNAVAILABLE_SECTION``); a model
+    repository's routes (``model_routes``), each version's backend bounded by its own
+    admission (``versions_admission``: by route prefix, ``_routes.read_admission``), gRPC
+    calls that name no application sent to the repository's router (idempotent: a
     rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
     unavailable = _unavailable_socket(error_dir)
+    prefixes = _backend_prefixes(config)
+    by_backend = {name: IngressAdmission(*bounds) for name, prefix in prefixes.items()
+                  if (bounds := (versions_admission or {}).get(prefix)) is not None}
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
-                                         unavailable))
+                                         unavailable, by_backend,
+                                         model_routes(prefixes, _replica_servers(config))))
     if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
     if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
@@ -268,31 +284,48 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                       replica_host: str | None, refusals: dict[str, list[str]],
-                      unavailable: str | None) -> list[str]:
+                      unavailable: str | None,
+                      by_backend: Mapping[str, IngressAdmission] | None = None,
+                      routes: Sequence[str] = ()) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server but ``unavailable`` (the
     socket of HAProxy's own JSON 503), declared before Ray's ``default-server`` line and
     without health checks; ``http-reuse safe``; the no-route reply as JSON 503; liveness
-    replies without text; each app backend's admission (``IngressAdmission``) and
-    ``APP_REQUEST_RULES``; each ``refusals`` rule first in its section."""
+    replies without text; each app backend's admission (``IngressAdmission``: its own in
+    ``by_backend``, else ``admission``) and ``APP_REQUEST_RULES``; each ``refusals`` rule
+    first in its section; ``routes`` before the HTTP frontend's first ``use_backend``; gRPC
+    calls naming no application to the router's backend, where it has one."""
     section = ""
+    backend_admission: IngressAdmission | None = None
     out = []
+    by_backend = by_backend or {}
     refusing = {line for rules in refusals.values() for line in rules}
-    added = [admission.refusal_rule()] if admission else []
-    added.extend(APP_REQUEST_RULES)
+    common = list(APP_REQUEST_RULES)
     if unavailable:
-        added.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
+        common.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
+    added = {*common, *(a.refusal_rule() for a in (admission, *by_backend.values()) if a),
+             *routes}
+    router_grpc = f"backend {_router_backend('grpc')}" in lines
+    routed = False
     for line in lines:
         if line and not line[0].isspace():
             section = line.strip()
             out.append(line)
             if _is_app_backend(section):
-                out.extend(added)
+                backend_admission = by_backend.get(section.split()[1], admission)
+                out.extend([backend_admission.refusal_rule()] if backend_admission else [])
+                out.extend(common)
             if section in refusals:
                 out.extend(refusals[section])
             continue
-        if line in added or line in refusing or _DISABLES_REQUIRED.fullmatch(line):
+        if line in added or line in refusing or _DISABLES_REQUIRED.fullmatch(line) \
+                or (section == HTTP_FRONTEND and _MODEL_ROUTE.match(line)):
             continue  # added above (a rewritten config rewrites to itself); or undoes one we need
+        if section == HTTP_FRONTEND and not routed and line.lstrip().startswith("use_backend "):
+            out.extend(routes)
+            routed = True
+        if section == GRPC_FRONTEND and router_grpc and line.strip() == DEFAULT_GRPC_BACKEND:
+            line = f"    default_backend {_router_backend('grpc')}"
         if section == HTTP_FRONTEND:
             line = _LIVENESS_REPLY.sub(r"\1\2", line)
         elif section in SIDE_SECTIONS:
@@ -304,8 +337,8 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             if replica_host:
                 line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>{replica_host}:\2",
                               line)
-            if admission and "maxconn" not in line:
-                line = f"{line.rstrip()} {admission.server_option()}"
+            if backend_admission and "maxconn" not in line:
+                line = f"{line.rstrip()} {backend_admission.server_option()}"
         elif section.startswith("backend ") and re.fullmatch(r"\s*http-reuse always\s*", line):
             line = "    http-reuse safe"
         elif section == "backend default_backend" and "http-request return status 404" in line:
@@ -313,6 +346,86 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")
         out.append(line)
     return out
+
+
+def _backend_prefixes(config: str) -> dict[str, str]:
+    """Each app backend's route prefix, as the HTTP frontend's ACLs route to it."""
+    return {m[1]: m[2] for m in re.finditer(r"(?m)^\s*acl is_(\S+) path (/\S*)\s*$", config)}
+
+
+def _replica_servers(config: str) -> dict[str, list[str]]:
+    """Each backend's replica servers (not its backups), by backend name."""
+    servers: dict[str, list[str]] = {}
+    backend = None
+    for line in config.split("\n"):
+        if line and not line[0].isspace():
+            backend = line.split()[1] if line.startswith("backend ") else None
+            continue
+        found = re.match(r"\s*server (\S+) \S+", line)
+        if backend is not None and found and not re.search(r"\sbackup(\s|$)", line):
+            servers.setdefault(backend, []).append(found[1])
+    return servers
+
+
+def _router_backend(protocol: str) -> str:
+    """The backend of the repository's router application (Ray names a backend
+    ``<protocol>-<application>``)."""
+    return f"{protocol}-{ROUTER_APP}"
+
+
+def model_routes(prefixes: Mapping[str, str], servers: Mapping[str, Sequence[str]]
+                 ) -> list[str]:
+    """The HTTP frontend's rules for a model repository (none without one): each request for
+    a model (``/v2/models/<name>/...``, ``/models/<name>...``) has its path put under the
+    route prefix of the version's application that serves it (``_routes``), which Ray's own
+    rules then route to, with no hop through the router:
+
+    - ``.../versions/<v>...`` to version ``v``;
+    - the rest to the highest version with a replica up (``srv_is_up``, per request: a
+      version still loading, or whose replicas are all down, is passed over; ``nbsrv``
+      cannot tell: it counts the backup server when no replica is up);
+    - ``POST /`` likewise, when the repository serves one model;
+    - of a version deployed more than once (a reload starts the new generation beside the
+      serving one), the newest generation with a replica up.
+
+    ``GET /v2/models/<name>`` (the model's metadata, all its versions) and anything no rule
+    takes (an unknown name or version, a version with no replica up) go to the router,
+    which answers or explains."""
+    models: dict[str, list[tuple[int, int, str]]] = {}
+    rules: list[str] = []
+    for backend, prefix in sorted(prefixes.items()):
+        generation = generation_of(prefix)
+        if generation is not None and backend.startswith("http-") and servers.get(backend):
+            models.setdefault(generation.model, []).append(
+                (generation.version, generation.generation, backend))
+            rules += [f"    acl {_up(backend)} srv_is_up({backend}/{server})"
+                      for server in servers[backend]]
+    for index, (name, served) in enumerate(sorted(models.items())):
+        served.sort(reverse=True)
+        model, pinned = f"qk_m{index}", f"qk_p{index}"
+        rules += [f"    acl {model} path /models/{name}",
+                  f"    acl {model} path_beg /models/{name}/ /v2/models/{name}/",
+                  f"    acl {pinned} path_beg /models/{name}/versions/ "
+                  f"/v2/models/{name}/versions/"]
+        for version in sorted({v for v, _, _ in served}):
+            acl = f"qk_v{index}_{version}"
+            base = (f"/models/{name}/versions/{version}", f"/v2/models/{name}/versions/{version}")
+            rules += [f"    acl {acl} path {' '.join(base)}",
+                      f"    acl {acl} path_beg {' '.join(b + '/' for b in base)}"]
+            rules += [_set_path(prefixes[b], acl, b) for v, _, b in served if v == version]
+        rules += [_set_path(prefixes[b], f"{model} !{pinned}", b) for _, _, b in served]
+        if len(models) == 1:
+            rules += [_set_path(prefixes[b], "{ path / } METH_POST", b) for _, _, b in served]
+    return rules
+
+
+def _set_path(prefix: str, condition: str, backend: str) -> str:
+    return f"    http-request set-path {prefix}%[path] if {condition} {_up(backend)}"
+
+
+def _up(backend: str) -> str:
+    """The ACL true while a replica server of ``backend`` is up."""
+    return f"qk_up_{backend}"
 
 
 def _watched(server: str) -> str:
@@ -455,7 +568,7 @@ def main(argv: list[str]) -> None:
         config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
                                   int(timeout_s), admission,
                                   None if replica_host == "-" else replica_host,
-                                  os.environ.get(TOKEN_DIGEST_ENV)))
+                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir)))
     record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -180,8 +180,10 @@ class HttpApi:
     def __init__(self, core: ModelCore, limits: HttpLimits, describe: Callable[[], dict[str, Any]],
                  stats: Callable[[bool], dict[str, Any]], accepted: list[str],
                  oip: OipModel | None = None,
-                 metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
-        """``metrics``: the text of ``GET /metrics`` and its content type (no route without)."""
+                 metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+                 aliases: Sequence[str] = ()) -> None:
+        """``metrics``: the text of ``GET /metrics`` and its content type (no route without);
+        ``aliases``: more paths answering as ``/`` does (a repository's JSON routes)."""
         self.core = core
         self.oip = oip
         self.limits = limits
@@ -196,6 +198,10 @@ class HttpApi:
             ("", "HEAD"): self._get_description, ("/stats", "GET"): self._get_stats,
             ("/stats/reset", "POST"): self._reset_stats,
         }
+        for alias in aliases:
+            self._routes.update({(alias, "POST"): self._predict,
+                                 (alias, "GET"): self._get_description,
+                                 (alias, "HEAD"): self._get_description})
         self._metrics = metrics
         if metrics is not None:
             self._routes["/metrics", "GET"] = self._get_metrics
@@ -390,6 +396,27 @@ class HttpApi:
         if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
             return encode_reply(outputs, encoding)
         return await asyncio.to_thread(encode_reply, outputs, encoding)
+
+
+def forwarded_request(method: str, path: str, headers: Sequence[tuple[bytes, bytes]],
+                      body: bytes) -> Request:
+    """A request passed on by a model repository's router (``ArtifactServer.forward_http``)
+    as the starlette request the routes take: the client's method, path, headers and whole
+    body, no root path (the path is the client's own)."""
+    from starlette.requests import Request
+
+    scope = {"type": "http", "method": method, "path": path, "root_path": "",
+             "headers": list(headers), "query_string": b""}
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:  # read once: after the body, the request is over
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
 
 
 async def read_limited(request: Request, limit: int) -> bytes | None:

@@ -37,24 +37,33 @@ from ..errors import ServeError
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
+from ._deploy import DEPLOY_POLL_S, app_state, last_line, wait_running
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
 from ._ray_compat import (
+    GRPC_APPLICATION_ENV,
     check_ray,
+    delete_apps,
     deploy_without_waiting,
     loopback_ray_node,
     refresh_ray_config,
     without_auto_init,
 )
+from ._repository import (
+    Defaults,
+    VersionPlan,
+    is_artifact,
+    plan_repository,
+    scan_repository,
+    share,
+    with_share,
+)
+from ._router import admission_of, router_app, start_version
+from ._routes import ROUTER_APP, Generation, write_admission
 from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
-APP_NAME = "qkan-pack"
+APP_NAME = ROUTER_APP  # one artifact's application, or a repository's router
 INGRESSES = ("auto", "haproxy", "python")
-#: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
-PLACEMENT_TIMEOUT_S = 20.0
-#: How Ray Serve's deployment status begins a replica's failed start (its error follows).
-REPLICA_START_FAILED = "A replica failed to start"
-DEPLOY_POLL_S = 0.25  # how often the deploy wait asks Serve for the app's status
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Notice = Callable[[str], None]
@@ -239,7 +248,10 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     route of every listener requires ``Authorization: Bearer <token>`` but the liveness
     route (``_auth``; replicas and Ray's processes keep only its sha256). ``trusted_keys``:
     the artifact must be signed by one of them (``Predictor.load``'s ``trusted_keys``),
-    checked here before Ray starts and again by each replica before any artifact code runs."""
+    checked here before Ray starts and again by each replica before any artifact code runs.
+
+    ``path`` without ``manifest.json`` at its root is a model repository
+    (``serve_repository``)."""
     from ..runtime import read_artifact
 
     options, listen = options or ServeOptions(), listen or Listen()
@@ -247,30 +259,61 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
         digest = token_digest(check_token(token, "the token argument"))
         options = replace(options, limits=replace(options.limits, token_sha256=digest))
     keys = [os.fspath(key) for key in trusted_keys]
+    if not is_artifact(path):
+        if noop:
+            raise ServeError(f"--noop: {path} is not an artifact (no manifest.json); the "
+                             "no-op baseline serves in an artifact's place")
+        return serve_repository(path, options, listen, token=token, keys=keys,
+                                precision=precision,
+                                cpus_per_replica=cpus_per_replica,
+                                gpus_per_replica=gpus_per_replica, on_ready=on_ready,
+                                notice=notice, stop=stop)
     # A bad artifact fails before Ray starts; the app needs its path, digest and manifest,
     # not every file's bytes held for as long as the server runs.
     artifact = replace(read_artifact(path, trusted_keys=keys), files={})
     if artifact.signed_by is not None:
         notice(f"signature verified: signed by {artifact.signed_by}")
     options = replace(options.for_artifact(artifact.manifest), grpc=listen.grpc_port is not None)
+    _before_ray(listen, token, notice)
+
+    def start(session: _RaySession, stopping: Callable[[], bool]) -> bool:
+        fitted = fit_resources(options, cpus_per_replica, gpus_per_replica, session.resources())
+        app = app_for(artifact, fitted, noop=noop, predictor_options=load_options(keys, precision))
+        return session.deploy(app, stopping) is not None
+
+    _serve_until_stopped(listen, options, {}, token, start, on_ready=on_ready, notice=notice,
+                         stop=stop)
+
+
+def _before_ray(listen: Listen, token: str | None, notice: Notice) -> None:
+    """What is checked and cleaned before Ray starts: the ports, the gRPC stubs, a public
+    address without a token (a warning), work directories a killed serve left."""
     check_port_free(listen.host, listen.port)
     grpc_options(listen)  # the stubs import and the port is free, before Ray starts
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
     sweep_stale_workdirs(notice=notice)
+
+
+def _serve_until_stopped(listen: Listen, options: ServeOptions, extra_env: Mapping[str, str],
+                         token: str | None,
+                         start: Callable[[_RaySession, Callable[[], bool]], bool], *,
+                         on_ready: Callable[[str, Mapping[str, Any]], None] | None,
+                         notice: Notice, stop: threading.Event | None,
+                         repository: bool = False) -> None:
+    """Ray started (or joined) with the serve's environment (``ingress_env``, and
+    ``extra_env``), ``start`` deploying (False: stopped while replicas loaded, no ready
+    line), the ready line, then serving until Ctrl-C, SIGTERM or ``stop``; everything
+    started here stopped at the end."""
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
-            environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
-                                           notice)):
-        session = _RaySession(listen, Path(workdir), env)
+            environment(env := {**ingress_env(listen, options, owned_workdir(Path(workdir)),
+                                              notice), **extra_env}):
+        session = _RaySession(listen, Path(workdir), env, repository=repository)
         with StopSignal() as signals:
             try:
-                options = fit_resources(options, cpus_per_replica, gpus_per_replica,
-                                        session.resources())
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
-                app = app_for(artifact, options, noop=noop,
-                              predictor_options=load_options(keys, precision))
-                if session.deploy(app, stopping) is None:
+                if not start(session, stopping):
                     return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)
                 if on_ready is not None:
@@ -278,6 +321,42 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                 _wait(signals.event, stop)
             finally:
                 session.close()
+
+
+def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen: Listen, *,
+                     token: str | None, keys: Sequence[str], precision: str,
+                     cpus_per_replica: float | None,
+                     gpus_per_replica: float | None,
+                     on_ready: Callable[[str, Mapping[str, Any]], None] | None,
+                     notice: Notice, stop: threading.Event | None) -> None:
+    """``serve_forever`` for a model repository (``_repository``): every version verified and
+    planned before Ray starts (one RepositoryError naming every problem), then each version
+    deployed as its own application and the repository's router (``_router``) at ``/``;
+    the ready line once every version serves (one that cannot fails the start, named)."""
+    if options.model_name is not None:
+        raise ServeError("--name: a repository's models are named by their directories "
+                         f"({root}/<name>/<version>/)")
+    defaults = Defaults(replace(options, grpc=listen.grpc_port is not None), tuple(keys),
+                        precision)
+    plans = plan_repository(scan_repository(root), defaults)
+    for plan in plans:
+        if plan.signed_by is not None:
+            notice(f"{plan.label}: signature verified: signed by {plan.signed_by}")
+    _before_ray(listen, token, notice)
+
+    def start(session: _RaySession, stopping: Callable[[], bool]) -> bool:
+        cpus, gpus = share(plans, cpus_per_replica, gpus_per_replica, session.resources())
+        return session.deploy_repository(
+            root, replace(defaults, cpus_per_replica=cpus, gpus_per_replica=gpus),
+            [with_share(plan, cpus, gpus) for plan in plans], stopping)
+
+    # the ingress bounds each version by its own admission (``_routes.ADMISSION_FILE``);
+    # gRPC messages are bounded by the largest body any version takes
+    ingress = replace(options, limits=replace(
+        options.limits, max_ongoing=None, max_queued=None,
+        max_body_bytes=max(p.options.limits.max_body_bytes for p in plans)))
+    _serve_until_stopped(listen, ingress, {GRPC_APPLICATION_ENV: ROUTER_APP}, token, start,
+                         on_ready=on_ready, notice=notice, stop=stop, repository=True)
 
 
 def load_options(keys: Sequence[str], precision: str) -> dict[str, Any] | None:
@@ -315,14 +394,16 @@ def _wait(signalled: threading.Event, stop: threading.Event | None) -> None:
 class _RaySession:
     """Ray started (or joined) for one serve; ``close`` undoes exactly what it did."""
 
-    def __init__(self, listen: Listen, workdir: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, listen: Listen, workdir: Path, env: Mapping[str, str], *,
+                 repository: bool = False) -> None:
         """``env``: the serve's variables (``ingress_env``), already in this process's
         environment, which a local Ray inherits; a joined cluster's processes get them
-        through the job (``_cluster.job_runtime_env``)."""
+        through the job (``_cluster.job_runtime_env``). ``repository``: a model
+        repository's applications (every one is deleted at the end)."""
         import ray
 
         check_ray()
-        self.listen, self.workdir = listen, workdir
+        self.listen, self.workdir, self.repository = listen, workdir, repository
         self.local = listen.address is None and "RAY_ADDRESS" not in os.environ
         self.haproxy = env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
         quiet_ray(listen.verbose)
@@ -346,6 +427,45 @@ class _RaySession:
     def deploy(self, app: Any, stopping: Callable[[], bool] = lambda: False) -> Any:
         """Start Serve on the port and run ``app`` until its replicas serve; None when
         ``stopping()`` turned true first (Ctrl-C or SIGTERM while replicas load)."""
+        self._start_serve()
+        return _run_with_deadline(app, self.listen.deploy_timeout_s, stopping,
+                                  replica_log_level=self._log_level)
+
+    @property
+    def _log_level(self) -> str:
+        return "INFO" if self.listen.verbose else "WARNING"
+
+    def deploy_repository(self, root: str | os.PathLike[str], defaults: Defaults,
+                          plans: Sequence[VersionPlan], stopping: Callable[[], bool]) -> bool:
+        """Start Serve on the port, deploy each version of ``plans`` (its first generation)
+        and the repository's router, and wait until all serve (False: ``stopping()`` turned
+        true first). ServeError naming the version that cannot serve."""
+        self._start_serve()
+        generations = {Generation(p.model, p.version, 1): p for p in plans}
+        if self.haproxy:
+            write_admission(self.workdir, {g.prefix: admission_of(p)
+                                           for g, p in generations.items()})
+        limits = defaults.options.limits
+        router = router_app(os.path.abspath(root), defaults, [(p, 1) for p in plans],
+                            token_sha256=limits.token_sha256,
+                            workdir=str(self.workdir) if self.haproxy else None,
+                            log_level=self._log_level, max_body_bytes=max(
+                                p.options.limits.max_body_bytes for p in plans),
+                            body_timeout_s=limits.body_timeout_s, head_only=not self.local)
+        try:
+            for generation, plan in generations.items():
+                start_version(plan, generation, self._log_level)
+            deploy_without_waiting(router, APP_NAME, {"enable_access_log": False,
+                                                      "log_level": self._log_level})
+        except Exception as exc:
+            raise ServeError(f"the deployment failed: {_last_line(exc)}") from None
+        labels = {g.app: g.label for g in generations}
+        labels[APP_NAME] = "the repository's router"
+        return wait_running(list(labels), self.listen.deploy_timeout_s, stopping,
+                            label=lambda app: labels.get(app, app))
+
+    def _start_serve(self) -> None:
+        """Serve's proxies on the port (and the gRPC port)."""
         from ray import serve
 
         if not self.local:
@@ -360,8 +480,6 @@ class _RaySession:
                              hint="choose another --port, or start again (side ports are "
                              "picked anew each start)") from None
         self._serve_started = True
-        return _run_with_deadline(app, self.listen.deploy_timeout_s, stopping,
-                                  replica_log_level="INFO" if self.listen.verbose else "WARNING")
 
     def close(self) -> None:
         """Drain and delete the app; stop Serve on a joined cluster (its controller and
@@ -378,7 +496,10 @@ class _RaySession:
         try:
             with quiet:
                 try:
-                    if self._serve_started:
+                    if self._serve_started and self.repository:
+                        # every version (loads while serving deployed more) and the router
+                        delete_apps(list(serve.status().applications))
+                    elif self._serve_started:
                         serve.delete(APP_NAME)  # drains in-flight requests
                         if not self.local:
                             serve.shutdown()
@@ -459,33 +580,10 @@ def _run_with_deadline(app: Any, timeout_s: float,
 
 
 def _check_deploying(unplaced_since: float | None) -> tuple[bool, float | None]:
-    """(whether the app runs, since when a replica waits to be placed); raises ServeError
-    for a deployment that failed, a replica that failed to start (its error, which names its
-    node: on a cluster, the replicas of one node can fail where the others serve, and Ray
-    then retries them for ever) or replicas unplaced for ``PLACEMENT_TIMEOUT_S``."""
-    from ray import serve
-
-    app = serve.status().applications.get(APP_NAME)
-    if app is None:
-        return False, unplaced_since
-    status = str(app.status.value)
-    if status == "RUNNING":
-        return True, None
-    messages = [d.message for d in app.deployments.values() if d.message]
-    if status == "DEPLOY_FAILED":
-        raise ServeError("no replica could load the artifact: "
-                         + _last_line("\n".join(messages) or app.message))
-    failed = [m for m in messages if REPLICA_START_FAILED in m]
-    if failed:  # Ray would retry it for ever once another replica runs (a node that cannot load)
-        raise ServeError("a replica failed to start: " + _last_line(failed[0], limit=1500))
-    if not any("to be scheduled" in m for m in messages):
-        return False, None
-    now = time.monotonic()
-    if unplaced_since is not None and now - unplaced_since > PLACEMENT_TIMEOUT_S:
-        raise ServeError("the cluster cannot place the replicas: " + " ".join(messages)[:600])
-    return False, unplaced_since or now
+    """The app's state (``_deploy.app_state``): whether it runs, since when a replica waits
+    to be placed; ServeError for a deployment that cannot serve."""
+    return app_state(APP_NAME, unplaced_since)
 
 
 def _last_line(error: BaseException | str, limit: int = 500) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1][:limit] if lines else type(error).__name__
+    return last_line(error, limit)

@@ -204,6 +204,36 @@ def ingress_family(ingress: Ingress) -> Any:
     return family
 
 
+def repository_families(loads: Mapping[tuple[str, str, str], int],
+                        states: Mapping[tuple[str, str], str],
+                        refusals: Mapping[str, int]) -> list[Any]:
+    """A model repository's own families (its router's): loads of each model version by
+    result (a load that failed, whose replicas never served, counts here only), each
+    version's state, and the requests the router refused itself (a name or version that
+    does not serve, a missing token)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    loaded = CounterMetricFamily(
+        "qkan_pack_repository_loads", "Loads of each model version by the repository (at start "
+        "and by POST /v2/repository/models/<name>/load), by result: success (it serves) or "
+        "failure (verification, settings, replicas' load or self-test; a version serving "
+        "before keeps serving).", labels=["model", "version", "result"])
+    for (model, version, result), count in sorted(loads.items()):
+        loaded.add_metric([model, version, result], count)
+    ready = GaugeMetricFamily(
+        "qkan_pack_model_version_ready", "1 for each model version that serves, 0 for one "
+        "loading, unloading or unavailable (see GET / for why).",
+        labels=["model", "version", "state"])
+    for (model, version), state in sorted(states.items()):
+        ready.add_metric([model, version, state], 1.0 if state == "READY" else 0.0)
+    refused = _counters(
+        "qkan_pack_repository_refusals", "Requests the repository's router answered without a "
+        "model: unauthorized (401), not_found (404: no such model or version), unavailable "
+        "(503: nothing ready), client_error (400).", [], ("outcome",), [],
+        {(k,): v for k, v in refusals.items()})
+    return [loaded, ready, refused]
+
+
 def merge(parts: Iterable[Sequence[Any]]) -> list[Any]:
     """Families of several replicas as one list: a family's samples from every part, each
     series once (a series that several parts hold, such as HAProxy's counts read by every
@@ -265,14 +295,28 @@ async def every_replica(method: str, local: list[Any]
         handle = serve.get_deployment_handle(context.deployment, context.app_name)
     except Exception:  # not in a replica (a test, a benchmark): this process is the server
         return [local], 1, 0
-    try:
-        answers = await handle.broadcast(method).results_async(
-            timeout_s=SCRAPE_TIMEOUT_S, return_exceptions=True)
-    except Exception as exc:  # the router never learnt of the replicas in time
-        logger.warning("metrics: the other replicas did not answer: %s", exc)
-        return [local], 1, 1
-    parts = [a for a in answers if isinstance(a, list)]
-    failed = [a for a in answers if not isinstance(a, list)]
+    parts, answered, failed = await replicas_of([handle], method)
+    return [local, *parts], max(1, answered), failed
+
+
+async def replicas_of(handles: Sequence[Any], method: str, *args: Any, answer: type = list
+                      ) -> tuple[list[Any], int, int]:
+    """Every replica of each deployment ``handles`` reach answering ``method(*args)`` (a
+    model repository's router asks every version's), together: (their answers, each of type
+    ``answer``; how many replicas answered; how many did not within ``SCRAPE_TIMEOUT_S``)."""
+    import asyncio
+
+    async def ask(handle: Any) -> list[Any]:
+        try:
+            return list(await handle.broadcast(method, *args).results_async(
+                timeout_s=SCRAPE_TIMEOUT_S, return_exceptions=True))
+        except Exception as exc:  # the router never learnt of the replicas in time
+            logger.warning("metrics: the replicas did not answer: %s", exc)
+            return [exc]
+
+    answers = [a for found in await asyncio.gather(*map(ask, handles)) for a in found]
+    parts = [a for a in answers if isinstance(a, answer)]
+    failed = [a for a in answers if not isinstance(a, answer)]
     for problem in failed[:1]:
         logger.warning("metrics: a replica did not answer: %r", problem)
-    return [local, *parts], max(1, len(parts)), len(failed)
+    return parts, len(parts), len(failed)

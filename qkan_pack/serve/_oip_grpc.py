@@ -90,6 +90,9 @@ def add_inference_service(servicer: Any, server: Any) -> None:
     protocol()
     from tritonclient.grpc import service_pb2_grpc
 
+    from ._ray_compat import route_grpc_calls
+
+    route_grpc_calls()  # a model repository's calls naming no application: to its router
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
@@ -119,6 +122,43 @@ class _Call:
     def set_details(self, details: str) -> None:
         if self.context is not None:
             self.context.set_details(details)
+
+
+def add_rpc_methods(server: type) -> type:
+    """Give the replica class ``server`` a method named after each RPC of the service
+    (``IMPLEMENTED`` and ``UNSERVED``), as Ray Serve calls them with the request message:
+    each passes it to ``self.grpc.answer`` (``GrpcApi``, or a repository router's)."""
+    def rpc_method(rpc: str) -> Callable[..., Any]:
+        async def method(self: Any, request: Any, grpc_context: Any = None) -> Any:
+            return await self.grpc.answer(rpc, request, grpc_context)
+
+        method.__name__ = method.__qualname__ = rpc
+        method.__doc__ = f"``{rpc}`` of the Open Inference Protocol over gRPC."
+        return method
+
+    for rpc in (*IMPLEMENTED, *UNSERVED):
+        setattr(server, rpc, rpc_method(rpc))
+    return server
+
+
+class ForwardedCall:
+    """The context of an RPC a model repository's router passes on over a handle: the
+    caller's metadata, and the status the answer sets (sent back to the router, which
+    sets it on the real call)."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
+        self.code: Any = None
+        self.details = ""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
 
 
 class GrpcApi:

@@ -4,7 +4,9 @@ written for.
 ``qkan-pack serve`` reaches past Ray Serve's public API where the public API cannot do the
 job: deploying without blocking (``serve._run(_blocking=False)``: ``serve.run`` waits forever
 for replicas a cluster cannot place), re-reading Ray's cached config (``ray._raylet.Config``),
-keeping a local node's exporters on loopback (``ray._private.ray_constants``), turning off
+keeping a local node's exporters on loopback (``ray._private.ray_constants``), deleting several
+applications at once (the Serve client's ``delete_apps``), a default application for gRPC
+calls that name none (``gRPCProxyRequest.setup_variables``, a model repository's), turning off
 auto-init after shutdown (``ray._private.auto_init_hook``), finding a running Serve by its
 controller's actor name and the head node by its resource (``serve_running``,
 ``HEAD_NODE_RESOURCE``), where Ray puts a node's HAProxy admin socket
@@ -18,7 +20,7 @@ each private name.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -44,12 +46,57 @@ def check_ray() -> None:
                          f"Ray {SUPPORTED}", hint=INSTALL)
 
 
-def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any]) -> Any:
-    """Deploy ``app`` at route ``/`` and return its handle without waiting for replicas."""
+def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any],
+                           route_prefix: str = "/") -> Any:
+    """Deploy ``app`` as application ``name`` at ``route_prefix`` and return its handle
+    without waiting for replicas (other applications are left as they are)."""
     from ray import serve
 
-    return serve._run(app, _blocking=False, name=name, route_prefix="/",
+    return serve._run(app, _blocking=False, name=name, route_prefix=route_prefix,
                       logging_config=dict(logging_config))
+
+
+def delete_apps(names: Sequence[str], blocking: bool = True) -> None:
+    """Delete applications ``names`` together (each drains its requests; ``serve.delete``
+    takes one at a time, and waits for each in turn)."""
+    from ray.serve.context import _get_global_client
+
+    _get_global_client().delete_apps(list(names), blocking=blocking)
+
+
+#: Where a model repository names the application that gRPC calls without ``application``
+#: metadata go to (``route_grpc_calls``), in the environment of Ray's processes.
+GRPC_APPLICATION_ENV = "QKAN_PACK_GRPC_APPLICATION"
+
+
+def route_grpc_calls() -> None:
+    """Send gRPC calls that name no application to the one ``GRPC_APPLICATION_ENV`` names
+    (a model repository's router), in Ray Serve's Python gRPC proxy of this process.
+
+    Ray Serve routes a gRPC call by its ``application`` metadata, or, without it, to the
+    one application there is; a repository serves several (one per model version), and
+    tritonclient's calls carry no such metadata, so each would be refused NOT_FOUND
+    ("Application metadata not set"). Ray offers no setting for a default; its
+    ``gRPCProxyRequest.setup_variables`` reads the metadata, and is wrapped here to fill
+    the application in where the call named none. Runs where the servicer function runs
+    (each proxy); without the variable, nothing changes. (HAProxy's gRPC frontend is told
+    the same by the config rewrite, ``_haproxy``.)"""
+    target = os.environ.get(GRPC_APPLICATION_ENV)
+    if not target:
+        return
+    from ray.serve._private.proxy_request_response import gRPCProxyRequest
+
+    original = gRPCProxyRequest.setup_variables
+    if getattr(original, "qkan_pack_default", None) == target:
+        return
+
+    def setup_variables(self: Any) -> None:
+        original(self)
+        if not self.app_name and not self.is_route_request and not self.is_health_request:
+            self.app_name = target
+
+    setup_variables.qkan_pack_default = target  # type: ignore[attr-defined]
+    gRPCProxyRequest.setup_variables = setup_variables
 
 
 def serve_running() -> bool:

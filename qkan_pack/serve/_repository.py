@@ -1,0 +1,379 @@
+"""A model repository as Triton Inference Server lays one out, read and checked before anything
+of it serves: ``REPO/<name>/<version>/``, each version an artifact, and per model an optional
+``REPO/<name>/qkan-pack.toml`` of deployment settings (``MODEL_CONFIG``)::
+
+    models/
+      classifier/
+        qkan-pack.toml        replicas = 2, max_batch_size = 32, ...
+        1/  manifest.json ...
+        2/  manifest.json ...
+      detector/
+        1/  manifest.json ...
+
+The directory names are authoritative: a model is served as ``<name>`` and a version as
+``<version>`` (a positive integer), and an artifact whose manifest names another model or
+version (``build --name``, ``--version``) is refused, so that what a client asks for by name
+is what was built under that name. A directory with ``manifest.json`` at its root is one
+artifact (``serve DIR``); anything else given to ``serve`` is read as a repository
+(``is_artifact``).
+
+Every version is verified as ``serve DIR`` verifies its artifact (every file's digest, the
+signature with ``--key``) before it is deployed, and each replica is pinned to the digest
+verified here (``VersionPlan.digest``). A model's settings are the command line's with its
+config file's on top (``_settings``: the same keys and readers as ``app_builder``'s); an
+unknown key is refused. Problems are gathered, not raised one by one: one error names every
+one of them (``RepositoryError.problems``).
+
+No Ray here: the launcher and the repository's router (``_router``) deploy what is planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FileReadError, QkanPackError, RepositoryError
+from ..format import MANIFEST_NAME, MODEL_NAME
+from ._settings import READERS, TEXT_SETTINGS, apply_settings, read_setting
+
+if TYPE_CHECKING:
+    from ..format import Manifest
+    from ._app import ServeOptions
+
+#: A model's settings file, beside its version directories.
+MODEL_CONFIG = "qkan-pack.toml"
+MAX_CONFIG_BYTES = 64 * 1024
+#: A version directory's name: a positive integer, no sign or leading zero (``1``, ``12``).
+VERSION_DIR = re.compile(r"[1-9][0-9]{0,17}\Z")
+LAYOUT_HINT = ("lay a repository out as REPO/<name>/<version>/, each version an artifact "
+               "(a directory with manifest.json), versions numbered 1, 2, ...")
+
+
+def is_artifact(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is one artifact (``manifest.json`` at its root, even a broken link:
+    the artifact reader then says what is wrong with it) rather than a repository."""
+    manifest = Path(path) / MANIFEST_NAME
+    return manifest.exists() or manifest.is_symlink()
+
+
+@dataclass(frozen=True)
+class VersionDir:
+    model: str
+    version: int
+    path: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}/{self.version}"
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model's directory: its versions (ascending) and its config file, if any."""
+
+    name: str
+    path: Path
+    versions: tuple[VersionDir, ...]
+    config: Path | None = None
+
+
+def _visible(directory: Path) -> list[Path]:
+    """The entries of ``directory`` a repository is made of (hidden ones, such as ``.git``
+    or an editor's files, are not), sorted by name."""
+    return sorted((p for p in directory.iterdir() if not p.name.startswith(".")),
+                  key=lambda p: p.name)
+
+
+def model_names(root: str | os.PathLike[str]) -> list[str]:
+    """The model directories in ``root`` (whether or not they are laid out right)."""
+    return [p.name for p in _visible(Path(root)) if p.is_dir()]
+
+
+def scan_model(root: str | os.PathLike[str], name: str) -> ModelDir:
+    """``root/name`` as a model: its version directories and config file; RepositoryError
+    naming every problem (a name that is no model name, a version directory that is no
+    positive integer or no artifact, no version at all)."""
+    problems: list[str] = []
+    model = _scan_model(Path(root) / name, problems)
+    if problems or model is None:
+        raise RepositoryError(path=str(root), problems=problems or [f"{name}: no such model"],
+                              hint=LAYOUT_HINT)
+    return model
+
+
+def _scan_model(path: Path, problems: list[str]) -> ModelDir | None:
+    name = path.name
+    if not MODEL_NAME.match(name):
+        problems.append(f"{name!r}: not a model name (letters, digits, '.', '_' and '-', "
+                        "starting with a letter or digit: it is part of the protocol's URLs)")
+        return None
+    if not path.is_dir():
+        problems.append(f"{name}: not a directory")
+        return None
+    versions, config = [], None
+    for entry in _visible(path):
+        if entry.name == MODEL_CONFIG:
+            config = entry
+        elif not entry.is_dir():
+            continue  # a label file, a README: Triton's model directories hold such files too
+        elif not VERSION_DIR.match(entry.name):
+            problems.append(f"{name}/{entry.name}: a version directory is named by a positive "
+                            "integer (1, 2, ...)")
+        elif not is_artifact(entry):
+            problems.append(f"{name}/{entry.name}: not an artifact (no {MANIFEST_NAME}): "
+                            "build into it with qkan-pack build -o")
+        else:
+            versions.append(VersionDir(name, int(entry.name), entry))
+    if not versions and not any(p.startswith(f"{name}/") for p in problems):
+        problems.append(f"{name}: no version directory ({name}/1/, {name}/2/, ...)")
+    return ModelDir(name, path, tuple(sorted(versions, key=lambda v: v.version)), config)
+
+
+def scan_repository(root: str | os.PathLike[str]) -> list[ModelDir]:
+    """Every model of the repository at ``root``; RepositoryError naming every problem."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RepositoryError(path=str(root), problems=["not a directory"],
+                              hint="give an artifact's directory or a model repository")
+    problems: list[str] = []
+    models = [m for p in _visible(root) if p.is_dir()
+              if (m := _scan_model(p, problems)) is not None]
+    if not models and not problems:
+        problems.append(f"holds no model and is no artifact (no {MANIFEST_NAME})")
+    if problems:
+        raise RepositoryError(path=str(root), problems=problems, hint=LAYOUT_HINT)
+    return models
+
+
+# -- a model's settings ---------------------------------------------------------------
+
+
+def _toml() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    import tomli  # the serve extra declares it below 3.11
+
+    return tomli
+
+
+def read_model_config(model: ModelDir) -> dict[str, Any]:
+    """The settings of ``model``'s config file, each read as ``_settings`` reads it ({} with
+    no file); RepositoryError naming the file and every key it refuses."""
+    if model.config is None:
+        return {}
+    where = f"{model.name}/{MODEL_CONFIG}"
+    try:
+        text = _read_config(model.config)
+        table = _toml().loads(text)
+    except (FileReadError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError: ValueError
+        raise RepositoryError(path=str(model.path.parent), problems=[f"{where}: {exc}"]) from None
+    problems, read = [], {}
+    for key, value in table.items():
+        problem = _setting_problem(key, value)
+        if problem is None:
+            read[key] = read_setting(key, value)
+        else:
+            problems.append(f"{where}: {key} = {value!r}: {problem}")
+    if problems:
+        raise RepositoryError(path=str(model.path.parent), problems=problems,
+                              hint=f"a model's settings are {', '.join(READERS)}")
+    return read
+
+
+def _read_config(path: Path) -> str:
+    from ..runtime import read_regular_file  # here: importing this module loads no torch
+
+    return read_regular_file(path, limit=MAX_CONFIG_BYTES).decode("utf-8")
+
+
+def _setting_problem(key: str, value: Any) -> str | None:
+    if key not in READERS:
+        return "unknown setting"
+    if isinstance(value, (dict, list)):
+        return "a setting is one value, not a table or array"
+    if isinstance(value, str) and key not in TEXT_SETTINGS:
+        return "give a number or true/false, not text"
+    try:
+        read_setting(key, value)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+# -- versions, verified and planned ----------------------------------------------------
+
+
+def name_problem(manifest: Manifest, version: VersionDir) -> str | None:
+    """Why an artifact cannot serve as ``version`` (its manifest names another model or
+    version), or None. A manifest without a name or version is named by the directory."""
+    metadata = manifest.metadata
+    if metadata.name and metadata.name != version.model:
+        return (f"{version.label}: its manifest names model {metadata.name!r}, the directory "
+                f"{version.model!r}: build it with --name {version.model}, or move it to "
+                f"{metadata.name}/{version.version}/")
+    if metadata.version and metadata.version != str(version.version):
+        return (f"{version.label}: its manifest names version {metadata.version!r}, the "
+                f"directory {version.version}: build it with --version {version.version}, or "
+                f"move it to a version directory of that number")
+    return None
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """A version ready to deploy: verified, with its settings. ``key`` tells a changed
+    version (new bytes or settings) from the one already serving."""
+
+    model: str
+    version: int
+    path: str
+    digest: str
+    options: ServeOptions
+    predictor_options: Mapping[str, Any] | None = None
+    signed_by: str | None = None
+    #: The settings its model's config file gave (which of them it chose, not defaults).
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}/{self.version}"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.digest, repr((self.options, sorted((self.predictor_options or {}).items())))
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What every model starts from: the command line's options (its model name and version
+    are each version's own), trusted keys and precision; the per-replica CPUs and GPUs of a
+    model whose config sets none (``share``, filled at start from the cluster)."""
+
+    options: ServeOptions
+    keys: tuple[str, ...] = ()
+    precision: str = "recorded"
+    cpus_per_replica: float | None = None
+    gpus_per_replica: float | None = None
+
+
+Problems = list[tuple[int | None, str]]
+
+
+def plan_model(model: ModelDir, defaults: Defaults) -> tuple[list[VersionPlan], Problems]:
+    """Each version of ``model`` verified and given its settings; the problems of those that
+    cannot serve, by version (None: every version, the config file being refused)."""
+    try:
+        settings = read_model_config(model)
+    except RepositoryError as exc:
+        return [], [(None, p) for p in exc.problems]
+    try:
+        options = model_options(defaults, settings)
+    except QkanPackError as exc:  # ServeOptions' range check
+        return [], [(None, f"{model.name}/{MODEL_CONFIG}: {exc}")]
+    plans: list[VersionPlan] = []
+    problems: Problems = []
+    for version in model.versions:
+        try:
+            plans.append(plan_version(version, options, defaults, settings))
+        except RepositoryError as exc:
+            problems += [(version.version, p) for p in exc.problems]
+        except QkanPackError as exc:
+            problems.append((version.version, f"{version.label}: {exc}"))
+        except OSError as exc:
+            problems.append((version.version, f"{version.label}: cannot read it ({exc})"))
+    return plans, problems
+
+
+def model_options(defaults: Defaults, settings: Mapping[str, Any]) -> ServeOptions:
+    """A model's options: the command line's, its config's on top, resources by ``share``."""
+    options = apply_settings(defaults.options, settings)
+    resources = {key: getattr(defaults, key) for key in ("cpus_per_replica", "gpus_per_replica")
+                 if key not in settings and getattr(defaults, key) is not None}
+    return dataclasses.replace(options, **resources)
+
+
+def plan_version(version: VersionDir, options: ServeOptions, defaults: Defaults,
+                 settings: Mapping[str, Any]) -> VersionPlan:
+    """``version`` verified (``read_artifact``: digests, and the signature with keys) and its
+    manifest's names checked; RepositoryError, or the reader's own error, when it cannot."""
+    from ..runtime import read_artifact
+
+    artifact = read_artifact(version.path, trusted_keys=list(defaults.keys))
+    problem = name_problem(artifact.manifest, version)
+    if problem is not None:
+        raise RepositoryError(path=str(version.path.parent.parent), problems=[problem])
+    options = dataclasses.replace(options, model_name=version.model,
+                                  model_version=str(version.version)).for_artifact(
+        artifact.manifest)
+    precision = settings.get("precision", defaults.precision)
+    load: dict[str, Any] = {"trusted_keys": list(defaults.keys)} if defaults.keys else {}
+    if precision != "recorded":
+        load["precision"] = precision
+    return VersionPlan(version.model, version.version, os.path.abspath(artifact.path),
+                       artifact.digest, options, load or None, artifact.signed_by, dict(settings))
+
+
+def plan_repository(models: Iterable[ModelDir], defaults: Defaults) -> list[VersionPlan]:
+    """Every version of every model planned; RepositoryError naming every problem."""
+    models = list(models)
+    plans: list[VersionPlan] = []
+    problems: list[str] = []
+    for model in models:
+        found, wrong = plan_model(model, defaults)
+        plans += found
+        problems += [text for _, text in wrong]
+    if problems:
+        raise RepositoryError(path=str(_common_root(models)), problems=problems)
+    return plans
+
+
+def _common_root(models: Iterable[ModelDir]) -> Path | str:
+    return next((m.path.parent for m in models), "")
+
+
+def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
+          resources: Mapping[str, float]) -> tuple[float, float]:
+    """The CPUs and GPUs per replica of a model whose config sets none: the command line's,
+    else an even share of what the models that set theirs leave, with room kept for one
+    model's reload (a new generation starts beside the serving one: ``_router``), counted
+    as the largest model's replicas. CPUs: at most 1, in hundredths; GPUs: at most 1, none
+    on a cluster without. ServeError when the versions cannot all be placed."""
+    from ..errors import ServeError
+
+    have = {"CPU": float(resources.get("CPU", 0)), "GPU": float(resources.get("GPU", 0))}
+    given = {"CPU": cpus, "GPU": gpus}
+    replicas: dict[str, int] = {}
+    for plan in plans:
+        replicas[plan.model] = replicas.get(plan.model, 0) + plan.options.replicas
+    spare = max(replicas.values(), default=0)
+    chosen = {}
+    for kind, key in (("CPU", "cpus_per_replica"), ("GPU", "gpus_per_replica")):
+        own = sum(p.options.replicas * getattr(p.options, key) for p in plans if key in p.settings)
+        rest = sum(p.options.replicas for p in plans if key not in p.settings)
+        each = given[kind]
+        if each is None:
+            left = max(0.0, have[kind] - own)
+            room = rest + spare
+            each = (min(1.0, int(100 * left / room) / 100) if room else 1.0) if kind == "CPU" \
+                else (min(1.0, left / room) if room and left else 0.0)
+        if own + rest * each > have[kind] + 1e-9:
+            raise ServeError(f"cannot place the repository's replicas: they need "
+                             f"{own + rest * each:g} {kind}, this cluster has {have[kind]:g}",
+                             hint=f"lower replicas or {key} in the models' {MODEL_CONFIG}, "
+                             f"or --{kind.lower()}s-per-replica")
+        chosen[kind] = each
+    return chosen["CPU"], chosen["GPU"]
+
+
+def with_share(plan: VersionPlan, cpus: float, gpus: float) -> VersionPlan:
+    """``plan`` with the shared resources where its model's config sets none."""
+    fill = {key: value for key, value in (("cpus_per_replica", cpus), ("gpus_per_replica", gpus))
+            if key not in plan.settings}
+    return dataclasses.replace(plan, options=dataclasses.replace(plan.options, **fill))
