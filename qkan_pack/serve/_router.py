@@ -318,8 +318,8 @@ def admission_of(plan: VersionPlan) -> tuple[int, int, int]:
     """A version's admission bounds as HAProxy applies them (at work, waiting, Retry-After):
     its options made them whole (``ServeOptions.for_artifact``)."""
     limits = plan.options.limits
-    assert limits.max_ongoing is not None and limits.max_queued is not None
-    return limits.max_ongoing, limits.max_queued, limits.retry_after_s
+    ongoing, queued = limits.admission_bounds(plan.options.max_batch_size or 1)
+    return ongoing, queued, limits.retry_after_s
 
 
 def start_version(plan: VersionPlan, generation: Generation, log_level: str) -> None:
@@ -684,6 +684,8 @@ class RepositoryServer:
                                body_timeout_s=body_timeout_s, server_version=__version__,
                                scrape=self.scrape, stats=self.stats)
         self._grpc: RouterGrpc | None = None
+        if defaults.options.grpc:
+            _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
 
     async def __call__(self, request: Request) -> Response:
         return await self.http.handle(request)

