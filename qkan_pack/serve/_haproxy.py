@@ -104,7 +104,14 @@ from pathlib import Path
 from typing import Any
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
-from ._routes import ROUTER_APP, generation_of, read_admission
+from ._routes import (
+    DEFAULTS_FILE,
+    ROOT_FILE,
+    ROUTER_APP,
+    generation_of,
+    publish_routes,
+    read_admission,
+)
 from ._workdir import record_process
 
 HEADER_TIMEOUT_S = 10
@@ -205,7 +212,8 @@ class IngressAdmission:
 def rewrite(config: str, error_dir: str, timeout_s: int,
             admission: IngressAdmission | None = None, replica_host: str | None = None,
             token_sha256: str | None = None,
-            versions_admission: Mapping[str, tuple[int, int, int]] | None = None) -> str:
+            versions_admission: Mapping[str, tuple[int, int, int]] | None = None,
+            routing: str | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests, a request timeout, liveness replies without text and, given
     ``admission``, bounded admission to each replica; given ``replica_host`` (where local
@@ -214,7 +222,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     HAProxy's retry policy (``RETRY_POLICY``, ``ERROR_LIMIT``) over the template's, and
     HAProxy itself as each app backend's backup (``UNAVAILABLE_SECTION``); a model
     repository's routes (``model_routes``), each version's backend bounded by its own
-    admission (``versions_admission``: by route prefix, ``_routes.read_admission``), gRPC
+    admission (``versions_admission``: by route prefix, ``_routes.read_admission``) and
+    each model's default version as the router chose it (files in ``routing``), gRPC
     calls that name no application sent to the repository's router (idempotent: a
     rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
@@ -224,7 +233,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
                   if (bounds := (versions_admission or {}).get(prefix)) is not None}
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
                                          unavailable, by_backend,
-                                         model_routes(prefixes, _replica_servers(config))))
+                                         model_routes(prefixes, _replica_servers(config),
+                                                      routing)))
     if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
     if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
@@ -373,24 +383,27 @@ def _router_backend(protocol: str) -> str:
     return f"{protocol}-{ROUTER_APP}"
 
 
-def model_routes(prefixes: Mapping[str, str], servers: Mapping[str, Sequence[str]]
-                 ) -> list[str]:
+def model_routes(prefixes: Mapping[str, str], servers: Mapping[str, Sequence[str]],
+                 routing: str | None = None) -> list[str]:
     """The HTTP frontend's rules for a model repository (none without one): each request for
     a model (``/v2/models/<name>/...``, ``/models/<name>...``) has its path put under the
     route prefix of the version's application that serves it (``_routes``), which Ray's own
     rules then route to, with no hop through the router:
 
-    - ``.../versions/<v>...`` to version ``v``;
-    - the rest to the highest version with a replica up (``srv_is_up``, per request: a
-      version still loading, or whose replicas are all down, is passed over; ``nbsrv``
-      cannot tell: it counts the backup server when no replica is up);
-    - ``POST /`` likewise, when the repository serves one model;
-    - of a version deployed more than once (a reload starts the new generation beside the
-      serving one), the newest generation with a replica up.
+    - ``.../versions/<v>...`` to version ``v`` (of a version deployed twice, a reload
+      starting the new generation beside the serving one, the newest generation);
+    - the rest, and ``POST /`` when the repository serves one model, to the version the
+      router chose: the highest ready one (``_routes.DEFAULTS_FILE`` and ``ROOT_FILE`` in
+      ``routing``, the work directory, which the router rewrites, and updates in HAProxy
+      through its admin socket, each time its choice changes); HAProxy alone cannot know
+      it: a higher version it has no replica of may be loading, or not yet in Ray's config;
+    - only to a generation with a replica up (``srv_is_up``, per request; ``nbsrv``
+      cannot tell: it counts the backup server when no replica is up).
 
     ``GET /v2/models/<name>`` (the model's metadata, all its versions) and anything no rule
-    takes (an unknown name or version, a version with no replica up) go to the router,
-    which answers or explains."""
+    takes (an unknown name or version, a version with no replica up, a model whose default
+    the router has not published) go to the router, which answers, explains, or passes the
+    request on over a handle."""
     models: dict[str, list[tuple[int, int, str]]] = {}
     rules: list[str] = []
     for backend, prefix in sorted(prefixes.items()):
@@ -400,6 +413,11 @@ def model_routes(prefixes: Mapping[str, str], servers: Mapping[str, Sequence[str
                 (generation.version, generation.generation, backend))
             rules += [f"    acl {_up(backend)} srv_is_up({backend}/{server})"
                       for server in servers[backend]]
+            if routing is not None:
+                rules += [f"    acl qk_default_{backend} str({generation.app}) -f "
+                          f"{routing}/{DEFAULTS_FILE}",
+                          f"    acl qk_root_{backend} str({generation.app}) -f "
+                          f"{routing}/{ROOT_FILE}"]
     for index, (name, served) in enumerate(sorted(models.items())):
         served.sort(reverse=True)
         model, pinned = f"qk_m{index}", f"qk_p{index}"
@@ -413,9 +431,11 @@ def model_routes(prefixes: Mapping[str, str], servers: Mapping[str, Sequence[str
             rules += [f"    acl {acl} path {' '.join(base)}",
                       f"    acl {acl} path_beg {' '.join(b + '/' for b in base)}"]
             rules += [_set_path(prefixes[b], acl, b) for v, _, b in served if v == version]
-        rules += [_set_path(prefixes[b], f"{model} !{pinned}", b) for _, _, b in served]
-        if len(models) == 1:
-            rules += [_set_path(prefixes[b], "{ path / } METH_POST", b) for _, _, b in served]
+        if routing is not None:
+            rules += [_set_path(prefixes[b], f"{model} !{pinned} qk_default_{b}", b)
+                      for _, _, b in served]
+            rules += [_set_path(prefixes[b], f"{{ path / }} METH_POST qk_root_{b}", b)
+                      for _, _, b in served]
     return rules
 
 
@@ -499,15 +519,16 @@ async def ingress_counts(socket_path: str, timeout_s: float = 2.0) -> dict[str, 
     if not os.path.exists(socket_path):
         return None
     try:
-        stat = await asyncio.wait_for(_admin_command(socket_path, "show stat"), timeout_s)
+        stat = await asyncio.wait_for(admin_command(socket_path, "show stat"), timeout_s)
         table = await asyncio.wait_for(
-            _admin_command(socket_path, f"show table {COUNTS_TABLE_NAME}"), timeout_s)
+            admin_command(socket_path, f"show table {COUNTS_TABLE_NAME}"), timeout_s)
     except (OSError, asyncio.TimeoutError):
         return None
     return parse_ingress_counts(stat, table)
 
 
-async def _admin_command(socket_path: str, command: str) -> str:
+async def admin_command(socket_path: str, command: str) -> str:
+    """``command``'s answer from HAProxy's admin socket at ``socket_path``."""
     import asyncio
 
     reader, writer = await asyncio.open_unix_connection(socket_path)
@@ -565,10 +586,12 @@ def main(argv: list[str]) -> None:
                  if int(ongoing) > 0 else None)
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
+        publish_routes(workdir, None)  # HAProxy refuses an ACL whose file is missing
         config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
                                   int(timeout_s), admission,
                                   None if replica_host == "-" else replica_host,
-                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir)))
+                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
+                                  str(Path(workdir).resolve())))
     record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 

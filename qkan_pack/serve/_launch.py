@@ -58,8 +58,8 @@ from ._repository import (
     share,
     with_share,
 )
-from ._router import admission_of, router_app, start_version
-from ._routes import ROUTER_APP, Generation, write_admission
+from ._router import Repository, admission_of, router_app, start_version
+from ._routes import ROUTER_APP, Generation, publish_routes, write_admission
 from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
 APP_NAME = ROUTER_APP  # one artifact's application, or a repository's router
@@ -442,11 +442,13 @@ class _RaySession:
         true first). ServeError naming the version that cannot serve."""
         self._start_serve()
         generations = {Generation(p.model, p.version, 1): p for p in plans}
+        served = [(p, 1) for p in plans]
         if self.haproxy:
             write_admission(self.workdir, {g.prefix: admission_of(p)
                                            for g, p in generations.items()})
+            publish_routes(self.workdir, Repository(root, defaults, served).routes_choice())
         limits = defaults.options.limits
-        router = router_app(os.path.abspath(root), defaults, [(p, 1) for p in plans],
+        router = router_app(os.path.abspath(root), defaults, served,
                             token_sha256=limits.token_sha256,
                             workdir=str(self.workdir) if self.haproxy else None,
                             log_level=self._log_level, max_body_bytes=max(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -48,13 +49,19 @@ from ..errors import RepositoryError
 from ._app import deployment_app, tune_replica_process
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._deploy import wait_running
+from ._haproxy import admin_command
 from ._http import BodyDeadline, json_response, raw_response, read_limited
 from ._metrics import exposition, merge, replicas_of, repository_families, scrape_family
 from ._oip import EXTENSIONS, PLATFORM
 from ._oip_grpc import IMPLEMENTED, add_rpc_methods
-from ._ray_compat import HEAD_NODE_RESOURCE, delete_apps, deploy_without_waiting
+from ._ray_compat import (
+    HEAD_NODE_RESOURCE,
+    delete_apps,
+    deploy_without_waiting,
+    haproxy_admin_socket,
+)
 from ._repository import Defaults, VersionPlan, model_names, plan_model, scan_model
-from ._routes import Generation, write_admission
+from ._routes import Generation, publish_routes, write_admission
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -69,6 +76,8 @@ READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVA
 REPOSITORY_EXTENSION = "model_repository"
 #: How long a load waits for a version's replicas.
 LOAD_TIMEOUT_S = 900.0
+#: How long one command to HAProxy's admin socket may take.
+ADMIN_TIMEOUT_S = 2.0
 logger = logging.getLogger(__name__)
 
 
@@ -133,8 +142,9 @@ class Repository:
     # -- what serves ------------------------------------------------------------------
 
     def ready_versions(self, name: str) -> list[int]:
+        """The versions of ``name`` that serve (not those being unloaded), ascending."""
         return sorted(v for v, s in self.models.get(name, {}).items()
-                      if s.state in (READY, UNLOADING) and s.serving is not None)
+                      if s.state == READY and s.serving is not None)
 
     def single_model(self) -> str | None:
         """The one model the repository serves, if it serves exactly one (``POST /``)."""
@@ -147,12 +157,16 @@ class Repository:
         highest ready one), or why nothing does (404: no such model or version; 503: not
         ready)."""
         versions = self.models.get(name)
-        if not versions:
-            if name in self._on_disk():
-                return Refusal(404, f"model {name!r} is not loaded; load it with POST "
-                               f"/v2/repository/models/{name}/load")
-            known = ", ".join(sorted(self.models)) or "none"
-            return Refusal(404, f"unknown model {name!r}; this repository serves: {known}")
+        if not versions or all(s.state == UNAVAILABLE for s in versions.values()):
+            if versions or name in self._on_disk():
+                failed = "; ".join(f"{v}: {s.reason}" for v, s in sorted((versions or {}).items())
+                                   if s.reason and s.reason != "unloaded")
+                return Refusal(404, f"model {name!r} is not loaded"
+                               + (f" (its last load failed: {failed})" if failed else "")
+                               + f"; load it with POST /v2/repository/models/{name}/load")
+            known = ", ".join(n for n in sorted(self.models) if self.ready_versions(n))
+            return Refusal(404, f"unknown model {name!r}; this repository serves: "
+                           f"{known or 'none'}")
         if version in (None, ""):
             ready = self.ready_versions(name)
             if not ready:
@@ -181,6 +195,37 @@ class Repository:
             handle = serve.get_deployment_handle(VERSION_DEPLOYMENT, app, _check_exists=False)
             self._handles[app] = handle
         return handle
+
+    def routes_choice(self) -> tuple[list[str], str | None]:
+        """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
+        highest ready version's generation, and the one ``POST /`` goes to."""
+        defaults = {}
+        for name in self.models:
+            ready = self.ready_versions(name)
+            if ready:
+                serving = self.models[name][ready[-1]].serving
+                assert serving is not None
+                defaults[name] = serving.generation.app
+        single = self.single_model()
+        return sorted(defaults.values()), defaults.get(single) if single else None
+
+    async def publish_routes(self) -> None:
+        """Tell HAProxy (its files, and the running one through its admin socket) where
+        requests without a version go now. Best effort: where it fails, HAProxy sends
+        them to the router, which passes them on to the same version."""
+        if self.workdir is None:
+            return
+        commands = publish_routes(self.workdir, self.routes_choice())
+        socket = haproxy_admin_socket()
+        if socket is None or not os.path.exists(socket):
+            return
+        try:
+            for command in commands:
+                answer = await asyncio.wait_for(admin_command(socket, command), ADMIN_TIMEOUT_S)
+                if answer.strip():
+                    logger.warning("model repository: HAProxy said %r to %r", answer, command)
+        except (OSError, asyncio.TimeoutError) as exc:
+            logger.warning("model repository: HAProxy's routes not updated: %s", exc)
 
     def deployed(self) -> list[Deployed]:
         return [s.serving for versions in self.models.values() for s in versions.values()
@@ -230,6 +275,7 @@ class Repository:
             failures += [f for f in await asyncio.gather(*map(self._deploy, plans)) if f]
             on_disk = {v.version for v in model.versions}
             await self._undeploy(name, [v for v in versions if v not in on_disk], forget=True)
+            await self.publish_routes()
         if failures:
             return Refusal(400, f"model {name!r}: " + "; ".join(failures))
         return None
@@ -276,6 +322,7 @@ class Repository:
         state.state, state.reason = READY, ""
         self.loads[plan.model, str(plan.version), "success"] += 1
         if old is not None:
+            await self.publish_routes()  # the default moves to the new generation first
             await self._delete_generations([old])
         return None
 
@@ -286,6 +333,7 @@ class Repository:
             if name not in self.models and name not in self._on_disk():
                 return Refusal(404, f"unknown model {name!r}")
             await self._undeploy(name, list(self.models.get(name, {})), forget=False)
+            await self.publish_routes()
         return None
 
     async def _undeploy(self, name: str, numbers: Sequence[int], *, forget: bool) -> None:
@@ -294,6 +342,7 @@ class Repository:
         serving = [s.serving for s in gone if s.serving is not None]
         for state in gone:
             state.state = UNLOADING if state.serving is not None else state.state
+        await self.publish_routes()  # HAProxy stops sending requests to what is leaving
         await self._delete_generations(serving)
         for state in gone:
             state.serving, state.state, state.reason = None, UNAVAILABLE, "unloaded"

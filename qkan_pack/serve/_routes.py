@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,11 @@ _PREFIX = re.compile(r"/qkan-pack/models/([A-Za-z0-9][A-Za-z0-9._-]{0,127})/vers
 #: The file in the serve's work directory that tells HAProxy's config rewrite each version's
 #: admission bounds, by route prefix (written by whoever deploys the version).
 ADMISSION_FILE = "repository-admission.json"
+#: HAProxy's pattern files of the router's choices (``publish_routes``): the generation each
+#: model's requests without a version go to, one application name a line; and the one
+#: ``POST /`` goes to (none unless the repository serves one model).
+DEFAULTS_FILE = "repository-defaults.acl"
+ROOT_FILE = "repository-root.acl"
 
 
 @dataclass(frozen=True, order=True)
@@ -68,6 +73,32 @@ def write_admission(workdir: str | os.PathLike[str], bounds: Mapping[str, tuple[
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps({k: list(v) for k, v in sorted(bounds.items())}))
     os.replace(temporary, path)
+
+
+def publish_routes(workdir: str | os.PathLike[str],
+                   choice: tuple[Iterable[str], str | None] | None) -> list[str]:
+    """Write the router's ``choice`` (the default generation of each model, and the one of
+    ``POST /``) into HAProxy's pattern files, each whole; return the admin socket commands
+    that tell a running HAProxy the same (its config reads the files only when it loads).
+    ``choice`` None: create the files empty where they are missing, and nothing else."""
+    files = {Path(workdir) / DEFAULTS_FILE: [], Path(workdir) / ROOT_FILE: []}
+    if choice is None:
+        for path in files:
+            if not path.exists():
+                path.write_text("")
+        return []
+    defaults, root = choice
+    files = {Path(workdir) / DEFAULTS_FILE: sorted(defaults),
+             Path(workdir) / ROOT_FILE: [root] if root else []}
+    commands = []
+    for path, apps in files.items():
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text("".join(f"{app}\n" for app in apps))
+        os.replace(temporary, path)
+        # between the clear and the adds a request finds no default: the router takes it
+        commands += [f"clear acl {path.resolve()}",
+                     *(f"add acl {path.resolve()} {app}" for app in apps)]
+    return commands
 
 
 def read_admission(workdir: str | os.PathLike[str]) -> dict[str, tuple[int, int, int]]:

@@ -230,11 +230,12 @@ class _Echo:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def _ray_like_config(port: int, backends: dict[str, tuple[str, list[int]]]) -> str:
+def _ray_like_config(port: int, backends: dict[str, tuple[str, list[int]]], socket: Path) -> str:
     """A config as Ray 2.60 writes one for several applications (backend -> (route prefix,
-    replica ports)), longest prefix first."""
+    replica ports)), longest prefix first, with its admin socket."""
     ordered = sorted(backends.items(), key=lambda item: -len(item[1][0]))
-    lines = ["global", "    maxconn 100", "defaults", "    mode http", "    timeout connect 5s",
+    lines = ["global", "    maxconn 100", f"    stats socket {socket} mode 600 level admin",
+             "defaults", "    mode http", "    timeout connect 5s",
              "    timeout client 30s", "    timeout server 30s",
              "frontend http_frontend", f"    bind 127.0.0.1:{port}"]
     for name, (prefix, _) in ordered:
@@ -255,9 +256,9 @@ def repository_ingress(tmp_path: Path) -> Iterator[tuple[int, dict[str, _Echo], 
     """The real HAProxy through qkan-pack's wrapper, in front of a router and the versions
     of ``mlp`` (1, and 2 thrice: generation 1 serving, generation 2 whose replica is gone,
     generation 3 with no replica yet) and ``clf`` (1), with each version's admission bounds
-    recorded as the router records them."""
+    and the default versions recorded as the router records them."""
     from qkan_pack.serve._haproxy import install_wrapper, real_haproxy
-    from qkan_pack.serve._routes import Generation, write_admission
+    from qkan_pack.serve._routes import Generation, publish_routes, write_admission
 
     binary = real_haproxy()
     if binary is None:
@@ -273,10 +274,11 @@ def repository_ingress(tmp_path: Path) -> Iterator[tuple[int, dict[str, _Echo], 
                 # HAProxy's nbsrv counts the backup server there as one up
                 "http-mlp.v2.g3": (Generation("mlp", 2, 3).prefix, [])}
     write_admission(tmp_path, {g.prefix: (5 + g.version, 3, 2) for g in versions.values()})
+    publish_routes(tmp_path, (["mlp.v2.g1", "clf.v1.g1"], None))
     port = free_port()
     wrapper = install_wrapper(tmp_path, binary, 1)
     config = tmp_path / "haproxy.cfg"
-    config.write_text(_ray_like_config(port, backends))
+    config.write_text(_ray_like_config(port, backends, tmp_path / "admin.sock"))
     process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -314,7 +316,7 @@ def test_haproxy_sends_each_model_request_to_its_version_without_the_router(
     port, _, config = repository_ingress
     mlp1, mlp2 = "/qkan-pack/models/mlp/versions/1/g1", "/qkan-pack/models/mlp/versions/2/g1"
     deadline = time.monotonic() + 20  # until generation 2's health check marks it down (a
-    while _ask(port, "/models/mlp")[0] != 200:  # server starts up, and Ray adds only replicas
+    while _ask(port, "/models/mlp/versions/2")[0] != 200:  # server starts up; Ray adds replicas
         assert time.monotonic() < deadline, "the generation without a replica kept its route"
         time.sleep(0.1)
     expected = {
@@ -337,26 +339,43 @@ def test_haproxy_sends_each_model_request_to_its_version_without_the_router(
     }
     for (method, path), (tag, seen) in expected.items():
         assert _ask(port, path, method) == (200, {"tag": tag, "path": seen}), (method, path)
+    asyncio.run(_publish(config.parent, (["mlp.v1.g1", "clf.v1.g1"], "mlp.v1.g1")))
+    for method, path in (("POST", "/models/mlp"), ("POST", "/v2/models/mlp/infer"),
+                         ("POST", "/")):  # the router's new choice, without a reload
+        assert _ask(port, path, method)[1]["tag"] == "mlp-1", path
+    asyncio.run(_publish(config.parent, (["clf.v1.g1"], None)))  # mlp unloading
+    assert _ask(port, "/models/mlp")[1] == {"tag": "router", "path": "/models/mlp"}
+    assert _ask(port, "/models/mlp/versions/2")[1]["tag"] == "mlp-2"  # named: until it is gone
     text = config.read_text()  # each version bounded by its own admission; the router not
     assert text.count(" maxconn 6") == 2 and text.count(" maxconn 7") == 1  # mlp 1, clf 1; mlp 2
     router = text[text.index("backend http-qkan-pack"):].split("\nbackend ")[0]
     assert "maxconn" not in router
 
 
-def test_post_root_predicts_when_the_repository_serves_one_model_and_grpc_goes_to_the_router(
+async def _publish(workdir: Path, choice: tuple[list[str], str | None]) -> None:
+    """What the router does when its choice changes: the files, then HAProxy's own lists."""
+    from qkan_pack.serve._haproxy import admin_command
+    from qkan_pack.serve._routes import publish_routes
+
+    for command in publish_routes(workdir, choice):
+        assert (await admin_command(str(workdir / "admin.sock"), command)).strip() == ""
+
+
+def test_requests_without_a_version_follow_the_routers_choice_and_grpc_goes_to_the_router(
         ) -> None:
     from qkan_pack.serve._haproxy import model_routes, rewrite
     from qkan_pack.serve._routes import Generation
 
     one = {f"http-{g.app}": g.prefix for g in (Generation("m", 1, 1), Generation("m", 2, 3))}
     servers = {name: ["r1"] for name in one}
-    rules = model_routes(one, servers)
+    rules = model_routes(one, servers, "/w")
     root = [r for r in rules if "{ path / } METH_POST" in r]
     assert [r.split("set-path ")[1].split("%")[0] for r in root] == [
-        "/qkan-pack/models/m/versions/2/g3", "/qkan-pack/models/m/versions/1/g1"]  # highest first
-    two = {**one, f"http-{Generation('n', 1, 1).app}": Generation("n", 1, 1).prefix}
-    assert not [r for r in model_routes(two, {name: ["r1"] for name in two}) if "{ path / }" in r]
-    assert model_routes(one, {}) == []  # no replica yet: nothing to route to (the router answers)
+        "/qkan-pack/models/m/versions/2/g3", "/qkan-pack/models/m/versions/1/g1"]
+    assert "    acl qk_root_http-m.v2.g3 str(m.v2.g3) -f /w/repository-root.acl" in rules
+    assert "    acl qk_default_http-m.v1.g1 str(m.v1.g1) -f /w/repository-defaults.acl" in rules
+    assert not [r for r in model_routes(one, servers) if "!qk_p0" in r or "{ path / }" in r]
+    assert model_routes(one, {}, "/w") == []  # no replica yet: nothing to route (the router)
     config = "\n".join(["frontend grpc_frontend", "    default_backend default_grpc_backend",
                         "backend grpc-qkan-pack", "    server r 127.0.0.1:1 check",
                         "backend default_grpc_backend", ""])
