@@ -84,6 +84,13 @@ binary. Ray 2.60 offers no setting for these:
   HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
   available"). Here, given ``replica_host``, local server lines address the replicas there.
 
+- a model repository (``serve REPO``) serves each model version as its own application,
+  behind a prefix no client uses; Ray routes by prefix only, so each model's requests
+  would go through the repository's router, one more hop: the rewrite adds a rule per
+  version that puts the request's path under its version's prefix (``model_routes``),
+  each version's backend gets its own admission bounds (``_routes.ADMISSION_FILE``), and
+  gRPC calls that name no application go to the router instead of Ray's NOT_FOUND.
+
 The wrapper records the process it is (HAProxy, once it execs it) in the serve's work
 directory (``_workdir``), so that a later serve stops exactly that process if this one is
 killed.

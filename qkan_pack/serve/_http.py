@@ -5,7 +5,9 @@ Routes (under the route prefix): ``GET /`` describes the artifact and replica, `
 predicts, ``GET /stats`` reads this replica's counters, ``POST /stats/reset`` zeroes them,
 ``GET /metrics`` is every replica's counters in Prometheus's text format (``_metrics``);
 ``/v2/...`` is the Open Inference Protocol (``_oip``), behind the same token, admission and
-limits. Each inference request's outcome and latency are counted (``ReplicaStats.answered``).
+limits; a model repository's version also answers its JSON routes (``/models/<name>`` and
+``/models/<name>/versions/<v>``, as ``/``). Each inference request's outcome and latency
+are counted (``ReplicaStats.answered``).
 """
 
 from __future__ import annotations

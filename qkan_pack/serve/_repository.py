@@ -12,7 +12,7 @@ of it serves: ``REPO/<name>/<version>/``, each version an artifact, and per mode
 
 The directory names are authoritative: a model is served as ``<name>`` and a version as
 ``<version>`` (a positive integer), and an artifact whose manifest names another model or
-version (``build --name``, ``--version``) is refused, so that what a client asks for by name
+version (``build --name``, ``--model-version``) is refused, so that what a client asks for by name
 is what was built under that name. A directory with ``manifest.json`` at its root is one
 artifact (``serve DIR``); anything else given to ``serve`` is read as a repository
 (``is_artifact``).
@@ -221,7 +221,7 @@ def name_problem(manifest: Manifest, version: VersionDir) -> str | None:
                 f"{metadata.name}/{version.version}/")
     if metadata.version and metadata.version != str(version.version):
         return (f"{version.label}: its manifest names version {metadata.version!r}, the "
-                f"directory {version.version}: build it with --version {version.version}, or "
+                f"directory {version.version}: build it with --model-version {version.version}, or "
                 f"move it to a version directory of that number")
     return None
 

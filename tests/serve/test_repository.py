@@ -121,7 +121,7 @@ def test_a_manifest_naming_another_model_or_version_is_refused(built: dict[str, 
     plans, problems = plan_model(models["mlp"], _defaults())
     assert [(p.model, p.version) for p in plans] == [("mlp", 1)]
     assert problems == [(3, "mlp/3: its manifest names version '2', the directory 3: build it "
-                            "with --version 3, or move it to a version directory of that number")]
+                            "with --model-version 3, or move it to a version directory of that number")]
     with pytest.raises(RepositoryError) as info:
         plan_repository(models.values(), _defaults())
     assert len(info.value.problems) == 2
