@@ -75,6 +75,9 @@ class LoadSpec:
     #: The Open Inference Protocol's name of the model (``GET /``'s "oip"), for its routes.
     model: str = ""
     grpc_port: int = 0  # ``serve --grpc-port``, for "oip-grpc"
+    #: The JSON route's paths, spread over the clients (client ``i`` posts to
+    #: ``paths[i % len(paths)]``: a model repository's ``/models/<name>``); () : ``/``.
+    paths: tuple[str, ...] = ()
 
 
 @dataclass
@@ -228,7 +231,8 @@ class HttpSender:
             return [("/", request_body(spec.rows, rng, spec.body_bytes, spec.lengths), json_type)]
         count, rows = spec.rows_per_request, spec.rows
         if spec.protocol == "json":
-            return [("/", request_body(rows, rng, 0, spec.lengths, count), json_type)
+            path = spec.paths[0] if spec.paths else "/"
+            return [(path, request_body(rows, rng, 0, spec.lengths, count), json_type)
                     for _ in range(BODIES_PER_CLIENT)]
         path = f"/v2/models/{spec.model}/infer"
         if spec.protocol == "oip-json":
@@ -296,6 +300,8 @@ class GrpcSender:
 
 def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> None:
     rng = random.Random(seed)
+    if len(spec.paths) > 1:  # this client's path (seeds count the clients from 0)
+        spec = replace(spec, paths=(spec.paths[seed % len(spec.paths)],))
     sender = GrpcSender(spec, rng) if spec.protocol == "oip-grpc" else HttpSender(spec, rng)
     # A large body's row count is rarely a captured shape: its 422 comes after the parse,
     # which is the load it exists to make, so it counts as answered (no back-off).

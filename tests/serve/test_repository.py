@@ -459,3 +459,20 @@ def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
     assert dict(http.refusals) == {"not_found": 4, "client_error": 2}
     http.token_sha256 = TOKEN_SHA
     assert answer("GET", "/")[0] == 401 and http.refusals["unauthorized"] == 1
+
+
+def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_starts(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    """Nothing starts for a repository with a problem; ``--name`` and ``--noop`` are one
+    artifact's (a repository's names are its directories)."""
+    from qkan_pack.serve import serve_forever
+
+    good = _repository(tmp_path / "good", {"mlp/1": built["mlp1"]})
+    bad = _repository(tmp_path / "bad", {"mlp/1": built["mlp1"], "mlp/2": built["mlp1"]})
+    with pytest.raises(RepositoryError, match="mlp/2: its manifest names version '1'"):
+        serve_forever(bad)
+    with pytest.raises(ServeError, match="--name: a repository's models are named by their "
+                                         "directories"):
+        serve_forever(good, ServeOptions(model_name="other"))
+    with pytest.raises(ServeError, match="--noop: .* is not an artifact"):
+        serve_forever(good, noop=True)
