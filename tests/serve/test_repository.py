@@ -474,5 +474,5 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
     with pytest.raises(ServeError, match="--name: a repository's models are named by their "
                                          "directories"):
         serve_forever(good, ServeOptions(model_name="other"))
-    with pytest.raises(ServeError, match="--noop: .* is not an artifact"):
+    with pytest.raises(ServeError, match=r"--noop: .* is not an artifact"):
         serve_forever(good, noop=True)
