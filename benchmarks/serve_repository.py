@@ -3,18 +3,20 @@ repository of 10 artifacts on one host serving all ten concurrently at >= 0.9x t
 req/s of one model alone).
 
 Builds ``--models`` artifacts of one model file (``m1`` ... ``mN``, each its own name and
-version 1, as a repository requires) into ``REPO/<name>/1/``, then, one server at a time:
+version 1, as a repository requires) into ``REPO/<name>/1/``, starts two servers side by
+side, ``qkan-pack serve REPO/m1/1`` (one artifact) and ``qkan-pack serve REPO``, and
+measures, back to back at each ``--clients`` count (the total over all models), for
+``--rounds`` rounds:
 
-1. ``alone``: ``qkan-pack serve REPO/m1/1``, one artifact, its JSON route ``POST /``;
-2. ``all``: ``qkan-pack serve REPO``, the clients spread evenly over every model
-   (``POST /models/<name>``): the repository's aggregate;
-3. ``one``: the same server, every client on ``/models/m1``: one model through the
-   repository's routing, against ``alone`` (what the routing itself costs).
+1. ``alone``: the one artifact's JSON route ``POST /``;
+2. ``all``: the repository, the clients spread evenly over every model
+   (``POST /models/<name>``): its aggregate;
+3. ``one``: the repository, every client on ``/models/m1``: one model through the
+   repository's routing (what the routing itself costs).
 
-Each at every ``--clients`` count (the total over all models), with bench-serve's load
-generator (closed-loop keep-alive clients in ``--processes`` processes). The figure is
-``all`` / ``alone`` at each count (target >= 0.9), and ``one`` / ``alone`` (about 1: no hop
-through the router).
+With bench-serve's load generator (closed-loop keep-alive clients in ``--processes``
+processes). The figures are medians over the rounds: ``all`` / ``alone`` at each count
+(target >= 0.9), and ``one`` / ``alone`` (about 1: no hop through the router).
 
     python benchmarks/serve_repository.py examples/qkan_mlp.py 1x2,8x2,32x2 --models 10 \\
         --clients 32,128,512 --processes 8 --serve-args '--device cuda' --json out.json
@@ -59,28 +61,42 @@ def measure(server: ServerProcess, rows: Any, clients: int, paths: tuple[str, ..
 
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Both servers started, then ``--rounds`` rounds of alone, all and one at each client
+    count, back to back (so that each pair meets the same host: on a shared host, a server
+    measured minutes after the other meets other neighbours); each figure the median over
+    the rounds."""
+    import statistics
+
     names = build_repository(args.model, args.shapes, args.models, root)
     rows = row_inputs(str(root / names[0] / "1"))
     serve_args = shlex.split(args.serve_args)
-    curves: dict[str, list[dict[str, Any]]] = {}
-    ready: dict[str, str] = {}
-    for run_name, target in (("alone", root / names[0] / "1"), ("repository", root)):
-        print(f"== {run_name}: qkan-pack serve {target}", file=sys.stderr, flush=True)
-        server = ServerProcess(str(target), serve_args, args.port, args.start_timeout_s)
-        ready[run_name] = server.ready_line
-        try:
-            if run_name == "alone":
-                curves["alone"] = [measure(server, rows, n, (), args) for n in args.clients]
-                continue
-            every = tuple(f"/models/{name}" for name in names)
-            for n in args.clients:
-                curves.setdefault("all", []).append(measure(server, rows, n, every, args))
-                curves.setdefault("one", []).append(
-                    measure(server, rows, n, (f"/models/{names[0]}",), args))
-        finally:
+    servers: dict[str, ServerProcess] = {}
+    routes = {"alone": (), "all": tuple(f"/models/{name}" for name in names),
+              "one": (f"/models/{names[0]}",)}
+    points: dict[str, dict[int, list[dict[str, Any]]]] = {kind: {} for kind in routes}
+    try:
+        for name, target, port in (("alone", root / names[0] / "1", args.port),
+                                   ("repository", root, args.port + 1)):
+            print(f"== {name}: qkan-pack serve {target}", file=sys.stderr, flush=True)
+            servers[name] = ServerProcess(str(target), serve_args, port, args.start_timeout_s)
+        for round_ in range(args.rounds):
+            print(f"== round {round_ + 1}", file=sys.stderr, flush=True)
+            for clients in args.clients:
+                for kind, paths in routes.items():
+                    server = servers["alone" if kind == "alone" else "repository"]
+                    points[kind].setdefault(clients, []).append(
+                        measure(server, rows, clients, paths, args))
+    finally:
+        ready = {name: server.ready_line for name, server in servers.items()}
+        for server in servers.values():
             server.stop()
+    curves = {kind: [{"clients": n, "requests_per_s": statistics.median(
+                          p["requests_per_s"] for p in runs),
+                      "p99_ms": statistics.median(p["p99_ms"] or 0 for p in runs), "runs": runs}
+                     for n, runs in by_clients.items()]
+              for kind, by_clients in points.items()}
     return {"models": len(names), "model": args.model, "shapes": args.shapes,
-            "serve_args": serve_args, "ready": ready, "curves": curves,
+            "serve_args": serve_args, "rounds": args.rounds, "ready": ready, "curves": curves,
             "ratios": {kind: {str(a["clients"]): round(p["requests_per_s"] / a["requests_per_s"], 3)
                               for p, a in zip(curves[kind], curves["alone"]) if a["requests_per_s"]}
                        for kind in ("all", "one")}}
@@ -96,6 +112,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--serve-args", default="")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
