@@ -178,10 +178,10 @@ def unsupported_triton() -> str | None:
     except ImportError:
         return None
     if not SUPPORTED.admits(triton.__version__):
-        return (f"shipped kernels not used: Triton {triton.__version__} is outside the "
-                f"supported range {SUPPORTED}; kernels are compiled at load instead (a slower "
-                "cold start); serve with a Triton in that range to use them (each kernel "
-                "set's key names the torch and Triton it was warmed with)")
+        return "shipped kernels not used: " + SUPPORTED.outside(
+            triton.__version__, "kernels are compiled at load instead (a slower cold start); "
+            "serve with a Triton in that range to use them (each kernel set's key names the "
+            "torch and Triton it was warmed with)")
     return None
 
 

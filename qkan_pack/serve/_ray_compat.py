@@ -37,8 +37,8 @@ def check_ray() -> None:
 
     version = ray.__version__
     if not SUPPORTED.admits(version):
-        raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
-                         f"Ray {SUPPORTED}", hint=INSTALL)
+        raise ServeError(SUPPORTED.outside(version, "qkan-pack serve relies on internals of "
+                                                    "that release line"), hint=INSTALL)
 
 
 def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any]) -> Any:

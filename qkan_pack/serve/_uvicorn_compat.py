@@ -155,8 +155,7 @@ def unsupported_uvicorn() -> str | None:
     except ImportError:
         return "uvicorn is not installed"
     if not SUPPORTED.admits(uvicorn.__version__):
-        return (f"uvicorn {uvicorn.__version__} is outside the supported range {SUPPORTED}: "
-                "replies are written as uvicorn writes them")
+        return SUPPORTED.outside(uvicorn.__version__, "replies are written as uvicorn writes them")
     return None
 
 
