@@ -16,7 +16,8 @@ import platform
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelCacheError, ManifestError
@@ -25,8 +26,8 @@ from ._artifact import VerifiedArtifact
 from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouched_triton_key
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "TRITON_CACHE_ENV",
-           "collect_kernel_cache", "inductor_file", "kernel_key", "precompiled_dir"]
+__all__ = ["PLAN_FILE", "TRITON_CACHE_ENV", "PrecompiledExport", "collect_kernel_cache",
+           "inductor_file", "kernel_key", "precompiled_dir"]
 
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -42,18 +43,57 @@ INDUCTOR_SUFFIX = "-inductor.bin"
 #: the plan (``_precompiled.Plan``) in ``PLAN_FILE`` and one ``<index>.bin`` per shape.
 PRECOMPILED_SUFFIX = "-precompiled"
 PLAN_FILE = "plan.json"
-#: ``warm``'s child sets this to a directory: a ``compiled="on"`` load writes its precompiled
-#: forms there for warm to ship, or ``REFUSED_FILE`` saying why the model has none; or to
-#: ``PRECOMPILED_OFF``: make none (warm's fallback after its probe refused them).
-PRECOMPILED_OUT_ENV = "QKAN_PACK_PRECOMPILED_OUT"
-PRECOMPILED_OFF = "off"
-REFUSED_FILE = "refused.txt"
+_REFUSED_FILE = "refused.txt"
 #: Held while a load points a process-wide cache (Triton's or inductor's directory, Triton's
 #: key) at its private copy: two loads doing that at once would restore each other's settings
 #: out of order (the second load would run on without its kernels, and the process be left
 #: pointing Triton at a deleted directory). Re-entrant: compiled mode takes it inside a load that
 #: holds it; always taken before the capture session's lock (``_load``).
 PROCESS_CACHES = threading.RLock()
+
+
+@dataclass(frozen=True)
+class PrecompiledExport:
+    """What ``qkan-pack warm``'s child load does with the precompiled graphs compiled mode
+    makes (``Predictor.load(..., export=...)``): writes them into ``directory`` for warm to
+    ship, or there says why the model has none; with ``directory`` None, makes none (warm's
+    fallback after its fresh-process probe refused them). Either way the load never uses
+    graphs the artifact already ships: warm is replacing them."""
+
+    directory: Path | None
+
+    @property
+    def makes_forms(self) -> bool:
+        return self.directory is not None
+
+    def write_forms(self, plan: bytes, files: Mapping[str, bytes]) -> None:
+        """The plan (``PLAN_FILE``) and its files, by their names under ``directory``."""
+        for name, data in {**files, PLAN_FILE: plan}.items():
+            self._write(name, data)
+
+    def write_refusal(self, reason: str) -> None:
+        """Why this model has no precompiled graphs, for warm to record."""
+        self._write(_REFUSED_FILE, reason.encode())
+
+    def read(self) -> tuple[dict[str, bytes], str | None]:
+        """warm's side: the files written (plan and graphs by name; empty when none were)
+        and the refusal, if one was written."""
+        root = self.directory
+        if root is None:
+            return {}, None
+        if (root / PLAN_FILE).exists():
+            return {path.relative_to(root).as_posix(): path.read_bytes()
+                    for path in sorted(root.rglob("*"))
+                    if path.is_file() and path.name != _REFUSED_FILE}, None
+        refused = root / _REFUSED_FILE
+        return {}, refused.read_text() if refused.exists() else None
+
+    def _write(self, name: str, data: bytes) -> None:
+        if self.directory is None:
+            return
+        destination = self.directory / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(data)
 
 
 def inductor_file(directory: str) -> str:

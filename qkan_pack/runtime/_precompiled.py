@@ -46,7 +46,6 @@ from ..format import (
     read_object,
     write_object,
 )
-from ._kernels import PLAN_FILE, PRECOMPILED_OFF, PRECOMPILED_OUT_ENV, REFUSED_FILE
 from ._tree import flatten
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
@@ -281,8 +280,6 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
                ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
     """Trace and compile every shape of the model built with ``config``: the plan, the graph
     files by name (``<index>.bin``) and the forward that calls them."""
-    if os.environ.get(PRECOMPILED_OUT_ENV) == PRECOMPILED_OFF:
-        raise PrecompileRefusedError("warm's fresh-process probe refused them")
     shapes, files, graphs = [], {}, []
     for index, (label, inputs) in enumerate(samples):
         gm, example, plan = trace_graph(model, forward, inputs)
@@ -351,33 +348,6 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
             raise PrecompileRefusedError(f"the plan names {shape.file}, which is not shipped")
         graphs.append(_callable(files[shape.file]))
     return PrecompiledForward(model, plan, graphs)
-
-
-def warm_child() -> bool:
-    """Whether this process is ``warm``'s child (``PRECOMPILED_OUT_ENV`` set), which makes
-    the forms it ships (or, told ``PRECOMPILED_OFF``, none)."""
-    return bool(os.environ.get(PRECOMPILED_OUT_ENV))
-
-
-def export_forms(plan: bytes, files: Mapping[str, bytes]) -> None:
-    """Write forms made here where ``warm``'s child was told to (``PRECOMPILED_OUT_ENV``)."""
-    directory = os.environ.get(PRECOMPILED_OUT_ENV)
-    if not directory or directory == PRECOMPILED_OFF:
-        return
-    os.makedirs(directory, exist_ok=True)
-    for name, data in {**files, PLAN_FILE: plan}.items():
-        destination = Path(directory, name)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(data)
-
-
-def export_refusal(reason: str) -> None:
-    """Tell ``warm`` (``PRECOMPILED_OUT_ENV``) why this model has no precompiled form."""
-    directory = os.environ.get(PRECOMPILED_OUT_ENV)
-    if directory and directory != PRECOMPILED_OFF:
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, REFUSED_FILE), "w") as handle:
-            handle.write(reason)
 
 
 def _callable(data: bytes) -> Callable[..., Any]:
