@@ -54,7 +54,7 @@ PUBLIC = {
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
         "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
         "leaf_names_of", "spread_for",
-        "PLAN_FILE", "PrecompiledExport", "precompiled_dir",
+        "PLAN_FILE", "PrecompiledExport", "precompiled_dir", "process_environment",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",

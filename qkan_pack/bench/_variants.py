@@ -217,15 +217,8 @@ class Contestants:
         variant = Variant("bare_graph", note="private pool; copy_ in, replay, clone out")
         if variant.name in self.skip:
             return variant
-        try:
-            graph = bare_graph(self.forward, inputs, self.device, self.streams)
-        except Exception as exc:
-            fail_variant(variant, "whole-model capture failed", exc, self.device)
-            return variant
-        self.graphs.append(graph)
-        variant.graph = graph
-        variant.call = lambda: graph.replay_copy(inputs)
-        return variant
+        return self._replaying(variant, inputs, lambda: bare_graph(self.forward, inputs,
+                                                                   self.device, self.streams))
 
     def _precision(self, inputs: list[torch.Tensor], references: list[torch.Tensor] | None,
                    precision: str) -> Variant:
@@ -244,9 +237,20 @@ class Contestants:
         if not cuda:
             variant.call = lambda: served(*inputs)
             return variant
-        try:
+
+        def capture() -> ShapeGraph:
             graph, variant.pool_bytes = precision_graph(served, inputs, self.device,
                                                         self.streams, precision)
+            return graph
+
+        return self._replaying(variant, inputs, capture)
+
+    def _replaying(self, variant: Variant, inputs: list[torch.Tensor],
+                   capture: Callable[[], ShapeGraph]) -> Variant:
+        """``variant`` calling a whole-model graph of its own (``capture`` makes it): copy in,
+        replay, clone out; a capture that fails fails the variant, saying why."""
+        try:
+            graph = capture()
         except Exception as exc:
             fail_variant(variant, "whole-model capture failed", exc, self.device)
             return variant

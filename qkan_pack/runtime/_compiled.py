@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,7 +35,13 @@ from ..errors import CaptureError
 from ..format import CapturePolicy, KernelSet, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
-from ._kernels import PROCESS_CACHES, PrecompiledExport, matching_set, precompiled_dir
+from ._kernels import (
+    PROCESS_CACHES,
+    PrecompiledExport,
+    matching_set,
+    precompiled_dir,
+    process_environment,
+)
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
 from ._precompiled import PrecompileRefusedError, autotune_results, load_precompiled, precompile
 from ._report import LoadReport
@@ -289,25 +294,12 @@ def _private_inductor_dir() -> Iterator[str]:
     """Inductor's process-wide cache directory pointed at a fresh private one while this
     load compiles or loads compiled code (the user's own cache is never written)."""
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
-            _env(INDUCTOR_CACHE_ENV, private):
+            process_environment({INDUCTOR_CACHE_ENV: private}):
         _clear_inductor_caches()
         try:
             yield private
         finally:
             _clear_inductor_caches()
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
 
 
 def _clear_inductor_caches() -> None:

@@ -27,7 +27,7 @@ from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouc
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["PLAN_FILE", "TRITON_CACHE_ENV", "PrecompiledExport", "collect_kernel_cache",
-           "inductor_file", "kernel_key", "precompiled_dir"]
+           "inductor_file", "kernel_key", "precompiled_dir", "process_environment"]
 
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -248,16 +248,26 @@ def _group_stamps(root: Path) -> dict[str, int]:
 @contextlib.contextmanager
 def _triton_cache_dir(directory: str) -> Iterator[None]:
     """Set Triton's cache dir for this process only, and restore what was there."""
-    previous = os.environ.get(TRITON_CACHE_ENV)
-    os.environ[TRITON_CACHE_ENV] = directory
+    with process_environment({TRITON_CACHE_ENV: directory}), cache_dir_from_environment():
+        yield  # the variable rules while we load
+
+
+@contextlib.contextmanager
+def process_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment while the block runs (a library that
+    reads its settings from there: Triton's and inductor's cache directories), then what was
+    there before restored, unset where nothing was (a load holds ``PROCESS_CACHES`` around
+    it; serve sets Ray's settings with it before Ray starts)."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
-        with cache_dir_from_environment():  # the variable rules while we load
-            yield
+        yield
     finally:
-        if previous is None:
-            os.environ.pop(TRITON_CACHE_ENV, None)
-        else:
-            os.environ[TRITON_CACHE_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 # stay reachable here, where the serve tests check the rule
 from .._ports import RAY_WORKER_PORTS_END, ephemeral_port_range, side_ports  # noqa: F401
 from ..errors import ServeError
+from ..runtime import process_environment
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
@@ -184,20 +185,6 @@ def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
     return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
 
 
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
                   resources: Mapping[str, float]) -> ServeOptions:
     """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
@@ -274,7 +261,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
     sweep_stale_workdirs(notice=notice)
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
-            environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
+            process_environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
                                            notice)):
         session = _RaySession(listen, Path(workdir), env)
         with StopSignal() as signals:
