@@ -331,8 +331,9 @@ class PrecisionError(SelfTestError):
         self.device = device
         self.max_error = max_error
         self.figures = tuple(figures)
-        worst = max(self.figures, key=lambda f: f[2], default=None)
-        self.shape, self.output, self.measured = worst if worst else ("", None, None)
+        worst: tuple[str, str | None, float | None] = max(self.figures, key=lambda f: f[2],
+                                                           default=("", None, None))
+        self.shape, self.output, self.measured = worst
         self.build_measured = build_measured
         self.compared = f"{precision} outputs on {device} and the float32 references"
         self.max_abs = max_abs

@@ -259,8 +259,8 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
                           capture_output=True, text=True, check=True, cwd=ROOT)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
-    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported"}, \
-        seen["ours"]
+    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported",
+                      "_checked"}, seen["ours"]
     absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
     assert seen["states"] == {**absent, **heavy}
 

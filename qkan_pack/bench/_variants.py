@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -132,8 +133,8 @@ def dynamo_counts() -> tuple[int, int]:
         from torch._dynamo.utils import counters
     except Exception:
         return 0, 0
-    skips = int(counters.get("inductor", {}).get("cudagraph_skips", 0))
-    breaks = int(sum(counters.get("graph_break", {}).values()))
+    skips = int(counters.get("inductor", Counter()).get("cudagraph_skips", 0))
+    breaks = int(sum(counters.get("graph_break", Counter()).values()))
     return skips, breaks
 
 

@@ -119,6 +119,11 @@ class BuildOptions(CheckedOptions):
         self._keep(checked)
 
     @property
+    def dtype_names(self) -> str | dict[str, str]:
+        """``dtype`` as names (what ``__post_init__`` keeps: torch dtypes become names)."""
+        return _dtype_names(self.dtype)
+
+    @property
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy(policy=self.capture, submodules=tuple(self.submodules))
 

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -128,7 +130,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
     listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose,
                     grpc_port=grpc_port)
 
-    def ready(url: str, description: dict) -> None:
+    def ready(url: str, description: Mapping[str, Any]) -> None:
         what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
         say(f"serving {what} at {url} with {replicas} replica(s) on "
              f"{replica_device_text(description['replica']['device'], replicas)}"

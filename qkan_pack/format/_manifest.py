@@ -85,7 +85,8 @@ class _Range(Codec):
             and all(type(v) in (int, float) for v in value) and value[0] < value[1]
 
     def read(self, value: Any, where: str) -> tuple[float, float]:
-        return tuple(super().read(value, where))  # type: ignore[return-value]
+        low, high = super().read(value, where)  # as written: an integer stays one
+        return low, high
 
     def write(self, value: Any) -> list[float]:
         return list(value)

@@ -14,6 +14,8 @@ together on the first use of any of their names (``qkan_pack._lazy``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .._lazy import lazy_getattr, lazy_names, module_exports
 from . import (
     _artifact,
@@ -36,6 +38,24 @@ from ._signature import *  # noqa: F403
 from ._source import *  # noqa: F403
 from ._triton_compat import *  # noqa: F403
 
+if TYPE_CHECKING:  # the names resolved on first use, as type checkers see them
+    from ._array_files import *  # noqa: F403
+    from ._calling import *  # noqa: F403
+    from ._capture import *  # noqa: F403
+    from ._compat import *  # noqa: F403
+    from ._device import *  # noqa: F403
+    from ._json_inputs import *  # noqa: F403
+    from ._load import *  # noqa: F403
+    from ._padcheck import *  # noqa: F403
+    from ._precision import *  # noqa: F403
+    from ._predictor import *  # noqa: F403
+    from ._progress import *  # noqa: F403
+    from ._report import *  # noqa: F403
+    from ._selftest import *  # noqa: F403
+    from ._timing import *  # noqa: F403
+    from ._tree import *  # noqa: F403
+    from ._weights import *  # noqa: F403
+
 _EAGER = (_artifact, _deferred_imports, _files, _kernels, _options, _output_paths, _signature,
           _source, _triton_compat)
 #: Modules that need numpy but not torch: looked at first, each alone, so that serve's wire
@@ -56,7 +76,7 @@ def _public() -> list[str]:
     return sorted({*(n for m in _EAGER for n in m.__all__), *lazy_names(_ALONE, _ON_FIRST_USE)})
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     return _public() if name == "__all__" else _resolve(name)
 
 

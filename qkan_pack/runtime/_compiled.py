@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ..errors import CaptureError, PrecompileRefusedError
 from ..format import CapturePolicy, KernelSet, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
@@ -43,7 +43,7 @@ from ._kernels import (
     process_environment,
 )
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
-from ._precompiled import PrecompileRefusedError, autotune_results, load_precompiled, precompile
+from ._precompiled import autotune_results, load_precompiled, precompile
 from ._report import LoadReport
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
@@ -166,7 +166,10 @@ def serve_compiled(load: CompiledLoad) -> Runner:
     with _inductor_cache(cache, report, load.target) as note, _recompile_room(len(samples)):
         try:
             with report.stage("compile"):
-                compiled = torch.compile(load.model, mode=INDUCTOR_MODE, dynamic=False)
+                # a compiled Module is a Module (OptimizedModule); torch annotates the result
+                # of torch.compile as a bare callable
+                compiled: torch.nn.Module = torch.compile(  # type: ignore[assignment]
+                    load.model, mode=INDUCTOR_MODE, dynamic=False)
                 compiled_forward = bind_forward(compiled, manifest.input_names, manifest.call)
                 outputs = [flatten(_forward(compiled_forward, inputs)) for _, inputs in samples]
         except Exception as exc:  # dynamo or inductor cannot compile this model here

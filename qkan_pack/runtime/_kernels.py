@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import KernelCacheError, ManifestError
 from ..format import KernelSet, loads_strict
@@ -173,7 +174,7 @@ def _moved(path: object, old_root: str, new_root: str, where: str) -> str:
     prefix = old_root.rstrip("/") + "/"
     inside = path[len(prefix):] if isinstance(path, str) and path.startswith(prefix) else None
     parts = inside.split("/") if inside else []
-    if not parts or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
+    if inside is None or not parts or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
         raise KernelCacheError(
             f"{where} names {str(path)[:120]!r}, outside the kernel cache it belongs to: "
             "refused (a kernel set may only point inside itself); rebuild it with `qkan-pack warm`")
@@ -227,7 +228,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
 
 
-def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict | None:
+def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict[str, Any] | None:
     """The set's record of Triton's installation key (``warm`` writes it), if any."""
     data = artifact.files.get(kernel_set.details.get("triton_key", ""))
     if data is None:

@@ -470,9 +470,9 @@ def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, man
                  options: LoadOptions) -> EagerRunner | GraphRunner:
     """Eager on the CPU; on CUDA capture every shape, then check replay against eager."""
     if target.type != "cuda":
-        runner = EagerRunner(forward, target, manifest.model.source)
-        runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
-        return runner
+        eager_runner = EagerRunner(forward, target, manifest.model.source)
+        eager_runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
+        return eager_runner
     runner = GraphRunner(model, forward, target, manifest.model.source)
     with report.stage("capture"):
         runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,

@@ -130,7 +130,7 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise LoadOptionError(option=name, value=value, expected=f"one of {', '.join(choices)}")
     return value
 

@@ -151,8 +151,8 @@ def model_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
     for name, tensor in model.named_parameters(remove_duplicate=False):
         found.setdefault(id(tensor), ("state", name))
-    for name, tensor in model.named_buffers(remove_duplicate=False):
-        found.setdefault(id(tensor), ("state", name))
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        found.setdefault(id(buffer), ("state", name))
     for path, module in model.named_modules(remove_duplicate=False):
         for attribute, value in vars(module).items():
             if isinstance(value, torch.Tensor):
@@ -162,6 +162,7 @@ def model_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
 
 def resolve(model: torch.nn.Module, ref: TensorRef) -> torch.Tensor:
     """The model's tensor ``ref`` names, checked against the plan's shape and dtype."""
+    tensor: object
     try:
         if ref.kind == "state":
             tensor = model.get_parameter(ref.name) if _is_parameter(model, ref.name) \
@@ -280,12 +281,14 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
                ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
     """Trace and compile every shape of the model built with ``config``: the plan, the graph
     files by name (``<index>.bin``) and the forward that calls them."""
-    shapes, files, graphs = [], {}, []
+    shapes: list[ShapePlan] = []
+    files: dict[str, bytes] = {}
+    graphs: list[Callable[..., Any]] = []
     for index, (label, inputs) in enumerate(samples):
-        gm, example, plan = trace_graph(model, forward, inputs)
+        gm, example, shape = trace_graph(model, forward, inputs)
         data = compile_graph(gm, example)
         files[f"{index}.bin"] = data
-        shapes.append(dataclasses.replace(plan, label=label, file=f"{index}.bin"))
+        shapes.append(dataclasses.replace(shape, label=label, file=f"{index}.bin"))
         graphs.append(_callable(data))
     device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
     plan = Plan(torch=torch.__version__, device=device, config=dict(config), shapes=tuple(shapes))
@@ -373,7 +376,7 @@ class PrecompiledForward:
     def __init__(self, model: torch.nn.Module, plan: Plan,
                  graphs: Sequence[Callable[..., Any]]) -> None:
         self.plan = plan
-        self._by_shape: dict[tuple, tuple[Callable[..., Any], list[Any], ShapePlan]] = {}
+        self._by_shape: dict[_Key, tuple[Callable[..., Any], list[Any], ShapePlan]] = {}
         for shape, graph in zip(plan.shapes, graphs):
             fixed: list[Any] = [None if ref.kind == "input" else resolve(model, ref)
                                 for ref in shape.args]
@@ -392,5 +395,9 @@ class PrecompiledForward:
         return [returned[i] for i in shape.outputs]
 
 
-def _key(inputs: Sequence[TensorRef]) -> tuple[tuple[tuple[int, ...], str], ...]:
+#: Which graph a call takes: each input's shape and dtype.
+_Key = tuple[tuple[tuple[int, ...], str], ...]
+
+
+def _key(inputs: Sequence[TensorRef]) -> _Key:
     return tuple((ref.shape, ref.dtype) for ref in inputs)

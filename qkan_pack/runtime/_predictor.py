@@ -113,7 +113,7 @@ class Predictor:
             raise PredictorClosedError(path=str(self.path))
         return runner
 
-    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The general path: keywords, numpy, several inputs, structured outputs, padding."""
         self._open_runner()  # a closed predictor says so before judging the inputs
         tensors, as_numpy, index, fit = self._inputs.match(args, kwargs)
@@ -124,9 +124,11 @@ class Predictor:
         with self._lock:
             leaves = self._open_runner().run(index, tensors, fit, copy=copy,
                                              out_device=out_device if copy else None)
-        if as_numpy:  # numpy has no bfloat16: such an output stays a (host) tensor
-            leaves = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
-        return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
+        if not as_numpy:
+            return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
+        # numpy has no bfloat16: such an output stays a (host) tensor
+        arrays = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
+        return unflatten(self.manifest.shapes[index].outputs, arrays, self._classes)
 
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``

@@ -207,12 +207,12 @@ class Uninformative(NamedTuple):
 
     empty: list[str]
     constant: list[str]
-    count: int  # outputs in all
+    total: int  # outputs in all
 
     @property
     def proves_nothing(self) -> bool:
         """An output with no elements, or every output constant: any weights pass."""
-        return bool(self.empty) or (bool(self.constant) and len(self.constant) == self.count)
+        return bool(self.empty) or (bool(self.constant) and len(self.constant) == self.total)
 
 
 def uninformative_outputs(outputs: Sequence[torch.Tensor],

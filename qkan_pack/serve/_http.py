@@ -520,7 +520,7 @@ def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None
 
 
 @functools.cache
-def _json_reply_type() -> type[Response]:
+def _json_reply_type() -> Callable[[int, bytes, dict[str, str] | None], Response]:
     """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
     written out directly: starlette's constructor re-derives them from the media type for
     every reply, several times what writing them here costs. Made on first use, so

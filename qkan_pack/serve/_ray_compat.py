@@ -70,7 +70,7 @@ def refresh_ray_config() -> None:
     of retries). Ray refreshes the same cache itself when it turns token auth on
     (``ray._private.authentication``)."""
     with suppress(ImportError, AttributeError):
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # compiled; its stub omits it
 
         Config.initialize("")
 

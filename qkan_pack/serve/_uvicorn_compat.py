@@ -142,7 +142,7 @@ def write_replies_whole() -> list[str]:
         problem = _unexpected(cycle)
         if problem:
             skipped.append(f"{module_name}: {problem}")
-        elif not getattr(cycle, _MARK, False):
+        elif cycle is not None and not getattr(cycle, _MARK, False):
             cycle.send = _holding_heads(cycle.send)
             setattr(cycle, _MARK, True)
     return skipped
