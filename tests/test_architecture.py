@@ -152,6 +152,20 @@ def test_runtime_and_format_export_what_they_list() -> None:
     assert dir(qkan_pack) == sorted(PUBLIC["qkan_pack"])
 
 
+def test_type_checkers_see_every_module_runtime_resolves_on_first_use() -> None:
+    """``runtime`` imports its torch-backed modules on first use (``_lazy.module_exports``);
+    its ``TYPE_CHECKING`` block names the same modules, so that mypy types those names
+    instead of taking them as ``Any``."""
+    tree = ast.parse((ROOT / "qkan_pack" / "runtime" / "__init__.py").read_text())
+    lazy = {ast.literal_eval(item) for call in ast.walk(tree)
+            if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "module_exports"
+            for item in call.args[1].elts}
+    checked = {f".{node.module}" for block in ast.walk(tree)
+               if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+               for node in block.body if isinstance(node, ast.ImportFrom)}
+    assert lazy and checked == lazy
+
+
 def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
     builtin = {"ShapeSpecError": ValueError, "ManifestError": ValueError, "ArtifactError": OSError,
                "ModelSourceError": ImportError, "WeightsMismatchError": ValueError,
