@@ -43,7 +43,7 @@ COLD_SCHEMA = "qkan-pack-cold/1"
 #: Stage order of the breakdown (names as the child and ``predictor.report.stages`` write them).
 STAGES = ("python start", "import torch", "import qkan_pack", "verify", "kernel cache", "import",
           "cuda init", "build", "weights", "references", "first forward", "reference self-test",
-          "precision gate",
+          "padding self-test", "precision gate",
           "replay baseline", "compile", "capture", "self-test", "load, other", "first call")
 FRESH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 CHILD = Path(__file__).with_name("_cold_child.py")
