@@ -7,7 +7,8 @@ digests in the manifest, and a fresh GPU host of the same kind then loads pre-wa
 The child also records Triton's installation key (``runtime/_triton_compat``) so that loads
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
 inductor cache too) and ships its precompiled graphs (``runtime/_precompiled``: traced and
-compiled once per shape, loaded later without tracing) under ``kernels/<key>-precompiled/``,
+compiled once per shape, loaded later without tracing; the child writes them where the
+``runtime.PrecompiledExport`` on its command line says) under ``kernels/<key>-precompiled/``,
 named in the set's details; a fresh process then loads the warmed artifact with
 ``compiled="shipped"`` as a probe, and if that fails (or crashes) the forms are dropped, the
 reason recorded (``precompiled_refused``), and inductor's cache artifacts

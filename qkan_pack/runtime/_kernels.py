@@ -5,6 +5,11 @@ warm``). The key names the GPU architecture and the toolchain (Triton, torch, CU
 machine): Triton's own cache keys differ across any of them. At load, a matching set is
 copied to a private temp directory and Triton is pointed at it only while the predictor
 loads; the artifact and the user's own cache are never written.
+
+Also here: ``PrecompiledExport``, what ``warm``'s child load is handed (on its command line,
+then as ``Predictor.load``'s ``export``) to write the precompiled graphs compiled mode makes
+for warm to ship; and ``process_environment``, the scope of a setting a library reads from
+the environment (Triton's and inductor's cache directories, Ray's settings for serve).
 """
 
 from __future__ import annotations
