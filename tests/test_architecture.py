@@ -38,7 +38,7 @@ PUBLIC = {
     "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
                           "check_warm_device", "sign", "warm", "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits",
-                        "Listen", "NoopServer", "ServeOptions", "add_inference_service",
+                        "Listen", "NoopServer", "ReplicaLoad", "ServeOptions", "add_inference_service",
                         "app_builder", "build_app", "check_token",
                         "describe_artifact", "encode_outputs", "fit", "parse_request",
                         "parse_tensor", "read_token_file", "replica_device_text", "row_plan",
@@ -54,7 +54,7 @@ PUBLIC = {
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
         "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
         "leaf_names_of", "spread_for",
-        "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
+        "PLAN_FILE", "PrecompiledExport", "precompiled_dir", "process_environment",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
@@ -150,6 +150,20 @@ def test_runtime_and_format_export_what_they_list() -> None:
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
         assert not [n for n in module.__all__ if n.startswith("_")]
     assert dir(qkan_pack) == sorted(PUBLIC["qkan_pack"])
+
+
+def test_type_checkers_see_every_module_runtime_resolves_on_first_use() -> None:
+    """``runtime`` imports its torch-backed modules on first use (``_lazy.module_exports``);
+    its ``TYPE_CHECKING`` block names the same modules, so that mypy types those names
+    instead of taking them as ``Any``."""
+    tree = ast.parse((ROOT / "qkan_pack" / "runtime" / "__init__.py").read_text())
+    lazy = {ast.literal_eval(item) for call in ast.walk(tree)
+            if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "module_exports"
+            for item in call.args[1].elts}
+    checked = {f".{node.module}" for block in ast.walk(tree)
+               if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+               for node in block.body if isinstance(node, ast.ImportFrom)}
+    assert lazy and checked == lazy
 
 
 def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
@@ -259,8 +273,8 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
                           capture_output=True, text=True, check=True, cwd=ROOT)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
-    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported"}, \
-        seen["ours"]
+    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported",
+                      "_checked"}, seen["ours"]
     absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
     assert seen["states"] == {**absent, **heavy}
 

@@ -45,4 +45,4 @@ __all__ = ["COLD_SCHEMA", "COLD_VARIANTS", "CPU_NOTE", "LABELS", "SCHEMA", "SKIP
            "write_cold_json", "write_cold_plot", "write_json", "write_plot", "write_serve_json",
            "write_serve_plot"]
 
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)

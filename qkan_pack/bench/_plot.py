@@ -55,7 +55,7 @@ def _latency_bars(axes: Any, report: BenchReport, names: list[str]) -> None:
         xs, medians, whiskers = [], [], []
         for position, shape in enumerate(report.shapes):
             item = shape.variants.get(name)
-            if variant_ok(item):
+            if variant_ok(item) and item.median_us is not None and item.p90_us is not None:
                 xs.append(position + (slot - (len(names) - 1) / 2) * width)
                 medians.append(item.median_us)
                 whiskers.append(max(0.0, item.p90_us - item.median_us))

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -103,7 +105,14 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
-    from ..serve import HttpLimits, Listen, ServeOptions, replica_device_text, serve_forever
+    from ..serve import (
+        HttpLimits,
+        Listen,
+        ReplicaLoad,
+        ServeOptions,
+        replica_device_text,
+        serve_forever,
+    )
 
     if address is None and device.startswith("cuda"):  # replicas run here: check it first
         from ..runtime import resolve_device
@@ -123,7 +132,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
     listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose,
                     grpc_port=grpc_port)
 
-    def ready(url: str, description: dict) -> None:
+    def ready(url: str, description: Mapping[str, Any]) -> None:
         what = "a no-op reply" if noop else f"{directory} ({description['digest']})"
         say(f"serving {what} at {url} with {replicas} replica(s) on "
              f"{replica_device_text(description['replica']['device'], replicas)}"
@@ -137,8 +146,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
 
-    serve_forever(directory, options, listen, token=token, trusted_keys=keys, precision=precision,
-                  cpus_per_replica=cpus_per_replica,
-                  gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
+    replica = ReplicaLoad(trusted_keys=keys, precision=precision, cpus_per_replica=cpus_per_replica,
+                          gpus_per_replica=gpus_per_replica, noop=noop)
+    serve_forever(directory, options, listen, token=token, replica=replica, on_ready=ready,
                   notice=lambda line: click.echo(line, err=True))
     click.echo("stopped", err=True)

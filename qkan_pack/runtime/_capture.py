@@ -80,8 +80,9 @@ def capture_streams(device: torch.device) -> CaptureStreams:
     """One pair of side streams per device for every warm-up and capture in the process."""
     streams = _CAPTURE_STREAMS.get(device.index)
     if streams is None:
-        streams = _CAPTURE_STREAMS[device.index] = CaptureStreams(
-            torch.cuda.Stream(device=device), torch.cuda.Stream(device=device))
+        # torch leaves torch.cuda.Stream's constructor unannotated
+        side = [torch.cuda.Stream(device=device) for _ in range(2)]  # type: ignore[no-untyped-call]
+        streams = _CAPTURE_STREAMS[device.index] = CaptureStreams(*side)
     return streams
 
 

@@ -62,10 +62,10 @@ class InputMatcher:
                         if self.declared is not None else [])
         self.signatures = manifest.signatures()
         self.fast = _fast_table(manifest, self._dtypes, device)
-        self._fits: dict[tuple, tuple[int, Fit]] = {}
+        self._fits: dict[tuple[Any, ...], tuple[int, Fit]] = {}
         self._fits_lock = threading.Lock()
 
-    def match(self, args: tuple, kwargs: dict[str, Any]
+    def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> tuple[list[torch.Tensor], bool, int, Fit | None]:
         """(tensors, given as numpy, shape index, how they are padded) for a call."""
         if kwargs:
@@ -84,7 +84,7 @@ class InputMatcher:
         index, fit = self._lookup(tensors, numpy=as_numpy)
         return tensors, as_numpy, index, fit
 
-    def _order_keywords(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    def _order_keywords(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         unknown = sorted(set(kwargs) - set(self._names))
         if unknown:
             raise self.refuse(f"unknown input(s) {unknown}; this artifact takes {list(self._names)}")
@@ -157,7 +157,7 @@ class InputMatcher:
         shown = ", ".join(_shape_text(s) for s in key)
         raise self.refuse_shape(f"input shape {shown} is not in the manifest", key)
 
-    def _remembered_fit(self, key: tuple) -> tuple[int, Fit]:
+    def _remembered_fit(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         """``_declared_fit``, worked out once per call shape: searching every entry and
         building the regions is Python work of the order of a whole replay on a GPU, and
         ragged traffic repeats a few hundred shapes. At most ``FIT_MEMORY`` shapes are kept
@@ -173,7 +173,7 @@ class InputMatcher:
                 self._fits[key] = found
         return found
 
-    def _declared_fit(self, key: tuple) -> tuple[int, Fit]:
+    def _declared_fit(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         """The smallest entry the call pads into (``format.fit_entry``), with its regions."""
         assert self.declared is not None
         call = [tuple(shape) for shape in key]
@@ -195,7 +195,7 @@ class InputMatcher:
         outputs = tuple(tuple(k) if k else None for k in kept)
         return index, Fit(regions, self._pad_values, outputs, tuple(entry))
 
-    def _padded_entry(self, key: tuple) -> tuple[int, Fit]:
+    def _padded_entry(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         rows = {s[0] for s in key if len(s)}
         tail = tuple(tuple(s[1:]) for s in key)
         candidates = self._padding.get(tail, [])
@@ -226,7 +226,7 @@ class InputMatcher:
         return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
                           ranges=self._ranges)
 
-    def refuse_shape(self, problem: str, key: tuple) -> InputError:
+    def refuse_shape(self, problem: str, key: tuple[Any, ...]) -> InputError:
         """A call whose shapes fit no entry: the refusal ends with the fix
         (``format.shape_fix``)."""
         return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
@@ -234,7 +234,7 @@ class InputMatcher:
 
 
 def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device
-                ) -> dict[tuple, int] | None:
+                ) -> dict[tuple[Any, ...], int] | None:
     """(shape, dtype, device) -> shape index for one-input, one-tensor-output artifacts."""
     single_output = all(e.outputs.kind == "tensor" for e in manifest.shapes)
     if len(manifest.inputs) != 1 or not single_output:

@@ -12,6 +12,7 @@ import torch
 from ..errors import PredictorClosedError
 from ..format import Manifest
 from ._inputs import InputMatcher
+from ._kernels import PrecompiledExport
 from ._load import Loaded, load
 from ._options import LoadOptions
 from ._runners import EagerRunner, GraphRunner
@@ -67,7 +68,8 @@ class Predictor:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", *,
-             options: LoadOptions | None = None, **keywords: Any) -> Predictor:
+             options: LoadOptions | None = None, export: PrecompiledExport | None = None,
+             **keywords: Any) -> Predictor:
         """Verify, rebuild, load weights, capture every shape (CUDA), self-test, return.
 
         ``device`` is ``"auto"`` (CUDA where there is a GPU, else the CPU: the report's
@@ -75,13 +77,14 @@ class Predictor:
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
         ``kernels``, ``compiled``, ``progress``, ``trusted_keys``, ``precision``); see
-        ``LoadOptions`` for what each does.
+        ``LoadOptions`` for what each does. ``export`` is ``qkan-pack warm``'s: where a
+        compiled-mode load writes the precompiled graphs it makes (``PrecompiledExport``).
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)
         elif keywords:
             raise TypeError("pass either options=LoadOptions(...) or keywords, not both")
-        predictor = cls(load(path, device, options), options)
+        predictor = cls(load(path, device, options, export), options)
         if options.pad_batch and predictor.manifest.padding is None:
             warnings.warn(PAD_BATCH_DEPRECATED, DeprecationWarning, stacklevel=2)
         return predictor
@@ -110,7 +113,7 @@ class Predictor:
             raise PredictorClosedError(path=str(self.path))
         return runner
 
-    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The general path: keywords, numpy, several inputs, structured outputs, padding."""
         self._open_runner()  # a closed predictor says so before judging the inputs
         tensors, as_numpy, index, fit = self._inputs.match(args, kwargs)
@@ -121,9 +124,11 @@ class Predictor:
         with self._lock:
             leaves = self._open_runner().run(index, tensors, fit, copy=copy,
                                              out_device=out_device if copy else None)
-        if as_numpy:  # numpy has no bfloat16: such an output stays a (host) tensor
-            leaves = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
-        return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
+        if not as_numpy:
+            return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
+        # numpy has no bfloat16: such an output stays a (host) tensor
+        arrays = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
+        return unflatten(self.manifest.shapes[index].outputs, arrays, self._classes)
 
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``

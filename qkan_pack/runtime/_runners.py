@@ -86,7 +86,7 @@ class EagerRunner:
         """Move to the model's device; pad up to the entry's shape as ``fit`` says."""
         x = x.to(self.device).contiguous()
         region = None if fit is None else fit.inputs[position]
-        if region is None:
+        if fit is None or region is None:
             return x
         full = torch.full(fit.shapes[position], fit.values[position], dtype=x.dtype,
                           device=self.device)

@@ -360,14 +360,14 @@ def app_for(artifact: VerifiedArtifact, options: ServeOptions | None = None, *,
     from ray import serve
 
     options = (options or ServeOptions()).for_artifact(artifact.manifest)
-    deployment = serve.deployment(
-        NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,
+    deployment = serve.deployment(  # the decorator's form, as Ray's annotations state it
+        name=name, num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica,
                            "num_gpus": options.gpus_per_replica},
         max_ongoing_requests=ray_ongoing_limit(options.limits), max_queued_requests=-1,
         health_check_period_s=2, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=options.grace_s, graceful_shutdown_wait_loop_s=0.2,
-    )
+    )(NoopServer if noop else ArtifactServer)
     if noop:
         return deployment.bind(options.limits.max_body_bytes)
     # absolute: a relative path would be resolved in each replica's working directory,

@@ -367,17 +367,17 @@ class HttpApi:
                 parsed = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
-                payload, header_length = self.oip.reply(outputs, parsed)
+                payload, reply_header = self.oip.reply(outputs, parsed)
             else:
-                payload, header_length = await asyncio.to_thread(self.oip.reply, outputs, parsed)
+                payload, reply_header = await asyncio.to_thread(self.oip.reply, outputs, parsed)
         except (MalformedRequestError, InputError) as exc:
             return json_response(400, {"error": str(exc)})  # the protocol's one client error
         except Exception as exc:
             logger.exception("request failed")
             return json_response(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-        if header_length is None:
+        if reply_header is None:
             return raw_response(200, payload)
-        return binary_response(payload, header_length)
+        return binary_response(payload, reply_header)
 
     async def _encode(self, outputs: Any, encoding: str) -> bytes:
         """The reply body: small outputs here; a large array in the helper; large structured
@@ -573,7 +573,7 @@ def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None
 
 
 @functools.cache
-def _json_reply_type() -> type[Response]:
+def _json_reply_type() -> Callable[[int, bytes, dict[str, str] | None], Response]:
     """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
     written out directly: starlette's constructor re-derives them from the media type for
     every reply, several times what writing them here costs. Made on first use, so

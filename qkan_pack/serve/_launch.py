@@ -24,8 +24,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 # stay reachable here, where the serve tests check the rule
 from .._ports import RAY_WORKER_PORTS_END, ephemeral_port_range, side_ports  # noqa: F401
 from ..errors import ServeError
+from ..runtime import process_environment
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
@@ -76,6 +77,20 @@ class Listen:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What every replica loads and asks the cluster for: the keys the artifact must be
+    signed by (checked before Ray starts too), the precision it runs (``Predictor.load``'s
+    ``precision``), CPUs and GPUs each (None: fitted to the cluster, ``fit_resources``), and
+    ``noop``: a fixed reply without the model (the load test's baseline)."""
+
+    trusted_keys: Sequence[str | os.PathLike[str]] = ()
+    precision: str = "recorded"
+    cpus_per_replica: float | None = None
+    gpus_per_replica: float | None = None
+    noop: bool = False
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -170,20 +185,6 @@ def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
     return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
 
 
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
                   resources: Mapping[str, float]) -> ServeOptions:
     """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
@@ -229,24 +230,24 @@ class StopSignal:
 
 def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = None,
                   listen: Listen | None = None, *, token: str | None = None,
-                  trusted_keys: Sequence[str | os.PathLike[str]] = (), precision: str = "recorded",
-                  cpus_per_replica: float | None = None, gpus_per_replica: float | None = None,
-                  noop: bool = False, on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
+                  replica: ReplicaLoad | None = None,
+                  on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
                   notice: Notice = lambda line: None, stop: threading.Event | None = None) -> None:
     """Serve ``path`` until Ctrl-C, SIGTERM or ``stop``; then drain for ``grace_s`` and stop
     the app, Serve and (when started here) Ray. Fails fast on a taken port, on replicas the
     cluster cannot place and on replicas that cannot load the artifact. ``token``: every
     route of every listener requires ``Authorization: Bearer <token>`` but the liveness
-    route (``_auth``; replicas and Ray's processes keep only its sha256). ``trusted_keys``:
-    the artifact must be signed by one of them (``Predictor.load``'s ``trusted_keys``),
-    checked here before Ray starts and again by each replica before any artifact code runs."""
+    route (``_auth``; replicas and Ray's processes keep only its sha256). ``replica``: what
+    each replica loads (``ReplicaLoad``); its ``trusted_keys`` are checked here before Ray
+    starts and again by each replica before any artifact code runs."""
     from ..runtime import read_artifact
 
     options, listen = options or ServeOptions(), listen or Listen()
+    replica = replica or ReplicaLoad()
     if token is not None:
         digest = token_digest(check_token(token, "the token argument"))
         options = replace(options, limits=replace(options.limits, token_sha256=digest))
-    keys = [os.fspath(key) for key in trusted_keys]
+    keys = [os.fspath(key) for key in replica.trusted_keys]
     # A bad artifact fails before Ray starts; the app needs its path, digest and manifest,
     # not every file's bytes held for as long as the server runs.
     artifact = replace(read_artifact(path, trusted_keys=keys), files={})
@@ -260,16 +261,16 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
                f"{listen.port} can use it (--auth-token-file or QKAN_PACK_SERVE_TOKEN)")
     sweep_stale_workdirs(notice=notice)
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
-            environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
+            process_environment(env := ingress_env(listen, options, owned_workdir(Path(workdir)),
                                            notice)):
         session = _RaySession(listen, Path(workdir), env)
         with StopSignal() as signals:
             try:
-                options = fit_resources(options, cpus_per_replica, gpus_per_replica,
-                                        session.resources())
+                options = fit_resources(options, replica.cpus_per_replica,
+                                        replica.gpus_per_replica, session.resources())
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
-                app = app_for(artifact, options, noop=noop,
-                              predictor_options=load_options(keys, precision))
+                app = app_for(artifact, options, noop=replica.noop,
+                              predictor_options=load_options(keys, replica.precision))
                 if session.deploy(app, stopping) is None:
                     return  # stopped while the replicas loaded: no ready line
                 description = fetch_json(listen.url, token)

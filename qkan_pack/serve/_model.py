@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,15 +104,17 @@ class ModelCore:
                                   replay_entries(manifest))
         self.fault: str | None = None
         quiet = max_batch_wait_ms is None
-        body, rows = self._run_rows, self.max_batch_size
+        body: Callable[[list[Any]], list[Any]] = self._run_rows
+        rows = self.max_batch_size
         if self._ragged is not None:
             body, rows = self._run_ragged, min(self.max_batch_size, self._ragged.max_rows)
         #: Rows of different requests share a replay only in entries proved row-independent.
         self.mixes = not exact and mixes_requests(manifest) and (
             self._ragged is None or self._ragged.rows_proved)
-        self._gatherer = RowGatherer(
+        self._gatherer: RowGatherer[Any] | None = RowGatherer(
             body, max_rows=max(1, rows), until_quiet=quiet, waited=self.stats.waited,
-            wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000) if self.mixes else None
+            wait_s=(QUIET_BOUND_MS if max_batch_wait_ms is None else max_batch_wait_ms) / 1000
+        ) if self.mixes else None
         self.batch_rule = (self._gatherer.rule if self._gatherer is not None else
                            "never: each request replays alone (exact)" if exact else
                            "never: each request replays alone (no captured shape's rows were "

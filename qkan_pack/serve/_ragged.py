@@ -156,7 +156,8 @@ class RaggedPlan:
             out = np.full(shape, value, dtype=rows[0].arrays[position].dtype)
             for j, row in enumerate(rows):
                 part = row.arrays[position]
-                out[(slice(j, j + 1), *(slice(0, n) for n in part.shape[1:]))] = part
+                region = (slice(j, j + 1), *(slice(0, n) for n in part.shape[1:]))
+                out[region] = part  # (a tuple first: mypy misreads a starred subscript)
             stacked.append(out)
         return stacked
 

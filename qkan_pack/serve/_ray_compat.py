@@ -40,8 +40,8 @@ def check_ray() -> None:
 
     version = ray.__version__
     if not SUPPORTED.admits(version):
-        raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
-                         f"Ray {SUPPORTED}", hint=INSTALL)
+        raise ServeError(SUPPORTED.outside(version, "qkan-pack serve relies on internals of "
+                                                    "that release line"), hint=INSTALL)
 
 
 def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any]) -> Any:
@@ -73,7 +73,7 @@ def refresh_ray_config() -> None:
     of retries). Ray refreshes the same cache itself when it turns token auth on
     (``ray._private.authentication``)."""
     with suppress(ImportError, AttributeError):
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # compiled; its stub omits it
 
         Config.initialize("")
 
