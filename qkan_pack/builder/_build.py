@@ -395,14 +395,12 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
     """The model answers the same after running other inputs (``_checks.check_stateless``),
-    checked on the entry with the most input elements (the widest range of values seen)."""
-    index = max(range(len(recorded.references)),
-                key=lambda i: sum(t.numel() for t in recorded.references[i].inputs))
-    reference = recorded.references[index]
-    run = ReferenceRun(inputs.forward, reference.inputs, reference.outputs,
-                       list(reference.entry.outputs.leaf_names()), reference.entry.noise,
-                       inputs.fresh(index, reference.inputs))
-    check_stateless(model, run, str(inputs.model_path))
+    checked at every declared entry (a state may move at one batch size only)."""
+    for index, reference in enumerate(recorded.references):
+        run = ReferenceRun(inputs.forward, reference.inputs, reference.outputs,
+                           list(reference.entry.outputs.leaf_names()), reference.entry.noise,
+                           inputs.fresh(index, reference.inputs))
+        check_stateless(model, run, str(inputs.model_path))
 
 
 def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:

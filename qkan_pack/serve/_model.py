@@ -48,6 +48,19 @@ if TYPE_CHECKING:
 THREAD_ROWS = 64
 
 
+def _halves(items: list[int]) -> list[list[int]]:
+    """``items`` in two halves (the first the larger)."""
+    middle = (len(items) + 1) // 2
+    return [items[:middle], items[middle:]]
+
+
+def own_copy(share: Any) -> Any:
+    """A row's share of a batch's output as an array or tensor of its own: a slice is a view
+    of the whole batch, which a tensor carries when it is pickled (a Ray handle's reply) and
+    numpy keeps as ``.base``: every other client's row with it."""
+    return share.copy() if isinstance(share, np.ndarray) else share.clone()
+
+
 def _filled(parts: Sequence[np.ndarray], batch: int) -> np.ndarray:
     """One input's rows stacked, then copies of the first row up to ``batch`` rows."""
     missing = batch - len(parts)
@@ -223,8 +236,9 @@ class ModelCore:
             out = self.replay(self._ragged.stack(members))
         except Exception as exc:
             if self._retry_alone(exc, chunk, results):
-                for i, row in zip(chunk, members):
-                    self._replay_ragged(submitted, [i], self._ragged.entry_of([row]), results)
+                for half in _halves(chunk):
+                    rows = [submitted[i][0] for i in half]
+                    self._replay_ragged(submitted, half, self._ragged.entry_of(rows), results)
             return
         self.stats.replay(self._label(entry), len(members), time.perf_counter() - started,
                           sum(_elements(m.arrays) for m in members))
@@ -270,20 +284,23 @@ class ModelCore:
             out = self.replay(stacked)
         except Exception as exc:
             if self._retry_alone(exc, slots, results):
-                for row, slot in zip(rows, slots):
-                    self._replay_chunk([row], sizes, [slot], results)
+                for half in _halves(list(range(len(rows)))):
+                    self._replay_chunk([rows[j] for j in half], sizes, [slots[j] for j in half],
+                                       results)
             return
         self.stats.replay(label, len(rows), time.perf_counter() - started)
         for j, i in enumerate(slots):
-            results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
+            results[i] = map_leaves(lambda t, j=j: own_copy(t[j:j + 1]), out)
 
     def _retry_alone(self, exc: Exception, slots: Sequence[int], results: list[Any]) -> bool:
-        """After a failed replay of the rows at ``slots``: whether each is to replay alone
-        again, so that only the rows that fail alone fail, each with its own error. One
-        client's bad input (an id past a one-hot's classes) must neither fail the requests
-        batched with it nor show them its error text, which may quote its values. Not after
-        a device error (``fault``: the replica is unhealthy, Ray replaces it, and no further
-        replay on it can be trusted), nor for a single row: then every row gets ``exc``."""
+        """After a failed replay of the rows at ``slots``: whether to replay them again in
+        two halves (``_halves``: down to rows alone, so that only the rows that fail alone
+        fail, each with its own error, at about 2 log2(rows) replays for one bad row rather
+        than one replay per row). One client's bad input (an id past a one-hot's classes)
+        must neither fail the requests batched with it nor show them its error text, which
+        may quote its values. Not after a device error (``fault``: the replica is unhealthy,
+        Ray replaces it, and no further replay on it can be trusted), nor for a single row:
+        then every row gets ``exc``."""
         if len(slots) > 1 and self.fault is None:
             return True
         for i in slots:

@@ -184,7 +184,8 @@ class RaggedPlan:
             # the trailing Ellipsis keeps a 0-d share an array (a numpy scalar would lose
             # its array type, and the handle could not give it back as a tensor)
             region = (*(dims.get(d, slice(None)) for d in range(max(dims) + 1)), Ellipsis)
-            return leaf[region]
+            # a row's own copy: a view would carry every other row of the batch with it
+            return leaf[region].copy() if isinstance(leaf, np.ndarray) else leaf[region].clone()
 
         return map_leaves(one, outputs)
 
