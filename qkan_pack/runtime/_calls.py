@@ -124,18 +124,22 @@ def _conversion(value: Any) -> Callable[[Any], torch.Tensor] | None:
 
 
 def _finisher(as_numpy: bool, outputs: OutputNode, classes: ClassTable) -> Finish | None:
-    if not as_numpy and outputs.kind == "tensor":
-        return None
+    if outputs.kind == "tensor":  # one leaf: no structure to rebuild
+        return _first_as_numpy if as_numpy else None
 
     def finish(leaves: list[torch.Tensor]) -> Any:
         if as_numpy:
-            leaves = [numpy_leaf(leaf) for leaf in leaves]
+            leaves = [_numpy_leaf(leaf) for leaf in leaves]
         return unflatten(outputs, leaves, classes)
 
     return finish
 
 
-def numpy_leaf(leaf: torch.Tensor) -> Any:
+def _first_as_numpy(leaves: list[torch.Tensor]) -> Any:
+    return _numpy_leaf(leaves[0])
+
+
+def _numpy_leaf(leaf: torch.Tensor) -> Any:
     """A host output leaf as numpy; a bfloat16 one stays a (host) tensor: numpy has none."""
     return leaf if leaf.dtype == torch.bfloat16 else leaf.numpy()
 
@@ -161,7 +165,7 @@ class CallMemory:
         if key is None:
             return
         if key not in self.plans:
-            while len(self.plans) >= self.limit:
+            while self.plans and len(self.plans) >= self.limit:
                 del self.plans[next(iter(self.plans))]
         self.plans[key] = plan
 
