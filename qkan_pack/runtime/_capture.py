@@ -16,6 +16,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -261,9 +262,10 @@ def check_context(device: torch.device) -> None:
         raise CaptureError("the CUDA context is unusable after a failed capture")
 
 
-def stream_id(device_index: int) -> Any:
-    """A cheap identity for the calling thread's current stream (no Stream object built)."""
+def stream_query(device_index: int | None) -> Callable[[], Any]:
+    """A cheap identity of the calling thread's current stream on the device, as a call
+    without arguments (no Stream object built per call: it runs on every replay)."""
     query = getattr(torch._C, "_cuda_getCurrentStream", None)
     if query is not None:
-        return query(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+        return partial(query, device_index)
+    return lambda: torch.cuda.current_stream(device_index).cuda_stream

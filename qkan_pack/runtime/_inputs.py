@@ -61,7 +61,6 @@ class InputMatcher:
                                         [d.dtype for d in manifest.inputs], self.declared)
                         if self.declared is not None else [])
         self.signatures = manifest.signatures()
-        self.fast = _fast_table(manifest, self._dtypes, device)
         self._fits: dict[tuple[Any, ...], tuple[int, Fit]] = {}
         self._fits_lock = threading.Lock()
 
@@ -114,13 +113,8 @@ class InputMatcher:
                 f"input {name!r} is a numpy masked array; the mask would be ignored: pass "
                 "array.filled(value) with the value masked entries should take")
         if isinstance(value, np.ndarray):
-            array = np.require(value, requirements="C")  # keeps 0-d arrays 0-d
-            if not array.dtype.isnative:
-                array = array.astype(array.dtype.newbyteorder("="))
-            if not array.flags.writeable:
-                array = array.copy()  # torch.from_numpy warns on read-only memory
             try:
-                return torch.from_numpy(array)
+                return host_tensor(value)
             except TypeError as exc:
                 raise self.refuse(f"input {name!r}: numpy dtype {value.dtype} unsupported: "
                                    f"{exc}") from None
@@ -233,15 +227,18 @@ class InputMatcher:
                           ranges=self._ranges, **shape_fix(self.manifest, key))
 
 
-def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device
-                ) -> dict[tuple[Any, ...], int] | None:
-    """(shape, dtype, device) -> shape index for one-input, one-tensor-output artifacts."""
-    single_output = all(e.outputs.kind == "tensor" for e in manifest.shapes)
-    if len(manifest.inputs) != 1 or not single_output:
-        return None
-    devices = {torch.device("cpu"), device}
-    return {(torch.Size(entry.inputs[0][1]), dtypes[0], dev): index
-            for index, entry in enumerate(manifest.shapes) for dev in devices}
+def host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a host tensor: its own memory where it is C-contiguous, native-order
+    and writeable (``torch.from_numpy``, no copy), else a copy that is. What the array holds
+    never matters; its layout decides per call (the dtype raises TypeError where torch has
+    no such dtype)."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="), order="C")
+    else:
+        flags = array.flags
+        if not (flags.c_contiguous and flags.writeable):  # from_numpy warns on read-only memory
+            array = array.copy(order="C")  # keeps 0-d arrays 0-d
+    return torch.from_numpy(array)
 
 
 def _shape_text(shape: Sequence[int]) -> str:
