@@ -61,6 +61,7 @@ wheel: $(STAMP)
 test: $(STAMP) $(TRITON_STAMP) wheel
 	$(PY) -m ruff check qkan_pack tests examples mkdocs_hooks.py
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	site=$$(mktemp -d) && $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
 		status=$$?; rm -rf "$$site"; exit $$status
 	QKAN_PACK_TRITON_SITE=$(abspath $(TRITON_SITE)) QKAN_PACK_WHEEL_VENV=$(abspath $(WHEEL_VENV)) \
@@ -75,6 +76,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check qkan_pack tests examples mkdocs_hooks.py
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 # The manual (docs/, mkdocs.yml) as a site in build/site/; strict: a broken link, a missing
 # anchor or a page left out of the navigation fails.
@@ -82,7 +84,7 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
-	rm -rf $(VENV) $(WHEEL_VENV) dist artifacts/*/ .pytest_cache
+	rm -rf $(VENV) $(WHEEL_VENV) dist artifacts/*/ .pytest_cache .mypy_cache
 
 # The reference benchmarks on a GPU host: JSON + PNG per model into benchmarks/results/.
 RESULTS ?= benchmarks/results

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)
 
 
 def __dir__() -> list[str]:

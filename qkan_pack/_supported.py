@@ -2,9 +2,9 @@
 
 Each seam (``runtime/_triton_compat``, ``runtime/_signing_compat``, ``serve/_ray_compat``,
 ``serve/_uvicorn_compat``) checks the installed release against its range here, and says so in
-the range's words when it refuses one; ``qkan-pack --version`` lists them; a test holds the
-requirements ``pyproject.toml`` declares to them, so that pip never installs a release a seam
-refuses. A leaf: it imports none of those libraries (nor torch), so reading it costs nothing.
+one message (``ReleaseRange.outside``) when it refuses one; ``qkan-pack --version`` lists them;
+a test holds the requirements ``pyproject.toml`` declares to them, so that pip never installs a
+release a seam refuses. A leaf: it imports none of those libraries (nor torch), so reading it costs nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class ReleaseRange:
         if len(self.low) == 2 and self.high == (self.low[0] + 1, 0):
             return f"{_dotted(self.low)}–{self.low[0]}.x"
         return f"{_dotted(self.low)} up to (not including) {_dotted(self.high)}"
+
+    def outside(self, version: str, consequence: str) -> str:
+        """The one version-gate message every seam gives for a release outside the range:
+        the release, the range, then what happens instead (or what to do)."""
+        return f"{self.library} {version} is outside the supported range {self}; {consequence}"
 
     def installed(self) -> str:
         """This environment's release, from its metadata (nothing is imported), and whether

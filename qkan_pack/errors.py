@@ -5,76 +5,40 @@ that matches its nature, so ``except ValueError`` keeps working::
 
     QkanPackError
     ├── ShapeSpecError (ValueError)         bad --shapes / --dtype / --config text
-    ├── ManifestError (ValueError)          missing/invalid/unknown field, unknown or newer
-    │   │                                   format  [.where: the JSON path, .problem]
-    │   └── IncompatibleArtifactError       built for a newer format or an unsafe runtime
-    ├── FileReadError (OSError)             a supplied file that is not a regular file, is
-    │                                       missing, unreadable or over its size limit
-    │                                       [.path, .reason, .problem]
-    ├── ArtifactError (OSError)             missing/extra file, size or sha256 mismatch,
-    │   │                                   symlink, path leaving the directory  [.path]
-    │   ├── DigestMismatchError             the artifact digest differs from the pinned one
-    │   │                                   [.actual, .expected]
-    │   └── ArtifactSignatureError          signature missing, invalid, untrusted, not
-    │                                       covering these files, or by a certificate that
-    │                                       may not sign code  [.problem, .detail]
-    ├── ModelSourceError (ImportError)      model file, entry point, or model code failing
-    │   │                                   [.stage: import/factory/build forward/load
-    │   │                                    forward/call, .path; original as __cause__]
+    ├── ManifestError (ValueError)          an invalid manifest or plan, at a JSON path
+    │   └── IncompatibleArtifactError       a newer format, or an unsafe runtime
+    ├── FileReadError (OSError)             a supplied file that is not a readable regular file
+    ├── ArtifactError (OSError)             the directory does not match its manifest
+    │   ├── DigestMismatchError             not the pinned digest
+    │   └── ArtifactSignatureError          a signature that does not prove the artifact
+    ├── ModelSourceError (ImportError)      model file, entry point or model code failing
     │   ├── FactoryNotReproducibleError     two factory calls give different models
-    │   │                                   [.differs: the buffers/outputs that differ]
-    │   └── StatefulModelError              a forward whose answers depend on earlier calls
-    │                                       [.changed: the state/outputs that moved]
-    ├── WeakReferencesError (ValueError)    references that cannot tell a right model from
-    │                                       a wrong one (empty or constant outputs)
-    │                                       [.shape, .outputs]
-    ├── PaddingError (ValueError)           declared padding that changes the model's answers
-    │                                       [.input, .dim, .output, .max_rel, .tolerance]
-    ├── InputFileError (ValueError)         a file of inputs (--reference-inputs, predict
-    │                                       --input) or outputs that cannot be used
-    │                                       [.path, .problem]
-    ├── WeightsMismatchError (ValueError)   missing/unexpected keys, shape or dtype
-    │                                       differences  [.source, .problems]
-    ├── SelfTestError (RuntimeError)        outputs disagree with eager or the build references
-    │   │                                   [.shape, .max_abs, .max_rel, .tolerance,
-    │   │                                    .problem: a structural difference, or None]
-    │   └── PrecisionError                  reduced precision beyond max_error at build or on
-    │                                       the loading device, or not available there
-    │                                       [.precision, .output, .measured, .max_error,
-    │                                        .device, .build_measured, .figures]
+    │   └── StatefulModelError              answers that depend on earlier calls
+    ├── WeakReferencesError (ValueError)    references that cannot tell models apart
+    ├── PaddingError (ValueError)           declared padding that changes the answers
+    ├── InputFileError (ValueError)         a file of inputs or outputs that cannot be used
+    ├── WeightsMismatchError (ValueError)   weights that do not fit the model exactly
+    ├── SelfTestError (RuntimeError)        outputs that disagree with eager or the references
+    │   └── PrecisionError                  a reduced precision beyond max_error, or unavailable
     ├── CaptureError (RuntimeError)         a graph that could not be captured
-    │                                       [.shape, .module, .op]
-    ├── DeviceError (RuntimeError)          CUDA asked for where none is, bad device index
-    │                                       [.requested, .problem, .suggestion]
-    ├── KernelCacheError (RuntimeError)     shipped kernel set unusable (see ``qkan-pack warm``)
-    ├── PrecompileRefusedError (RuntimeError)
-    │                                       no precompiled form for this model or torch:
-    │                                       compiled mode falls back  [.reason]
+    ├── DeviceError (RuntimeError)          a device that does not exist or cannot be used
+    ├── KernelCacheError (RuntimeError)     a shipped kernel set that cannot be used
+    ├── PrecompileRefusedError (RuntimeError)  no precompiled form: compiled mode falls back
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── OptionError (ValueError)            a Python API argument outside its domain
-    │   │                                   (build's) [.option, .value, .expected]
     │   └── LoadOptionError                 a Predictor.load option outside its domain
-    ├── ServeError (RuntimeError)           a server that cannot start, place its replicas
-    │   │                                   or keep serving  [.problem, .hint]
+    ├── ServeError (RuntimeError)           a server that cannot start or keep serving
     │   ├── OverloadedError                 a replica's admission is full (HTTP 503)
-    │   │                                   [.ongoing, .queued]
-    │   ├── ReplicaLoadError                a replica that cannot load the artifact on its
-    │   │                                   node  [.node_ip, .node_id, .path, .reason;
-    │   │                                    the load's own error as __cause__]
-    │   ├── ServeTokenError (also ValueError)  a bearer token or token file serve cannot
-    │   │                                   use  [.source, .problem]
-    │   └── RepositoryError (also ValueError)  a model repository laid out wrong, a model
-    │                                       config or a version that cannot serve
-    │                                       [.path, .problems]
-    └── InputError (ValueError)             shape/dtype/device outside the manifest
-        │                                   [.accepted: the signatures the artifact takes;
-        │                                    a shape no entry takes: .given, .largest_batch,
-        │                                    .pad_inputs, .by_name (the fix)]
-        ├── MalformedRequestError           a serve request body that is not the format
+    │   ├── ReplicaLoadError                a replica that cannot load on its node
+    │   ├── ServeTokenError (also ValueError)  a token or token file serve cannot use
+    │   └── RepositoryError (also ValueError)  a model repository or version that cannot serve
+    └── InputError (ValueError)             inputs outside the manifest (and the fix)
+        ├── MalformedRequestError           a serve request that is not the format at all
         └── PredictorClosedError            a call on (or racing with) a closed predictor
 
-Messages are built from the fields; callers branch on the fields, never on the text.
-Messages say what went wrong, where (file, key, shape) and how to fix it.
+Each class's docstring names its fields (docs/errors.md has the tree with them). Messages
+are built from the fields (``_then`` joins an optional part); callers branch on the fields,
+never on the text. Messages say what went wrong, where (file, key, shape) and how to fix it.
 """
 
 from __future__ import annotations
@@ -83,40 +47,18 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-__all__ = [
-    "ArtifactError",
-    "ArtifactSignatureError",
-    "BenchError",
-    "CaptureError",
-    "DeviceError",
-    "DigestMismatchError",
-    "FactoryNotReproducibleError",
-    "FileReadError",
-    "IncompatibleArtifactError",
-    "InputError",
-    "InputFileError",
-    "KernelCacheError",
-    "LoadOptionError",
-    "MalformedRequestError",
-    "ManifestError",
-    "ModelSourceError",
-    "OptionError",
-    "OverloadedError",
-    "PaddingError",
-    "PrecisionError",
-    "PrecompileRefusedError",
-    "PredictorClosedError",
-    "QkanPackError",
-    "ReplicaLoadError",
-    "RepositoryError",
-    "SelfTestError",
-    "ServeError",
-    "ServeTokenError",
-    "ShapeSpecError",
-    "StatefulModelError",
-    "WeakReferencesError",
-    "WeightsMismatchError",
-]
+__all__ = ["ArtifactError", "ArtifactSignatureError", "BenchError", "CaptureError", "DeviceError",
+           "DigestMismatchError", "FactoryNotReproducibleError", "FileReadError", "IncompatibleArtifactError",
+           "InputError", "InputFileError", "KernelCacheError", "LoadOptionError", "MalformedRequestError",
+           "ManifestError", "ModelSourceError", "OptionError", "OverloadedError", "PaddingError",
+           "PrecisionError", "PrecompileRefusedError", "PredictorClosedError", "QkanPackError",
+           "ReplicaLoadError", "RepositoryError", "SelfTestError", "ServeError", "ServeTokenError",
+           "ShapeSpecError", "StatefulModelError", "WeakReferencesError", "WeightsMismatchError"]
+
+
+def _then(separator: str, text: str) -> str:
+    """An optional part of a message: ``separator`` and ``text``, or nothing."""
+    return f"{separator}{text}" if text else ""
 
 
 def _restore(cls: type, args: tuple, state: dict[str, Any]) -> QkanPackError:
@@ -179,7 +121,8 @@ class ArtifactError(QkanPackError, OSError):
 
 
 class DigestMismatchError(ArtifactError):
-    """The whole-artifact digest differs from the one the caller pinned."""
+    """The whole-artifact digest (``actual``) differs from the one the caller pinned
+    (``expected``)."""
 
     def __init__(self, *, path: str, actual: str, expected: str) -> None:
         super().__init__(
@@ -316,7 +259,7 @@ class PaddingError(QkanPackError, ValueError):
         self.output = output
         self.max_rel = max_rel
         self.tolerance = tolerance
-        super().__init__(f"cannot pad: {problem}" + (f". {cause}" if cause else "")
+        super().__init__(f"cannot pad: {problem}" + _then(". ", cause)
                          + "; nothing was written")
 
 
@@ -331,7 +274,8 @@ class InputFileError(QkanPackError, ValueError):
 
 
 class WeightsMismatchError(QkanPackError, ValueError):
-    """Weights that do not fit the model exactly; ``problems`` lists every key that does not."""
+    """Weights (from ``source``) that do not fit the model exactly; ``problems`` lists every
+    key that does not."""
 
     def __init__(self, *, source: str, problems: Sequence[str] = (), reason: str = "") -> None:
         self.source = source
@@ -344,7 +288,9 @@ class WeightsMismatchError(QkanPackError, ValueError):
 
 
 class SelfTestError(QkanPackError, RuntimeError):
-    """Outputs that disagree with eager execution or the build-time references."""
+    """Outputs that disagree with eager execution or the build-time references: for shape
+    ``shape``, by up to ``max_abs`` (``max_rel`` of the output's scale) beyond ``tolerance``
+    ``(rtol, atol)``; or ``problem``, a structural difference no tolerance could accept."""
 
     def __init__(self, *, shape: str, compared: str, max_abs: float,
                  tolerance: tuple[float, float], hint: str, max_rel: float | None = None,
@@ -354,7 +300,7 @@ class SelfTestError(QkanPackError, RuntimeError):
         self.max_abs = max_abs
         self.max_rel = max_rel
         self.tolerance = tuple(tolerance)
-        self.problem = problem  # a difference no tolerance could accept (a changed shape)
+        self.problem = problem
         rtol, atol = self.tolerance
         if problem is not None:
             super().__init__(f"self-test failed for shape {shape}: {compared} differ: "
@@ -386,8 +332,9 @@ class PrecisionError(SelfTestError):
         self.device = device
         self.max_error = max_error
         self.figures = tuple(figures)
-        worst = max(self.figures, key=lambda f: f[2], default=None)
-        self.shape, self.output, self.measured = worst if worst else ("", None, None)
+        worst: tuple[str, str | None, float | None] = max(self.figures, key=lambda f: f[2],
+                                                           default=("", None, None))
+        self.shape, self.output, self.measured = worst
         self.build_measured = build_measured
         self.compared = f"{precision} outputs on {device} and the float32 references"
         self.max_abs = max_abs
@@ -402,7 +349,7 @@ class PrecisionError(SelfTestError):
             built = ("" if build_measured is None
                      else f"; build measured {build_measured:.2g} for shape {self.shape}")
             message = f"{precision} on {device}: {each}{built}"
-        QkanPackError.__init__(self, message + (f". {hint}" if hint else ""))
+        QkanPackError.__init__(self, message + _then(". ", hint))
 
 
 def _precision_difference(measured: float, max_error: float) -> str:
@@ -431,7 +378,7 @@ class CaptureError(QkanPackError, RuntimeError):
         if shape is not None:
             where.append(f"shape {shape}")
         prefix = f"capture failed for {' '.join(where)}: " if where else ""
-        super().__init__(prefix + op + (f". {hint}" if hint else ""))
+        super().__init__(prefix + op + _then(". ", hint))
 
 
 class DeviceError(QkanPackError, RuntimeError):
@@ -475,14 +422,14 @@ class LoadOptionError(OptionError):
 
 
 class ServeError(QkanPackError, RuntimeError):
-    """``qkan-pack serve`` cannot start or keep serving as asked: a taken port, options out
-    of range, replicas the cluster cannot place or that failed to load, a replica made
-    unhealthy by a device error."""
+    """``qkan-pack serve`` cannot start or keep serving as asked (``problem``: a taken port,
+    options out of range, replicas the cluster cannot place or that failed to load, a replica
+    made unhealthy by a device error; ``hint``: the fix)."""
 
     def __init__(self, problem: str, *, hint: str = "") -> None:
         self.problem = problem
         self.hint = hint
-        super().__init__(problem + (f"; {hint}" if hint else ""))
+        super().__init__(problem + _then("; ", hint))
 
 
 class OverloadedError(ServeError):

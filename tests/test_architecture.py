@@ -38,7 +38,7 @@ PUBLIC = {
     "qkan_pack.builder": ["BuildOptions", "BuildResult", "SignResult", "WarmResult", "build",
                           "check_warm_device", "sign", "warm", "write_artifact"],
     "qkan_pack.serve": ["DEFAULT_MAX_BODY_BYTES", "INGRESSES", "ArtifactServer", "HttpLimits",
-                        "Listen", "NoopServer", "ServeOptions", "add_inference_service",
+                        "Listen", "NoopServer", "ReplicaLoad", "ServeOptions", "add_inference_service",
                         "app_builder", "build_app", "check_token",
                         "describe_artifact", "encode_outputs", "fit", "parse_request",
                         "parse_tensor", "read_token_file", "replica_device_text", "row_plan",
@@ -46,15 +46,16 @@ PUBLIC = {
     "qkan_pack.bench": ["COLD_SCHEMA", "COLD_VARIANTS", "CPU_NOTE", "LABELS", "SCHEMA",
                         "SKIPPABLE", "VARIANTS", "BenchReport", "BenchSettings", "ColdSettings",
                         "ServeLoadReport", "ServeLoadSettings", "ShapeResult", "VariantResult",
-                        "render_cold", "render_serve_load", "render_table", "run_bench",
-                        "run_cold", "run_serve_load", "write_cold_json", "write_cold_plot",
+                        "is_repository", "render_cold", "render_repository_load",
+                        "render_serve_load", "render_table", "run_bench", "run_cold",
+                        "run_repository_load", "run_serve_load", "write_cold_json", "write_cold_plot",
                         "write_json", "write_plot", "write_serve_json", "write_serve_plot"],
     "qkan_pack.runtime": [
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
         "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
         "leaf_names_of", "spread_for",
-        "PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "precompiled_dir",
+        "PLAN_FILE", "PrecompiledExport", "precompiled_dir", "process_environment",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
         "output_path", "refuse_unsafe_output",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
@@ -150,6 +151,20 @@ def test_runtime_and_format_export_what_they_list() -> None:
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
         assert not [n for n in module.__all__ if n.startswith("_")]
     assert dir(qkan_pack) == sorted(PUBLIC["qkan_pack"])
+
+
+def test_type_checkers_see_every_module_runtime_resolves_on_first_use() -> None:
+    """``runtime`` imports its torch-backed modules on first use (``_lazy.module_exports``);
+    its ``TYPE_CHECKING`` block names the same modules, so that mypy types those names
+    instead of taking them as ``Any``."""
+    tree = ast.parse((ROOT / "qkan_pack" / "runtime" / "__init__.py").read_text())
+    lazy = {ast.literal_eval(item) for call in ast.walk(tree)
+            if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "module_exports"
+            for item in call.args[1].elts}
+    checked = {f".{node.module}" for block in ast.walk(tree)
+               if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+               for node in block.body if isinstance(node, ast.ImportFrom)}
+    assert lazy and checked == lazy
 
 
 def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
@@ -264,8 +279,8 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
                           capture_output=True, text=True, check=True, cwd=ROOT)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
-    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported"}, \
-        seen["ours"]
+    assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported",
+                      "_checked"}, seen["ours"]
     absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
     assert seen["states"] == {**absent, **heavy}
 
@@ -306,3 +321,38 @@ def test_private_modules_are_imported_only_by_their_own_tests() -> None:
                 if not own_tests:
                     offenders.append(f"{relative}: {name}")
     assert offenders == []
+
+
+#: The size a module may grow to before it is split by what it does (docs/ARCHITECTURE.md).
+PACKAGE = Path(qkan_pack.__file__).parent
+MAX_MODULE_LINES = 600
+#: Parameters a function may take; more calls for an options object (``BuildOptions``,
+#: ``ReplicaLoad``). Click commands take one per option and are exempt.
+MAX_PARAMETERS = 8
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = {str(path.relative_to(PACKAGE.parent)): lines
+            for path in PACKAGE.rglob("*.py")
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these by what they do: {long}"
+
+
+def _is_click_command(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any("command" in ast.unparse(decorator) or "option" in ast.unparse(decorator)
+               for decorator in node.decorator_list)
+
+
+def test_no_function_takes_more_than_eight_parameters() -> None:
+    wide = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arguments = node.args
+            names = [a.arg for a in (*arguments.posonlyargs, *arguments.args,
+                                     *arguments.kwonlyargs) if a.arg not in ("self", "cls")]
+            if len(names) > MAX_PARAMETERS and not _is_click_command(node):
+                wide.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} "
+                            f"({len(names)})")
+    assert wide == [], f"pass an options object instead: {wide}"

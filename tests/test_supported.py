@@ -94,3 +94,17 @@ def test_the_installed_release_is_read_without_importing_it(monkeypatch: pytest.
     monkeypatch.setattr(metadata, "version", version)
     assert [r.installed() for r in ALL] == ["3.8.0: outside", "2.60.1", "not installed",
                                             "not installed"]
+
+
+def test_every_seam_refuses_a_release_in_the_one_message() -> None:
+    """The version-gate message is built once (``ReleaseRange.outside``): a seam adds what
+    happens instead, never its own wording of the release and the range."""
+    assert RAY.outside("2.59.1", "serve refuses to start") == (
+        "Ray 2.59.1 is outside the supported range 2.60.x; serve refuses to start")
+    package = ROOT / "qkan_pack"
+    worded = [str(path.relative_to(ROOT)) for path in package.rglob("*.py")
+              if "is outside the supported" in path.read_text() and path.name != "_supported.py"]
+    assert worded == []
+    seams = ["runtime/_triton_compat.py", "serve/_ray_compat.py", "serve/_uvicorn_compat.py",
+             "runtime/_signing_compat.py"]
+    assert [seam for seam in seams if "SUPPORTED.outside(" not in (package / seam).read_text()] == []

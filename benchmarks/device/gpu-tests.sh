@@ -17,8 +17,14 @@ case "${1:-all}" in
     *) echo "gpu-tests.sh: shard is 1, 2 or nothing (all), not '$1'"; exit 2 ;;
 esac
 LOG="$RESULTS/gpu-tests-at-$COMMIT$suffix.txt"
+# Each worker's torch would use every core for CPU work (builds run the model on the CPU):
+# 8 workers x 16 threads on 16 cores spun a fixture's build past 150 s at e50bb5b. Share them.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${WORKERS:-6} > 0 ? $(nproc) / ${WORKERS:-6} : 1 ))}
+# A test stuck this long prints every thread's stack (what a cut-short run otherwise hides).
+FAULT_AFTER=${FAULT_AFTER:-240}
 started=$(date +%s)
 timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider -n "${WORKERS:-6}" --durations=15 \
+    -o faulthandler_timeout="$FAULT_AFTER" \
     "${selection[@]}" 2>&1 | tee "$LOG"
 status=$?
 echo "== pytest -m gpu ${1:-all} exit $status, $(( $(date +%s) - started )) s" | tee -a "$LOG"

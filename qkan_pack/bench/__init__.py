@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ._cold_render import render_cold, write_cold_plot
     from ._plot import write_plot, write_serve_plot
     from ._render import render_table, write_json
+    from ._repo_load import is_repository, render_repository_load, run_repository_load
     from ._results import SCHEMA, BenchReport, BenchSettings, ShapeResult, VariantResult
     from ._serve_load import (
         ServeLoadReport,
@@ -29,6 +30,8 @@ _LAZY = {
     "run_cold": "._cold", "write_cold_json": "._cold",
     "render_cold": "._cold_render", "write_cold_plot": "._cold_render",
     "render_table": "._render", "write_json": "._render",
+    "is_repository": "._repo_load", "render_repository_load": "._repo_load",
+    "run_repository_load": "._repo_load",
     "write_plot": "._plot", "write_serve_plot": "._plot",
     "ServeLoadReport": "._serve_load", "ServeLoadSettings": "._serve_load",
     "render_serve_load": "._serve_load", "run_serve_load": "._serve_load",
@@ -40,9 +43,10 @@ _LAZY = {
 
 __all__ = ["COLD_SCHEMA", "COLD_VARIANTS", "CPU_NOTE", "LABELS", "SCHEMA", "SKIPPABLE",
            "VARIANTS", "BenchReport", "BenchSettings", "ColdSettings", "ServeLoadReport",
-           "ServeLoadSettings", "ShapeResult", "VariantResult", "render_cold",
-           "render_serve_load", "render_table", "run_bench", "run_cold", "run_serve_load",
-           "write_cold_json", "write_cold_plot", "write_json", "write_plot", "write_serve_json",
+           "ServeLoadSettings", "ShapeResult", "VariantResult", "is_repository", "render_cold",
+           "render_repository_load", "render_serve_load", "render_table", "run_bench",
+           "run_cold", "run_repository_load", "run_serve_load", "write_cold_json",
+           "write_cold_plot", "write_json", "write_plot", "write_serve_json",
            "write_serve_plot"]
 
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)

@@ -43,7 +43,7 @@ COLD_SCHEMA = "qkan-pack-cold/1"
 #: Stage order of the breakdown (names as the child and ``predictor.report.stages`` write them).
 STAGES = ("python start", "import torch", "import qkan_pack", "verify", "kernel cache", "import",
           "cuda init", "build", "weights", "references", "first forward", "reference self-test",
-          "precision gate",
+          "padding self-test", "precision gate",
           "replay baseline", "compile", "capture", "self-test", "load, other", "first call")
 FRESH_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 CHILD = Path(__file__).with_name("_cold_child.py")
@@ -199,11 +199,12 @@ def _child(variant: str, path: Path, target: Any, settings: ColdSettings, *,
     """One fresh process; its record with the import breakdown added."""
     with tempfile.TemporaryDirectory(prefix="qkan-pack-cold-") as scratch:
         out = Path(scratch) / "result.json"
-        args = {"mode": "torch_compile" if variant == "torch_compile" else "predictor",
-                "compiled": "shipped" if variant == "compiled" else "off",
-                "path": str(path), "device": str(target), "calls": settings.calls,
-                "overrides": dict(settings.config_overrides), "profile": profile,
-                "out": str(out), "launched": time.time()}
+        args: dict[str, Any] = {
+            "mode": "torch_compile" if variant == "torch_compile" else "predictor",
+            "compiled": "shipped" if variant == "compiled" else "off",
+            "path": str(path), "device": str(target), "calls": settings.calls,
+            "overrides": dict(settings.config_overrides), "profile": profile,
+            "out": str(out), "launched": time.time()}
         env = _environment(Path(scratch), settings.fresh_caches, settings.bytecode_cache)
         command = [sys.executable, "-X", "importtime", "-c", CHILD.read_text(), json.dumps(args)]
         try:

@@ -22,6 +22,7 @@ STAGE_LABELS = {
     "references": "reference inputs",
     "first forward": "first forward (kernels)",
     "reference self-test": "reference self-test",
+    "padding self-test": "padding self-test",
     "precision gate": "precision gate",
     "replay baseline": "eager replay baseline",
     "compile": "compiled code (load or compile)",

@@ -55,7 +55,7 @@ def _latency_bars(axes: Any, report: BenchReport, names: list[str]) -> None:
         xs, medians, whiskers = [], [], []
         for position, shape in enumerate(report.shapes):
             item = shape.variants.get(name)
-            if variant_ok(item):
+            if variant_ok(item) and item.median_us is not None and item.p90_us is not None:
                 xs.append(position + (slot - (len(names) - 1) / 2) * width)
                 medians.append(item.median_us)
                 whiskers.append(max(0.0, item.p90_us - item.median_us))
@@ -80,12 +80,12 @@ def write_serve_plot(report: Any, path: str | Path) -> Path:
             points = [p for p in curve if p.protocol == protocol]
             label = mode if len(protocols) == 1 else f"{mode} {protocol}"
             clients = [p.clients for p in points]
-            style = "-o" if mode == "model" else "--s"
+            style = "--s" if mode == "noop" else "-o"
             panels[0].plot(clients, [p.requests_per_s for p in points], style, label=label)
             panels[1].plot(clients, [p.p50_ms for p in points], style, label=f"{label} p50")
             panels[1].plot(clients, [p.p99_ms for p in points], style, alpha=0.5,
                            label=f"{label} p99")
-            if mode == "model":
+            if any(p.rows_per_replay for p in points):  # the artifact's, a repository's
                 panels[2].plot(clients, [p.rows_per_replay for p in points], style, label=label)
     for panel, ylabel in zip(panels, ("requests/s (200 only)", "latency ms", "rows per replay")):
         panel.set_xscale("log", base=2)

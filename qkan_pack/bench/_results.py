@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -121,7 +121,7 @@ class BenchReport:
 
 
 
-def variant_ok(item: VariantResult | None) -> bool:
+def variant_ok(item: VariantResult | None) -> TypeGuard[VariantResult]:
     """Whether a variant ran and was timed (what tables and plots can show)."""
     return item is not None and item.status == "ok" and item.median_us is not None
 

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .._ports import side_ports
 from ..errors import BenchError
 from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
+from ._server_process import ServerProcess, listening_ports
 
 if TYPE_CHECKING:
     from ..format import InputDecl
@@ -69,6 +69,9 @@ class ServeLoadSettings:
     #: Measured side by side at every client count, against one server (``PROTOCOLS``).
     protocols: tuple[str, ...] = ("json",)
     rows_per_request: int = 1  # a captured batch size of the artifact
+    #: A model repository's measurement is repeated this many times, each figure the
+    #: median (``_repo_load``).
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.protocols if p not in PROTOCOLS]
@@ -77,6 +80,8 @@ class ServeLoadSettings:
                              f"{', '.join(PROTOCOLS)}")
         if self.rows_per_request < 1:
             raise BenchError(f"rows per request must be at least 1, got {self.rows_per_request}")
+        if self.rounds < 1:
+            raise BenchError(f"rounds must be at least 1, got {self.rounds}")
 
 
 @dataclass
@@ -110,6 +115,8 @@ class ServeLoadReport:
     ratios: dict[str, dict[str, float]] = field(default_factory=dict)
     kill: dict[str, Any] | None = None
     large_bodies: dict[str, Any] | None = None
+    #: A model repository's report (``_repo_load``): its models, and the one served alone.
+    repository: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,102 +149,6 @@ def protocol_ratios(points: Sequence[Point]) -> dict[str, dict[str, float]]:
             ratios.setdefault(point.protocol, {})[str(point.clients)] = round(
                 point.requests_per_s / json_rps[point.clients], 2)
     return ratios
-
-
-class ServerProcess:
-    """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
-
-    def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float,
-                 token: str | None = None, grpc_port: int = 0) -> None:
-        self.port = port
-        self.token = token
-        self.grpc_port = grpc_port
-        self.oip_model = ""  # the Open Inference Protocol's name of the model, once read
-        self.command = [sys.executable, "-m", "qkan_pack", "serve", artifact, "--port", str(port),
-                        *args, *(("--grpc-port", str(grpc_port)) if grpc_port else ())]
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, start_new_session=True)
-        try:
-            self.ready_line = self._wait_ready(timeout_s)
-        except BaseException:  # SIGTERM (SystemExit) or Ctrl-C while it starts: stop it too
-            self.stop()
-            raise
-
-    def _wait_ready(self, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if line.startswith("serving "):
-                return line.strip()
-            if not line and self.process.poll() is not None:
-                break
-        self.stop()
-        stderr = self.process.stderr.read() if self.process.stderr else ""
-        raise BenchError(f"qkan-pack serve did not start: {stderr.strip()[-800:]}")
-
-    def get(self, path: str, method: str = "GET") -> dict[str, Any]:
-        return json.loads(self.read(path, method))
-
-    def read(self, path: str, method: str = "GET") -> bytes:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                         data=b"" if method == "POST" else None, headers=headers)
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.read()
-
-    def replay_totals(self) -> tuple[float, float]:
-        """(rows replayed, replays) since the server started, over every replica (``GET
-        /metrics``: ``qkan_pack_rows_per_replay``'s sum and count)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        totals = {"qkan_pack_rows_per_replay_sum": 0.0, "qkan_pack_rows_per_replay_count": 0.0}
-        for family in text_string_to_metric_families(self.read("/metrics").decode()):
-            for sample in family.samples:
-                if sample.name in totals:
-                    totals[sample.name] += sample.value
-        return totals["qkan_pack_rows_per_replay_sum"], totals["qkan_pack_rows_per_replay_count"]
-
-    def replica_pids(self) -> list[int]:
-        """The server's replica processes (Ray names them ``ray::ServeReplica:...``)."""
-        return [pid for pid in descendants(self.process.pid)
-                if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
-
-    def stop(self, timeout_s: float = 120.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                # the command, and the server it runs in a session of its own (its group
-                # holds neither the server nor Ray's processes), and all they started
-                for pid in [*descendants(self.process.pid), self.process.pid]:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                self.process.wait()
-        return self.process.returncode
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            stat = _read(f"/proc/{entry.name}/stat").rsplit(b")", 1)[-1].split()
-            if len(stat) > 1:
-                children.setdefault(int(stat[1]), []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def _read(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError:
-        return b""
 
 
 def row_inputs(artifact: str, lengths: tuple[int, int] | None = None,
@@ -373,7 +284,7 @@ def _optional_runs(server: ServerProcess, rows: Rows, settings: ServeLoadSetting
         report.kill = measure_kill(server, rows, settings)
 
 
-def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
+def load_spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
           **changes: Any) -> LoadSpec:
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
                     warmup=settings.warmup, rows=rows, token=server.token,
@@ -384,7 +295,7 @@ def _spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSe
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
                   has_stats: bool, protocol: str = "json") -> Point:
     before = server.replay_totals() if has_stats else None
-    result = run_load(_spec(server, rows, clients, settings, protocol=protocol),
+    result = run_load(load_spec(server, rows, clients, settings, protocol=protocol),
                       settings.processes)
     point = summarise(clients, result, settings.seconds, protocol, settings.rows_per_request)
     if before is not None:
@@ -410,7 +321,7 @@ def measure_kill(server: ServerProcess, rows: Rows, settings: ServeLoadSettings)
                     every_s=settings.kill_every_s, until=started + seconds)
     loop.start()
     try:
-        result = run_load(replace(_spec(server, rows, settings.kill_clients, settings),
+        result = run_load(replace(load_spec(server, rows, settings.kill_clients, settings),
                                   seconds=seconds), settings.processes)
     finally:
         loop.stop()
@@ -471,25 +382,6 @@ class KillLoop(threading.Thread):
         return None
 
 
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports process ``pid`` listens on: its sockets' inodes looked up in the
-    kernel's tables (empty if it is gone)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                link = os.readlink(fd.path)
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in _read(table).decode().splitlines()[1:]:
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _wait_replicas(server: ServerProcess, count: int, timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while len(pids := server.replica_pids()) < count and time.monotonic() < deadline:
@@ -504,12 +396,12 @@ def measure_large_bodies(server: ServerProcess, rows: Rows, settings: ServeLoadS
     import threading
 
     size = int((settings.large_body_mb or 0) * 2**20)
-    alone = run_load(_spec(server, rows, settings.probe_clients, settings), settings.processes)
+    alone = run_load(load_spec(server, rows, settings.probe_clients, settings), settings.processes)
     big = LoadResult()
     sender = threading.Thread(target=lambda: big.merge(run_load(
-        _spec(server, rows, 2, settings, body_bytes=size), 1)), daemon=True)
+        load_spec(server, rows, 2, settings, body_bytes=size), 1)), daemon=True)
     sender.start()
-    during = run_load(_spec(server, rows, settings.probe_clients, settings), settings.processes)
+    during = run_load(load_spec(server, rows, settings.probe_clients, settings), settings.processes)
     sender.join()
     return {"body_mb": settings.large_body_mb, "clients": settings.probe_clients,
             "alone": asdict(summarise(settings.probe_clients, alone, settings.seconds)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -132,8 +133,8 @@ def dynamo_counts() -> tuple[int, int]:
         from torch._dynamo.utils import counters
     except Exception:
         return 0, 0
-    skips = int(counters.get("inductor", {}).get("cudagraph_skips", 0))
-    breaks = int(sum(counters.get("graph_break", {}).values()))
+    skips = int(counters.get("inductor", Counter()).get("cudagraph_skips", 0))
+    breaks = int(sum(counters.get("graph_break", Counter()).values()))
     return skips, breaks
 
 
@@ -217,15 +218,8 @@ class Contestants:
         variant = Variant("bare_graph", note="private pool; copy_ in, replay, clone out")
         if variant.name in self.skip:
             return variant
-        try:
-            graph = bare_graph(self.forward, inputs, self.device, self.streams)
-        except Exception as exc:
-            fail_variant(variant, "whole-model capture failed", exc, self.device)
-            return variant
-        self.graphs.append(graph)
-        variant.graph = graph
-        variant.call = lambda: graph.replay_copy(inputs)
-        return variant
+        return self._replaying(variant, inputs, lambda: bare_graph(self.forward, inputs,
+                                                                   self.device, self.streams))
 
     def _precision(self, inputs: list[torch.Tensor], references: list[torch.Tensor] | None,
                    precision: str) -> Variant:
@@ -244,9 +238,20 @@ class Contestants:
         if not cuda:
             variant.call = lambda: served(*inputs)
             return variant
-        try:
+
+        def capture() -> ShapeGraph:
             graph, variant.pool_bytes = precision_graph(served, inputs, self.device,
                                                         self.streams, precision)
+            return graph
+
+        return self._replaying(variant, inputs, capture)
+
+    def _replaying(self, variant: Variant, inputs: list[torch.Tensor],
+                   capture: Callable[[], ShapeGraph]) -> Variant:
+        """``variant`` calling a whole-model graph of its own (``capture`` makes it): copy in,
+        replay, clone out; a capture that fails fails the variant, saying why."""
+        try:
+            graph = capture()
         except Exception as exc:
             fail_variant(variant, "whole-model capture failed", exc, self.device)
             return variant

@@ -311,16 +311,17 @@ def _declare_inputs(user: _UserModel, shapes: ShapesArg, options: BuildOptions,
                     model_path: Path) -> _Inputs:
     """The inputs matched to ``forward``'s signature, their value ranges, the pad values by
     input, and the user's input files read against them (before any reference runs)."""
-    declared = declare_inputs(shapes, options.dtype, user.model)
+    declared = declare_inputs(shapes, options.dtype_names, user.model)
     forward = bind_forward(user.model, declared.names, declared.call)
     hook = getattr(user.module, EXAMPLE_INPUT_HOOK, None)
     input_range = check_range(options.input_range, list(declared.dtypes.values()))
     decls = integer_ranges(declared, forward, user.model, input_range, hook)
     padded = pad_names(options.pad, declared.names, declared.call) if options.pad else {}
-    given = (read_reference_inputs(options.reference_inputs, declared.dtypes,
+    given = (read_reference_inputs(Path(options.reference_inputs), declared.dtypes,
                                    declared.per_shape)
              if options.reference_inputs is not None else None)
-    calibrating = (read_calibration(options.calibration, declared.dtypes, declared.per_shape)
+    calibrating = (read_calibration(Path(options.calibration), declared.dtypes,
+                                    declared.per_shape)
                    if options.calibration is not None else [])
     return _Inputs(declared, decls, forward, _Sources(hook, given, options.seed), padded,
                    calibrating, model_path)
@@ -394,14 +395,12 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
     """The model answers the same after running other inputs (``_checks.check_stateless``),
-    checked on the entry with the most input elements (the widest range of values seen)."""
-    index = max(range(len(recorded.references)),
-                key=lambda i: sum(t.numel() for t in recorded.references[i].inputs))
-    reference = recorded.references[index]
-    run = ReferenceRun(inputs.forward, reference.inputs, reference.outputs,
-                       list(reference.entry.outputs.leaf_names()), reference.entry.noise,
-                       inputs.fresh(index, reference.inputs))
-    check_stateless(model, run, str(inputs.model_path))
+    checked at every declared entry (a state may move at one batch size only)."""
+    for index, reference in enumerate(recorded.references):
+        run = ReferenceRun(inputs.forward, reference.inputs, reference.outputs,
+                           list(reference.entry.outputs.leaf_names()), reference.entry.noise,
+                           inputs.fresh(index, reference.inputs))
+        check_stateless(model, run, str(inputs.model_path))
 
 
 def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:
@@ -417,8 +416,8 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions)
     entry; float32 passes unchanged."""
     if options.precision == "fp32":
         return recorded
-    samples = [GateSample(index, ref.inputs, ref.outputs)
-               for index, ref in enumerate(recorded.references)]
+    samples: list[GateSample | CalibrationSample] = [
+        GateSample(index, ref.inputs, ref.outputs) for index, ref in enumerate(recorded.references)]
     samples += [CalibrationSample(index, sample, partial(inputs.flat_outputs, index, sample),
                                   f"--calibration {options.calibration}, {label}")
                 for index, sample, label in inputs.calibrating]
@@ -451,7 +450,7 @@ def _write(built: _Built, options: BuildOptions) -> BuildResult:
         reference_precision=torch.get_float32_matmul_precision(), metadata=built.metadata,
         padding=recorded.padding, precision=recorded.precision,
     )
-    target = (options.output if options.output is not None
+    target = (Path(options.output) if options.output is not None
               else Path("artifacts") / inputs.model_path.stem)
     final, digest = write_artifact(target, manifest, built.files, force=options.force,
                                   protect=(inputs.model_path.parent,))
@@ -521,7 +520,7 @@ def _import_model(model_path: Path, options: BuildOptions) -> _UserModel:
     check_storable(model, str(model_path))
     tied = tied_groups(model)
     if options.weights is not None:
-        load_strict(model, read_user_weights(options.weights), tied, str(options.weights))
+        load_strict(model, read_user_weights(Path(options.weights)), tied, str(options.weights))
     model.eval()  # after weights: QKAN folds masks/biases into eval-time caches here
     return _UserModel(source_name=source_name, sources=sources, module=module, entry=entry,
                       config=dict(options.config), device_argument=accepts_device(factory),
@@ -549,7 +548,8 @@ def _refuse_unpacked_neighbours(imported_before: set[str], model_path: Path,
                 f"sys.path here): build with --include {shown.as_posix()}")
 
 
-def _read_sources(model_path: Path, includes: Sequence[str | Path]) -> dict[str, bytes]:
+def _read_sources(model_path: Path, includes: Sequence[str | os.PathLike[str]]
+                  ) -> dict[str, bytes]:
     """The model file plus includes, keyed by their path inside the artifact."""
     if not model_path.is_file():
         raise ModelSourceError(f"model file {model_path} does not exist")

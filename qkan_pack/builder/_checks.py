@@ -40,9 +40,11 @@ from ..runtime import (
     uninformative_outputs,
 )
 
-#: ``check_stateless`` runs the model on other inputs with their floats this many times as
-#: large, so that a running maximum or a min/max observer sees values beyond the references'.
-WIDER_INPUTS = 8.0
+#: ``check_stateless`` runs the model on other inputs with their floats these many times as
+#: large: as drawn (a state that only plausible values move: calibration that skips
+#: outliers), and wider (a running maximum or a min/max observer sees values beyond the
+#: references').
+INPUT_SCALES = (1.0, 4.0, 16.0)
 
 
 def check_informative(label: str, outputs: Sequence[torch.Tensor], names: Sequence[str], *,
@@ -150,19 +152,23 @@ class ReferenceRun:
 
 def check_stateless(model: torch.nn.Module, run: ReferenceRun, path: str) -> None:
     """Refuse (``StatefulModelError``) a model whose forward changes what later calls answer:
-    run it on other inputs (their floats ``WIDER_INPUTS`` times as large), then again on the
-    reference inputs; every parameter and buffer must be as it was, and the reference
-    outputs the same within the entry's noise bound (state kept in plain attributes shows
-    there). A model that cannot run the other inputs is not judged by them."""
+    run it on other inputs (their floats at each of ``INPUT_SCALES``), then again on the
+    reference inputs; every parameter and buffer must be as it was after each, and the
+    reference outputs the same within the entry's noise bound (state kept in plain
+    attributes shows there). Inputs the model cannot run are not judged by. Called for every
+    declared entry: a state may move at one batch size only."""
     before = _state(model)
-    wider = [t * WIDER_INPUTS if t.is_floating_point() else t for t in run.other]
-    try:
-        with torch.inference_mode():
-            run.forward(*wider)
-    except Exception:
-        return  # inputs the model refuses prove nothing either way
-    changed = [f"{kind} {name}" for kind, name, tensor in _state_items(model)
-               if (kind, name) in before and not _same(before[kind, name], tensor)]
+    changed: list[str] = []
+    for scale in INPUT_SCALES:
+        other = [t * scale if t.is_floating_point() else t for t in run.other]
+        try:
+            with torch.inference_mode():
+                run.forward(*other)
+        except Exception:
+            continue  # inputs the model refuses prove nothing either way
+        changed += [f"{kind} {name}" for kind, name, tensor in _state_items(model)
+                    if (kind, name) in before and not _same(before[kind, name], tensor)
+                    and f"{kind} {name}" not in changed]
     try:
         with torch.inference_mode():
             again = flatten(run.forward(*run.inputs))

@@ -56,19 +56,18 @@ class DeclaredInputs:
 def declare_inputs(shapes: ShapesArg, dtype: str | Mapping[str, str],
                    model: torch.nn.Module) -> DeclaredInputs:
     """Normalise ``shapes``/``dtype``; check named inputs against ``forward``'s parameters."""
-    if isinstance(shapes, str):
-        shapes = parse_shapes(shapes)
-    shapes = list(shapes)
-    if not shapes:
+    entries: list[Any] = list(parse_shapes(shapes) if isinstance(shapes, str) else shapes)
+    if not entries:
         raise ShapeSpecError("no shapes given: declare at least one input shape")
-    if all(isinstance(s, Mapping) for s in shapes):
-        names, call = list(shapes[0]), "keyword"
-        per_shape = [{n: _checked_shape(s[n], n) for n in names} for s in shapes
+    by_name = [entry for entry in entries if isinstance(entry, Mapping)]
+    if len(by_name) == len(entries):
+        names, call = list(by_name[0]), "keyword"
+        per_shape = [{n: _checked_shape(s[n], n) for n in names} for s in by_name
                      if _same_names(s, names)]
         check_forward_accepts(model, names)
     else:
         names, call = forward_input_names(model, 1), "positional"
-        per_shape = [{names[0]: _checked_shape(s, names[0])} for s in shapes]
+        per_shape = [{names[0]: _checked_shape(s, names[0])} for s in entries]
     if len({tuple(map(tuple, p.items())) for p in per_shape}) != len(per_shape):
         raise ShapeSpecError("a shape is declared twice")
     dtypes = _dtypes_for(dtype, names)
@@ -236,7 +235,8 @@ def reference_inputs(shape_map: Mapping[str, Shape], decls: Sequence[InputDecl],
         elif hook is not None:
             inputs[name] = _from_hook(hook, name, shape, dtype, generator, model_path)
         else:
-            bounds = (decl.low, decl.high) if decl.low is not None else None
+            bounds = ((decl.low, decl.high) if decl.low is not None and decl.high is not None
+                      else None)
             inputs[name] = random_input(shape, dtype, generator, bounds)
     return inputs
 

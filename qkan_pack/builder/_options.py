@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from .._checked import CheckedOptions
 from ..errors import OptionError, ShapeSpecError
 from ..format import (
     CAPTURE_POLICIES,
@@ -35,7 +36,7 @@ PathArg = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(CheckedOptions):
     """How to build an artifact (``build(model_path, shapes, options=BuildOptions(...))``, or
     the same fields as keywords).
 
@@ -65,6 +66,7 @@ class BuildOptions:
     option fails before the model file is imported.
     """
 
+    CALL: ClassVar[str] = "build()"
     output: PathArg | None = None
     dtype: str | torch.dtype | Mapping[str, str | torch.dtype] = "float32"
     entry: str = "build_model"
@@ -114,18 +116,12 @@ class BuildOptions:
             "force": _flag("force", self.force),
             "progress": None if self.progress is None else _flag("progress", self.progress),
         }
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
+        self._keep(checked)
 
-    @classmethod
-    def from_keywords(cls, keywords: Mapping[str, Any]) -> BuildOptions:
-        """Options from ``build(**keywords)``; an unknown keyword names the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(keywords) - known)
-        if unknown:
-            raise TypeError(f"build() got unknown option(s) {unknown}; "
-                            f"options: {sorted(known)}")
-        return cls(**keywords)
+    @property
+    def dtype_names(self) -> str | dict[str, str]:
+        """``dtype`` as names (what ``__post_init__`` keeps: torch dtypes become names)."""
+        return _dtype_names(self.dtype)
 
     @property
     def capture_policy(self) -> CapturePolicy:

@@ -120,7 +120,7 @@ class CalibrationSample:
 
 
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
-                   samples: Sequence[GateSample], precision: str,
+                   samples: Sequence[GateSample | CalibrationSample], precision: str,
                    max_error: float) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
     """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
     return the policy to record, the entries with their figures, and notes. An explicit
@@ -174,7 +174,7 @@ def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
 
 
 def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
-             samples: Sequence[GateSample], precision: str, max_error: float
+             samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float
              ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
     """Per entry the worst output's error at ``precision`` (None: not measurable here), and
     every (shape, output, error) beyond ``max_error``."""

@@ -18,8 +18,12 @@ follows the batch, with what they must be:
   the others replaced by other inputs, then the other way round. Any two rows differ in some
   bit, so for every pair of rows there is a run in which the first is kept and the second is
   replaced: whichever row a row reads, some run changes it (2 x log2(batch) runs);
-- **filled**: the first half of the rows, the rest copies of the first row (how serve fills a
-  captured batch that requests do not fill);
+- **widened neighbours**: the first half kept, the rest other inputs sixteen times as large,
+  then as small (a batch-wide scale with a floor moves only for values beyond the draws);
+- **copies**: the first half of the rows, the rest copies of the first row (how serve fills a
+  captured batch that requests do not fill); and the last half kept behind copies of the
+  last row (many requests like one client's ahead of it: a per-batch capacity, as a mixture
+  of experts has, drops the rows that come last);
 - **mixed lengths** (declared padding with a length axis): half the rows cut short and padded
   back, beside full-length rows, as serve's ragged batches are (a row's answer must be what
   it is beside rows of its own length);
@@ -80,6 +84,13 @@ class _Trial:
     what: str
     baseline: list[torch.Tensor] | None = None
     alone: bool = False
+    #: Inputs the model may refuse (values beyond what it was built for): failing proves
+    #: nothing either way, and the trial is skipped.
+    may_fail: bool = False
+
+    @property
+    def skippable(self) -> bool:
+        return self.alone or self.may_fail
 
 
 @dataclass(frozen=True)
@@ -150,9 +161,10 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             wanted = reference.outputs if trial.baseline is None else _run(forward, trial.baseline)
         except Exception as exc:
             reason = f"the model fails when {trial.what}: {_describe(exc)}"
-            if not trial.alone:
+            if not trial.skippable:
                 return _verdict(False, reason)
-            skipped = f"rows alone not compared ({reason})"
+            if trial.alone:
+                skipped = f"rows alone not compared ({reason})"
             continue
         problem = _row_difference(reference, dims, trial, outputs, wanted)
         if problem is not None:
@@ -167,15 +179,49 @@ def _trials(reference: Reference, fresh: Sequence[torch.Tensor],
     inputs = reference.inputs
     batch = inputs[0].shape[0]
     trials = _neighbour_trials(inputs, fresh, batch)
-    kept = max(1, batch // 2)
-    rows = list(range(kept))
-    filled = [torch.cat([t[:kept], t[:1].expand(batch - kept, *t.shape[1:])]) for t in inputs]
-    trials.append(_Trial(filled, rows, rows, f"rows {kept}.. are filled with copies of row 0"))
+    trials += _scaled_neighbour_trials(inputs, fresh, batch)
+    trials += _copy_trials(inputs, batch)
     trials += _mixed_length_trials(inputs, batch, context)
     trials += [_Trial([t[row:row + 1] for t in inputs], [0], [row],
                       f"row {row} runs alone (a batch of one)", alone=True)
                for row in _alone_rows(batch)]
     return trials
+
+
+#: Neighbours' float inputs are also tried this many times as large and as small: a batch-wide
+#: scale with a floor, or a clip range, moves only for values beyond what the draws hold.
+NEIGHBOUR_SCALE = 16.0
+
+
+def _scaled_neighbour_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+                             batch: int) -> list[_Trial]:
+    """The first half kept, the rest replaced by ``fresh``'s rows with their floats
+    ``NEIGHBOUR_SCALE`` times as large, then as small."""
+    kept = max(1, batch // 2)
+    rows = list(range(kept))
+    trials = []
+    for scale, words in ((NEIGHBOUR_SCALE, "as large"), (1 / NEIGHBOUR_SCALE, "as small")):
+        mixed = [torch.cat([t[:kept], (o * scale if o.is_floating_point() else o)[kept:]])
+                 for t, o in zip(inputs, fresh)]
+        trials.append(_Trial(mixed, rows, rows,
+                             f"rows {kept}.. are replaced by other inputs {NEIGHBOUR_SCALE:g} "
+                             f"times {words}", may_fail=True))
+    return trials
+
+
+def _copy_trials(inputs: Sequence[torch.Tensor], batch: int) -> list[_Trial]:
+    """Neighbours that are copies of a kept row, after it (how serve fills a captured batch
+    that requests do not fill) and before it (many requests like one client's, ahead of it:
+    a per-batch capacity, as a mixture of experts has, drops the rows that come last)."""
+    kept = max(1, batch // 2)
+    first = list(range(kept))
+    last = list(range(batch - kept, batch))
+    filled = [torch.cat([t[:kept], t[:1].expand(batch - kept, *t.shape[1:])]) for t in inputs]
+    ahead = [torch.cat([t[-1:].expand(batch - kept, *t.shape[1:]), t[batch - kept:]])
+             for t in inputs]
+    return [_Trial(filled, first, first, f"rows {kept}.. are filled with copies of row 0"),
+            _Trial(ahead, last, last, f"rows ..{batch - kept - 1} are copies of row {batch - 1}, "
+                                       "ahead of the rows kept")]
 
 
 def _neighbour_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],

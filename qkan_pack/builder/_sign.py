@@ -75,8 +75,9 @@ def _signing_config(where: str, private_key: str | os.PathLike[str],
         if certificate is None:
             # the library types the password as str but hands it to cryptography, which
             # needs bytes (1.1.1: a str fails with "Cannot convert ... to a buffer")
-            config.use_elliptic_key_signer(private_key=private_key,
-                                           password=None if password is None else password.encode())
+            config.use_elliptic_key_signer(
+                private_key=private_key,
+                password=None if password is None else password.encode())  # type: ignore[arg-type]
         else:
             config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
                                           certificate_chain=list(chain))

@@ -7,7 +7,8 @@ digests in the manifest, and a fresh GPU host of the same kind then loads pre-wa
 The child also records Triton's installation key (``runtime/_triton_compat``) so that loads
 can skip hashing Triton. With ``compiled=True`` the child loads in compiled mode (empty
 inductor cache too) and ships its precompiled graphs (``runtime/_precompiled``: traced and
-compiled once per shape, loaded later without tracing) under ``kernels/<key>-precompiled/``,
+compiled once per shape, loaded later without tracing; the child writes them where the
+``runtime.PrecompiledExport`` on its command line says) under ``kernels/<key>-precompiled/``,
 named in the set's details; a fresh process then loads the warmed artifact with
 ``compiled="shipped"`` as a probe, and if that fails (or crashes) the forms are dropped, the
 reason recorded (``precompiled_refused``), and inductor's cache artifacts
@@ -38,10 +39,8 @@ from ..format import AUTO_PRECISION, KERNELS_DIR, KernelSet, PrecisionChoice, ch
 from ..runtime import (
     INDUCTOR_MODE,
     PLAN_FILE,
-    PRECOMPILED_OFF,
-    PRECOMPILED_OUT_ENV,
-    REFUSED_FILE,
     TRITON_CACHE_ENV,
+    PrecompiledExport,
     VerifiedArtifact,
     collect_kernel_cache,
     inductor_file,
@@ -142,9 +141,8 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
     details = dict(details)
     with tempfile.TemporaryDirectory(prefix="qkan-pack-warm-") as scratch:
         cache, inductor = Path(scratch) / "triton", Path(scratch) / "inductor.bin"
-        forms = Path(scratch) / "precompiled"
-        _compile_in_child(root, str(target), Path(scratch), overrides, compiled,
-                          forms if precompile else None)
+        export = PrecompiledExport(Path(scratch) / "precompiled" if precompile else None)
+        _compile_in_child(root, str(target), Path(scratch), overrides, compiled, export)
         shipped = {f"{KERNELS_DIR}/{key}/{name}": data
                    for name, data in collect_kernel_cache(cache).items()}
         if not shipped and not required:
@@ -154,15 +152,14 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
                 f"loading {root} on {target} compiled no Triton kernels: nothing to ship "
                 "(the model uses only precompiled torch kernels, so cold starts are already warm)"
             )
-        if compiled and (forms / PLAN_FILE).exists():
+        forms, refused = export.read()
+        if compiled and forms:
             directory = precompiled_dir(f"{KERNELS_DIR}/{key}")
             details["precompiled"] = f"{directory}/{PLAN_FILE}"
-            shipped.update({f"{directory}/{path.relative_to(forms).as_posix()}": path.read_bytes()
-                            for path in sorted(forms.rglob("*"))
-                            if path.is_file() and path.name != REFUSED_FILE})
+            shipped.update({f"{directory}/{name}": data for name, data in forms.items()})
         elif compiled:
-            if (forms / REFUSED_FILE).exists():
-                details["precompiled_refused"] = (forms / REFUSED_FILE).read_text()[:500]
+            if refused is not None:
+                details["precompiled_refused"] = refused[:500]
             details.update(inductor=inductor_file(f"{KERNELS_DIR}/{key}"),
                            inductor_mode=INDUCTOR_MODE)
             shipped[details["inductor"]] = _inductor_bytes(inductor, root)
@@ -248,11 +245,13 @@ def _store(root: Path, artifact: VerifiedArtifact, key: str, details: Mapping[st
 
 _CHILD = """
 import json, sys
+from pathlib import Path
 from qkan_pack import Predictor
-from qkan_pack.runtime import record_installation
-root, device, overrides, compiled, inductor, key_record = sys.argv[1:7]
+from qkan_pack.runtime import PrecompiledExport, record_installation
+root, device, overrides, compiled, inductor, key_record, forms = sys.argv[1:8]
 predictor = Predictor.load(root, device=device, kernels="off", compiled="on" if compiled == "1"
-                           else "off", config_overrides=json.loads(overrides))
+                           else "off", config_overrides=json.loads(overrides),
+                           export=PrecompiledExport(Path(forms) if forms else None))
 if compiled == "1" and predictor.report.compiled.startswith("off"):
     sys.exit(f"compiled mode did not compile: {predictor.report.compiled}")
 predictor.close()
@@ -270,17 +269,17 @@ if compiled == "1":
 
 
 def _compile_in_child(root: Path, device: str, scratch: Path, overrides: Mapping[str, object],
-                      compiled: bool, forms: Path | None) -> None:
+                      compiled: bool, export: PrecompiledExport) -> None:
     """Load the artifact in a fresh process whose Triton (and inductor) caches start empty;
-    in compiled mode its precompiled graphs go to ``forms`` (None: none made)."""
+    in compiled mode its precompiled graphs go where ``export`` says (its directory is the
+    child's last argument; empty: none made)."""
     (scratch / "triton").mkdir()
     env = {**os.environ, TRITON_CACHE_ENV: str(scratch / "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache"),
-           PRECOMPILED_OUT_ENV: str(forms) if forms is not None else PRECOMPILED_OFF}
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(root), device, json.dumps(dict(overrides)),
          "1" if compiled else "0", str(scratch / "inductor.bin"),
-         str(scratch / "triton-key.json")],
+         str(scratch / "triton-key.json"), str(export.directory or "")],
         env=env, capture_output=True, text=True, check=False,
     )
     if result.returncode != 0:

@@ -4,6 +4,7 @@ loopback."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -80,6 +81,8 @@ def protocol_names(text: str) -> tuple[str, ...]:
 @click.option("--lengths", callback=parsed(length_range), metavar="LOW,HIGH",
               help="Requests of random lengths, uniform in [LOW, HIGH], along the artifact's "
               "padded length axis (an artifact built with --pad).")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
+              help="For a model repository: measure this many rounds, each figure the median.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
               help="Port the server under test listens on (loopback).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -90,14 +93,22 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                 processes: int | None, serve_args: str, protocols: tuple, rows_per_request: int,
                 no_noop: bool, kill_at: float | None,
                 kill_clients: int, kills: int, kill_every: float, large_body_mb: float | None,
-                lengths: tuple[int, int] | None, port: int,
+                lengths: tuple[int, int] | None, rounds: int, port: int,
                 json_path: Path | None, plot_path: Path | None) -> None:
     """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback:
     req/s, rows/s, p50, p99 and rows per replay for each client count and protocol, beside a
-    no-op deployment."""
+    no-op deployment.
+
+    DIRECTORY a model repository (REPO/<name>/<version>/): its aggregate with the clients
+    spread over every model, against its first model served alone (a second server), and
+    that model through the repository; every model must take the same inputs.
+    """
     from ..bench import (
         ServeLoadSettings,
+        is_repository,
+        render_repository_load,
         render_serve_load,
+        run_repository_load,
         run_serve_load,
         write_serve_json,
         write_serve_plot,
@@ -112,9 +123,15 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                                  kill_at_s=kill_at, kill_clients=kill_clients, kills=kills,
                                  kill_every_s=kill_every,
                                  large_body_mb=large_body_mb, lengths=lengths, port=port,
-                                 protocols=protocols, rows_per_request=rows_per_request, **extra)
-    report = run_serve_load(directory, settings, token=read_token(_token_file_in(args)))
-    click.echo(render_serve_load(report))
+                                 protocols=protocols, rows_per_request=rows_per_request,
+                                 rounds=rounds, **extra)
+    token = read_token(_token_file_in(args))
+    if is_repository(directory):
+        report = run_repository_load(directory, replace(settings, noop=False), token=token)
+        click.echo(render_repository_load(report))
+    else:
+        report = run_serve_load(directory, settings, token=token)
+        click.echo(render_serve_load(report))
     if json_path is not None:
         click.echo(f"wrote {write_serve_json(report, json_path)}")
     if plot_path is not None:

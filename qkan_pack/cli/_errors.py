@@ -90,7 +90,8 @@ class Group(click.Group):
         except click.UsageError as exc:
             extra = re.search(r"unexpected extra arguments? \((.*)\)", exc.message)
             if extra and SHAPE_LIKE.match(extra.group(1)):
-                exc.message += ("; shapes are joined by commas, without spaces: "
+                # click types the message Final; amending it before it is shown is ours to do
+                exc.message += ("; shapes are joined by commas, without spaces: "  # type: ignore[misc]
                                 "--shapes 1x4,32x4")
             _usage_failure(ctx, exc)
             raise
@@ -134,7 +135,7 @@ def _usage_failure(ctx: click.Context, usage: click.UsageError,
     when there is one)."""
     if usage.ctx is None or usage.ctx is ctx:
         usage.ctx = ctx.meta.get(COMMAND_CONTEXT, ctx)
-        usage.cmd = usage.ctx.command
+        usage.cmd = usage.ctx.command  # type: ignore[misc]  # click types it Final
     _json_failure(ctx, cause or usage, usage.format_message())
     return usage
 

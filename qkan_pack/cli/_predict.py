@@ -23,13 +23,13 @@ from ._params import parsed
 def input_files(items: Sequence[str]) -> tuple[tuple[str | None, Path], ...]:
     """``NAME=FILE`` or ``FILE`` (a name is an identifier before the first ``=``), each an
     existing file."""
-    given = []
+    given: list[tuple[str | None, Path]] = []
     for item in items:
         name, sep, path = item.partition("=")
         given.append((name, Path(path)) if sep and name.isidentifier() else (None, Path(item)))
-    for _, path in given:
-        if not path.is_file():
-            raise ShapeSpecError(f"{path} is not a file")
+    for _, file in given:
+        if not file.is_file():
+            raise ShapeSpecError(f"{file} is not a file")
     return tuple(given)
 
 

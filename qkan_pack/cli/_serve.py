@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -108,7 +110,14 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("Ray Serve is not installed: pip install 'qkan-pack[serve]'")
-    from ..serve import HttpLimits, Listen, ServeOptions, replica_device_text, serve_forever
+    from ..serve import (
+        HttpLimits,
+        Listen,
+        ReplicaLoad,
+        ServeOptions,
+        replica_device_text,
+        serve_forever,
+    )
 
     if address is None and device.startswith("cuda"):  # replicas run here: check it first
         from ..runtime import resolve_device
@@ -128,7 +137,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
     listen = Listen(host=host, port=port, address=address, ingress=ingress, verbose=verbose,
                     grpc_port=grpc_port)
 
-    def ready(url: str, description: dict) -> None:
+    def ready(url: str, description: Mapping[str, Any]) -> None:
         if "models" in description:
             ready_repository(url, description)
             return
@@ -145,7 +154,7 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         click.echo("Ctrl-C or SIGTERM stops (drains for "
                    f"{grace_s:g} s)", err=True)
 
-    def ready_repository(url: str, description: dict) -> None:
+    def ready_repository(url: str, description: Mapping[str, Any]) -> None:
         models = description["models"]
         versions = sum(len(m["versions"]) for m in models)
         say(f"serving the model repository {directory} ({len(models)} model(s), {versions} "
@@ -158,8 +167,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
             + (f"; gRPC on port {grpc_port}" if grpc_port else ""))
         click.echo(f"Ctrl-C or SIGTERM stops (drains for {grace_s:g} s)", err=True)
 
-    serve_forever(directory, options, listen, token=token, trusted_keys=keys, precision=precision,
-                  cpus_per_replica=cpus_per_replica,
-                  gpus_per_replica=gpus_per_replica, noop=noop, on_ready=ready,
+    replica = ReplicaLoad(trusted_keys=keys, precision=precision, cpus_per_replica=cpus_per_replica,
+                          gpus_per_replica=gpus_per_replica, noop=noop)
+    serve_forever(directory, options, listen, token=token, replica=replica, on_ready=ready,
                   notice=lambda line: click.echo(line, err=True))
     click.echo("stopped", err=True)

@@ -1,5 +1,6 @@
 """The artifact format, torch-free: constants (the one dtype table), the text grammar of
-shapes/dtypes/config, strict JSON, and the manifest with its reader and writer.
+shapes/dtypes/config, strict JSON, and the manifest (with its output trees, padding,
+precision and metadata) and its declarative reader and writer.
 
 Importing this package costs milliseconds: ``qkan-pack --help`` and ``inspect`` use it
 without torch.
@@ -62,18 +63,12 @@ from ._manifest import (
     KernelSet,
     Manifest,
     ModelInfo,
-    OutputClass,
-    OutputNode,
-    PrecisionChoice,
-    PrecisionPolicy,
     RowProof,
     ShapeEntry,
     Signature,
-    TensorSpec,
     dumps_manifest,
     embedding_range,
     entry_batch,
-    geometric_mean,
     input_batch,
     manifest_schema,
     manifest_to_dict,
@@ -89,6 +84,7 @@ from ._metadata import (
     check_metadata,
     metadata_to_dict,
 )
+from ._outputs import OutputClass, OutputNode, TensorSpec
 from ._padding import (
     PaddedAxis,
     Padding,
@@ -99,6 +95,7 @@ from ._padding import (
     find_axes,
     fit_entry,
 )
+from ._precision import PrecisionChoice, PrecisionPolicy, geometric_mean
 from ._schema import (
     Choice,
     Integer,

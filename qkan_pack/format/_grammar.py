@@ -11,7 +11,7 @@ import math
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from ..errors import DeviceError, ManifestError, ShapeSpecError
 from ._constants import (
@@ -237,9 +237,10 @@ def check_config(config: Any, where: str = "config") -> dict[str, Any]:
             f"{where} must hold JSON values (finite numbers, text, booleans, null, lists, "
             f"objects): {str(exc)[:120]}") from None
     try:
-        return loads_strict(text)
+        checked: dict[str, Any] = loads_strict(text)  # a dict's JSON, read back
     except ManifestError as exc:
         raise ShapeSpecError(f"{where}: {exc}") from None
+    return checked
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -252,7 +253,12 @@ def parse_range(text: str) -> tuple[float, float]:
     return check_range((low, high))
 
 
-def check_range(value: Any, dtypes: Sequence[str] = ()) -> Any:
+@overload
+def check_range(value: None, dtypes: Sequence[str] = ()) -> None: ...
+@overload
+def check_range(value: Sequence[float], dtypes: Sequence[str] = ()) -> tuple[float, float]: ...
+def check_range(value: Sequence[float] | None,
+                dtypes: Sequence[str] = ()) -> tuple[float, float] | None:
     """A reference-input range: finite LOW below HIGH, inside what every float type of
     ``dtypes`` holds (float inputs are drawn uniformly from [LOW, HIGH)), holding an integer
     that fits every integer type (integer inputs are drawn from [int(LOW), int(HIGH)));

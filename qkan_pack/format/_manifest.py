@@ -3,7 +3,9 @@
 Every field declares its JSON key and rule (``_schema.json_field``); one reader and one writer
 walk those declarations. What reading a field cannot check alone is checked after it
 (``_check_manifest``): every input named in every shape, every file listed, padding and
-precision figures that fit the declared shapes. A reader here either returns a valid frozen
+precision figures that fit the declared shapes. The parts with rules of their own live beside
+it: the output trees (``_outputs``), padding (``_padding``), reduced precision
+(``_precision``) and metadata (``_metadata``). A reader here either returns a valid frozen
 object or raises a ``QkanPackError`` subclass naming the JSON path (``ManifestError.where``);
 no other exception escapes (the property tests hold us to it).
 """
@@ -11,32 +13,30 @@ no other exception escapes (the property tests hold us to it).
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import IncompatibleArtifactError, ManifestError, ShapeSpecError
+from ..errors import IncompatibleArtifactError, ManifestError
 from ._constants import (
     CAPTURE_POLICIES,
-    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
-    MAX_MAX_ERROR,
     MAX_RANK,
     MAX_SHAPES,
-    PRECISIONS,
     SHA256_HEX,
     SIGNATURE_NAME,
     WEIGHTS_NAME,
 )
-from ._grammar import IDENTIFIER, Shape, check_dtype, format_shape
+from ._grammar import IDENTIFIER, Shape, format_shape
 from ._json import loads_strict
 from ._metadata import Metadata, metadata_from, metadata_to_dict
+from ._outputs import DTYPE, OutputNode, OutputTree
 from ._padding import Padding, check_padding
+from ._precision import PRECISION, PrecisionChoice, PrecisionPolicy, check_choices
 from ._schema import (
     WHEN_DEFAULT,
     Boolean,
@@ -63,13 +63,6 @@ from ._schema import (
 _PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",
                   "machine")
 CALL_CONVENTIONS = ("positional", "keyword")
-OUTPUT_KINDS = ("tensor", "tuple", "list", "dict", "none")
-#: How a recorded output class is rebuilt from its items: ``mapping`` (a dict subclass such as
-#: transformers' ModelOutput, ``cls(**items)``), ``dataclass`` (``cls(**fields)``),
-#: ``namedtuple`` (``cls(*items)``).
-OUTPUT_CLASS_FORMS = ("mapping", "dataclass", "namedtuple")
-#: The deepest output structure a manifest may describe.
-MAX_OUTPUT_DEPTH = 16
 
 #: One accepted input signature: input name -> (shape, dtype), in declared order.
 Signature = Mapping[str, tuple[Shape, str]]
@@ -82,26 +75,6 @@ def _inside_artifact(path: str) -> bool:
         and not any(part in ("", ".", "..") for part in path.split("/"))
 
 
-def _dotted(name: str) -> bool:
-    return all(IDENTIFIER.match(part) for part in name.split("."))
-
-
-class _DType(Codec):
-    """A dtype name (aliases such as ``float`` read as their canonical name)."""
-
-    what = f"one of {', '.join(DTYPES)}"
-
-    def accepts(self, value: Any) -> bool:
-        try:
-            check_dtype(value)
-        except ShapeSpecError:
-            return False
-        return True
-
-    def read(self, value: Any, where: str) -> str:
-        return check_dtype(super().read(value, where))
-
-
 class _Range(Codec):
     """An input's value range, ``[low, high]``."""
 
@@ -112,7 +85,8 @@ class _Range(Codec):
             and all(type(v) in (int, float) for v in value) and value[0] < value[1]
 
     def read(self, value: Any, where: str) -> tuple[float, float]:
-        return tuple(super().read(value, where))  # type: ignore[return-value]
+        low, high = super().read(value, where)  # as written: an integer stays one
+        return low, high
 
     def write(self, value: Any) -> list[float]:
         return list(value)
@@ -122,154 +96,12 @@ TEXT = Text()
 TEXTS = MapOf(TEXT)
 OBJECT = JsonObject()
 PATH = Text(_inside_artifact, "relative and stay inside the artifact")
-PRECISION = Choice(PRECISIONS)
-DTYPE = _DType()
 DIMS = ListOf(Integer(1, MAX_DIM), min_len=1, max_len=MAX_RANK)
 
 
 # ---------------------------------------------------------------------------
 # Manifest model
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One output tensor's shape and dtype, as the build recorded it."""
-
-    shape: Shape = json_field(ListOf(Integer(0), max_len=MAX_RANK))
-    dtype: str = json_field(DTYPE)
-
-    @property
-    def label(self) -> str:
-        return f"{format_shape(self.shape)} {self.dtype}"
-
-
-@dataclass(frozen=True)
-class OutputClass:
-    """The Python class an output container had at build (e.g. a transformers ModelOutput).
-
-    Resolved at load only from modules the verified model source already imported; never
-    imported by name from the manifest.
-    """
-
-    module: str = json_field(Text(_dotted, "a dotted Python name"))
-    qualname: str = json_field(Text(_dotted, "a dotted Python name"))
-    form: str = json_field(Choice(OUTPUT_CLASS_FORMS))
-
-    @property
-    def label(self) -> str:
-        return self.qualname
-
-
-@dataclass(frozen=True)
-class OutputNode:
-    """One node of a model's output structure: a tensor, None, a tuple/list or a dict,
-    the containers optionally of a recorded class (``cls``). In JSON, an object with one key
-    naming the kind (``{"tensor": {...}}``, ``{"tuple": [...]}``) and optionally ``class``
-    (``_Outputs``)."""
-
-    kind: str  # one of OUTPUT_KINDS
-    tensor: TensorSpec | None = None
-    items: tuple[OutputNode, ...] = ()
-    keys: tuple[str, ...] = ()
-    cls: OutputClass | None = None
-
-    def leaves(self) -> Iterator[TensorSpec]:
-        if self.kind == "tensor" and self.tensor is not None:
-            yield self.tensor
-        for item in self.items:
-            yield from item.leaves()
-
-    def leaf_names(self, prefix: str = "output") -> Iterator[str]:
-        """Each tensor leaf's name, in ``leaves()`` order: ``output``, ``output[0].boxes``
-        (keys joined with ``.``, indices as ``[i]``): the one flattening rule, by which
-        ``predict``'s files, ``GET /`` and the Open Inference Protocol name outputs."""
-        return (name for name, _ in self._leaf_places(prefix, prefix))
-
-    def _leaf_places(self, name: str, place: str) -> Iterator[tuple[str, str]]:
-        """(name, place) per tensor leaf; the place spells every key (``output['a.b']``)."""
-        if self.kind == "tensor" and self.tensor is not None:
-            yield name, place
-        for index, item in enumerate(self.items):
-            if self.kind == "dict":
-                key = self.keys[index]
-                yield from item._leaf_places(f"{name}.{key}", f"{place}[{key!r}]")
-            else:
-                yield from item._leaf_places(f"{name}[{index}]", f"{place}[{index}]")
-
-    def name_clashes(self) -> list[tuple[str, str, str]]:
-        """Tensor leaves that ``leaf_names`` gives one name (a key holding the separator:
-        ``{"a.b": y, "a": {"b": z}}``), as ``(name, first place, second place)``."""
-        seen: dict[str, str] = {}
-        clashes = []
-        for name, place in self._leaf_places("output", "output"):
-            if name in seen:
-                clashes.append((name, seen[name], place))
-            else:
-                seen[name] = place
-        return clashes
-
-    @property
-    def label(self) -> str:
-        if self.kind == "tensor" and self.tensor is not None:
-            return self.tensor.label
-        if self.kind == "none":
-            return "None"
-        inner = ", ".join(
-            f"{k}: {v.label}" if self.kind == "dict" else v.label
-            for k, v in zip(self.keys or [""] * len(self.items), self.items)
-        )
-        text = {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
-        return f"{self.cls.label}{text}" if self.cls is not None else text
-
-
-class _Outputs(Codec):
-    """An ``OutputNode`` tree, at most ``MAX_OUTPUT_DEPTH`` levels below ``depth``."""
-
-    def __init__(self, depth: int = 0) -> None:
-        self.depth = depth
-
-    def read(self, value: Any, where: str) -> OutputNode:
-        if self.depth > MAX_OUTPUT_DEPTH:
-            refuse(where, f"nests deeper than {MAX_OUTPUT_DEPTH} levels")
-        raw = OBJECT.read(value, where)
-        kinds = [key for key in raw if key != "class"]
-        if len(kinds) != 1:
-            refuse(where, f"must have exactly one of {'/'.join(OUTPUT_KINDS)}, got {kinds}")
-        kind, here = kinds[0], key_path(where, kinds[0])
-        child = _Outputs(self.depth + 1)
-        if kind == "tensor":
-            node = OutputNode("tensor", tensor=read_object(TensorSpec, raw[kind], here))
-        elif kind == "none":
-            if raw[kind] is not None:
-                refuse(here, f"must be null, got {show(raw[kind])}")
-            node = OutputNode("none")
-        elif kind in ("tuple", "list"):
-            node = OutputNode(kind, items=ListOf(child).read(raw[kind], here))
-        elif kind == "dict":
-            pairs = MapOf(child, pairs=True).read(raw[kind], here)
-            node = OutputNode("dict", items=tuple(v for _, v in pairs), keys=tuple(k for k, _ in pairs))
-        else:
-            refuse(here, f"is an unknown output kind: one of {'/'.join(OUTPUT_KINDS)} expected")
-        if "class" not in raw:
-            return node
-        cls = read_object(OutputClass, raw["class"], key_path(where, "class"))
-        if node.kind not in ("tuple", "dict") or (cls.form == "namedtuple") != (node.kind == "tuple"):
-            refuse(f"{where}.class", f"{cls.form} does not fit a {node.kind} output")
-        return replace(node, cls=cls)
-
-    def write(self, node: OutputNode) -> dict[str, Any]:
-        if node.kind == "tensor" and node.tensor is not None:
-            return {"tensor": write_object(node.tensor)}
-        if node.kind == "none":
-            return {"none": None}
-        if node.kind == "dict":
-            data: dict[str, Any] = {"dict": {k: self.write(v) for k, v in zip(node.keys, node.items)}}
-        else:
-            data = {node.kind: [self.write(item) for item in node.items]}
-        if node.cls is not None:
-            data["class"] = write_object(node.cls)
-        return data
 
 
 def _without_range(decl: InputDecl) -> bool:
@@ -336,7 +168,7 @@ class ShapeEntry:
     """One declared input signature: a shape per input, its outputs, its reference file."""
 
     inputs: tuple[tuple[str, Shape], ...] = json_field(MapOf(DIMS, pairs=True))
-    outputs: OutputNode = json_field(_Outputs())
+    outputs: OutputNode = json_field(OutputTree())
     reference: str = json_field(PATH)
     #: The reference outputs' float32 rounding noise (against the model in float64, as a
     #: share of each output's scale); None where build could not measure it (and in
@@ -400,79 +232,6 @@ class KernelSet:
     key: str = json_field(TEXT)
     directory: str = json_field(PATH)
     details: Mapping[str, str] = json_field(TEXTS, factory=dict)
-
-
-_FIGURES = MapOf(ListOf(Number(low=0)), key=PRECISION)
-
-
-@dataclass(frozen=True)
-class PrecisionChoice:
-    """What ``qkan-pack warm --precision auto`` measured on one kind of device (``key``:
-    ``runtime.precision_key``) and the precision it chose there: per precision timed, each
-    shape's median call latency (microseconds) and measured error (share of the outputs'
-    scale against the float32 references), in manifest order; ``refused``: the precisions
-    that did not run there, and why. ``shapes``: the precision each shape runs, in manifest
-    order (each shape is its own graph, so a launch-bound batch of one may stay float32
-    where a large batch gains from bfloat16); empty: every shape runs ``precision``, the
-    choice over all shapes."""
-
-    key: str = json_field(TEXT)
-    precision: str = json_field(PRECISION)
-    details: Mapping[str, str] = json_field(TEXTS, factory=dict)
-    latency_us: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
-    error: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
-    refused: Mapping[str, str] = json_field(MapOf(TEXT, key=PRECISION), factory=dict)
-    shapes: tuple[str, ...] = json_field(ListOf(PRECISION), default=(), omit=WHEN_DEFAULT)
-
-    def for_shape(self, index: int) -> str:
-        """The precision manifest shape ``index`` runs on this kind of device."""
-        return self.shapes[index] if self.shapes else self.precision
-
-    def mean_latency_us(self, precision: str) -> float:
-        """``precision``'s latency over the shapes: their geometric mean (``geometric_mean``)."""
-        return geometric_mean(self.latency_us[precision])
-
-
-def geometric_mean(values: Sequence[float]) -> float:
-    """The geometric mean of per-shape latencies: every shape weighs alike whatever its size
-    (what ``warm --precision auto`` compares precisions by)."""
-    if not values:
-        return math.inf
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
-
-
-@dataclass(frozen=True)
-class PrecisionPolicy:
-    """The reduced precision an artifact may compute in (``build --precision``).
-
-    ``default`` runs where no choice names the loading device (float32 for ``--precision
-    auto``); ``allowed`` are the precisions build gated (float32 always among them), which a
-    load may be asked for and ``warm --precision auto`` chooses among; ``max_error`` bounds
-    every one of them at every load, on the loading device (a share of each output's scale).
-    """
-
-    default: str = json_field(PRECISION)
-    max_error: float = json_field(Number())
-    allowed: tuple[str, ...] = json_field(ListOf(PRECISION))
-    choices: tuple[PrecisionChoice, ...] = json_field(
-        ListOf(Nested(PrecisionChoice), unique=(lambda choice: choice.key, "device key")),
-        default=())
-
-    def __post_init__(self) -> None:
-        if len(set(self.allowed)) != len(self.allowed) or "fp32" not in self.allowed:
-            raise ManifestError(f"must list fp32 and each precision once, got "
-                                f"{show(list(self.allowed))}", where="allowed")
-        if self.default not in self.allowed:
-            raise ManifestError(f"must be among the allowed precisions "
-                                f"{', '.join(self.allowed)}, got {show(self.default)}",
-                                where="default")
-        if not 0 < self.max_error <= MAX_MAX_ERROR:  # NaN too
-            raise ManifestError(f"must be in (0, {MAX_MAX_ERROR:g}], got "
-                                f"{show(self.max_error)}", where="max_error")
-
-    def choice(self, key: str) -> PrecisionChoice | None:
-        """The choice recorded for device ``key``, if any."""
-        return next((c for c in self.choices if c.key == key), None)
 
 
 @dataclass(frozen=True)
@@ -608,7 +367,7 @@ def manifest_schema(manifest: Manifest) -> dict[str, Any]:
         "inputs": inputs,
         "outputs": list(outputs.values()),
         "entries": [{"inputs": {n: list(s) for n, s in entry.inputs},
-                     "outputs": _Outputs().write(entry.outputs)} for entry in manifest.shapes],
+                     "outputs": OutputTree().write(entry.outputs)} for entry in manifest.shapes],
         "call": manifest.call,
     }
 
@@ -675,7 +434,7 @@ def _check_manifest(manifest: Manifest, where: str) -> Manifest:
                       [(dict(entry.inputs), [leaf.shape for leaf in entry.outputs.leaves()],
                         entry.label) for entry in shapes], f"{where}.padding")
     if manifest.precision is not None:
-        _check_precision(manifest.precision, len(shapes), f"{where}.precision")
+        check_choices(manifest.precision, len(shapes), f"{where}.precision")
     return manifest
 
 
@@ -704,27 +463,6 @@ def _check_files_listed(manifest: Manifest, where: str) -> None:
         if name in files:
             refuse(key_path(f"{where}.files", name), "is reserved: the signature and the "
                                                      "manifest itself are never listed")
-
-
-def _check_precision(policy: PrecisionPolicy, shapes: int, where: str) -> None:
-    """Each choice names allowed precisions, with figures for every shape of each precision
-    timed."""
-    allowed = policy.allowed
-    among = ", ".join(allowed)
-    for index, choice in enumerate(policy.choices):
-        here = f"{where}.choices[{index}]"
-        if choice.precision not in allowed:
-            refuse(f"{here}.precision", f"must be one of the allowed precisions {among}, got "
-                                        f"{show(choice.precision)}")
-        for table in ("latency_us", "error"):
-            for key, values in getattr(choice, table).items():
-                if key not in allowed or len(values) != shapes:
-                    refuse(key_path(f"{here}.{table}", key), f"must be {shapes} non-negative "
-                           f"numbers (one per shape) of an allowed precision ({among})")
-        if choice.shapes and (len(choice.shapes) != shapes
-                              or not all(p in allowed for p in choice.shapes)):
-            refuse(f"{here}.shapes", f"must name one allowed precision per shape ({shapes}), "
-                                     f"among {among}")
 
 
 def input_batch(entry: ShapeEntry) -> int | None:

@@ -76,8 +76,8 @@ def metadata_from(raw: Any, where: str = "manifest.metadata") -> Metadata:
                     tuple(class_labels), where)
 
 
-def _checked(name: Any, version: Any, description: Any, license: Any, labels: dict,
-             class_labels: tuple, where: str) -> Metadata:
+def _checked(name: Any, version: Any, description: Any, license: Any, labels: dict[Any, Any],
+             class_labels: tuple[Any, ...], where: str) -> Metadata:
     texts = {"name": name, "version": version, "description": description, "license": license}
     for key, value in texts.items():
         _check_text(value, f"{where}: {key}")

@@ -29,11 +29,12 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import ManifestError
 
 _META = "qkan_pack.json"
+_T = TypeVar("_T")
 
 
 def refuse(where: str, problem: str) -> NoReturn:
@@ -94,7 +95,8 @@ class Text(Codec):
     def read(self, value: Any, where: str) -> str:
         if not isinstance(value, str):
             refuse(where, f"must be text, got {show(value)}")
-        return super().read(value, where)
+        super().read(value, where)  # the pattern or predicate
+        return value
 
 
 class Choice(Codec):
@@ -150,7 +152,7 @@ class Integer(Number):
         return type(value) is int and self._within(value)
 
     def read(self, value: Any, where: str) -> int:
-        return Codec.read(self, value, where)  # type: ignore[no-any-return]
+        return int(Codec.read(self, value, where))  # an int already: int() keeps its value
 
 
 def finite(value: int | float) -> bool:
@@ -190,6 +192,11 @@ class JsonObject(Codec):
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, dict)
+
+    def read(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            refuse(where, f"must be {self.what}, got {show(value)}")
+        return value
 
     def write(self, value: Any) -> Any:
         return dict(value)
@@ -302,7 +309,13 @@ class Custom(Codec):
     """A value no combination above describes: ``read(value, where)`` and ``write(value)``."""
 
     def __init__(self, read: Callable[[Any, str], Any], write: Callable[[Any], Any]) -> None:
-        self.read, self.write = read, write  # type: ignore[method-assign]
+        self._read, self._write = read, write
+
+    def read(self, value: Any, where: str) -> Any:
+        return self._read(value, where)
+
+    def write(self, value: Any) -> Any:
+        return self._write(value)
 
 
 # ---------------------------------------------------------------------------
@@ -363,8 +376,8 @@ def _layout(cls: type) -> tuple[_Slot, ...]:
     return found
 
 
-def read_object(cls: type, value: Any, where: str,
-                check: Callable[[Any, str], Any] | None = None) -> Any:
+def read_object(cls: type[_T], value: Any, where: str,
+                check: Callable[[_T, str], _T] | None = None) -> _T:
     """Dataclass ``cls`` from the JSON object ``value`` at path ``where``, by its declared
     fields; ``check`` as in ``Nested``. Refusals are ``ManifestError`` naming the path."""
     raw = _OBJECT.read(value, where)

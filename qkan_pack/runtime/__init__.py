@@ -9,14 +9,14 @@ resolver, one versions function, one output walker). Each module lists what it e
 its own ``__all__``; this package re-exports those lists and nothing else. Modules that
 need neither torch nor numpy import with the package, so that ``inspect`` and ``--help``
 stay instant; numpy-only ones each alone on the first use of one of its names; the others
-together on the first use of any of their names.
+together on the first use of any of their names (``qkan_pack._lazy``).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._lazy import lazy_getattr, lazy_names, module_exports
 from . import (
     _artifact,
     _deferred_imports,
@@ -38,50 +38,47 @@ from ._signature import *  # noqa: F403
 from ._source import *  # noqa: F403
 from ._triton_compat import *  # noqa: F403
 
+if TYPE_CHECKING:  # the names resolved on first use, as type checkers see them
+    from ._array_files import *  # noqa: F403
+    from ._calling import *  # noqa: F403
+    from ._capture import *  # noqa: F403
+    from ._compat import *  # noqa: F403
+    from ._device import *  # noqa: F403
+    from ._json_inputs import *  # noqa: F403
+    from ._load import *  # noqa: F403
+    from ._padcheck import *  # noqa: F403
+    from ._precision import *  # noqa: F403
+    from ._predictor import *  # noqa: F403
+    from ._progress import *  # noqa: F403
+    from ._report import *  # noqa: F403
+    from ._selftest import *  # noqa: F403
+    from ._timing import *  # noqa: F403
+    from ._tree import *  # noqa: F403
+    from ._weights import *  # noqa: F403
+
 _EAGER = (_artifact, _deferred_imports, _files, _kernels, _options, _output_paths, _signature,
           _source, _triton_compat)
+#: Modules that need numpy but not torch: looked at first, each alone, so that serve's wire
+#: (and its helper process) reads JSON numbers without importing torch, and ``inspect``
+#: still imports no numpy.
+_ALONE = module_exports(__name__, ["._json_inputs"])
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
-_ON_FIRST_USE = ("_array_files", "_calling", "_capture", "_compat", "_device", "_load",
-                 "_padcheck", "_precision", "_predictor", "_progress", "_report", "_selftest",
-                 "_timing", "_tree", "_weights")
-#: Modules that need numpy but not torch: each imported alone on the first use of its names,
-#: so that serve's wire (and its helper process) reads JSON numbers without importing torch,
-#: and ``inspect`` still imports no numpy.
-_ALONE = ("_json_inputs",)
-_names: dict[str, str] = {}
-_alone_names: dict[str, str] = {}
+_ON_FIRST_USE = module_exports(__name__, [
+    "._array_files", "._calling", "._capture", "._compat", "._device", "._load", "._padcheck",
+    "._precision", "._predictor", "._progress", "._report", "._selftest", "._timing", "._tree",
+    "._weights"])
+
+_resolve = lazy_getattr(__name__, globals(), _ALONE, _ON_FIRST_USE)
 
 
-def _lazy_names() -> dict[str, str]:
-    """Name -> module for the torch-backed exports (imports those modules once)."""
-    return _exports(_ON_FIRST_USE, _names)
-
-
-def _names_alone() -> dict[str, str]:
-    """Name -> module for the numpy-only exports (imports those modules, not torch)."""
-    return _exports(_ALONE, _alone_names)
-
-
-def _exports(modules: tuple[str, ...], table: dict[str, str]) -> dict[str, str]:
-    """``table`` filled once with name -> module for every name ``modules`` export."""
-    if not table:
-        for module in modules:
-            for name in importlib.import_module(f"{__name__}.{module}").__all__:
-                table[name] = module
-    return table
+def _public() -> list[str]:
+    return sorted({*(n for m in _EAGER for n in m.__all__), *lazy_names(_ALONE, _ON_FIRST_USE)})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return sorted({*(n for m in _EAGER for n in m.__all__), *_names_alone(), *_lazy_names()})
-    module = _names_alone().get(name) or _lazy_names().get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    return _public() if name == "__all__" else _resolve(name)
 
 
 def __dir__() -> list[str]:
-    return __getattr__("__all__")
+    return _public()

@@ -280,7 +280,8 @@ def safetensors_header(data: bytes, where: str) -> dict[str, dict[str, Any]]:
     import safetensors  # here: `--help` does not load it; inspect does (Rust, no torch)
 
     try:
-        tensors = safetensors.deserialize(data)
+        # safetensors' stub leaves deserialize unannotated
+        tensors = safetensors.deserialize(data)  # type: ignore[no-untyped-call]
     except (safetensors.SafetensorError, ValueError, OverflowError) as exc:
         raise ArtifactError(f"{where} is not a valid safetensors file: {exc}") from None
     return {name: {"dtype": info["dtype"], "shape": list(info["shape"]), "nbytes": len(info["data"])}

@@ -16,6 +16,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -80,8 +81,9 @@ def capture_streams(device: torch.device) -> CaptureStreams:
     """One pair of side streams per device for every warm-up and capture in the process."""
     streams = _CAPTURE_STREAMS.get(device.index)
     if streams is None:
-        streams = _CAPTURE_STREAMS[device.index] = CaptureStreams(
-            torch.cuda.Stream(device=device), torch.cuda.Stream(device=device))
+        # torch leaves torch.cuda.Stream's constructor unannotated
+        side = [torch.cuda.Stream(device=device) for _ in range(2)]  # type: ignore[no-untyped-call]
+        streams = _CAPTURE_STREAMS[device.index] = CaptureStreams(*side)
     return streams
 
 
@@ -260,9 +262,10 @@ def check_context(device: torch.device) -> None:
         raise CaptureError("the CUDA context is unusable after a failed capture")
 
 
-def stream_id(device_index: int) -> Any:
-    """A cheap identity for the calling thread's current stream (no Stream object built)."""
+def stream_query(device_index: int | None) -> Callable[[], Any]:
+    """A cheap identity of the calling thread's current stream on the device, as a call
+    without arguments (no Stream object built per call: it runs on every replay)."""
     query = getattr(torch._C, "_cuda_getCurrentStream", None)
     if query is not None:
-        return query(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+        return partial(query, device_index)
+    return lambda: torch.cuda.current_stream(device_index).cuda_stream

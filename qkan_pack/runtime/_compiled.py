@@ -25,29 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ..errors import CaptureError, PrecompileRefusedError
 from ..format import CapturePolicy, KernelSet, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
-from ._kernels import PROCESS_CACHES, matching_set, precompiled_dir
-from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
-from ._precompiled import (
-    PrecompileRefusedError,
-    autotune_results,
-    export_forms,
-    export_refusal,
-    load_precompiled,
-    precompile,
-    warm_child,
+from ._kernels import (
+    PROCESS_CACHES,
+    PrecompiledExport,
+    matching_set,
+    precompiled_dir,
+    process_environment,
 )
+from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
+from ._precompiled import autotune_results, load_precompiled, precompile
 from ._report import LoadReport
+from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
 from ._source import describe
 from ._tree import flatten
@@ -59,7 +57,10 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 _HINT = ("inductor's fused kernels disagree with the build references beyond the tolerance; "
          "load without compiled mode, or pass reference_tolerance=(rtol, atol)")
 
-MakeRunner = Callable[..., Any]  # _load._make_runner(model, forward, target, manifest, samples, ...)
+Runner = EagerRunner | GraphRunner
+#: ``_load._make_runner``: the runner of a forward (eager on a CPU, captured graphs on a GPU).
+MakeRunner = Callable[[torch.nn.Module, Callable[..., Any], torch.device, Manifest, list[Sample],
+                       list[list[torch.Tensor]], LoadReport, LoadOptions], Runner]
 
 
 def host_set(artifact: VerifiedArtifact, target: torch.device) -> tuple[KernelSet | None, str]:
@@ -101,108 +102,141 @@ def shipped_precompiled(artifact: VerifiedArtifact, kernel_set: KernelSet | None
     return (kernel_set.key, artifact.files[plan], files), f"shipped precompiled graphs {kernel_set.key}"
 
 
-def serve_compiled(model: torch.nn.Module, forward: Callable[..., Any], target: torch.device,
-                   artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
-                   eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
-                   report: LoadReport, options: LoadOptions, make_runner: MakeRunner) -> Any:
-    """The runner to serve with: the compiled model's (compiled mode) or ``make_runner``'s."""
-    manifest = artifact.manifest
-    today = (model, forward, target, manifest, samples, eager, report, options)
+@dataclasses.dataclass(frozen=True)
+class CompiledLoad:
+    """What compiled mode works with, from the load that asks for it: the model and its
+    (precision-bound) forward on ``target``, the verified artifact, the reference samples
+    with their eager outputs here (the fallback's replay baseline) and the build's
+    (``expected``), the report and options, the eager runner factory (``_load``'s, also the
+    fallback's), and warm's exporter (None outside ``qkan-pack warm``'s child load)."""
+
+    model: torch.nn.Module
+    forward: Callable[..., Any]
+    target: torch.device
+    artifact: VerifiedArtifact
+    samples: list[Sample]
+    eager: list[list[torch.Tensor]]
+    expected: list[list[torch.Tensor]]
+    report: LoadReport
+    options: LoadOptions
+    make_runner: MakeRunner
+    export: PrecompiledExport | None = None
+
+    def eager_runner(self) -> Runner:
+        """The runner without compiled mode."""
+        return self.make_runner(self.model, self.forward, self.target, self.artifact.manifest,
+                                self.samples, self.eager, self.report, self.options)
+
+    def compiled_runner(self, model: torch.nn.Module, forward: Callable[..., Any],
+                        outputs: list[list[torch.Tensor]]) -> Runner:
+        """The runner over a compiled ``forward``: whole-model graphs only (compiled code
+        inlines submodules), replay held to ``outputs``, the compiled outputs here."""
+        manifest = dataclasses.replace(self.artifact.manifest,
+                                       capture=CapturePolicy(policy="full", submodules=()))
+        return self.make_runner(model, forward, self.target, manifest, self.samples, outputs,
+                                self.report, self.options)
+
+    def fall_back(self, why: str) -> Runner:
+        """The eager model's graphs after all, saying why."""
+        self.report.warn(f"{why}: serving the eager model as without compiled mode")
+        self.report.compiled = f"off ({why})"
+        return self.eager_runner()
+
+
+def serve_compiled(load: CompiledLoad) -> Runner:
+    """The runner to serve with: the compiled model's (compiled mode) or the eager one's."""
+    report, options, samples = load.report, load.options, load.samples
     if options.compiled == "off":
-        return make_runner(*today)
+        return load.eager_runner()
     if report.precision.reduced:
-        return _today(today, report, make_runner,
-                      f"compiled mode computes in float32 only ({report.precision} here)")
-    kernel_set, none_why = host_set(artifact, target)
-    runner, why = _serve_precompiled(model, forward, target, artifact, samples, expected, report,
-                                     options, make_runner, shipped_precompiled(
-                                         artifact, kernel_set, none_why))
+        return load.fall_back(f"compiled mode computes in float32 only ({report.precision} here)")
+    kernel_set, none_why = host_set(load.artifact, load.target)
+    runner, why = _serve_precompiled(load, shipped_precompiled(load.artifact, kernel_set,
+                                                               none_why))
     if runner is not None:
         return runner
-    cache, source = shipped_inductor(artifact, kernel_set, none_why)
+    cache, source = shipped_inductor(load.artifact, kernel_set, none_why)
     if cache is None and options.compiled == "shipped":
-        return _today(today, report, make_runner, f"compiled='shipped' but {why}")
+        return load.fall_back(f"compiled='shipped' but {why}")
     if why:
         report.warn(f"no precompiled graphs: {why}; compiled mode traces the model here "
                     "(torch.compile)")
+    manifest = load.artifact.manifest
     before = _dynamo_counts()
-    with _inductor_cache(cache, report, target) as note, _recompile_room(len(samples)):
+    with _inductor_cache(cache, report, load.target) as note, _recompile_room(len(samples)):
         try:
             with report.stage("compile"):
-                compiled = torch.compile(model, mode=INDUCTOR_MODE, dynamic=False)
+                # a compiled Module is a Module (OptimizedModule); torch annotates the result
+                # of torch.compile as a bare callable
+                compiled: torch.nn.Module = torch.compile(  # type: ignore[assignment]
+                    load.model, mode=INDUCTOR_MODE, dynamic=False)
                 compiled_forward = bind_forward(compiled, manifest.input_names, manifest.call)
                 outputs = [flatten(_forward(compiled_forward, inputs)) for _, inputs in samples]
         except Exception as exc:  # dynamo or inductor cannot compile this model here
-            return _today(today, report, make_runner, f"torch.compile failed: {describe(exc)}")
-        for (label, _), got, want in zip(samples, outputs, expected):
+            return load.fall_back(f"torch.compile failed: {describe(exc)}")
+        for (label, _), got, want in zip(samples, outputs, load.expected):
             check_outputs(label, "compiled outputs on this host and the build-time references",
                           got, want, _compiled_tolerance(report), _HINT)
         try:
-            runner = make_runner(compiled, compiled_forward, target, _whole_model(manifest),
-                                 samples, outputs, report, options)
+            runner = load.compiled_runner(compiled, compiled_forward, outputs)
         except CaptureError as exc:
-            return _today(today, report, make_runner,
-                          f"the compiled model could not be captured ({exc})")
+            return load.fall_back(f"the compiled model could not be captured ({exc})")
     graphs, breaks = (now - then for now, then in zip(_dynamo_counts(), before))
     report.compiled = (f"inductor (mode {INDUCTOR_MODE}): {graphs} graph(s), {breaks} graph "
                        f"break(s); {note or source}")
     return runner
 
 
-def _serve_precompiled(model: torch.nn.Module, forward: Callable[..., Any], target: torch.device,
-                       artifact: VerifiedArtifact, samples: Sequence[tuple[str, list[torch.Tensor]]],
-                       expected: list[list[torch.Tensor]], report: LoadReport,
-                       options: LoadOptions, make_runner: MakeRunner,
+def _serve_precompiled(load: CompiledLoad,
                        found: tuple[tuple[str, bytes, dict[str, bytes]] | None, str]
-                       ) -> tuple[Any, str]:
+                       ) -> tuple[Runner | None, str]:
     """The runner over precompiled graphs (``found``: ``shipped_precompiled``'s answer; or
     made here for ``"on"``), or None and why not (empty when none were looked for)."""
+    export = load.export
     # warm makes its own forms: never the ones it is replacing or its probe refused
-    shipped, why = (None, "") if warm_child() else found
-    if shipped is None and options.compiled != "on":
+    shipped, why = (None, "") if export is not None else found
+    if shipped is None and load.options.compiled != "on":
         return None, why
-    labels = [label for label, _ in samples]
+    if export is not None and not export.makes_forms:
+        return None, "warm's fresh-process probe refused them"
+    report, labels = load.report, [label for label, _ in load.samples]
     with _private_inductor_dir() as private, report.stage("compile"):
         try:
+            made = None
             if shipped is not None:
                 key, plan, files = shipped
-                compiled_forward = load_precompiled(model, plan, files, labels, target,
+                compiled_forward = load_precompiled(load.model, plan, files, labels, load.target,
                                                     report.config)
                 source = f"shipped with the kernel set {key}, loaded without tracing"
             else:
-                made, files, compiled_forward = precompile(model, forward, samples, report.config)
+                made, files, compiled_forward = precompile(load.model, load.forward, load.samples,
+                                                           report.config)
                 source = "traced and compiled here"
-            outputs = [_forward(compiled_forward, inputs) for _, inputs in samples]
-            exporting = shipped is None and warm_child()
-            autotuned = autotune_results(private) if exporting else {}  # first calls autotune
+            outputs = [_forward(compiled_forward, inputs) for _, inputs in load.samples]
+            # first calls autotune: warm ships the choices beside the graphs it made
+            autotuned = autotune_results(private) if made is not None and export is not None else {}
         except PrecompileRefusedError as exc:
-            export_refusal(exc.reason)
-            return None, exc.reason
+            return None, _refused(export, exc.reason)
         except Exception as exc:  # inductor failed to compile, load or run its code here
-            reason = f"precompiled graphs failed: {describe(exc)}"
-            export_refusal(reason)
-            return None, reason
-    for label, got, want in zip(labels, outputs, expected):
+            return None, _refused(export, f"precompiled graphs failed: {describe(exc)}")
+    for label, got, want in zip(labels, outputs, load.expected):
         check_outputs(label, "precompiled outputs on this host and the build-time references",
                       got, want, _compiled_tolerance(report), _HINT)
     try:
-        runner = make_runner(model, compiled_forward, target, _whole_model(artifact.manifest),
-                             samples, outputs, report, options)
+        runner = load.compiled_runner(load.model, compiled_forward, outputs)
     except CaptureError as exc:
-        reason = f"the precompiled graphs could not be captured ({exc})"
-        export_refusal(reason)
-        return None, reason
-    if exporting:  # checked and captured: warm ships them
-        export_forms(made.to_json(), {**files, **autotuned})
+        return None, _refused(export, f"the precompiled graphs could not be captured ({exc})")
+    if made is not None and export is not None:  # checked and captured: warm ships them
+        export.write_forms(made.to_json(), {**files, **autotuned})
     report.compiled = f"precompiled: {len(labels)} inductor graph(s) {source}"
     return runner, ""
 
 
-def _today(today: tuple, report: LoadReport, make_runner: MakeRunner, why: str) -> Any:
-    """Fall back to the eager model's graphs, saying why."""
-    report.warn(f"{why}: serving the eager model as without compiled mode")
-    report.compiled = f"off ({why})"
-    return make_runner(*today)
+def _refused(export: PrecompiledExport | None, reason: str) -> str:
+    """``reason``, also told to warm (``export``) as why the model has no precompiled graphs."""
+    if export is not None:
+        export.write_refusal(reason)
+    return reason
 
 
 def _compiled_tolerance(report: LoadReport) -> tuple[float, float]:
@@ -215,11 +249,6 @@ def _compiled_tolerance(report: LoadReport) -> tuple[float, float]:
 def _forward(forward: Callable[..., Any], inputs: list[torch.Tensor]) -> Any:
     with torch.no_grad():
         return forward(*inputs)
-
-
-def _whole_model(manifest: Manifest) -> Manifest:
-    """Compiled code inlines submodules: only whole-model graphs replay inductor's kernels."""
-    return dataclasses.replace(manifest, capture=CapturePolicy(policy="full", submodules=()))
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -268,25 +297,12 @@ def _private_inductor_dir() -> Iterator[str]:
     """Inductor's process-wide cache directory pointed at a fresh private one while this
     load compiles or loads compiled code (the user's own cache is never written)."""
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-inductor-") as private, \
-            _env(INDUCTOR_CACHE_ENV, private):
+            process_environment({INDUCTOR_CACHE_ENV: private}):
         _clear_inductor_caches()
         try:
             yield private
         finally:
             _clear_inductor_caches()
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
 
 
 def _clear_inductor_caches() -> None:

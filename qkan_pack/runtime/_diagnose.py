@@ -41,16 +41,17 @@ _SKIPPED_ROOTS = (os.path.dirname(torch.__file__) + os.sep,
                   os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 
-class _Watch(TorchDispatchMode):
+# torch leaves TorchDispatchMode's __init_subclass__ and __init__ unannotated
+class _Watch(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the first capture-unsafe op and where user code called it."""
 
     def __init__(self, device: torch.device) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.device = device
         self.found: str | None = None
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if self.found is None:
             reason = _unsafe(func, args, kwargs, self.device)
@@ -59,7 +60,7 @@ class _Watch(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _unsafe(func: Any, args: tuple, kwargs: dict, device: torch.device) -> str | None:
+def _unsafe(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> str | None:
     name = func._schema.name
     if name in _HOST_SYNC:
         return f"{name} ({_HOST_SYNC[name]})"
@@ -89,7 +90,7 @@ def _unsafe(func: Any, args: tuple, kwargs: dict, device: torch.device) -> str |
     return None
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
 
 

@@ -61,11 +61,10 @@ class InputMatcher:
                                         [d.dtype for d in manifest.inputs], self.declared)
                         if self.declared is not None else [])
         self.signatures = manifest.signatures()
-        self.fast = _fast_table(manifest, self._dtypes, device)
-        self._fits: dict[tuple, tuple[int, Fit]] = {}
+        self._fits: dict[tuple[Any, ...], tuple[int, Fit]] = {}
         self._fits_lock = threading.Lock()
 
-    def match(self, args: tuple, kwargs: dict[str, Any]
+    def match(self, args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> tuple[list[torch.Tensor], bool, int, Fit | None]:
         """(tensors, given as numpy, shape index, how they are padded) for a call."""
         if kwargs:
@@ -84,7 +83,7 @@ class InputMatcher:
         index, fit = self._lookup(tensors, numpy=as_numpy)
         return tensors, as_numpy, index, fit
 
-    def _order_keywords(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    def _order_keywords(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         unknown = sorted(set(kwargs) - set(self._names))
         if unknown:
             raise self.refuse(f"unknown input(s) {unknown}; this artifact takes {list(self._names)}")
@@ -114,13 +113,8 @@ class InputMatcher:
                 f"input {name!r} is a numpy masked array; the mask would be ignored: pass "
                 "array.filled(value) with the value masked entries should take")
         if isinstance(value, np.ndarray):
-            array = np.require(value, requirements="C")  # keeps 0-d arrays 0-d
-            if not array.dtype.isnative:
-                array = array.astype(array.dtype.newbyteorder("="))
-            if not array.flags.writeable:
-                array = array.copy()  # torch.from_numpy warns on read-only memory
             try:
-                return torch.from_numpy(array)
+                return host_tensor(value)
             except TypeError as exc:
                 raise self.refuse(f"input {name!r}: numpy dtype {value.dtype} unsupported: "
                                    f"{exc}") from None
@@ -157,7 +151,7 @@ class InputMatcher:
         shown = ", ".join(_shape_text(s) for s in key)
         raise self.refuse_shape(f"input shape {shown} is not in the manifest", key)
 
-    def _remembered_fit(self, key: tuple) -> tuple[int, Fit]:
+    def _remembered_fit(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         """``_declared_fit``, worked out once per call shape: searching every entry and
         building the regions is Python work of the order of a whole replay on a GPU, and
         ragged traffic repeats a few hundred shapes. At most ``FIT_MEMORY`` shapes are kept
@@ -173,7 +167,7 @@ class InputMatcher:
                 self._fits[key] = found
         return found
 
-    def _declared_fit(self, key: tuple) -> tuple[int, Fit]:
+    def _declared_fit(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         """The smallest entry the call pads into (``format.fit_entry``), with its regions."""
         assert self.declared is not None
         call = [tuple(shape) for shape in key]
@@ -195,7 +189,7 @@ class InputMatcher:
         outputs = tuple(tuple(k) if k else None for k in kept)
         return index, Fit(regions, self._pad_values, outputs, tuple(entry))
 
-    def _padded_entry(self, key: tuple) -> tuple[int, Fit]:
+    def _padded_entry(self, key: tuple[Any, ...]) -> tuple[int, Fit]:
         rows = {s[0] for s in key if len(s)}
         tail = tuple(tuple(s[1:]) for s in key)
         candidates = self._padding.get(tail, [])
@@ -226,22 +220,25 @@ class InputMatcher:
         return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
                           ranges=self._ranges)
 
-    def refuse_shape(self, problem: str, key: tuple) -> InputError:
+    def refuse_shape(self, problem: str, key: tuple[Any, ...]) -> InputError:
         """A call whose shapes fit no entry: the refusal ends with the fix
         (``format.shape_fix``)."""
         return InputError(problem, accepted=self.signatures, padded=self.pad_batch,
                           ranges=self._ranges, **shape_fix(self.manifest, key))
 
 
-def _fast_table(manifest: Manifest, dtypes: Sequence[torch.dtype], device: torch.device
-                ) -> dict[tuple, int] | None:
-    """(shape, dtype, device) -> shape index for one-input, one-tensor-output artifacts."""
-    single_output = all(e.outputs.kind == "tensor" for e in manifest.shapes)
-    if len(manifest.inputs) != 1 or not single_output:
-        return None
-    devices = {torch.device("cpu"), device}
-    return {(torch.Size(entry.inputs[0][1]), dtypes[0], dev): index
-            for index, entry in enumerate(manifest.shapes) for dev in devices}
+def host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a host tensor: its own memory where it is C-contiguous, native-order
+    and writeable (``torch.from_numpy``, no copy), else a copy that is. What the array holds
+    never matters; its layout decides per call (the dtype raises TypeError where torch has
+    no such dtype)."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="), order="C")
+    else:
+        flags = array.flags
+        if not (flags.c_contiguous and flags.writeable):  # from_numpy warns on read-only memory
+            array = array.copy(order="C")  # keeps 0-d arrays 0-d
+    return torch.from_numpy(array)
 
 
 def _shape_text(shape: Sequence[int]) -> str:

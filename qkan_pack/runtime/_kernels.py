@@ -5,6 +5,11 @@ warm``). The key names the GPU architecture and the toolchain (Triton, torch, CU
 machine): Triton's own cache keys differ across any of them. At load, a matching set is
 copied to a private temp directory and Triton is pointed at it only while the predictor
 loads; the artifact and the user's own cache are never written.
+
+Also here: ``PrecompiledExport``, what ``warm``'s child load is handed (on its command line,
+then as ``Predictor.load``'s ``export``) to write the precompiled graphs compiled mode makes
+for warm to ship; and ``process_environment``, the scope of a setting a library reads from
+the environment (Triton's and inductor's cache directories, Ray's settings for serve).
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import platform
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import KernelCacheError, ManifestError
 from ..format import KernelSet, loads_strict
@@ -25,8 +32,8 @@ from ._artifact import VerifiedArtifact
 from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouched_triton_key
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["PLAN_FILE", "PRECOMPILED_OFF", "PRECOMPILED_OUT_ENV", "REFUSED_FILE", "TRITON_CACHE_ENV",
-           "collect_kernel_cache", "inductor_file", "kernel_key", "precompiled_dir"]
+__all__ = ["PLAN_FILE", "TRITON_CACHE_ENV", "PrecompiledExport", "collect_kernel_cache",
+           "inductor_file", "kernel_key", "precompiled_dir", "process_environment"]
 
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -42,18 +49,57 @@ INDUCTOR_SUFFIX = "-inductor.bin"
 #: the plan (``_precompiled.Plan``) in ``PLAN_FILE`` and one ``<index>.bin`` per shape.
 PRECOMPILED_SUFFIX = "-precompiled"
 PLAN_FILE = "plan.json"
-#: ``warm``'s child sets this to a directory: a ``compiled="on"`` load writes its precompiled
-#: forms there for warm to ship, or ``REFUSED_FILE`` saying why the model has none; or to
-#: ``PRECOMPILED_OFF``: make none (warm's fallback after its probe refused them).
-PRECOMPILED_OUT_ENV = "QKAN_PACK_PRECOMPILED_OUT"
-PRECOMPILED_OFF = "off"
-REFUSED_FILE = "refused.txt"
+_REFUSED_FILE = "refused.txt"
 #: Held while a load points a process-wide cache (Triton's or inductor's directory, Triton's
 #: key) at its private copy: two loads doing that at once would restore each other's settings
 #: out of order (the second load would run on without its kernels, and the process be left
 #: pointing Triton at a deleted directory). Re-entrant: compiled mode takes it inside a load that
 #: holds it; always taken before the capture session's lock (``_load``).
 PROCESS_CACHES = threading.RLock()
+
+
+@dataclass(frozen=True)
+class PrecompiledExport:
+    """What ``qkan-pack warm``'s child load does with the precompiled graphs compiled mode
+    makes (``Predictor.load(..., export=...)``): writes them into ``directory`` for warm to
+    ship, or there says why the model has none; with ``directory`` None, makes none (warm's
+    fallback after its fresh-process probe refused them). Either way the load never uses
+    graphs the artifact already ships: warm is replacing them."""
+
+    directory: Path | None
+
+    @property
+    def makes_forms(self) -> bool:
+        return self.directory is not None
+
+    def write_forms(self, plan: bytes, files: Mapping[str, bytes]) -> None:
+        """The plan (``PLAN_FILE``) and its files, by their names under ``directory``."""
+        for name, data in {**files, PLAN_FILE: plan}.items():
+            self._write(name, data)
+
+    def write_refusal(self, reason: str) -> None:
+        """Why this model has no precompiled graphs, for warm to record."""
+        self._write(_REFUSED_FILE, reason.encode())
+
+    def read(self) -> tuple[dict[str, bytes], str | None]:
+        """warm's side: the files written (plan and graphs by name; empty when none were)
+        and the refusal, if one was written."""
+        root = self.directory
+        if root is None:
+            return {}, None
+        if (root / PLAN_FILE).exists():
+            return {path.relative_to(root).as_posix(): path.read_bytes()
+                    for path in sorted(root.rglob("*"))
+                    if path.is_file() and path.name != _REFUSED_FILE}, None
+        refused = root / _REFUSED_FILE
+        return {}, refused.read_text() if refused.exists() else None
+
+    def _write(self, name: str, data: bytes) -> None:
+        if self.directory is None:
+            return
+        destination = self.directory / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(data)
 
 
 def inductor_file(directory: str) -> str:
@@ -133,7 +179,7 @@ def _moved(path: object, old_root: str, new_root: str, where: str) -> str:
     prefix = old_root.rstrip("/") + "/"
     inside = path[len(prefix):] if isinstance(path, str) and path.startswith(prefix) else None
     parts = inside.split("/") if inside else []
-    if not parts or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
+    if inside is None or not parts or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
         raise KernelCacheError(
             f"{where} names {str(path)[:120]!r}, outside the kernel cache it belongs to: "
             "refused (a kernel set may only point inside itself); rebuild it with `qkan-pack warm`")
@@ -187,7 +233,7 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                 counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
 
 
-def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict | None:
+def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict[str, Any] | None:
     """The set's record of Triton's installation key (``warm`` writes it), if any."""
     data = artifact.files.get(kernel_set.details.get("triton_key", ""))
     if data is None:
@@ -208,16 +254,26 @@ def _group_stamps(root: Path) -> dict[str, int]:
 @contextlib.contextmanager
 def _triton_cache_dir(directory: str) -> Iterator[None]:
     """Set Triton's cache dir for this process only, and restore what was there."""
-    previous = os.environ.get(TRITON_CACHE_ENV)
-    os.environ[TRITON_CACHE_ENV] = directory
+    with process_environment({TRITON_CACHE_ENV: directory}), cache_dir_from_environment():
+        yield  # the variable rules while we load
+
+
+@contextlib.contextmanager
+def process_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment while the block runs (a library that
+    reads its settings from there: Triton's and inductor's cache directories), then what was
+    there before restored, unset where nothing was (a load holds ``PROCESS_CACHES`` around
+    it; serve sets Ray's settings with it before Ray starts)."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
-        with cache_dir_from_environment():  # the variable rules while we load
-            yield
+        yield
     finally:
-        if previous is None:
-            os.environ.pop(TRITON_CACHE_ENV, None)
-        else:
-            os.environ[TRITON_CACHE_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

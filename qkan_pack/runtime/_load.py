@@ -32,9 +32,9 @@ from ._artifact import VerifiedArtifact, read_artifact
 from ._calling import bind_forward, full_float32
 from ._capture import capture_session
 from ._compat import check_compatibility
-from ._compiled import serve_compiled
+from ._compiled import CompiledLoad, serve_compiled
 from ._device import ContextStart, resolve_device
-from ._kernels import PROCESS_CACHES, matching_set, shipped_kernels
+from ._kernels import PROCESS_CACHES, PrecompiledExport, matching_set, shipped_kernels
 from ._options import (
     CROSS_DEVICE_TOLERANCE,
     CROSS_SOLVER_TOLERANCE,
@@ -55,6 +55,7 @@ from ._report import LoadReport, ShapeRecord, timed_stage
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import (
     ReferenceCheck,
+    ReferencePolicy,
     check_outputs,
     check_reference,
     float64_forward,
@@ -87,6 +88,17 @@ _REPLAY_HINT = ("The captured graph is wrong; report a bug with the artifact, or
                 "--capture submodules")
 
 
+@dataclass(frozen=True)
+class References:
+    """The build's evidence, per manifest shape in order: the label and reference inputs on
+    the target (``samples``), the reference outputs (``expected``), and the rounding noise
+    each shape is held to (None: the fixed tolerance only)."""
+
+    samples: list[Sample]
+    expected: list[list[torch.Tensor]]
+    noises: list[float | None]
+
+
 @dataclass
 class Loaded:
     """Everything a ``Predictor`` is made of, ready to serve."""
@@ -99,14 +111,16 @@ class Loaded:
     classes: ClassTable  # output classes resolved among the model source's imports
 
 
-def load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
-    """Verify, rebuild, self-test and capture the artifact at ``path`` on ``device``.
+def load(path: str | Path, device: str | torch.device, options: LoadOptions,
+         export: PrecompiledExport | None = None) -> Loaded:
+    """Verify, rebuild, self-test and capture the artifact at ``path`` on ``device``
+    (``export``: ``qkan-pack warm``'s, for the precompiled graphs compiled mode makes).
 
     A failed load gives back everything it allocated, even while the caller keeps the error
     (logs it, stores it, re-raises it later): see ``_release_frames``."""
     already_handling = sys.exc_info()[1]
     try:
-        return _load(path, device, options)
+        return _load(path, device, options, export)
     except BaseException as error:
         _release_frames(error, already_handling)
         raise
@@ -133,7 +147,8 @@ def _release_frames(error: BaseException | None, stop: BaseException | None) -> 
         pending += [error.__cause__, error.__context__]  # both: a cause may hide a context
 
 
-def _load(path: str | Path, device: str | torch.device, options: LoadOptions) -> Loaded:
+def _load(path: str | Path, device: str | torch.device, options: LoadOptions,
+          export: PrecompiledExport | None) -> Loaded:
     started = time.perf_counter()
     target = resolve_device(device)
     context = ContextStart(target) if target.type == "cuda" else None
@@ -152,7 +167,7 @@ def _load(path: str | Path, device: str | torch.device, options: LoadOptions) ->
                 with report.stage("cuda init"):
                     context.wait()
             with _on_device(target):  # setting the device would wait for the context anyway
-                model, runner, classes = _prepare(artifact, target, report, options)
+                model, runner, classes = _prepare(artifact, target, report, options, export)
     finally:
         if context is not None:
             context.join()  # a refused artifact leaves no thread behind
@@ -228,7 +243,8 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
 
 
 def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,
-             options: LoadOptions) -> tuple[torch.nn.Module, EagerRunner | GraphRunner, ClassTable]:
+             options: LoadOptions, export: PrecompiledExport | None
+             ) -> tuple[torch.nn.Module, EagerRunner | GraphRunner, ClassTable]:
     """Build, self-test against references, gate the precision, capture, self-test replay."""
     manifest = artifact.manifest
     report.precision = resolve_precision(manifest, target, options.precision, report.warn)
@@ -244,17 +260,18 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
             noises = [entry.noise for entry in manifest.shapes]
     with report.stage("references"):
         samples, expected = reference_samples(artifact, target)
+    references = References(samples, expected, noises)
     shown = manifest.model.source
     with report.stage("first forward"):  # compiles kernels; outside the session lock
         eager = _eager_outputs(forward, samples, shown)
     classes = _output_classes(artifact, model, report)  # after a forward, as build looks
     with capture_session():  # no other load flips math modes or captures meanwhile
         with report.stage("reference self-test"):
-            checks = _check_references(model, forward, samples, eager, expected, noises,
-                                       target, report, manifest)
+            checks = _check_references(model, forward, references, eager, target, report,
+                                       manifest)
         if manifest.padding is not None:
             with report.stage("padding self-test"):
-                _check_padding(forward, samples, noises, target, report, manifest)
+                _check_padding(forward, references, target, report, manifest)
         with precision_scope(precision, target):  # the math mode graphs capture in
             if report.precision.reduced:  # the gate's outputs are the replay baseline too
                 with report.stage("precision gate"):
@@ -264,8 +281,9 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
             elif target.type == "cuda":  # the replay baseline
                 with report.stage("replay baseline"):
                     eager = _eager_outputs(forward, samples, shown)
-            runner = serve_compiled(model, served, target, artifact, samples, eager, expected,
-                                    report, options, _make_runner)  # default runner unless asked
+            runner = serve_compiled(CompiledLoad(  # the eager model's runner unless asked
+                model, served, target, artifact, samples, eager, expected, report, options,
+                _make_runner, export))
     if isinstance(served, PerShapeForward):
         served.scoped = False  # the lock is released: TF32 switches are no longer ours
     for record, check in zip(runner.records, checks, strict=True):
@@ -297,9 +315,8 @@ def _eager_outputs(forward: Any, samples: list[Sample], shown: str) -> list[list
     return outputs
 
 
-def _check_references(model: torch.nn.Module, forward: Any, samples: list[Sample],
-                      eager: list[list[torch.Tensor]], expected: list[list[torch.Tensor]],
-                      noises: list[float | None], target: torch.device, report: LoadReport,
+def _check_references(model: torch.nn.Module, forward: Any, references: References,
+                      eager: list[list[torch.Tensor]], target: torch.device, report: LoadReport,
                       manifest: Manifest) -> list[ReferenceCheck]:
     """Eager outputs in full float32 (the build host's math) against the build references,
     each shape held to its recorded rounding noise (``check_reference``): TF32 and other
@@ -309,28 +326,30 @@ def _check_references(model: torch.nn.Module, forward: Any, samples: list[Sample
     outputs = eager
     if target.type == "cuda":
         with full_float32(target):
-            outputs = _eager_outputs(forward, samples, manifest.model.source)
+            outputs = _eager_outputs(forward, references.samples, manifest.model.source)
+    policy = ReferencePolicy(report.reference_tolerance, report.warn, _REFERENCE_HINT)
     checks = []
-    for (label, inputs), got, want, noise, entry in zip(samples, outputs, expected, noises,
-                                                        manifest.shapes, strict=True):
+    for (label, inputs), got, want, noise, entry in zip(
+            references.samples, outputs, references.expected, references.noises,
+            manifest.shapes, strict=True):
         _warn_if_uninformative(label, want, list(entry.outputs.leaf_names()), report)
         measure = partial(_device_float64, model, manifest, inputs)
-        checks.append(check_reference(label, got, want, noise=noise,
-                                      ceiling=report.reference_tolerance, device_float64=measure,
-                                      warn=report.warn, hint=_REFERENCE_HINT,
+        checks.append(check_reference(label, got, want, noise=noise, policy=policy,
+                                      device_float64=measure,
                                       names=list(entry.outputs.leaf_names())))
     return checks
 
 
-def _check_padding(forward: Any, samples: list[Sample], noises: list[float | None],
-                   target: torch.device, report: LoadReport, manifest: Manifest) -> None:
+def _check_padding(forward: Any, references: References, target: torch.device,
+                   report: LoadReport, manifest: Manifest) -> None:
     """One padded call per entry a smaller call pads into, against the same call unpadded
     (``_padcheck.check_padded_calls``, the check build proved the padding with), in full
     float32 as the reference self-test: the manifest's pad values and followed dims are
     the ones that hold for this model."""
     run = partial(_flat_eager, forward, manifest.model.source)
     with full_float32(target):
-        check_padded_calls(run, samples, manifest, noises, report.reference_tolerance[1])
+        check_padded_calls(run, references.samples, manifest, references.noises,
+                           report.reference_tolerance[1])
 
 
 def _flat_eager(forward: Any, shown: str, inputs: list[torch.Tensor],
@@ -451,9 +470,9 @@ def _make_runner(model: torch.nn.Module, forward: Any, target: torch.device, man
                  options: LoadOptions) -> EagerRunner | GraphRunner:
     """Eager on the CPU; on CUDA capture every shape, then check replay against eager."""
     if target.type != "cuda":
-        runner = EagerRunner(forward, target, manifest.model.source)
-        runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
-        return runner
+        eager_runner = EagerRunner(forward, target, manifest.model.source)
+        eager_runner.records = [ShapeRecord(label=label, policy="eager") for label, _ in samples]
+        return eager_runner
     runner = GraphRunner(model, forward, target, manifest.model.source)
     with report.stage("capture"):
         runner.capture(samples, manifest.capture.policy, manifest.capture.submodules,

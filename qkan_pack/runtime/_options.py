@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checked import CheckedOptions
 from ..errors import LoadOptionError, ShapeSpecError
 from ..format import DIGEST_PREFIX, PRECISIONS, SHA256_HEX, check_config
 
@@ -41,7 +42,7 @@ CROSS_SOLVER_TOLERANCE: Tolerance = (2e-3, 2e-4)
 
 
 @dataclass(frozen=True)
-class LoadOptions:
+class LoadOptions(CheckedOptions):
     """How to load an artifact.
 
     - ``expected_digest``: refuse unless the artifact's digest is this ``sha256:…``;
@@ -71,6 +72,8 @@ class LoadOptions:
     Every field is checked here, so a wrong option fails before the artifact is touched.
     """
 
+    CALL: ClassVar[str] = "Predictor.load()"
+
     expected_digest: str | None = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)
     pad_batch: bool = False
@@ -99,18 +102,7 @@ class LoadOptions:
             "trusted_keys": _key_paths(self.trusted_keys),
             "precision": _choice("precision", self.precision, PRECISION_MODES),
         }
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def from_keywords(cls, keywords: Mapping[str, Any]) -> LoadOptions:
-        """Options from ``Predictor.load(**keywords)``; an unknown keyword names the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(keywords) - known)
-        if unknown:
-            raise TypeError(f"Predictor.load() got unknown option(s) {unknown}; "
-                            f"options: {sorted(known)}")
-        return cls(**keywords)
+        self._keep(checked)
 
 
 def normalise_digest(text: Any) -> str:
@@ -138,7 +130,7 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise LoadOptionError(option=name, value=value, expected=f"one of {', '.join(choices)}")
     return value
 

@@ -48,8 +48,8 @@ def refuse_unsafe_output(target: Path, protect: Sequence[str | os.PathLike[str]]
             f"output path {target} is or contains the working directory {cwd}; replacing it "
             "would pull the directory from under you: choose another -o (a new folder)",
             path=str(target))
-    for folder in protect:
-        kept = Path(folder).resolve()
+    for protected in protect:
+        kept = Path(protected).resolve()
         if kept == target or target in kept.parents:
             raise ArtifactError(
                 f"output path {target} is or contains the model's folder {kept}; replacing it "

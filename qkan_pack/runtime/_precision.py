@@ -101,7 +101,7 @@ class PerShapeForward:
     run in the process's own float32 mode, as ``precision_scope`` documents. Outputs are
     flat leaves for every shape, as ``PrecisionForward`` gives them."""
 
-    def __init__(self, forward: Callable[..., Any], precisions: dict[tuple, str],
+    def __init__(self, forward: Callable[..., Any], precisions: dict[tuple[Any, ...], str],
                  device: torch.device) -> None:
         self.device = device
         self.precisions = precisions
@@ -269,19 +269,21 @@ def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.d
     against ``want`` (the float32 references) within the manifest's ``max_error``; fills
     ``record.errors`` (and ``record.build_errors``), raises ``PrecisionError`` with both
     figures beyond it."""
+    max_error = record.max_error
+    assert max_error is not None, "resolve_precision bounds every reduced precision"
     figures = []
     for label, outputs, references, entry in zip(labels, got, want, manifest.shapes,
                                                  strict=True):
-        errors = output_errors(outputs, references, record.max_error)
+        errors = output_errors(outputs, references, max_error)
         names = list(entry.outputs.leaf_names()) or ["output"]
         record.errors[label] = max(errors, default=0.0)
         record.build_errors[label] = entry.precision_error.get(record.of(label))
         figures += [(label, name, error) for name, error in zip(names, errors)
-                    if error > record.max_error]
+                    if error > max_error]
     if figures:
         worst = max(figures, key=lambda f: f[2])
         raise PrecisionError(
-            precision=record.of(worst[0]), device=str(device), max_error=record.max_error,
+            precision=record.of(worst[0]), device=str(device), max_error=max_error,
             figures=figures, build_measured=record.build_errors.get(worst[0]),
             hint=_load_hint(record.of(worst[0]), any(f[2] == float("inf") for f in figures)))
 

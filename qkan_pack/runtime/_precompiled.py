@@ -46,7 +46,6 @@ from ..format import (
     read_object,
     write_object,
 )
-from ._kernels import PLAN_FILE, PRECOMPILED_OFF, PRECOMPILED_OUT_ENV, REFUSED_FILE
 from ._tree import flatten
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
@@ -152,8 +151,8 @@ def model_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
     for name, tensor in model.named_parameters(remove_duplicate=False):
         found.setdefault(id(tensor), ("state", name))
-    for name, tensor in model.named_buffers(remove_duplicate=False):
-        found.setdefault(id(tensor), ("state", name))
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        found.setdefault(id(buffer), ("state", name))
     for path, module in model.named_modules(remove_duplicate=False):
         for attribute, value in vars(module).items():
             if isinstance(value, torch.Tensor):
@@ -163,6 +162,7 @@ def model_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
 
 def resolve(model: torch.nn.Module, ref: TensorRef) -> torch.Tensor:
     """The model's tensor ``ref`` names, checked against the plan's shape and dtype."""
+    tensor: object
     try:
         if ref.kind == "state":
             tensor = model.get_parameter(ref.name) if _is_parameter(model, ref.name) \
@@ -281,14 +281,14 @@ def precompile(model: torch.nn.Module, forward: Callable[..., Any],
                ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
     """Trace and compile every shape of the model built with ``config``: the plan, the graph
     files by name (``<index>.bin``) and the forward that calls them."""
-    if os.environ.get(PRECOMPILED_OUT_ENV) == PRECOMPILED_OFF:
-        raise PrecompileRefusedError("warm's fresh-process probe refused them")
-    shapes, files, graphs = [], {}, []
+    shapes: list[ShapePlan] = []
+    files: dict[str, bytes] = {}
+    graphs: list[Callable[..., Any]] = []
     for index, (label, inputs) in enumerate(samples):
-        gm, example, plan = trace_graph(model, forward, inputs)
+        gm, example, shape = trace_graph(model, forward, inputs)
         data = compile_graph(gm, example)
         files[f"{index}.bin"] = data
-        shapes.append(dataclasses.replace(plan, label=label, file=f"{index}.bin"))
+        shapes.append(dataclasses.replace(shape, label=label, file=f"{index}.bin"))
         graphs.append(_callable(data))
     device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
     plan = Plan(torch=torch.__version__, device=device, config=dict(config), shapes=tuple(shapes))
@@ -353,33 +353,6 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     return PrecompiledForward(model, plan, graphs)
 
 
-def warm_child() -> bool:
-    """Whether this process is ``warm``'s child (``PRECOMPILED_OUT_ENV`` set), which makes
-    the forms it ships (or, told ``PRECOMPILED_OFF``, none)."""
-    return bool(os.environ.get(PRECOMPILED_OUT_ENV))
-
-
-def export_forms(plan: bytes, files: Mapping[str, bytes]) -> None:
-    """Write forms made here where ``warm``'s child was told to (``PRECOMPILED_OUT_ENV``)."""
-    directory = os.environ.get(PRECOMPILED_OUT_ENV)
-    if not directory or directory == PRECOMPILED_OFF:
-        return
-    os.makedirs(directory, exist_ok=True)
-    for name, data in {**files, PLAN_FILE: plan}.items():
-        destination = Path(directory, name)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(data)
-
-
-def export_refusal(reason: str) -> None:
-    """Tell ``warm`` (``PRECOMPILED_OUT_ENV``) why this model has no precompiled form."""
-    directory = os.environ.get(PRECOMPILED_OUT_ENV)
-    if directory and directory != PRECOMPILED_OFF:
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, REFUSED_FILE), "w") as handle:
-            handle.write(reason)
-
-
 def _callable(data: bytes) -> Callable[..., Any]:
     """Inductor's compiled graph from saved bytes (``CompiledArtifact.load`` reads a path)."""
     from torch._inductor import CompiledArtifact
@@ -403,7 +376,7 @@ class PrecompiledForward:
     def __init__(self, model: torch.nn.Module, plan: Plan,
                  graphs: Sequence[Callable[..., Any]]) -> None:
         self.plan = plan
-        self._by_shape: dict[tuple, tuple[Callable[..., Any], list[Any], ShapePlan]] = {}
+        self._by_shape: dict[_Key, tuple[Callable[..., Any], list[Any], ShapePlan]] = {}
         for shape, graph in zip(plan.shapes, graphs):
             fixed: list[Any] = [None if ref.kind == "input" else resolve(model, ref)
                                 for ref in shape.args]
@@ -422,5 +395,9 @@ class PrecompiledForward:
         return [returned[i] for i in shape.outputs]
 
 
-def _key(inputs: Sequence[TensorRef]) -> tuple[tuple[tuple[int, ...], str], ...]:
+#: Which graph a call takes: each input's shape and dtype.
+_Key = tuple[tuple[tuple[int, ...], str], ...]
+
+
+def _key(inputs: Sequence[TensorRef]) -> _Key:
     return tuple((ref.shape, ref.dtype) for ref in inputs)

@@ -11,11 +11,12 @@ import torch
 
 from ..errors import PredictorClosedError
 from ..format import Manifest
+from ._calls import CallMemory, call_signature, plan_call
 from ._inputs import InputMatcher
+from ._kernels import PrecompiledExport
 from ._load import Loaded, load
 from ._options import LoadOptions
 from ._runners import EagerRunner, GraphRunner
-from ._tree import unflatten
 
 if TYPE_CHECKING:
     from ._capture import ShapeGraph
@@ -41,6 +42,10 @@ class Predictor:
     (outputs never require grad); NaN/inf values are computed as given (checking them would
     cost a device sync per call); numpy inputs give numpy outputs (a bfloat16 one as a host
     tensor: numpy has no bfloat16).
+
+    A call whose signature (each value's kind, shape, dtype, device, layout and grad flag;
+    keyword names) passed before takes the remembered way: one lookup, copy in, replay, copy
+    out (``_calls``). Calls are thread-safe; one replays at a time.
     """
 
     def __init__(self, loaded: Loaded, options: LoadOptions) -> None:
@@ -61,13 +66,14 @@ class Predictor:
         self._source_lines = loaded.artifact.source_lines  # the model's lines, until close
         self._lock = threading.Lock()
         self._inputs = InputMatcher(manifest, self.device, options.pad_batch)
-        self._fast = self._inputs.fast
+        self._calls = CallMemory()  # changed under self._lock only
 
     # -- construction ------------------------------------------------------------------
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", *,
-             options: LoadOptions | None = None, **keywords: Any) -> Predictor:
+             options: LoadOptions | None = None, export: PrecompiledExport | None = None,
+             **keywords: Any) -> Predictor:
         """Verify, rebuild, load weights, capture every shape (CUDA), self-test, return.
 
         ``device`` is ``"auto"`` (CUDA where there is a GPU, else the CPU: the report's
@@ -75,13 +81,14 @@ class Predictor:
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
         ``kernels``, ``compiled``, ``progress``, ``trusted_keys``, ``precision``); see
-        ``LoadOptions`` for what each does.
+        ``LoadOptions`` for what each does. ``export`` is ``qkan-pack warm``'s: where a
+        compiled-mode load writes the precompiled graphs it makes (``PrecompiledExport``).
         """
         if options is None:
             options = LoadOptions.from_keywords(keywords)
         elif keywords:
             raise TypeError("pass either options=LoadOptions(...) or keywords, not both")
-        predictor = cls(load(path, device, options), options)
+        predictor = cls(load(path, device, options, export), options)
         if options.pad_batch and predictor.manifest.padding is None:
             warnings.warn(PAD_BATCH_DEPRECATED, DeprecationWarning, stacklevel=2)
         return predictor
@@ -89,18 +96,16 @@ class Predictor:
     # -- calls -------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._fast
-        if fast is not None and len(args) == 1 and not kwargs and type(args[0]) is torch.Tensor:
-            x = args[0]
-            index = None if x.is_nested else fast.get((x.shape, x.dtype, x.device))
-            if index is not None and x.layout == torch.strided:
-                if x.requires_grad:
-                    x = x.detach()
-                with self._lock:
-                    out = self._open_runner().run_one(index, x, self.copy_outputs)
-                if out is not None:
-                    return out
-        return self._call(args, kwargs)
+        key = call_signature(args, kwargs)
+        plan = self._calls.get(key)
+        if plan is None:
+            return self._first_call(key, args, kwargs)
+        inputs = args if plan.prepare is None else plan.prepare(args, kwargs)
+        with self._lock:
+            if self._runner is None:  # closed while this call waited
+                raise PredictorClosedError(path=str(self.path))
+            leaves = plan.replay(inputs)
+        return leaves[0] if plan.finish is None else plan.finish(leaves)
 
     def _open_runner(self) -> EagerRunner | GraphRunner:
         """The runner, read under the lock: a call racing ``close()`` either finishes before
@@ -110,20 +115,24 @@ class Predictor:
             raise PredictorClosedError(path=str(self.path))
         return runner
 
-    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """The general path: keywords, numpy, several inputs, structured outputs, padding."""
+    def _first_call(self, key: tuple[Any, ...] | None, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """The general path, for a signature not seen (or not remembered, ``key`` None):
+        every check, refusals that list what is accepted; a call that passes leaves the
+        plan later calls of its signature follow."""
         self._open_runner()  # a closed predictor says so before judging the inputs
         tensors, as_numpy, index, fit = self._inputs.match(args, kwargs)
-        out_device = tensors[0].device if tensors[0].device != self.device else None
         copy = self.copy_outputs or as_numpy  # numpy outputs are host copies in any case
+        out_device = tensors[0].device if tensors[0].device != self.device else None
         if as_numpy:
             out_device = torch.device("cpu")
         with self._lock:
-            leaves = self._open_runner().run(index, tensors, fit, copy=copy,
-                                             out_device=out_device if copy else None)
-        if as_numpy:  # numpy has no bfloat16: such an output stays a (host) tensor
-            leaves = [leaf if leaf.dtype == torch.bfloat16 else leaf.numpy() for leaf in leaves]
-        return unflatten(self.manifest.shapes[index].outputs, leaves, self._classes)
+            replay = self._open_runner().replayer(index, fit, copy, out_device if copy else None)
+            plan = plan_call(args, kwargs, self.manifest.input_names, replay, as_numpy,
+                             self.manifest.shapes[index].outputs, self._classes)
+            self._calls.remember(key, plan)
+            leaves = plan.replay(tensors)
+        return leaves[0] if plan.finish is None else plan.finish(leaves)
 
     def accepted(self) -> str:
         """The shapes and dtypes this artifact accepts, as one line (``InputError.accepted``
@@ -147,6 +156,7 @@ class Predictor:
             if self._runner is not None:
                 self._runner.close()
             self._runner = None
+            self._calls.clear()  # plans hold the graphs' buffers
             self._model = None  # type: ignore[assignment]
             self._source_lines.release()
 

@@ -207,12 +207,12 @@ class Uninformative(NamedTuple):
 
     empty: list[str]
     constant: list[str]
-    count: int  # outputs in all
+    total: int  # outputs in all
 
     @property
     def proves_nothing(self) -> bool:
         """An output with no elements, or every output constant: any weights pass."""
-        return bool(self.empty) or (bool(self.constant) and len(self.constant) == self.count)
+        return bool(self.empty) or (bool(self.constant) and len(self.constant) == self.total)
 
 
 def uninformative_outputs(outputs: Sequence[torch.Tensor],
@@ -328,6 +328,17 @@ class ReferenceCheck:
     tolerance: Tolerance
 
 
+@dataclass(frozen=True)
+class ReferencePolicy:
+    """How one load holds every shape to its build references: the fixed ``ceiling``
+    ``(rtol, atol)``, where a warning goes (``warn``), and the fix a refusal names
+    (``hint``)."""
+
+    ceiling: Tolerance
+    warn: Callable[[str], None]
+    hint: str
+
+
 def half_ceiling(outputs: Sequence[torch.Tensor]) -> float | None:
     """The loosest bound a half-precision model's references may be held to, from the dtypes
     its outputs have on this host (None: no half-precision output). Derived from what runs
@@ -361,12 +372,11 @@ def _dims(tensor: torch.Tensor) -> str:
 
 
 def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], *,
-                    noise: float | None, ceiling: Tolerance,
+                    noise: float | None, policy: ReferencePolicy,
                     device_float64: Callable[[], list[torch.Tensor] | None],
-                    warn: Callable[[str], None], hint: str,
                     names: Sequence[str] = ()) -> ReferenceCheck:
     """Outputs on this host against the build references, held to the model's own rounding
-    noise (``noise_tolerance``; ``noise`` None: to ``ceiling``).
+    noise (``noise_tolerance``; ``noise`` None: to ``policy.ceiling``).
 
     Beyond that bound, the model is run once more in float64 on this device
     (``device_float64``, only then): the same model reproduces the references' recorded
@@ -376,6 +386,7 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
     here, ``ceiling`` decides, with a warning.
     """
     compared = "outputs on this host and the build-time references"
+    ceiling, hint = policy.ceiling, policy.hint
     problem = structure_difference(got, want, names)
     if problem is not None:
         raise SelfTestError(shape=label, compared=compared, max_abs=float("inf"),
@@ -393,7 +404,7 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
                             max_rel=agreement.max_rel, tolerance=ceiling, hint=hint)
     wide = device_float64()
     if wide is None and half is None:
-        warn(f"shape {label}: outputs differ from the build references by "
+        policy.warn(f"shape {label}: outputs differ from the build references by "
              f"{agreement.max_rel:.2g} of their scale, more than {NOISE_FACTOR:g}x the "
              f"model's float32 noise ({noise:.2g}), and no float64 copy of the model runs "
              f"here: accepted under the fixed tolerance {ceiling}; pin the digest or sign the "

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import ArtifactSignatureError, FileReadError, LoadOptionError, ManifestError
+from ..errors import ArtifactSignatureError, FileReadError, LoadOptionError
 from ..format import MANIFEST_NAME, SIGNATURE_NAME, loads_strict
 from ._files import read_regular_file
 from ._signing_compat import MALFORMED, PemFile, signing_modules
@@ -172,7 +172,7 @@ def _parse_bundle(data: bytes, modules: Any, where: str) -> Any:
             for ignored in ("rawBytes", "keyDetails"):
                 material["publicKey"].pop(ignored, None)
         return modules.pb.Signature(modules.bundle.Bundle.from_dict(raw))
-    except (ManifestError, *MALFORMED) as exc:
+    except MALFORMED as exc:  # a ManifestError (unreadable JSON) is a ValueError
         raise ArtifactSignatureError(path=where, problem="invalid",
                                      detail=f"{SIGNATURE_NAME} is not a signature bundle: "
                                             f"{str(exc)[:120]}") from None

@@ -59,9 +59,8 @@ def unsupported_release() -> str | None:
     except metadata.PackageNotFoundError:
         return "model-signing is not installed"
     if not SUPPORTED.admits(installed):
-        return (f"model-signing {installed} is installed, and qkan-pack verifies with the "
-                f"internals of {SUPPORTED}; install the pinned release: "
-                "pip install 'qkan-pack[sign]'")
+        return SUPPORTED.outside(installed, "qkan-pack verifies signatures with internals of "
+                                 "that release; install it: pip install 'qkan-pack[sign]'")
     return None
 
 

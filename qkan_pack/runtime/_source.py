@@ -30,12 +30,15 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._extras import install_hint, missing_module
 from ..errors import ModelSourceError
 from ._deferred_imports import deferred_imports
 from ._includes import refuse_shadowing
+
+if TYPE_CHECKING:
+    import torch
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = [
@@ -234,7 +237,7 @@ class _MemoryFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         origin, filename, data = self.modules[module.__name__]
         if origin.endswith("__init__.py"):
-            module.__path__ = []  # type: ignore[attr-defined]
+            module.__path__ = []
         module.__file__ = filename  # what inspect finds a class's source by
         exec(compile(data, filename, "exec", dont_inherit=True), module.__dict__)
 
@@ -374,7 +377,7 @@ def accepts_device(factory: Any) -> bool:
 
 
 def call_factory(factory: Any, config: Mapping[str, Any], shown: str, entry: str,
-                 device: str | None, beside: str | None = None) -> Any:
+                 device: str | None, beside: str | None = None) -> torch.nn.Module:
     """Call the entry with the recorded config (+ device when it accepts one). ``beside``:
     at a build, the model file's folder (``model_code_failed``)."""
     import torch

@@ -123,7 +123,7 @@ class _Call:
     and the eager outputs it produced."""
 
     tensors: list[torch.Tensor]
-    rebuild: Callable[[Sequence[torch.Tensor]], tuple[tuple, dict]]
+    rebuild: Callable[[Sequence[torch.Tensor]], tuple[tuple[Any, ...], dict[str, Any]]]
     outputs: list[torch.Tensor]
 
 
@@ -142,7 +142,8 @@ class SubmoduleGraphs:
     def label(self) -> str:
         return f"{self.path} ({type(self.module).__name__})"
 
-    def hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+             output: Any) -> None:
         if self.recording is None or self.refusal:
             return
         key, tensors, rebuild = _split_arguments(args, kwargs)
@@ -217,20 +218,23 @@ class SubmoduleGraphs:
             graph, structure = found
             return unflatten(structure, graph.replay_copy(tensors))
 
-        self.module.forward = replay  # type: ignore[method-assign]
+        self.module.forward = replay
 
     def uninstall(self) -> None:
         self.module.__dict__.pop("forward", None)
         self.graphs.clear()
 
 
-def _split_arguments(args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tensor], Any]:
+def _split_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[Any, list[torch.Tensor], Any]:
     """(signature key, tensors in a fixed order, rebuild(tensors) -> (args, kwargs)); the key is
     None when an argument is neither a tensor nor a hashable constant."""
-    slots = [("arg", i, v) for i, v in enumerate(args)]
-    slots += [("kw", k, kwargs[k]) for k in sorted(kwargs)]
-    key, tensors = [], []
-    for where, name, value in slots:
+    names = sorted(kwargs)
+    values = [*args, *(kwargs[k] for k in names)]
+    slots = [*(("arg", i) for i in range(len(args))), *(("kw", k) for k in names)]
+    key: list[tuple[Any, ...]] = []
+    tensors: list[torch.Tensor] = []
+    for (where, name), value in zip(slots, values):
         if isinstance(value, torch.Tensor):
             key.append((where, name, tuple(value.shape), value.dtype, tuple(value.stride()),
                         value.device))
@@ -240,11 +244,10 @@ def _split_arguments(args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tensor]
         else:
             return None, [], None
 
-    def rebuild(new: Sequence[torch.Tensor]) -> tuple[tuple, dict]:
+    def rebuild(new: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         fresh = iter(new)
-        values = [next(fresh) if isinstance(v, torch.Tensor) else v for _, _, v in slots]
-        positional = tuple(values[: len(args)])
-        return positional, {k: v for (_, k, _), v in zip(slots[len(args):], values[len(args):])}
+        rebuilt = [next(fresh) if isinstance(v, torch.Tensor) else v for v in values]
+        return tuple(rebuilt[:len(args)]), dict(zip(names, rebuilt[len(args):]))
 
     return tuple(key), tensors, rebuild
 

@@ -33,7 +33,8 @@ ClassTable = Mapping[tuple[str, str], type | None]
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype for a manifest dtype name (the names are torch's own)."""
-    return getattr(torch, check_dtype(name))
+    dtype: torch.dtype = getattr(torch, check_dtype(name))  # the names are torch's own
+    return dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

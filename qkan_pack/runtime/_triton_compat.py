@@ -140,7 +140,11 @@ def _source_digests(triton_root: Path) -> tuple[list[str], list[str]]:
     def digests(folder: str, prefix: str) -> list[str]:
         found = []
         for info in pkgutil.walk_packages([str(triton_root / folder)], prefix=prefix):
+            # walk_packages' finders are path-entry finders, whose find_spec takes the name
+            # alone; typeshed types the attribute as either kind of finder
             spec = info.module_finder.find_spec(info.name)  # type: ignore[call-arg]
+            if spec is None or spec.origin is None:  # Triton's own hashing would fail too
+                raise LookupError(f"no source file for {info.name}")
             found.append(hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest())
         return found
 
@@ -178,10 +182,10 @@ def unsupported_triton() -> str | None:
     except ImportError:
         return None
     if not SUPPORTED.admits(triton.__version__):
-        return (f"shipped kernels not used: Triton {triton.__version__} is outside the "
-                f"supported range {SUPPORTED}; kernels are compiled at load instead (a slower "
-                "cold start); serve with a Triton in that range to use them (each kernel "
-                "set's key names the torch and Triton it was warmed with)")
+        return "shipped kernels not used: " + SUPPORTED.outside(
+            triton.__version__, "kernels are compiled at load instead (a slower cold start); "
+            "serve with a Triton in that range to use them (each kernel set's key names the "
+            "torch and Triton it was warmed with)")
     return None
 
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ServeError
 from ..format import MODEL_NAME, check_device_text
 from ._cluster import load_failed, this_node
-from ._haproxy import ingress_counts
+from ._haproxy_admin import ingress_counts
 from ._http import HttpApi, HttpLimits, forwarded_request, json_response
 from ._metrics import (
     Ingress,
@@ -393,14 +393,14 @@ def deployment_app(path: str, digest: str, options: ServeOptions, *,
     ``digest``, with ``options`` as ``ServeOptions.for_artifact`` made them."""
     from ray import serve
 
-    deployment = serve.deployment(
-        NoopServer if noop else ArtifactServer, name=name, num_replicas=options.replicas,
+    deployment = serve.deployment(  # the decorator's form, as Ray's annotations state it
+        name=name, num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica,
                            "num_gpus": options.gpus_per_replica},
         max_ongoing_requests=ray_ongoing_limit(options.limits), max_queued_requests=-1,
         health_check_period_s=2, health_check_timeout_s=30,
         graceful_shutdown_timeout_s=options.grace_s, graceful_shutdown_wait_loop_s=0.2,
-    )
+    )(NoopServer if noop else ArtifactServer)
     if noop:
         return deployment.bind(options.limits.max_body_bytes)
     return deployment.bind(path, digest=digest, options=options,

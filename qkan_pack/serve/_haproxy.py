@@ -108,7 +108,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
 from ._routes import (
@@ -207,7 +206,7 @@ class IngressAdmission:
         """A backend rule, evaluated before the request is queued: refused when some replica
         is up, none has a free slot and the per-replica queue is full. A ``deny`` (not a
         ``return``), so that HAProxy counts each refusal in the backend's denied requests
-        (``ingress_counts``)."""
+        (``_haproxy_admin.ingress_counts``)."""
         body = ('{"error":"overloaded: every replica is at its limit of '
                 f'{self.ongoing} requests and {self.queued} wait per replica; retry after '
                 f'{self.retry_after_s} s"}}')
@@ -328,7 +327,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
         if line and not line[0].isspace():
             section = line.strip()
             out.append(line)
-            if _is_app_backend(section):
+            if is_app_backend(section):
                 backend_admission = by_backend.get(section.split()[1], admission)
                 out.extend([backend_admission.refusal_rule()] if backend_admission else [])
                 out.extend(common)
@@ -349,7 +348,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             line = re.sub(r"^(\s*bind )\S*:(\d+)\s*$", r"\g<1>127.0.0.1:\2", line)
         elif section.startswith("backend ") and re.match(r"\s*server \S+ \S+ .*\bbackup\b", line):
             continue
-        elif _is_app_backend(section) and re.match(r"\s*server \S+ \S+", line):
+        elif is_app_backend(section) and re.match(r"\s*server \S+ \S+", line):
             line = _watched(line)
             if replica_host:
                 line = re.sub(r"^(\s*server \S+ )127\.0\.0\.1:(\d+)", rf"\g<1>{replica_host}:\2",
@@ -464,7 +463,7 @@ def _watched(server: str) -> str:
     return f"{_WATCH_KEYWORDS.sub('', server).rstrip()} {_WATCH}"
 
 
-def _is_app_backend(section: str) -> bool:
+def is_app_backend(section: str) -> bool:
     """A backend of replicas (Ray's per-application ones), not the no-route default or the
     ingress request router's (whose servers ``track`` the app backend's)."""
     return (section.startswith("backend ") and section not in ("backend default_backend",
@@ -516,57 +515,6 @@ def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
     wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, command)) + ' "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
-
-
-async def ingress_counts(socket_path: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The requests HAProxy answered itself (``parse_ingress_counts``), read from its admin
-    socket; None where there is no HAProxy on this node or it does not answer in time."""
-    import asyncio
-
-    if not os.path.exists(socket_path):
-        return None
-    try:
-        stat = await asyncio.wait_for(admin_command(socket_path, "show stat"), timeout_s)
-        table = await asyncio.wait_for(
-            admin_command(socket_path, f"show table {COUNTS_TABLE_NAME}"), timeout_s)
-    except (OSError, asyncio.TimeoutError):
-        return None
-    return parse_ingress_counts(stat, table)
-
-
-async def admin_command(socket_path: str, command: str) -> str:
-    """``command``'s answer from HAProxy's admin socket at ``socket_path``."""
-    import asyncio
-
-    reader, writer = await asyncio.open_unix_connection(socket_path)
-    try:
-        writer.write(command.encode() + b"\n")
-        await writer.drain()
-        return (await reader.read(-1)).decode("utf-8", "replace")
-    finally:
-        writer.close()
-
-
-def parse_ingress_counts(stat_csv: str, table: str) -> dict[str, Any]:
-    """From ``show stat`` and ``show table``: 401s of the HTTP frontend (``COUNTS_TABLE``),
-    overload refusals (denied requests) of each app backend by protocol (``http``, ``grpc``),
-    and requests that no replica could take (``UNAVAILABLE_SECTION``'s listener)."""
-    import csv
-
-    counts: dict[str, Any] = {"unauthorized": 0, "overloaded": {}, "unavailable": 0}
-    found = re.search(r"\bgpc0=(\d+)", table)
-    if found:
-        counts["unauthorized"] = int(found[1])
-    lines = stat_csv.lstrip("# ").splitlines()
-    for row in csv.DictReader(lines):
-        name, kind = row.get("pxname", ""), row.get("svname", "")
-        if kind == "BACKEND" and _is_app_backend(f"backend {name}"):
-            protocol = "grpc" if name.startswith("grpc") else "http"
-            counts["overloaded"][protocol] = (counts["overloaded"].get(protocol, 0)
-                                              + int(row.get("dreq") or 0))
-        elif kind == "FRONTEND" and name == UNAVAILABLE_SECTION.split()[1]:
-            counts["unavailable"] = int(row.get("req_tot") or 0)
-    return counts
 
 
 def real_haproxy() -> str | None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
+from ._inflate import COMPRESSIONS, inflate
 from ._offload import WireHelper
 from ._oip import BINARY_HEADER, InferRequest, OipModel
 from ._stats import outcome_of
@@ -375,17 +376,17 @@ class HttpApi:
                 parsed = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
-                payload, header_length = self.oip.reply(outputs, parsed)
+                payload, reply_header = self.oip.reply(outputs, parsed)
             else:
-                payload, header_length = await asyncio.to_thread(self.oip.reply, outputs, parsed)
+                payload, reply_header = await asyncio.to_thread(self.oip.reply, outputs, parsed)
         except (MalformedRequestError, InputError) as exc:
             return json_response(400, {"error": str(exc)})  # the protocol's one client error
         except Exception as exc:
             logger.exception("request failed")
             return json_response(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-        if header_length is None:
+        if reply_header is None:
             return raw_response(200, payload)
-        return binary_response(payload, header_length)
+        return binary_response(payload, reply_header)
 
     async def _encode(self, outputs: Any, encoding: str) -> bytes:
         """The reply body: small outputs here; a large array in the helper; large structured
@@ -479,17 +480,6 @@ def _content_length(scope: Mapping[str, Any]) -> int | None:
     return declared
 
 
-#: ``Content-Encoding`` of a request body and the zlib window that reads it (tritonclient's
-#: ``request_compression_algorithm``: gzip, or deflate as the zlib format).
-COMPRESSIONS = {"gzip": 16 + 15, "deflate": 15}
-#: Members a gzip body may hold (RFC 1952 allows several, concatenated; each costs a fresh
-#: inflater, so their number is bounded as the inflated size is).
-MAX_GZIP_MEMBERS = 1024
-#: Compressed bytes handed to the inflater at a time: what a member's end copies of the
-#: input that follows it (``unused_data``) stays this small.
-_INFLATE_CHUNK = 16 * 1024
-
-
 def decompressed(body: bytes, encoding: str, limit: int) -> bytes | Response:
     """A compressed body, inflated to at most ``limit`` bytes (413 beyond: a small body may
     inflate without bound), or the error reply (415 for another encoding, 400 for bad data)."""
@@ -506,61 +496,6 @@ def decompressed(body: bytes, encoding: str, limit: int) -> bytes | Response:
     if inflated is None:
         return json_response(413, {"error": f"request body inflates beyond {limit} bytes"})
     return inflated
-
-
-def inflate(body: bytes, window: int, limit: int) -> bytes | None:
-    """``body`` inflated with zlib's ``window``, or None once it passes ``limit`` bytes. A
-    gzip body is every member in turn, as ``gzip.decompress`` reads it (a member whose end
-    is missing is refused, never cut short); a zlib body is one stream with nothing after
-    it. Raises ``zlib.error`` or ``MalformedRequestError``."""
-    import zlib
-
-    view = memoryview(body)
-    pieces: list[bytes] = []
-    start = size = 0
-    for member in range(MAX_GZIP_MEMBERS):
-        try:
-            inflated = _inflate_stream(view, start, window, limit - size)
-        except zlib.error as exc:
-            if member == 0:
-                raise
-            raise MalformedRequestError(f"the {len(view) - start} bytes after gzip member "
-                                        f"{member} are not a gzip member ({exc})") from None
-        if inflated is None:
-            return None
-        pieces += inflated[0]
-        size += sum(map(len, inflated[0]))
-        start = inflated[1]
-        if start == len(view):
-            return b"".join(pieces)
-        if window != COMPRESSIONS["gzip"]:
-            raise MalformedRequestError(f"{len(view) - start} bytes follow the end of the "
-                                        "compressed stream")
-    raise MalformedRequestError(f"it holds more than {MAX_GZIP_MEMBERS} gzip members; "
-                                "compress the body as one (gzip.compress does)")
-
-
-def _inflate_stream(view: memoryview, start: int, window: int, room: int
-                    ) -> tuple[list[bytes], int] | None:
-    """The one stream (a gzip member) that begins at ``view[start]``: (its inflated pieces,
-    where it ends), or None once it passes ``room`` bytes. Input goes in chunks and output
-    stops one byte past ``room``, so memory stays within the limit and the body."""
-    import zlib
-
-    inflater = zlib.decompressobj(window)
-    pieces: list[bytes] = []
-    position = start
-    while not inflater.eof:
-        if position >= len(view):
-            raise MalformedRequestError("the compressed data ends before its stream does")
-        chunk = view[position:position + _INFLATE_CHUNK]
-        position += len(chunk)
-        piece = inflater.decompress(chunk, room + 1)
-        room -= len(piece)
-        if room < 0:
-            return None
-        pieces.append(piece)
-    return pieces, position - len(inflater.unused_data)
 
 
 def _protocol(path: str) -> str:
@@ -602,7 +537,7 @@ def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None
 
 
 @functools.cache
-def _json_reply_type() -> type[Response]:
+def _json_reply_type() -> Callable[[int, bytes, dict[str, str] | None], Response]:
     """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
     written out directly: starlette's constructor re-derives them from the media type for
     every reply, several times what writing them here costs. Made on first use, so

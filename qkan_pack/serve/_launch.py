@@ -24,8 +24,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 # stay reachable here, where the serve tests check the rule
 from .._ports import RAY_WORKER_PORTS_END, ephemeral_port_range, side_ports  # noqa: F401
 from ..errors import ServeError
+from ..runtime import process_environment
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
@@ -58,8 +59,9 @@ from ._repository import (
     share,
     with_share,
 )
-from ._router import Repository, admission_of, router_app, start_version
+from ._router import router_app
 from ._routes import ROUTER_APP, Generation, publish_routes, write_admission
+from ._versions import Repository, admission_of, start_version
 from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
 APP_NAME = ROUTER_APP  # one artifact's application, or a repository's router
@@ -85,6 +87,20 @@ class Listen:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What every replica loads and asks the cluster for: the keys the artifact must be
+    signed by (checked before Ray starts too), the precision it runs (``Predictor.load``'s
+    ``precision``), CPUs and GPUs each (None: fitted to the cluster, ``fit_resources``), and
+    ``noop``: a fixed reply without the model (the load test's baseline)."""
+
+    trusted_keys: Sequence[str | os.PathLike[str]] = ()
+    precision: str = "recorded"
+    cpus_per_replica: float | None = None
+    gpus_per_replica: float | None = None
+    noop: bool = False
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -179,20 +195,6 @@ def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
     return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
 
 
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
                   resources: Mapping[str, float]) -> ServeOptions:
     """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
@@ -238,36 +240,33 @@ class StopSignal:
 
 def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = None,
                   listen: Listen | None = None, *, token: str | None = None,
-                  trusted_keys: Sequence[str | os.PathLike[str]] = (), precision: str = "recorded",
-                  cpus_per_replica: float | None = None, gpus_per_replica: float | None = None,
-                  noop: bool = False, on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
+                  replica: ReplicaLoad | None = None,
+                  on_ready: Callable[[str, Mapping[str, Any]], None] | None = None,
                   notice: Notice = lambda line: None, stop: threading.Event | None = None) -> None:
     """Serve ``path`` until Ctrl-C, SIGTERM or ``stop``; then drain for ``grace_s`` and stop
     the app, Serve and (when started here) Ray. Fails fast on a taken port, on replicas the
     cluster cannot place and on replicas that cannot load the artifact. ``token``: every
     route of every listener requires ``Authorization: Bearer <token>`` but the liveness
-    route (``_auth``; replicas and Ray's processes keep only its sha256). ``trusted_keys``:
-    the artifact must be signed by one of them (``Predictor.load``'s ``trusted_keys``),
-    checked here before Ray starts and again by each replica before any artifact code runs.
+    route (``_auth``; replicas and Ray's processes keep only its sha256). ``replica``: what
+    each replica loads (``ReplicaLoad``); its ``trusted_keys`` are checked here before Ray
+    starts and again by each replica before any artifact code runs.
 
     ``path`` without ``manifest.json`` at its root is a model repository
     (``serve_repository``)."""
     from ..runtime import read_artifact
 
     options, listen = options or ServeOptions(), listen or Listen()
+    replica = replica or ReplicaLoad()
     if token is not None:
         digest = token_digest(check_token(token, "the token argument"))
         options = replace(options, limits=replace(options.limits, token_sha256=digest))
-    keys = [os.fspath(key) for key in trusted_keys]
+    keys = [os.fspath(key) for key in replica.trusted_keys]
     if not is_artifact(path):
-        if noop:
+        if replica.noop:
             raise ServeError(f"--noop: {path} is not an artifact (no manifest.json); the "
                              "no-op baseline serves in an artifact's place")
-        return serve_repository(path, options, listen, token=token, keys=keys,
-                                precision=precision,
-                                cpus_per_replica=cpus_per_replica,
-                                gpus_per_replica=gpus_per_replica, on_ready=on_ready,
-                                notice=notice, stop=stop)
+        return serve_repository(path, options, listen, token=token, replica=replica,
+                                on_ready=on_ready, notice=notice, stop=stop)
     # A bad artifact fails before Ray starts; the app needs its path, digest and manifest,
     # not every file's bytes held for as long as the server runs.
     artifact = replace(read_artifact(path, trusted_keys=keys), files={})
@@ -277,11 +276,13 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
     _before_ray(listen, token, notice)
 
     def start(session: _RaySession, stopping: Callable[[], bool]) -> bool:
-        fitted = fit_resources(options, cpus_per_replica, gpus_per_replica, session.resources())
-        app = app_for(artifact, fitted, noop=noop, predictor_options=load_options(keys, precision))
+        fitted = fit_resources(options, replica.cpus_per_replica, replica.gpus_per_replica,
+                               session.resources())
+        app = app_for(artifact, fitted, noop=replica.noop,
+                      predictor_options=load_options(keys, replica.precision))
         return session.deploy(app, stopping) is not None
 
-    _serve_until_stopped(listen, options, {}, token, start, on_ready=on_ready, notice=notice,
+    _serve_until_stopped(listen, options, token, start, on_ready=on_ready, notice=notice,
                          stop=stop)
 
 
@@ -296,20 +297,19 @@ def _before_ray(listen: Listen, token: str | None, notice: Notice) -> None:
     sweep_stale_workdirs(notice=notice)
 
 
-def _serve_until_stopped(listen: Listen, options: ServeOptions, extra_env: Mapping[str, str],
-                         token: str | None,
+def _serve_until_stopped(listen: Listen, options: ServeOptions, token: str | None,
                          start: Callable[[_RaySession, Callable[[], bool]], bool], *,
+                         repository_env: Mapping[str, str] | None = None,
                          on_ready: Callable[[str, Mapping[str, Any]], None] | None,
-                         notice: Notice, stop: threading.Event | None,
-                         repository: bool = False) -> None:
-    """Ray started (or joined) with the serve's environment (``ingress_env``, and
-    ``extra_env``), ``start`` deploying (False: stopped while replicas loaded, no ready
-    line), the ready line, then serving until Ctrl-C, SIGTERM or ``stop``; everything
-    started here stopped at the end."""
+                         notice: Notice, stop: threading.Event | None) -> None:
+    """Ray started (or joined) with the serve's environment (``ingress_env``, and for a
+    model repository ``repository_env``; None: one artifact), ``start`` deploying (False:
+    stopped while replicas loaded, no ready line), the ready line, then serving until
+    Ctrl-C, SIGTERM or ``stop``; everything started here stopped at the end."""
     with tempfile.TemporaryDirectory(prefix=WORKDIR_PREFIX) as workdir, \
-            environment(env := {**ingress_env(listen, options, owned_workdir(Path(workdir)),
-                                              notice), **extra_env}):
-        session = _RaySession(listen, Path(workdir), env, repository=repository)
+            process_environment(env := {**ingress_env(listen, options, owned_workdir(Path(workdir)),
+                                                      notice), **(repository_env or {})}):
+        session = _RaySession(listen, Path(workdir), env, repository=repository_env is not None)
         with StopSignal() as signals:
             try:
                 stopping = lambda: signals.event.is_set() or bool(stop and stop.is_set())  # noqa: E731
@@ -324,9 +324,7 @@ def _serve_until_stopped(listen: Listen, options: ServeOptions, extra_env: Mappi
 
 
 def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen: Listen, *,
-                     token: str | None, keys: Sequence[str], precision: str,
-                     cpus_per_replica: float | None,
-                     gpus_per_replica: float | None,
+                     token: str | None, replica: ReplicaLoad,
                      on_ready: Callable[[str, Mapping[str, Any]], None] | None,
                      notice: Notice, stop: threading.Event | None) -> None:
     """``serve_forever`` for a model repository (``_repository``): every version verified and
@@ -336,8 +334,9 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
     if options.model_name is not None:
         raise ServeError("--name: a repository's models are named by their directories "
                          f"({root}/<name>/<version>/)")
-    defaults = Defaults(replace(options, grpc=listen.grpc_port is not None), tuple(keys),
-                        precision)
+    keys = tuple(os.fspath(key) for key in replica.trusted_keys)
+    defaults = Defaults(replace(options, grpc=listen.grpc_port is not None), keys,
+                        replica.precision)
     plans = plan_repository(scan_repository(root), defaults)
     for plan in plans:
         if plan.signed_by is not None:
@@ -345,7 +344,8 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
     _before_ray(listen, token, notice)
 
     def start(session: _RaySession, stopping: Callable[[], bool]) -> bool:
-        cpus, gpus = share(plans, cpus_per_replica, gpus_per_replica, session.resources())
+        cpus, gpus = share(plans, replica.cpus_per_replica, replica.gpus_per_replica,
+                           session.resources())
         return session.deploy_repository(
             root, replace(defaults, cpus_per_replica=cpus, gpus_per_replica=gpus),
             [with_share(plan, cpus, gpus) for plan in plans], stopping)
@@ -355,8 +355,9 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
     ingress = replace(options, limits=replace(
         options.limits, max_ongoing=None, max_queued=None,
         max_body_bytes=max(p.options.limits.max_body_bytes for p in plans)))
-    _serve_until_stopped(listen, ingress, {GRPC_APPLICATION_ENV: ROUTER_APP}, token, start,
-                         on_ready=on_ready, notice=notice, stop=stop, repository=True)
+    _serve_until_stopped(listen, ingress, token, start,
+                         repository_env={GRPC_APPLICATION_ENV: ROUTER_APP},
+                         on_ready=on_ready, notice=notice, stop=stop)
 
 
 def load_options(keys: Sequence[str], precision: str) -> dict[str, Any] | None:
@@ -446,14 +447,13 @@ class _RaySession:
         if self.haproxy:
             write_admission(self.workdir, {g.prefix: admission_of(p)
                                            for g, p in generations.items()})
-            publish_routes(self.workdir, Repository(root, defaults, served).routes_choice())
+            publish_routes(self.workdir, Repository(os.fspath(root), defaults, served).routes_choice())
         limits = defaults.options.limits
+        largest_body = max(p.options.limits.max_body_bytes for p in plans)
         router = router_app(os.path.abspath(root), defaults, served,
-                            token_sha256=limits.token_sha256,
+                            limits=replace(limits, max_body_bytes=largest_body),
                             workdir=str(self.workdir) if self.haproxy else None,
-                            log_level=self._log_level, max_body_bytes=max(
-                                p.options.limits.max_body_bytes for p in plans),
-                            body_timeout_s=limits.body_timeout_s, head_only=not self.local)
+                            log_level=self._log_level, head_only=not self.local)
         try:
             for generation, plan in generations.items():
                 start_version(plan, generation, self._log_level)

@@ -66,7 +66,7 @@ class ReplicaInfo:
 
 @dataclass
 class Ingress:
-    """HAProxy's own refusals (``_haproxy.ingress_counts``): 401s, 503s per protocol for a
+    """HAProxy's own refusals (``_haproxy_admin.ingress_counts``): 401s, 503s per protocol for a
     full backend, 503s when no replica could take a request."""
 
     unauthorized: int = 0
@@ -138,7 +138,7 @@ def replica_families(snapshot: Snapshot, info: ReplicaInfo,
 
 
 def _counters(name: str, documentation: str, names: Sequence[str], keys: Sequence[str],
-              labels: Sequence[str], data: Mapping[tuple[str, ...], int]) -> Any:
+              labels: Sequence[str], data: Mapping[Any, int]) -> Any:
     from prometheus_client.core import CounterMetricFamily
 
     family = CounterMetricFamily(name, documentation, labels=[*names, *keys])
@@ -161,7 +161,8 @@ def _histograms(name: str, documentation: str, names: Sequence[str], key: str | 
 
 def _cumulative(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
     """Per-bucket counts (``Buckets``) as Prometheus's cumulative ``le`` buckets."""
-    out, total = [], 0
+    out: list[tuple[str, float]] = []
+    total = 0
     for bound, count in zip((*map(_bound_text, bounds), "+Inf"), counts):
         total += count
         out.append((bound, total))

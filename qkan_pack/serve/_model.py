@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,19 @@ if TYPE_CHECKING:
 #: Multi-row requests at least this large replay in a worker thread, so that a big replay
 #: on a CPU replica does not hold up the event loop (and every small request behind it).
 THREAD_ROWS = 64
+
+
+def _halves(items: list[int]) -> list[list[int]]:
+    """``items`` in two halves (the first the larger)."""
+    middle = (len(items) + 1) // 2
+    return [items[:middle], items[middle:]]
+
+
+def own_copy(share: Any) -> Any:
+    """A row's share of a batch's output as an array or tensor of its own: a slice is a view
+    of the whole batch, which a tensor carries when it is pickled (a Ray handle's reply) and
+    numpy keeps as ``.base``: every other client's row with it."""
+    return share.copy() if isinstance(share, np.ndarray) else share.clone()
 
 
 def _filled(parts: Sequence[np.ndarray], batch: int) -> np.ndarray:
@@ -104,15 +117,17 @@ class ModelCore:
                                   replay_entries(manifest))
         self.fault: str | None = None
         quiet = max_batch_wait_ms is None
-        body, rows = self._run_rows, self.max_batch_size
+        body: Callable[[list[Any]], list[Any]] = self._run_rows
+        rows = self.max_batch_size
         if self._ragged is not None:
             body, rows = self._run_ragged, min(self.max_batch_size, self._ragged.max_rows)
         #: Rows of different requests share a replay only in entries proved row-independent.
         self.mixes = not exact and mixes_requests(manifest) and (
             self._ragged is None or self._ragged.rows_proved)
-        self._gatherer = RowGatherer(
+        self._gatherer: RowGatherer[Any] | None = RowGatherer(
             body, max_rows=max(1, rows), until_quiet=quiet, waited=self.stats.waited,
-            wait_s=(QUIET_BOUND_MS if quiet else max_batch_wait_ms) / 1000) if self.mixes else None
+            wait_s=(QUIET_BOUND_MS if max_batch_wait_ms is None else max_batch_wait_ms) / 1000
+        ) if self.mixes else None
         self.batch_rule = (self._gatherer.rule if self._gatherer is not None else
                            "never: each request replays alone (exact)" if exact else
                            "never: each request replays alone (no captured shape's rows were "
@@ -221,8 +236,9 @@ class ModelCore:
             out = self.replay(self._ragged.stack(members))
         except Exception as exc:
             if self._retry_alone(exc, chunk, results):
-                for i, row in zip(chunk, members):
-                    self._replay_ragged(submitted, [i], self._ragged.entry_of([row]), results)
+                for half in _halves(chunk):
+                    rows = [submitted[i][0] for i in half]
+                    self._replay_ragged(submitted, half, self._ragged.entry_of(rows), results)
             return
         self.stats.replay(self._label(entry), len(members), time.perf_counter() - started,
                           sum(_elements(m.arrays) for m in members))
@@ -268,20 +284,23 @@ class ModelCore:
             out = self.replay(stacked)
         except Exception as exc:
             if self._retry_alone(exc, slots, results):
-                for row, slot in zip(rows, slots):
-                    self._replay_chunk([row], sizes, [slot], results)
+                for half in _halves(list(range(len(rows)))):
+                    self._replay_chunk([rows[j] for j in half], sizes, [slots[j] for j in half],
+                                       results)
             return
         self.stats.replay(label, len(rows), time.perf_counter() - started)
         for j, i in enumerate(slots):
-            results[i] = map_leaves(lambda t, j=j: t[j:j + 1], out)
+            results[i] = map_leaves(lambda t, j=j: own_copy(t[j:j + 1]), out)
 
     def _retry_alone(self, exc: Exception, slots: Sequence[int], results: list[Any]) -> bool:
-        """After a failed replay of the rows at ``slots``: whether each is to replay alone
-        again, so that only the rows that fail alone fail, each with its own error. One
-        client's bad input (an id past a one-hot's classes) must neither fail the requests
-        batched with it nor show them its error text, which may quote its values. Not after
-        a device error (``fault``: the replica is unhealthy, Ray replaces it, and no further
-        replay on it can be trusted), nor for a single row: then every row gets ``exc``."""
+        """After a failed replay of the rows at ``slots``: whether to replay them again in
+        two halves (``_halves``: down to rows alone, so that only the rows that fail alone
+        fail, each with its own error, at about 2 log2(rows) replays for one bad row rather
+        than one replay per row). One client's bad input (an id past a one-hot's classes)
+        must neither fail the requests batched with it nor show them its error text, which
+        may quote its values. Not after a device error (``fault``: the replica is unhealthy,
+        Ray replaces it, and no further replay on it can be trusted), nor for a single row:
+        then every row gets ``exc``."""
         if len(slots) > 1 and self.fault is None:
             return True
         for i in slots:

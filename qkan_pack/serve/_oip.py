@@ -80,7 +80,7 @@ class InferRequest:
     id: str | None = None
     outputs: list[RequestedOutput] | None = None  # None: every output
     binary_outputs: bool = False  # ``binary_data_output`` (the default for unlisted outputs)
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = field(default_factory=dict)
     #: The parsed header it came with, when that is kept (``HeaderPlan``): its replies' headers.
     plan: HeaderPlan | None = None
 
@@ -97,8 +97,8 @@ class HeaderPlan:
     id: str | None
     outputs: list[RequestedOutput] | None
     binary_outputs: bool
-    parameters: dict[str, Any]
-    replies: dict[tuple, bytes] = field(default_factory=dict)
+    parameters: Mapping[str, Any]
+    replies: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
 
     def request(self, binary: memoryview) -> InferRequest:
         """The request with these binary tensors (``binary_bytes`` long)."""
@@ -254,7 +254,8 @@ class OipModel:
         """(name, wire input, binary bytes used) for one request input."""
         if not isinstance(tensor, dict):
             raise MalformedRequestError(f"{where} must be an object with name, shape, datatype")
-        name, shape = tensor.get("name"), tensor.get("shape")
+        name: Any = tensor.get("name")  # as sent: input_dtype and check_shape judge them
+        shape: Any = tensor.get("shape")
         want = self.input_dtype(name, tensor.get("datatype"), where)
         self.check_shape(shape, name, where)
         size = _parameters(tensor.get("parameters"), f"{where}.parameters").get("binary_data_size")

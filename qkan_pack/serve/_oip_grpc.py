@@ -360,7 +360,7 @@ def _typed_contents(tensor: Any, shape: list[int], dtype: str, where: str) -> Gi
     if len(contents) != math.prod(shape):
         raise MalformedRequestError(f"{where} ({tensor.name}): shape {shape} holds "
                                     f"{math.prod(shape)} values, {field} has {len(contents)}")
-    values = np.fromiter(contents, FIELD_DTYPE[field], len(contents))
+    values: np.ndarray = np.fromiter(contents, FIELD_DTYPE[field], len(contents))
     if DTYPES[dtype].kind == "int":
         check_int_range(values, tensor.name, dtype)
     values = values.astype(DTYPES[dtype].wire, copy=False)

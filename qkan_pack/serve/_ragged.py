@@ -156,7 +156,8 @@ class RaggedPlan:
             out = np.full(shape, value, dtype=rows[0].arrays[position].dtype)
             for j, row in enumerate(rows):
                 part = row.arrays[position]
-                out[(slice(j, j + 1), *(slice(0, n) for n in part.shape[1:]))] = part
+                region = (slice(j, j + 1), *(slice(0, n) for n in part.shape[1:]))
+                out[region] = part  # (a tuple first: mypy misreads a starred subscript)
             stacked.append(out)
         return stacked
 
@@ -183,7 +184,8 @@ class RaggedPlan:
             # the trailing Ellipsis keeps a 0-d share an array (a numpy scalar would lose
             # its array type, and the handle could not give it back as a tensor)
             region = (*(dims.get(d, slice(None)) for d in range(max(dims) + 1)), Ellipsis)
-            return leaf[region]
+            # a row's own copy: a view would carry every other row of the batch with it
+            return leaf[region].copy() if isinstance(leaf, np.ndarray) else leaf[region].clone()
 
         return map_leaves(one, outputs)
 

@@ -42,8 +42,8 @@ def check_ray() -> None:
 
     version = ray.__version__
     if not SUPPORTED.admits(version):
-        raise ServeError(f"Ray {version} is installed; qkan-pack serve relies on internals of "
-                         f"Ray {SUPPORTED}", hint=INSTALL)
+        raise ServeError(SUPPORTED.outside(version, "qkan-pack serve relies on internals of "
+                                                    "that release line"), hint=INSTALL)
 
 
 def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any],
@@ -61,7 +61,9 @@ def delete_apps(names: Sequence[str], blocking: bool = True) -> None:
     takes one at a time, and waits for each in turn)."""
     from ray.serve.context import _get_global_client
 
-    _get_global_client().delete_apps(list(names), blocking=blocking)
+    client = _get_global_client()
+    if client is not None:  # None: Serve is not running, so neither is any application
+        client.delete_apps(list(names), blocking=blocking)
 
 
 #: Where a model repository names the application that gRPC calls without ``application``
@@ -96,7 +98,7 @@ def route_grpc_calls() -> None:
             self.app_name = target
 
     setup_variables.qkan_pack_default = target  # type: ignore[attr-defined]
-    gRPCProxyRequest.setup_variables = setup_variables
+    gRPCProxyRequest.setup_variables = setup_variables  # type: ignore[method-assign]
 
 
 def serve_running() -> bool:
@@ -120,7 +122,7 @@ def refresh_ray_config() -> None:
     of retries). Ray refreshes the same cache itself when it turns token auth on
     (``ray._private.authentication``)."""
     with suppress(ImportError, AttributeError):
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # compiled; its stub omits it
 
         Config.initialize("")
 

@@ -159,7 +159,7 @@ def _toml() -> Any:
         import tomllib
 
         return tomllib
-    import tomli  # the serve extra declares it below 3.11
+    import tomli  # type: ignore[import-not-found]  # the serve extra declares it below 3.11
 
     return tomli
 
@@ -374,6 +374,6 @@ def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
 
 def with_share(plan: VersionPlan, cpus: float, gpus: float) -> VersionPlan:
     """``plan`` with the shared resources where its model's config sets none."""
-    fill = {key: value for key, value in (("cpus_per_replica", cpus), ("gpus_per_replica", gpus))
-            if key not in plan.settings}
+    shared = (("cpus_per_replica", cpus), ("gpus_per_replica", gpus))
+    fill: dict[str, Any] = {key: value for key, value in shared if key not in plan.settings}
     return dataclasses.replace(plan, options=dataclasses.replace(plan.options, **fill))

@@ -81,7 +81,7 @@ def publish_routes(workdir: str | os.PathLike[str],
     ``POST /``) into HAProxy's pattern files, each whole; return the admin socket commands
     that tell a running HAProxy the same (its config reads the files only when it loads).
     ``choice`` None: create the files empty where they are missing, and nothing else."""
-    files = {Path(workdir) / DEFAULTS_FILE: [], Path(workdir) / ROOT_FILE: []}
+    files: dict[Path, list[str]] = {Path(workdir) / DEFAULTS_FILE: [], Path(workdir) / ROOT_FILE: []}
     if choice is None:
         for path in files:
             if not path.exists():

@@ -173,7 +173,8 @@ class ReplicaStats:
 
     def _copy(self) -> Snapshot:
         shapes = self._shapes.items()
-        rows, elements = Counter(), Counter()
+        rows: Counter[tuple[str, str]] = Counter()
+        elements: Counter[tuple[str, str]] = Counter()
         for label, shape in shapes:
             if shape.entry is not None:
                 rows[label, "request"], rows[label, "filler"] = shape.rows, shape.filler

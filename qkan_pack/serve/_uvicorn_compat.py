@@ -142,7 +142,7 @@ def write_replies_whole() -> list[str]:
         problem = _unexpected(cycle)
         if problem:
             skipped.append(f"{module_name}: {problem}")
-        elif not getattr(cycle, _MARK, False):
+        elif cycle is not None and not getattr(cycle, _MARK, False):
             cycle.send = _holding_heads(cycle.send)
             setattr(cycle, _MARK, True)
     return skipped
@@ -155,8 +155,7 @@ def unsupported_uvicorn() -> str | None:
     except ImportError:
         return "uvicorn is not installed"
     if not SUPPORTED.admits(uvicorn.__version__):
-        return (f"uvicorn {uvicorn.__version__} is outside the supported range {SUPPORTED}: "
-                "replies are written as uvicorn writes them")
+        return SUPPORTED.outside(uvicorn.__version__, "replies are written as uvicorn writes them")
     return None
 
 

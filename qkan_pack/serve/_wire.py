@@ -38,6 +38,7 @@ from ..runtime import fit_numbers, host_array, numbers_array
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 ENCODINGS = ("list", "base64")
 _B64_KEYS = frozenset({"b64", "dtype", "shape"})
@@ -239,7 +240,7 @@ def given_from_python(value: Any, where: str) -> Given:
     return parse_tensor(value, where)
 
 
-def is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> TypeIs[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 
 from qkan_pack.bench import _serve_load
-from qkan_pack.bench._serve_load import KillLoop, listening_ports
+from qkan_pack.bench._serve_load import KillLoop
+from qkan_pack.bench._server_process import listening_ports
 
 #: A stand-in replica: a process that listens on a port after a delay.
 _LISTENS = ("import socket, sys, time; time.sleep(float(sys.argv[2])); "

@@ -312,11 +312,9 @@ def test_a_choice_per_shape_outside_the_allowed_is_refused(auto_artifact: Path) 
 
 def test_a_precision_choice_survives_warm_sign_and_verify(auto_artifact: Path,
                                                            tmp_path: Path) -> None:
-    pytest.importorskip("model_signing", reason="needs the [sign] extra")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     from qkan_pack.builder import sign
+
+    from ..runtime.test_signing import write_key  # skips without the [sign] extra
 
     warm(auto_artifact, "cpu", precision="auto", timer=_timer_preferring("bf16"))
     choices = read_artifact(auto_artifact).manifest.precision.choices
@@ -325,12 +323,7 @@ def test_a_precision_choice_survives_warm_sign_and_verify(auto_artifact: Path,
            {"kernels/sm90-fake/a.bin": b"kernel"})
     warmed = read_artifact(auto_artifact).manifest
     assert warmed.precision.choices == choices and warmed.kernels[0].key == "sm90-fake"
-    key = ec.generate_private_key(ec.SECP256R1())
-    (tmp_path / "a.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    (tmp_path / "a.pub").write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    write_key(tmp_path, "a")
     sign(auto_artifact, tmp_path / "a.key")
     done = CliRunner().invoke(cli, ["verify", str(auto_artifact), "--device", "cpu", "--key",
                                     str(tmp_path / "a.pub"), "--json"])

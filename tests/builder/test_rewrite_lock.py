@@ -102,17 +102,10 @@ class RacingBuild:
 
 @pytest.fixture(scope="module")
 def signing_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    pytest.importorskip("model_signing", reason="needs the [sign] extra")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from ..runtime.test_signing import write_key  # skips without the [sign] extra
 
     folder = tmp_path_factory.mktemp("key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    (folder / "a.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    (folder / "a.pub").write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    write_key(folder, "a")
     return folder / "a.key", folder / "a.pub"
 
 

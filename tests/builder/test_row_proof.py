@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,6 +141,10 @@ def test_the_rows_verdict_round_trips(tmp_path: Path) -> None:
     ("one_reads_another", "32x8", "depends on the rows batched with it"),
     ("fixed_table", "1x8,8x8", "no row's own"),
     ("extra_output", "1x8,8x8", "no row's own"),
+    # second audit: a capacity twice the fair share, overflowed only by rows ahead alike
+    ("balanced_moe", "1x8,64x8", "copies of row 63, ahead of the rows kept"),
+    # second audit: a scale floor the draws never reach
+    ("floored_scale", "1x8,8x8", "times as large"),
 ])
 def test_rows_that_read_other_rows_or_outputs_of_no_row_are_dependent(
         tmp_path: Path, kind: str, shapes: str, why: str) -> None:
@@ -175,9 +180,15 @@ def test_a_ragged_batch_is_proved_as_serve_stacks_it(tmp_path: Path) -> None:
     assert "cut to half their length" in proof.detail
 
 
-@pytest.mark.parametrize("kind", ["running_max", "observer", "attribute_max"])
-def test_a_model_whose_answers_follow_earlier_calls_is_refused(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "range_"), [
+    ("running_max", None), ("observer", None), ("attribute_max", None),
+    ("state_at_one_row", None),  # second audit: state moved by single-row calls only
+    ("calibrated_clip", (-1.0, 1.0)),  # second audit: only plausible values move it
+])
+def test_a_model_whose_answers_follow_earlier_calls_is_refused(tmp_path: Path, kind: str,
+                                                               range_: Any) -> None:
     with pytest.raises(StatefulModelError, match="answers depend on earlier calls") as info:
-        build(ROWS, "1x8,8x8", config={"kind": kind}, output=tmp_path / kind, progress=False)
+        build(ROWS, "1x8,8x8", config={"kind": kind}, output=tmp_path / kind, progress=False,
+              input_range=range_)
     assert info.value.changed
     assert not (tmp_path / kind).exists()

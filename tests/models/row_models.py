@@ -8,6 +8,72 @@ from torch.nn import functional as F
 FEATURES = 8
 
 
+class BalancedMoE(nn.Module):
+    """Top-1 mixture of 8 experts with an even router and a per-batch capacity twice the
+    fair share: random rows never overflow an expert, but many rows like one client's,
+    ahead of it, drop its row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(FEATURES, 8, bias=False)
+        with torch.no_grad():
+            q, _ = torch.linalg.qr(torch.randn(FEATURES, FEATURES))
+            self.router.weight.copy_(q[:8])
+        self.experts = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        capacity = max(1, int(2.0 * x.shape[0] / len(self.experts)))
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            rows = (choice == index).nonzero().flatten()[:capacity]
+            out[rows] = expert(x[rows])
+        return out
+
+
+class FlooredScale(nn.Module):
+    """Dynamic quantisation whose scale has a floor of 8: the references' values never reach
+    it, a client sending 100 moves every row's scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().max().clamp(min=8.0) / 127
+        return self.linear(torch.round(x / scale) * scale)
+
+
+class StateAtOneRow(nn.Module):
+    """A running maximum in a buffer, updated only by single-row calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            self.seen.copy_(torch.maximum(self.seen, x.abs().max()))
+            return self.linear(x / self.seen)
+        return self.linear(x)
+
+
+class CalibratedClip(nn.Module):
+    """A clip range calibrated on the fly that ignores outliers (values of 6 or more): only
+    plausible values move it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top = x.abs().max()
+        self.seen.copy_(torch.where(top < 6, torch.maximum(self.seen, top), self.seen))
+        return self.linear(x / self.seen)
+
+
 class DynamicInt8(nn.Module):
     """Dynamic per-tensor int8 quantisation of its input, as dynamic quantisation does: the
     scale is the batch's largest magnitude, so one row's rounding follows the others'."""
@@ -222,5 +288,7 @@ def build_model(kind: str = "independent") -> nn.Module:
               "shifted": ShiftedRows, "one_reads_another": OneRowReadsAnother,
               "running_max": RunningMax, "observer": ObserverLeftOn,
               "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
-              "extra_output": ExtraOutputInBatches}
+              "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
+              "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
+              "calibrated_clip": CalibratedClip}
     return models[kind]()

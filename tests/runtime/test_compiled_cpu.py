@@ -10,7 +10,8 @@ import torch
 
 from qkan_pack import LoadOptions, Predictor, build
 from qkan_pack.errors import LoadOptionError
-from qkan_pack.runtime import read_artifact, rebuild_model
+from qkan_pack.runtime import PrecompiledExport, read_artifact, rebuild_model
+from qkan_pack.runtime._precompiled import Plan
 
 from ..conftest import MODELS
 
@@ -87,3 +88,59 @@ def test_inductor_failing_on_the_precompiled_route_falls_back_saying_why(
     x = torch.randn(8, 2)
     with torch.no_grad():
         torch.testing.assert_close(predictor(x), _eager_twin(plain_artifact)(x))
+
+
+def test_warms_exporter_writes_and_reads_back_forms_or_a_refusal(tmp_path: Path) -> None:
+    forms = PrecompiledExport(tmp_path / "forms")
+    assert forms.read() == ({}, None)  # nothing written yet
+    forms.write_forms(b'{"plan": 1}', {"0.bin": b"graph", "autotune/ab/k.best_config": b"{}"})
+    assert forms.read() == ({"0.bin": b"graph", "autotune/ab/k.best_config": b"{}",
+                             "plan.json": b'{"plan": 1}'}, None)
+    refused = PrecompiledExport(tmp_path / "refused")
+    refused.write_refusal("dynamo cannot capture the whole forward")
+    assert refused.read() == ({}, "dynamo cannot capture the whole forward")
+    none = PrecompiledExport(None)
+    none.write_forms(b"{}", {"0.bin": b"graph"})
+    none.write_refusal("ignored")
+    assert not none.makes_forms and none.read() == ({}, None)
+
+
+def test_an_exporter_that_makes_no_forms_skips_the_precompiled_route(
+        plain_artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """warm's fallback after its probe refused the forms: the load makes none, saying why,
+    and goes on to torch.compile (refused here too, so the eager model serves)."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("dynamo cannot trace this")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    with pytest.warns(UserWarning, match="no precompiled graphs: warm's fresh-process probe "
+                                         "refused them"):
+        predictor = Predictor.load(plain_artifact, compiled="on", export=PrecompiledExport(None))
+    assert predictor.report.compiled.startswith("off (torch.compile failed")
+
+
+def test_a_refused_precompile_is_told_to_warms_exporter(
+        plain_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qkan_pack.runtime import _compiled
+    from qkan_pack.runtime._precompiled import PrecompileRefusedError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PrecompileRefusedError("the graph reads a tensor the plan cannot name")
+
+    monkeypatch.setattr(_compiled, "precompile", refuse)
+    monkeypatch.setattr(torch, "compile", refuse)
+    export = PrecompiledExport(tmp_path / "forms")
+    with pytest.warns(UserWarning, match="no precompiled graphs: the graph reads a tensor"):
+        Predictor.load(plain_artifact, compiled="on", export=export)
+    assert export.read() == ({}, "the graph reads a tensor the plan cannot name")
+
+
+@pytest.mark.slow
+def test_warms_exporter_receives_the_forms_a_compiled_load_made(plain_artifact: Path,
+                                                               tmp_path: Path) -> None:
+    export = PrecompiledExport(tmp_path / "forms")
+    predictor = Predictor.load(plain_artifact, compiled="on", export=export)
+    assert predictor.report.compiled == "precompiled: 2 inductor graph(s) traced and compiled here"
+    forms, refused = export.read()
+    assert refused is None and {"plan.json", "0.bin", "1.bin"} <= set(forms), sorted(forms)
+    assert [shape.label for shape in Plan.from_json(forms["plan.json"]).shapes] == ["1x2", "8x2"]

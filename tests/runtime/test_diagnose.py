@@ -150,3 +150,21 @@ def test_a_submodule_returning_a_non_tensor_tree_is_left_eager_not_a_load_failur
     finally:
         handle.remove()
     assert recorder.refusal.startswith("returns a Boxed") and not recorder.calls.get(0)
+
+
+def test_a_submodule_call_splits_into_its_signature_its_tensors_and_a_rebuild() -> None:
+    """What a submodule graph is keyed by (each argument's place, and a tensor's shape, dtype,
+    strides and device or a constant's value) and how its call is rebuilt around the graph's
+    own tensors: positional arguments in order, keywords by name."""
+    from qkan_pack.runtime._submodules import _split_arguments
+
+    x, mask = torch.randn(2, 3), torch.ones(4)
+    key, tensors, rebuild = _split_arguments((x, 3), {"mask": mask, "flag": True})
+    assert key == (("arg", 0, (2, 3), torch.float32, (3, 1), x.device), ("arg", 1, "const", 3),
+                   ("kw", "flag", "const", True), ("kw", "mask", (4,), torch.float32, (1,), mask.device))
+    assert tensors[0] is x and tensors[1] is mask
+    fresh = [torch.zeros(2, 3), torch.zeros(4)]
+    args, kwargs = rebuild(fresh)
+    assert args[0] is fresh[0] and args[1] == 3
+    assert list(kwargs) == ["flag", "mask"] and kwargs["flag"] is True and kwargs["mask"] is fresh[1]
+    assert _split_arguments((x, [1, 2]), {}) == (None, [], None)  # a list: no signature

@@ -28,6 +28,7 @@ from qkan_pack.runtime._selftest import (
     HALF_CEILING,
     NOISE_FACTOR,
     NOISE_FLOOR,
+    ReferencePolicy,
     check_reference,
     float64_noise,
     noise_tolerance,
@@ -36,6 +37,7 @@ from qkan_pack.runtime._selftest import (
 from ..conftest import MODELS
 
 CEILING = (1e-4, 1e-4)
+POLICY = ReferencePolicy(CEILING, print, "HINT")
 DEEP = '''
 import torch
 
@@ -154,8 +156,9 @@ def _check(got: torch.Tensor, want: torch.Tensor, noise: float | None,
     def device_float64() -> list[torch.Tensor] | None:
         measured.append(True)
         return None if wide is None else [wide]
-    check = check_reference("2x8", [got], [want], noise=noise, ceiling=CEILING,
-                            device_float64=device_float64, warn=warnings.append, hint="HINT")
+    check = check_reference("2x8", [got], [want], noise=noise,
+                            policy=ReferencePolicy(CEILING, warnings.append, "HINT"),
+                            device_float64=device_float64)
     return check.tolerance
 
 
@@ -235,9 +238,8 @@ def test_a_changed_output_shape_is_reported_as_such() -> None:
     want = [torch.randn(21, 4), torch.arange(21)]
     got = [torch.randn(17, 4), torch.arange(17)]
     with pytest.raises(SelfTestError) as info:
-        check_reference("1x3x64x64", got, want, noise=1e-7, ceiling=CEILING,
-                        device_float64=lambda: None, warn=print, hint="HINT",
-                        names=["output[0].boxes", "output[0].labels"])
+        check_reference("1x3x64x64", got, want, noise=1e-7, policy=POLICY,
+                        device_float64=lambda: None, names=["output[0].boxes", "output[0].labels"])
     assert info.value.problem == "output[0].boxes is 17x4 here, 21x4 at build"
     assert "differ by up to" not in str(info.value) and "reference_tolerance" not in str(info.value)
 
@@ -297,20 +299,19 @@ def test_a_half_precision_output_loosens_no_float32_output_beside_it() -> None:
     edited = _near(truth, 1e-2)
     with pytest.raises(SelfTestError, match="loosen the bound for themselves only"):
         check_reference("4x10", [edited.float(), aux.bfloat16()], [truth.float(), aux.bfloat16()],
-                        noise=0.02, ceiling=CEILING, device_float64=lambda: [edited, aux],
-                        warn=print, hint="HINT")
+                        noise=0.02, policy=POLICY, device_float64=lambda: [edited, aux])
     # the bfloat16 output's own rounding still passes where the logits agree
     got = [truth.float(), _half(_near(aux, 3e-3))]
     noise = float(f"{(aux.bfloat16().double() - aux).abs().max() / aux.abs().max():.2g}")
-    check_reference("4x10", got, [truth.float(), aux.bfloat16()], noise=noise, ceiling=CEILING,
-                    device_float64=lambda: [truth, aux], warn=print, hint="HINT")
+    check_reference("4x10", got, [truth.float(), aux.bfloat16()], noise=noise, policy=POLICY,
+                    device_float64=lambda: [truth, aux])
     # float32 logits cast up from bfloat16 (``logits.float()``) carry bfloat16 rounding,
     # here as at build: held as bfloat16, by their own rounding against float64 here
     upcast = [_half(_near(truth, 3e-3)).float(), _half(_near(aux, 3e-3))]
     want = [_half(truth).float(), _half(aux)]
     noise = max(noise, float(f"{(want[0].double() - truth).abs().max() / truth.abs().max():.2g}"))
-    check_reference("4x10", upcast, want, noise=noise, ceiling=CEILING,
-                    device_float64=lambda: [truth, aux], warn=print, hint="HINT")
+    check_reference("4x10", upcast, want, noise=noise, policy=POLICY,
+                    device_float64=lambda: [truth, aux])
 
 
 def test_a_re_hashed_reference_device_cannot_widen_a_cpu_load(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from qkan_pack import Predictor, build
 from qkan_pack.format import with_batch_sizes
-from qkan_pack.runtime import _inputs, read_artifact, rebuild_model
+from qkan_pack.runtime import _calls, _inputs, read_artifact, rebuild_model
 from qkan_pack.runtime._inputs import InputMatcher
 
 from ..conftest import MODELS
@@ -44,6 +44,7 @@ def test_a_call_shape_is_fitted_once_and_the_memory_stays_bounded(
     real = _inputs.fit_entry
     monkeypatch.setattr(_inputs, "fit_entry", lambda *a: searched.append(a[0]) or real(*a))
     monkeypatch.setattr(_inputs, "FIT_MEMORY", 3)
+    monkeypatch.setattr(_calls, "CALL_MEMORY", 3)  # the plans in front of the fits forget alike
     eager = _eager(masked)
     with Predictor.load(masked) as predictor:
         for length in (5, 5, 6, 5, 7, 9, 5):

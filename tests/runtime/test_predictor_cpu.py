@@ -334,12 +334,17 @@ class GatedLock:
         self.inner.release()
 
 
-@pytest.mark.parametrize("path", ["fast (one tensor)", "general (numpy)"])
+@pytest.mark.parametrize("path", ["first (one tensor)", "first (numpy)", "remembered (one tensor)",
+                                  "remembered (numpy)"])
 def test_a_call_racing_close_raises_a_clean_error(mlp_artifact: Path, path: str) -> None:
     """Round 2, finding 6: the caller read the runner, close() freed it, the call then ran it
-    (TypeError: 'NoneType' object is not callable). Now it finds the predictor closed."""
+    (TypeError: 'NoneType' object is not callable). Now it finds the predictor closed, on the
+    general path and on a remembered signature's plan alike."""
     predictor = Predictor.load(mlp_artifact)
-    value = torch.randn(1, 2) if path.startswith("fast") else np.ones((1, 2), np.float32)
+    value = torch.randn(1, 2) if path.endswith("tensor)") else np.ones((1, 2), np.float32)
+    if path.startswith("remembered"):
+        predictor(value)
+        assert len(predictor._calls) == 1
     outcome: list[Any] = []
     caller = threading.Thread(target=lambda: outcome.append(_call_catching(predictor, value)))
     lock = GatedLock(predictor._lock, gated=caller)

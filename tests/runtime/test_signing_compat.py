@@ -37,9 +37,8 @@ def test_another_release_is_refused_naming_the_supported_one(
     with pytest.raises(ArtifactSignatureError) as info:
         signing_modules("signature", "/artifact", lambda record: True)
     assert info.value.problem == "unavailable"
-    assert "model-signing 1.2.0 is installed" in str(info.value)
-    assert f"internals of {SUPPORTED};" in str(info.value) and "internals of 1.1.1;" in \
-        str(info.value)
+    assert f"model-signing 1.2.0 is outside the supported range {SUPPORTED};" in str(info.value)
+    assert "supported range 1.1.1; qkan-pack verifies signatures with internals" in str(info.value)
     assert "pip install 'qkan-pack[sign]'" in str(info.value)
 
 

@@ -337,7 +337,8 @@ def test_serve_forever_hands_the_keys_to_every_replica(sentinel_artifact: Path,
     notes: list[str] = []
     with pytest.raises(Stop):
         _launch.serve_forever(sentinel_artifact, listen=_launch.Listen(port=_free_port()),
-                              trusted_keys=[signing_keys / "a.pub"], notice=notes.append)
+                              replica=_launch.ReplicaLoad(trusted_keys=[signing_keys / "a.pub"]),
+                              notice=notes.append)
     assert seen["predictor_options"] == {"trusted_keys": [str(signing_keys / "a.pub")]}
     assert any(n.startswith("signature verified: signed by") for n in notes), notes
 

@@ -115,3 +115,38 @@ def test_bench_serve_measures_every_protocol_against_one_server(artifact: Path,
     assert set(report["ratios"]) == set(protocols[1:])
     assert all(set(by_clients) == {"2"} for by_clients in report["ratios"].values())
     assert "against the JSON route" in done.stdout
+
+
+def test_bench_serve_measures_a_repository_against_one_model_alone(tmp_path: Path) -> None:
+    """``bench-serve REPO``: two servers side by side (the repository, and its first model
+    alone), every client count measured alone, all models at once and one model through
+    the repository, only 200s, the ratios to the model alone, a plot; both servers stopped."""
+    import json
+
+    from qkan_pack import build
+
+    from ..conftest import MODELS
+
+    for name in ("m1", "m2"):
+        build(MODELS / "plain_mlp.py", "1x2,8x2", output=tmp_path / "repo" / name / "1",
+              name=name, progress=False)
+    out, plot = tmp_path / "load.json", tmp_path / "load.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "qkan_pack", "bench-serve", str(tmp_path / "repo"), "--clients",
+         "2", "--seconds", "1", "--warmup", "0.3", "--processes", "1", "--port",
+         str(free_port()), "--json", str(out), "--plot", str(plot)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stdout)  # the CPU figures, for the record of a run (-s)
+    report = json.loads(out.read_text())
+    assert report["repository"] == {"models": ["m1", "m2"], "alone": "m1/1"}
+    assert list(report["curves"]) == ["alone", "all", "one"]
+    for points in report["curves"].values():
+        (point,) = points
+        assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
+        assert point["rows_per_replay"], point
+    assert set(report["ratios"]) == {"all", "one"}
+    assert {name: server["exit_code"] for name, server in report["server"].items()} == {
+        "repository": 0, "alone": 0}
+    assert "req/s against m1/1 alone at the same clients" in done.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -116,3 +116,21 @@ def test_after_a_device_error_the_rows_are_not_replayed_again(one_hot: Path) -> 
     replies = _together(core, GOOD)
     assert calls == [8]
     assert all(isinstance(r, RuntimeError) and "device-side" in str(r) for r in replies)
+
+
+def test_one_bad_row_costs_a_few_halvings_not_a_replay_per_row(tmp_path: Path) -> None:
+    """Second audit: with only a 64-row shape, a group of 63 good rows and one bad one was
+    replayed 64 times, each a full 64-row replay; halving finds the bad row in about
+    2 log2(64) replays."""
+    path = build(ONE_HOT, "64x4", dtype="int64", input_range=(0, 6), progress=False,
+                 output=tmp_path / "a").path
+    from qkan_pack.serve._model import ModelCore
+
+    predictor = Predictor.load(path, "cpu", progress=False)
+    core = ModelCore(predictor, max_batch_size=64, max_batch_wait_ms=None, exact=False)
+    replays = _replays(core)
+    rows = [[9, 0, 0, 0], *([GOOD[0]] * 63)]
+    bad, *good = _together(core, rows)
+    assert isinstance(bad, ModelSourceError)
+    assert all(isinstance(reply, np.ndarray) for reply in good)
+    assert len(replays) <= 2 * 6 + 1, len(replays)

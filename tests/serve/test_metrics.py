@@ -149,7 +149,7 @@ def test_the_merge_keeps_every_replica_and_one_of_each_shared_series() -> None:
 
 
 def test_haproxy_counts_parse_from_its_admin_answers() -> None:
-    from qkan_pack.serve._haproxy import parse_ingress_counts
+    from qkan_pack.serve._haproxy_admin import parse_ingress_counts
 
     stat = ("# pxname,svname,dreq,req_tot,\n"
             "http_frontend,FRONTEND,0,40,\n"

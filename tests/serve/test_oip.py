@@ -576,7 +576,8 @@ def test_every_gzip_member_inflates_and_the_limit_holds_over_all() -> None:
     import gzip
     import zlib
 
-    from qkan_pack.serve._http import MAX_GZIP_MEMBERS, decompressed
+    from qkan_pack.serve._http import decompressed
+    from qkan_pack.serve._inflate import MAX_GZIP_MEMBERS
 
     parts = [bytes([65 + i % 26]) * 5000 for i in range(40)]
     body = b"".join(gzip.compress(p) for p in parts)

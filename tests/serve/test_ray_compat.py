@@ -50,6 +50,6 @@ def test_another_ray_release_is_refused_with_the_fix(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ray, "__version__", version)
     with pytest.raises(ServeError) as info:
         check_ray()
-    assert f"Ray {version} is installed" in str(info.value)
-    assert f"internals of Ray {SUPPORTED}" in str(info.value) and "internals of Ray 2.60.x" in \
-        str(info.value) and "pip install 'ray[serve]==2.60.*'" in str(info.value)
+    assert f"Ray {version} is outside the supported range {SUPPORTED};" in str(info.value)
+    assert "supported range 2.60.x; qkan-pack serve relies on internals" in str(info.value) \
+        and "pip install 'ray[serve]==2.60.*'" in str(info.value)

@@ -354,7 +354,7 @@ def test_haproxy_sends_each_model_request_to_its_version_without_the_router(
 
 async def _publish(workdir: Path, choice: tuple[list[str], str | None]) -> None:
     """What the router does when its choice changes: the files, then HAProxy's own lists."""
-    from qkan_pack.serve._haproxy import admin_command
+    from qkan_pack.serve._haproxy_admin import admin_command
     from qkan_pack.serve._routes import publish_routes
 
     for command in publish_routes(workdir, choice):
@@ -386,7 +386,7 @@ def test_requests_without_a_version_follow_the_routers_choice_and_grpc_goes_to_t
 
 
 def _router(root: Path, plans: list[VersionPlan]) -> Any:
-    from qkan_pack.serve._router import Repository
+    from qkan_pack.serve._versions import Repository
 
     return Repository(str(root), _defaults(), [(p, 1) for p in plans])
 
@@ -399,7 +399,7 @@ def _request(method: str, path: str, body: bytes = b"", token: str | None = None
 
 
 def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -> None:
-    from qkan_pack.serve._router import LOADING, Refusal
+    from qkan_pack.serve._versions import LOADING, Refusal
 
     root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None, "idle/1": None})
     repository = _router(root, [_plan("mlp"), dataclasses.replace(_plan("mlp"), version=2)])
@@ -465,7 +465,7 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
         built: dict[str, Path], tmp_path: Path) -> None:
     """Nothing starts for a repository with a problem; ``--name`` and ``--noop`` are one
     artifact's (a repository's names are its directories)."""
-    from qkan_pack.serve import serve_forever
+    from qkan_pack.serve import ReplicaLoad, serve_forever
 
     good = _repository(tmp_path / "good", {"mlp/1": built["mlp1"]})
     bad = _repository(tmp_path / "bad", {"mlp/1": built["mlp1"], "mlp/2": built["mlp1"]})
@@ -475,4 +475,4 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
                                          "directories"):
         serve_forever(good, ServeOptions(model_name="other"))
     with pytest.raises(ServeError, match=r"--noop: .* is not an artifact"):
-        serve_forever(good, noop=True)
+        serve_forever(good, replica=ReplicaLoad(noop=True))

@@ -154,3 +154,32 @@ def test_a_declared_shape_without_rows_is_answered_as_declared(tmp_path: Path) -
     assert reply["prototypes"].shape == (8, 3)
     want = core.predictor(torch.from_numpy(_clients(5)[:1]))
     np.testing.assert_array_equal(reply["prototypes"], want["prototypes"].numpy())
+
+
+def test_a_rows_share_holds_only_its_own_row(tmp_path: Path) -> None:
+    """Second audit: a bfloat16 output stays a tensor, and a row's slice of the batch was a
+    view: pickled for a Ray handle's reply, it carried every other client's row (numpy
+    shares kept them as ``.base``)."""
+    source = tmp_path / "bf.py"
+    source.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(8, 3)\n"
+        "    def forward(self, x):\n"
+        "        y = self.linear(x)\n"
+        "        return {'y': y, 'score': y.to(torch.bfloat16)}\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    return M()\n")
+    path = build(source, "1x8,8x8", output=tmp_path / "a", progress=False).path
+    core = _core(path)
+    assert core.mixes
+    replies = _concurrently(core, _clients(6)[:, None, :])  # each a 1x8 request
+    assert max(map(int, core.stats.view()["rows_per_replay"])) > 1
+    for reply in replies:
+        score, y = reply["score"], reply["y"]
+        assert score.shape == (1, 3)
+        assert score.untyped_storage().nbytes() == 3 * 2  # its own 3 bfloat16 values
+        assert y.base is None or y.base.size == y.size

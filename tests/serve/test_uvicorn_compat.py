@@ -191,5 +191,5 @@ def test_a_uvicorn_outside_the_supported_releases_is_left_alone(
     assert unsupported_uvicorn() is None, uvicorn.__version__  # the installed one is supported
     monkeypatch.setattr(uvicorn, "__version__", "1.2.0")
     said = write_replies_whole()
-    assert said == [f"uvicorn 1.2.0 is outside the supported range {SUPPORTED}: replies are "
+    assert said == [f"uvicorn 1.2.0 is outside the supported range {SUPPORTED}; replies are "
                     "written as uvicorn writes them"]

@@ -1,0 +1,136 @@
+"""``qkan-pack serve`` as the load tests run it: its own process (and session), started as a
+user starts it, ready when it prints its ready line, stopped with SIGTERM (and everything it
+started killed when it does not stop); its replicas found among its descendants, and the
+ports a process listens on read from the kernel's tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import BenchError
+
+
+class ServerProcess:
+    """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
+
+    def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float,
+                 token: str | None = None, grpc_port: int = 0) -> None:
+        self.port = port
+        self.token = token
+        self.grpc_port = grpc_port
+        self.oip_model = ""  # the Open Inference Protocol's name of the model, once read
+        self.command = [sys.executable, "-m", "qkan_pack", "serve", artifact, "--port", str(port),
+                        *args, *(("--grpc-port", str(grpc_port)) if grpc_port else ())]
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, start_new_session=True)
+        try:
+            self.ready_line = self._wait_ready(timeout_s)
+        except BaseException:  # SIGTERM (SystemExit) or Ctrl-C while it starts: stop it too
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line.startswith("serving "):
+                return line.strip()
+            if not line and self.process.poll() is not None:
+                break
+        self.stop()
+        stderr = self.process.stderr.read() if self.process.stderr else ""
+        raise BenchError(f"qkan-pack serve did not start: {stderr.strip()[-800:]}")
+
+    def get(self, path: str, method: str = "GET") -> dict[str, Any]:
+        return json.loads(self.read(path, method))
+
+    def read(self, path: str, method: str = "GET") -> bytes:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                         data=b"" if method == "POST" else None, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.read()
+
+    def replay_totals(self) -> tuple[float, float]:
+        """(rows replayed, replays) since the server started, over every replica (``GET
+        /metrics``: ``qkan_pack_rows_per_replay``'s sum and count)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        totals = {"qkan_pack_rows_per_replay_sum": 0.0, "qkan_pack_rows_per_replay_count": 0.0}
+        for family in text_string_to_metric_families(self.read("/metrics").decode()):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+        return totals["qkan_pack_rows_per_replay_sum"], totals["qkan_pack_rows_per_replay_count"]
+
+    def replica_pids(self) -> list[int]:
+        """The server's replica processes (Ray names them ``ray::ServeReplica:...``)."""
+        return [pid for pid in descendants(self.process.pid)
+                if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
+
+    def stop(self, timeout_s: float = 120.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                # the command, and the server it runs in a session of its own (its group
+                # holds neither the server nor Ray's processes), and all they started
+                for pid in [*descendants(self.process.pid), self.process.pid]:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read(f"/proc/{entry.name}/stat").rsplit(b")", 1)[-1].split()
+            if len(stat) > 1:
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on: its sockets' inodes looked up in the
+    kernel's tables (empty if it is gone)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd.path)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in _read(table).decode().splitlines()[1:]:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -1,0 +1,338 @@
+"""A model repository's versions as the router keeps them: what serves each version (its
+deployed generation), Triton's state names, and the control that changes them (``load``,
+``unload``); see ``_router``'s docstring for the semantics. The router (``_router``) answers
+requests from this state; ``serve_forever`` deploys the first generations with
+``start_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import RepositoryError
+from ._app import deployment_app
+from ._deploy import wait_running
+from ._haproxy_admin import admin_command
+from ._ray_compat import delete_apps, deploy_without_waiting, haproxy_admin_socket
+from ._repository import Defaults, VersionPlan, model_names, plan_model, scan_model
+from ._routes import Generation, publish_routes, write_admission
+
+#: Each version's deployment (its application is the generation's: ``Generation.app``).
+VERSION_DEPLOYMENT = "QkanPack"
+#: Triton's model states (``RepositoryIndex``, ``GET /``).
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+#: How long a load waits for a version's replicas.
+LOAD_TIMEOUT_S = 900.0
+#: How long one command to HAProxy's admin socket may take.
+ADMIN_TIMEOUT_S = 2.0
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the router answers itself: the HTTP status and what to say (the gRPC
+    status follows from the HTTP one, ``_router.GRPC_STATUS``)."""
+
+    status: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A version deployed: its plan and the generation serving it."""
+
+    plan: VersionPlan
+    generation: Generation
+
+
+@dataclass
+class Version:
+    """A version's state: what serves it (None: nothing), Triton's state name and why."""
+
+    version: int
+    serving: Deployed | None = None
+    state: str = UNAVAILABLE
+    reason: str = ""
+
+
+class Repository:
+    """The repository's state and its control (``load``, ``unload``): see the module
+    docstring. Deploys from worker threads (Ray's deploy and status calls block)."""
+
+    def __init__(self, root: str, defaults: Defaults, served: Sequence[tuple[VersionPlan, int]],
+                 *, workdir: str | None = None, log_level: str = "WARNING") -> None:
+        self.root = Path(root)
+        self.defaults = defaults
+        self.workdir = workdir
+        self.log_level = log_level
+        self.models: dict[str, dict[int, Version]] = {}
+        self.loads: Counter[tuple[str, str, str]] = Counter()
+        self._admission: dict[str, tuple[int, int, int]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: One deploy call at a time: Ray's deploy registers and unregisters a module for
+        #: pickling by value around each call, and two at once fail ("not registered").
+        self._deploying = asyncio.Lock()
+        self._handles: dict[str, Any] = {}
+        for plan, generation in served:
+            deployed = Deployed(plan, Generation(plan.model, plan.version, generation))
+            self.models.setdefault(plan.model, {})[plan.version] = Version(plan.version,
+                                                                          deployed, READY)
+            self._admission[deployed.generation.prefix] = admission_of(plan)
+            self.loads[plan.model, str(plan.version), "success"] += 1
+        self._generation = max((g for _, g in served), default=0)
+
+    # -- what serves ------------------------------------------------------------------
+
+    def ready_versions(self, name: str) -> list[int]:
+        """The versions of ``name`` that serve (not those being unloaded), ascending."""
+        return sorted(v for v, s in self.models.get(name, {}).items()
+                      if s.state == READY and s.serving is not None)
+
+    def single_model(self) -> str | None:
+        """The one model the repository serves, if it serves exactly one (``POST /``)."""
+        served = [n for n, versions in self.models.items()
+                  if any(v.serving is not None for v in versions.values())]
+        return served[0] if len(served) == 1 else None
+
+    def resolve(self, name: str, version: str | None) -> Deployed | Refusal:
+        """What serves ``name`` (``version``: a version's number as text; None or "": the
+        highest ready one), or why nothing does (404: no such model or version; 503: not
+        ready)."""
+        versions = self.models.get(name)
+        if not versions or all(s.state == UNAVAILABLE for s in versions.values()):
+            if versions or name in self._on_disk():
+                failed = "; ".join(f"{v}: {s.reason}" for v, s in sorted((versions or {}).items())
+                                   if s.reason and s.reason != "unloaded")
+                return Refusal(404, f"model {name!r} is not loaded"
+                               + (f" (its last load failed: {failed})" if failed else "")
+                               + f"; load it with POST /v2/repository/models/{name}/load")
+            known = ", ".join(n for n in sorted(self.models) if self.ready_versions(n))
+            return Refusal(404, f"unknown model {name!r}; this repository serves: "
+                           f"{known or 'none'}")
+        if version in (None, ""):
+            ready = self.ready_versions(name)
+            if not ready:
+                return Refusal(503, f"model {name!r} has no ready version: "
+                               + "; ".join(f"{v}: {s.state.lower()} {s.reason}".strip()
+                                           for v, s in sorted(versions.items())))
+            serving = versions[ready[-1]].serving
+            assert serving is not None
+            return serving
+        state = versions.get(int(version)) if version.isdigit() else None
+        if state is None:
+            return Refusal(404, f"model {name!r} has no version {version!r}; it has "
+                           f"{', '.join(map(str, sorted(versions)))}")
+        if state.serving is None or state.state not in (READY, UNLOADING):
+            return Refusal(503, f"version {version} of model {name!r} is "
+                           f"{state.state.lower()}" + (f": {state.reason}" if state.reason else ""))
+        return state.serving
+
+    def handle(self, deployed: Deployed) -> Any:
+        """The deployment handle of ``deployed``'s replicas (made once per generation)."""
+        app = deployed.generation.app
+        handle = self._handles.get(app)
+        if handle is None:
+            from ray import serve
+
+            handle = serve.get_deployment_handle(VERSION_DEPLOYMENT, app, _check_exists=False)
+            self._handles[app] = handle
+        return handle
+
+    def routes_choice(self) -> tuple[list[str], str | None]:
+        """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
+        highest ready version's generation, and the one ``POST /`` goes to."""
+        defaults = {}
+        for name in self.models:
+            ready = self.ready_versions(name)
+            if ready:
+                serving = self.models[name][ready[-1]].serving
+                assert serving is not None
+                defaults[name] = serving.generation.app
+        single = self.single_model()
+        return sorted(defaults.values()), defaults.get(single) if single else None
+
+    async def publish_routes(self) -> None:
+        """Tell HAProxy (its files, and the running one through its admin socket) where
+        requests without a version go now. Best effort: where it fails, HAProxy sends
+        them to the router, which passes them on to the same version."""
+        if self.workdir is None:
+            return
+        commands = publish_routes(self.workdir, self.routes_choice())
+        socket = haproxy_admin_socket()
+        if socket is None or not os.path.exists(socket):
+            return
+        try:
+            for command in commands:
+                answer = await asyncio.wait_for(admin_command(socket, command), ADMIN_TIMEOUT_S)
+                if answer.strip():
+                    logger.warning("model repository: HAProxy said %r to %r", answer, command)
+        except (OSError, asyncio.TimeoutError) as exc:
+            logger.warning("model repository: HAProxy's routes not updated: %s", exc)
+
+    def deployed(self) -> list[Deployed]:
+        return [s.serving for versions in self.models.values() for s in versions.values()
+                if s.serving is not None]
+
+    def _on_disk(self) -> list[str]:
+        try:
+            return model_names(self.root)
+        except OSError:
+            return []
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: each model of the directory and each loaded one, with
+        each version's state (a model never loaded, or unloaded, as one UNAVAILABLE entry)."""
+        entries = []
+        for name in sorted({*self._on_disk(), *self.models}):
+            versions = self.models.get(name)
+            if not versions:
+                entries.append({"name": name, "version": "", "state": UNAVAILABLE,
+                                "reason": "unloaded"})
+                continue
+            entries += [{"name": name, "version": str(v), "state": s.state, "reason": s.reason}
+                        for v, s in sorted(versions.items())]
+        return [e for e in entries if e["state"] == READY] if ready_only else entries
+
+    # -- control ----------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def load(self, name: str) -> Refusal | None:
+        """Load (or reload) model ``name`` from its directory (see the module docstring):
+        None when every version serves as its directory says, else the refusal (404: no
+        such model; 400: what failed, the versions that could serve serving)."""
+        async with self._lock(name):
+            if name not in self._on_disk():
+                return Refusal(404, f"no model {name!r} in the repository {self.root}")
+            try:
+                model = await asyncio.to_thread(scan_model, self.root, name)
+            except RepositoryError as exc:
+                return Refusal(400, f"cannot load {name!r}: {exc}")
+            plans, problems = await asyncio.to_thread(plan_model, model, self.defaults)
+            versions = self.models.setdefault(name, {})
+            for version, problem in problems:
+                self._failed(name, version, problem)
+            failures = [problem for _, problem in problems]
+            failures += [f for f in await asyncio.gather(*map(self._deploy, plans)) if f]
+            on_disk = {v.version for v in model.versions}
+            await self._undeploy(name, [v for v in versions if v not in on_disk], forget=True)
+            await self.publish_routes()
+        if failures:
+            return Refusal(400, f"model {name!r}: " + "; ".join(failures))
+        return None
+
+    def _failed(self, name: str, version: int | None, problem: str) -> None:
+        """Record a version that cannot load (None: every version of ``name``): counted, and
+        unavailable unless a generation of it serves (which keeps serving)."""
+        versions = self.models.setdefault(name, {})
+        for number in ([version] if version is not None else list(versions)):
+            state = versions.setdefault(number, Version(number))
+            self.loads[name, str(number), "failure"] += 1
+            if state.serving is None:
+                state.state, state.reason = UNAVAILABLE, problem
+            else:
+                state.reason = f"serving the earlier load; the last load failed: {problem}"
+
+    async def _deploy(self, plan: VersionPlan) -> str | None:
+        """Deploy ``plan`` as a new generation unless the serving one is the same; None on
+        success (the old generation then deleted), else what failed (the old one kept)."""
+        versions = self.models.setdefault(plan.model, {})
+        state = versions.setdefault(plan.version, Version(plan.version))
+        if state.serving is not None and state.serving.plan.key == plan.key:
+            state.reason = ""
+            return None
+        self._generation += 1
+        generation = Generation(plan.model, plan.version, self._generation)
+        if state.serving is None:
+            state.state, state.reason = LOADING, ""
+        self._admission[generation.prefix] = admission_of(plan)
+        try:
+            self._record_admission()
+            async with self._deploying:
+                await asyncio.to_thread(start_version, plan, generation, self.log_level)
+            await asyncio.to_thread(wait_running, [generation.app], LOAD_TIMEOUT_S,
+                                    label=lambda _: f"generation {generation.generation}")
+        except Exception as exc:  # ServeError: its load failed; anything else: Ray's
+            problem = f"{plan.label}: {exc}"
+            logger.warning("model repository: %s", problem)
+            await asyncio.to_thread(_delete, [generation.app])
+            self._admission.pop(generation.prefix, None)
+            self._failed(plan.model, plan.version, str(exc))
+            return problem
+        old, state.serving = state.serving, Deployed(plan, generation)
+        state.state, state.reason = READY, ""
+        self.loads[plan.model, str(plan.version), "success"] += 1
+        if old is not None:
+            await self.publish_routes()  # the default moves to the new generation first
+            await self._delete_generations([old])
+        return None
+
+    async def unload(self, name: str) -> Refusal | None:
+        """Unload every version of ``name`` (None: done, or nothing was loaded; 404: no such
+        model, loaded or in the directory)."""
+        async with self._lock(name):
+            if name not in self.models and name not in self._on_disk():
+                return Refusal(404, f"unknown model {name!r}")
+            await self._undeploy(name, list(self.models.get(name, {})), forget=False)
+            await self.publish_routes()
+        return None
+
+    async def _undeploy(self, name: str, numbers: Sequence[int], *, forget: bool) -> None:
+        versions = self.models.get(name, {})
+        gone = [versions[n] for n in numbers if n in versions]
+        serving = [s.serving for s in gone if s.serving is not None]
+        for state in gone:
+            state.state = UNLOADING if state.serving is not None else state.state
+        await self.publish_routes()  # HAProxy stops sending requests to what is leaving
+        await self._delete_generations(serving)
+        for state in gone:
+            state.serving, state.state, state.reason = None, UNAVAILABLE, "unloaded"
+            if forget:
+                del versions[state.version]
+
+    async def _delete_generations(self, generations: Sequence[Deployed]) -> None:
+        if not generations:
+            return
+        await asyncio.to_thread(_delete, [d.generation.app for d in generations])
+        for deployed in generations:
+            self._handles.pop(deployed.generation.app, None)
+            self._admission.pop(deployed.generation.prefix, None)
+        self._record_admission()
+
+    def _record_admission(self) -> None:
+        if self.workdir is not None:
+            write_admission(self.workdir, self._admission)
+
+
+def admission_of(plan: VersionPlan) -> tuple[int, int, int]:
+    """A version's admission bounds as HAProxy applies them (at work, waiting, Retry-After):
+    its options made them whole (``ServeOptions.for_artifact``)."""
+    limits = plan.options.limits
+    ongoing, queued = limits.admission_bounds(plan.options.max_batch_size or 1)
+    return ongoing, queued, limits.retry_after_s
+
+
+def start_version(plan: VersionPlan, generation: Generation, log_level: str) -> None:
+    """Deploy ``generation`` of ``plan``: its own application, at its route prefix, its
+    replicas pinned to the digest verified (without waiting for them)."""
+    app = deployment_app(plan.path, plan.digest, plan.options,
+                         predictor_options=plan.predictor_options, name=VERSION_DEPLOYMENT)
+    deploy_without_waiting(app, generation.app, {"enable_access_log": False,
+                                                 "log_level": log_level},
+                           route_prefix=generation.prefix)
+
+
+
+def _delete(apps: Sequence[str]) -> None:
+    try:
+        delete_apps(apps)
+    except Exception as exc:  # a timeout: Ray goes on deleting them
+        logger.warning("model repository: deleting %s: %s", ", ".join(apps), exc)
