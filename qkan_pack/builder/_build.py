@@ -27,8 +27,6 @@ import torch
 
 from ..errors import ManifestError, ModelSourceError, OptionError
 from ..format import (
-    CONTIGUOUS,
-    LAYOUTS,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     REFERENCE_DIR,
@@ -426,10 +424,9 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
     samples += [CalibrationSample(index, sample, partial(inputs.flat_outputs, index, sample),
                                   f"--calibration {options.calibration}, {label}")
                 for index, sample, label in inputs.calibrating]
-    layouts = LAYOUTS if channels_last_applies(model) else (CONTIGUOUS,)
     gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
                                            options.precision, options.max_error or 0.0,
-                                           layouts=layouts)
+                                           channels_last=channels_last_applies(model))
     return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
                                precision=gated)
 

@@ -44,6 +44,7 @@ from ..format import (
 )
 from ..runtime import (
     Predictor,
+    describe,
     flatten,
     latencies,
     output_errors,
@@ -129,14 +130,16 @@ class CalibrationSample:
 
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                    samples: Sequence[GateSample | CalibrationSample], precision: str,
-                   max_error: float, *, layouts: tuple[str, ...] = (CONTIGUOUS,)
+                   max_error: float, *, channels_last: bool = False
                    ) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
     """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
-    return the policy to record (listing ``layouts``), the entries with their figures, and
-    notes. An explicit precision beyond ``max_error`` is refused (``PrecisionError``); under
-    ``auto`` it is left out of the allowed ones, with a note. A layout is not measured here:
-    it changes which kernel computes, not the arithmetic, and every load gates the layout it
-    captures in."""
+    return the policy to record, the entries with their figures, and notes. An explicit
+    precision beyond ``max_error`` is refused (``PrecisionError``); under ``auto`` it is
+    left out of the allowed ones, with a note. With ``channels_last`` (the model has a 2-D
+    convolution), the channels-last layout is listed if the forward runs on channels-last
+    inputs within ``max_error`` here, in float32 (``_channels_last_refusal``; a layout
+    changes which kernel computes, not the arithmetic: every load gates the precision and
+    layout it captures in)."""
     _refuse_half_models(entries, precision)
     calibrated = any(isinstance(sample, CalibrationSample) for sample in samples)
     if precision == "tf32" and calibrated:
@@ -169,13 +172,37 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         name: errors[index] for name, errors in measured.items()})
         for index, entry in enumerate(entries)]
     default = "fp32" if precision == AUTO_PRECISION else precision
+    layouts = (CONTIGUOUS,)
+    if channels_last:
+        why = _channels_last_refusal(forward, entries, samples, max_error)
+        if why is None:
+            layouts = LAYOUTS
+            notes.append("channels-last graphs are listed (the model has a 2-D convolution): "
+                         "`qkan-pack warm --precision auto` times each precision in both "
+                         "layouts and keeps channels-last only where it is faster")
+        else:
+            notes.append(f"channels-last graphs are not listed: {why}")
     policy = PrecisionPolicy(default=default, max_error=max_error, allowed=tuple(allowed),
                              layouts=layouts)
-    if CHANNELS_LAST in layouts:
-        notes.append("channels-last graphs are listed (the model has a 2-D convolution): "
-                     "`qkan-pack warm --precision auto` times each precision in both layouts "
-                     "and keeps channels-last only where it is faster")
     return policy, entries, notes
+
+
+def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
+                           samples: Sequence[GateSample | CalibrationSample],
+                           max_error: float) -> str | None:
+    """Why this model cannot be served channels-last, in words (None: it can): its forward
+    fails on channels-last inputs (a ``view`` of a convolution's output), or answers beyond
+    ``max_error`` in float32."""
+    try:
+        _, figures = _measure(forward, entries, samples, "fp32", max_error, CHANNELS_LAST)
+    except QkanPackError:
+        raise
+    except Exception as exc:  # the model's own code, on tensors it was not written for
+        return f"the forward fails on channels-last inputs ({describe(exc)})"
+    if figures:
+        return str(PrecisionError(precision="fp32 channels-last", device=BUILD_HOST,
+                                  max_error=max_error, figures=figures))
+    return None
 
 
 def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
@@ -190,14 +217,14 @@ def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
 
 
 def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
-             samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float
-             ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
-    """Per entry the worst output's error at ``precision`` (None: not measurable here), and
-    every (shape, output, error) beyond ``max_error``."""
+             samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float,
+             layout: str = CONTIGUOUS) -> tuple[list[float | None], list[tuple[str, str, float]]]:
+    """Per entry the worst output's error at ``precision`` in ``layout`` (None: not
+    measurable here), and every (shape, output, error) beyond ``max_error``."""
     device = torch.device("cpu")
     if precision_unavailable(precision, device) is not None and precision == "tf32":
         return [None] * len(entries), []
-    served = served_forward(forward, precision, device)
+    served = served_forward(forward, precision, device, layout)
     worst: list[float | None] = [0.0] * len(entries)
     beyond: dict[tuple[str, str], float] = {}
     for sample in samples:
@@ -301,17 +328,22 @@ class _Timing:
              report_unavailable: bool) -> None:
         """Load at ``precision`` in ``layout`` and put its figures, or why it did not load,
         ``into`` the layout's. A precision this device cannot run is said once, with the
-        contiguous layout's refusals."""
+        contiguous layout's refusals; a channels-last load that fails for any reason the
+        load names is refused (the contiguous graphs are what the artifact was built as:
+        their failures are the artifact's, raised)."""
         why = precision_unavailable(precision, self.target)
         if why is not None:
             if report_unavailable:
                 into.refused[precision] = why
             return
+        # channels-last on this device may fail where build's CPU passed (a capture, a
+        # kernel): the layout is refused, the contiguous graphs still chosen among
+        refusable = PrecisionError if layout == CONTIGUOUS else QkanPackError
         try:
             predictor = Predictor.load(self.path, device=self.target, precision=precision,
                                        layout=layout, progress=False,
                                        config_overrides=self.overrides)
-        except PrecisionError as exc:
+        except refusable as exc:
             into.refused[precision] = str(exc)
             return
         with predictor:

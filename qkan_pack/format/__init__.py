@@ -98,7 +98,13 @@ from ._padding import (
     find_axes,
     fit_entry,
 )
-from ._precision import LayoutFigures, PrecisionChoice, PrecisionPolicy, geometric_mean
+from ._precision import (
+    LayoutFigures,
+    PrecisionChoice,
+    PrecisionPolicy,
+    candidate_name,
+    geometric_mean,
+)
 from ._schema import (
     Choice,
     Integer,
@@ -174,6 +180,7 @@ __all__ = [
     "TensorSpec",
     "Text",
     "accepted_ranges",
+    "candidate_name",
     "check_class_labels",
     "check_config",
     "check_device_text",

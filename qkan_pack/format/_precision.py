@@ -90,6 +90,12 @@ class PrecisionChoice:
         """Whether shapes differ in precision or layout (else the whole choice applies)."""
         return bool(self.shapes or self.shape_layouts)
 
+    def named_shapes(self) -> list[str]:
+        """Each shape's precision, with its layout where channels-last (``candidate_name``),
+        in manifest order; empty where every shape runs the whole choice."""
+        count = max(len(self.shapes), len(self.shape_layouts))
+        return [candidate_name(self.for_shape(i), self.layout_for_shape(i)) for i in range(count)]
+
     def mean_latency_us(self, precision: str, layout: str = CONTIGUOUS) -> float:
         """``precision``'s latency over the shapes in ``layout``: their geometric mean
         (``geometric_mean``)."""
@@ -107,6 +113,19 @@ class PrecisionChoice:
             for precision, times in latency.items():
                 found[precision, layout] = (times, error.get(precision))
         return found
+
+    def refusals(self) -> dict[Candidate, str]:
+        """Every (precision, layout) that did not load, and why; contiguous first."""
+        found = {(precision, CONTIGUOUS): why for precision, why in self.refused.items()}
+        if self.channels_last is not None:
+            found.update({(precision, CHANNELS_LAST): why
+                          for precision, why in self.channels_last.refused.items()})
+        return found
+
+
+def candidate_name(precision: str, layout: str = CONTIGUOUS) -> str:
+    """How reports name a precision's graphs in a layout: ``bf16``, ``bf16 channels-last``."""
+    return precision + (" channels-last" if layout == CHANNELS_LAST else "")
 
 
 def geometric_mean(values: Sequence[float]) -> float:

@@ -230,7 +230,8 @@ def _unlisted(layout: str, policy: PrecisionPolicy | None) -> str:
         return (f"layout {layout}: the artifact was built in float32 only (rebuild with "
                 "--precision to let a load choose its layout)")
     return (f"layout {layout}: the artifact's build lists only {', '.join(policy.layouts)} "
-            "(channels-last is listed for a model with a 2-D convolution)")
+            "(build lists channels-last for a model with a 2-D convolution whose forward "
+            "runs on channels-last inputs; its notes say why not)")
 
 
 def _resolve(manifest: Manifest, device: torch.device, asked: str,

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..format import CHANNELS_LAST, CONTIGUOUS
+from ..format import CHANNELS_LAST, CONTIGUOUS, candidate_name
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["LoadReport"]
@@ -84,9 +84,9 @@ class PrecisionRecord:
 
     def named(self, label: str | None = None) -> str:
         """A shape's (or the load's) precision, with its layout where channels-last."""
-        precision, layout = ((self.precision, self.layout) if label is None
-                             else (self.of(label), self.layout_of(label)))
-        return precision + (" channels-last" if layout == CHANNELS_LAST else "")
+        if label is None:
+            return candidate_name(self.precision, self.layout)
+        return candidate_name(self.of(label), self.layout_of(label))
 
     def __str__(self) -> str:
         text = f"precision {self.named()} ({self.source})"
