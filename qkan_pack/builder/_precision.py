@@ -172,7 +172,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         name: errors[index] for name, errors in measured.items()})
         for index, entry in enumerate(entries)]
     default = "fp32" if precision == AUTO_PRECISION else precision
-    layouts = (CONTIGUOUS,)
+    layouts: tuple[str, ...] = (CONTIGUOUS,)
     if channels_last:
         why = _channels_last_refusal(forward, entries, samples, max_error)
         if why is None:

@@ -36,7 +36,7 @@ from ..format import CHANNELS_LAST
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["ChannelsLastForward", "channels_last_applies", "layout_forward", "to_channels_last"]
+__all__ = ["channels_last_applies", "to_channels_last"]
 
 #: Modules whose input a channels-last layout speeds up (their weights are 4-D).
 _CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
@@ -55,7 +55,8 @@ def channels_last_applies(model: torch.nn.Module) -> bool:
 def to_channels_last(model: torch.nn.Module) -> None:
     """Convert the model's 4-D weights and buffers to channels-last, in place, before any
     graph is captured (a graph bakes in the storage it reads)."""
-    model.to(memory_format=torch.channels_last)
+    # documented (``Module.to(memory_format=...)``), not declared in torch's overloads
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
 
 class ChannelsLastForward:

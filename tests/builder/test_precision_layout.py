@@ -22,7 +22,6 @@ from qkan_pack.builder._precision import (
     pick_precision,
 )
 from qkan_pack.cli import cli
-from qkan_pack.cli._warm import _choice_text
 from qkan_pack.runtime import precision_key
 
 from ..conftest import MODELS
@@ -95,10 +94,6 @@ def test_warm_records_channels_last_where_it_is_timed_faster(resnet: Path) -> No
         record = predictor.report.precision
         assert (record.precision, record.layout) == ("bf16", CL)
         assert predictor._model.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
-    text = _choice_text(choice)
-    assert text.splitlines()[0] == f"precision bf16 channels-last chosen for {key}"
-    assert "  bf16 channels-last 100.0 us, 100.0 us; error" in text
-    assert f"  {'tf32':<{len('bf16 channels-last')}} refused:" in text  # one column
     shown = CliRunner().invoke(cli, ["inspect", str(resnet)])
     assert f"{key}: bf16 channels-last (fp32 200.0 us, bf16 200.0 us err" in shown.output
 
@@ -124,7 +119,8 @@ def test_warm_chooses_a_layout_per_shape(resnet: Path) -> None:
     choice = result.precision
     assert choice.shapes == ("fp32", "bf16") and choice.shape_layouts == (C, CL)
     assert choice.named_shapes() == ["fp32", "bf16 channels-last"]
-    assert "; per shape fp32, bf16 channels-last" in _choice_text(choice)
+    shown = CliRunner().invoke(cli, ["inspect", str(resnet)])
+    assert f"{choice.key}: fp32; per shape fp32, bf16 channels-last (" in shown.output
     with Predictor.load(resnet, device="cpu", progress=False) as predictor:
         record = predictor.report.precision
         assert record.layouts == {"2x3x16x16": C, "4x3x16x16": CL}
@@ -143,3 +139,18 @@ def test_a_model_without_a_convolution_is_timed_in_one_layout(tmp_path: Path) ->
         return 1e-4
     choice = warm(path, "cpu", precision="auto", timer=timer).precision
     assert layouts == {C} and choice.channels_last is None and choice.layout == C
+
+
+def test_warm_says_what_it_timed_in_each_layout(resnet: Path) -> None:
+    """``qkan-pack warm --precision auto`` on this CPU (its own timer): a line per precision
+    and layout timed, one per refusal, in one column."""
+    done = CliRunner().invoke(cli, ["warm", str(resnet), "--device", "cpu", "--precision",
+                                    "auto"])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[1].startswith("precision ") and " chosen for cpu-" in lines[1]
+    width = len("bf16 channels-last")
+    for name in ("fp32", "bf16", "fp32 channels-last", "bf16 channels-last"):
+        assert any(line.startswith(f"  {name:<{width}} ") and " us, " in line
+                   for line in lines), (name, lines)
+    assert any(line.startswith(f"  {'tf32':<{width}} refused: TF32") for line in lines), lines
