@@ -192,9 +192,11 @@ def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeE
                            max_error: float) -> str | None:
     """Why this model cannot be served channels-last, in words (None: it can): its forward
     fails on channels-last inputs (a ``view`` of a convolution's output), or answers beyond
-    ``max_error`` in float32."""
+    ``max_error`` in float32, on the reference inputs (the calibration samples are for the
+    precisions' range; a layout moves no value)."""
+    references = [sample for sample in samples if isinstance(sample, GateSample)]
     try:
-        _, figures = _measure(forward, entries, samples, "fp32", max_error, CHANNELS_LAST)
+        _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST)
     except QkanPackError:
         raise
     except Exception as exc:  # the model's own code, on tensors it was not written for
