@@ -73,9 +73,11 @@ PUBLIC = {
         "resolve_output_classes", "safetensors_header", "served_forward", "sha256_hex",
         "structure_difference", "torch_dtype",
         "triton_key_file", "uninformative_outputs", "warm_up",
+        "channels_last_applies", "to_channels_last",
     ],
     "qkan_pack.format": [
         "AUTO_PRECISION", "CAPTURE_POLICIES", "CapturePolicy", "DEFAULT_MAX_ERROR",
+        "CHANNELS_LAST", "CONTIGUOUS", "LAYOUTS", "LayoutFigures", "candidate_name",
         "DEFAULT_VERSION", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
         "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",
         "InputDecl", "KERNELS_DIR", "KernelSet", "MANIFEST_NAME", "MAX_DIM",

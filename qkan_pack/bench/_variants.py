@@ -5,7 +5,10 @@ Every variant is built from the same artifact: eager PyTorch (the rebuilt model)
 graph runtime), ``qkan.compile_inference`` and ``torch.compile(mode="reduce-overhead")``;
 with ``--precision``, the whole model's graph at each precision asked (the runtime's own
 ``served_forward`` and ``precision_scope``; eager on a CPU), with its error against the
-float32 references.
+float32 references; for a model with a 2-D convolution (``runtime.channels_last_applies``)
+also in the channels-last layout, on a twin of the model whose weights are channels-last
+(``runtime.to_channels_last``: converting the shared model would move the storage the
+other variants' graphs read).
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from typing import Any
 import torch
 
 from ..errors import BenchError
+from ..format import CHANNELS_LAST, CONTIGUOUS, LAYOUTS
 from ..runtime import (
     WARMUP_CALLS,
     ShapeGraph,
     capture_graph,
     capture_session,
     capture_streams,
+    channels_last_applies,
     check_context,
     compare,
     describe,
@@ -36,9 +41,10 @@ from ..runtime import (
     precision_scope,
     precision_unavailable,
     served_forward,
+    to_channels_last,
     warm_up,
 )
-from ._names import LABELS
+from ._names import LABELS, precision_variant
 
 
 @dataclass
@@ -163,10 +169,12 @@ class Contestants:
         self.shapes = shapes
         self.skip = set(skip)
         self.precisions = precisions
+        self.layouts = LAYOUTS if precisions and channels_last_applies(model) else (CONTIGUOUS,)
         self.streams = capture_streams(device) if device.type == "cuda" else None
         self.graphs: list[ShapeGraph] = []
         self._wrapper: Any = None
         self._compiled: Any = None
+        self._channels_last: Callable[..., Any] | None = None
         self.used_dynamo = False
 
     def for_shape(self, inputs: list[torch.Tensor],
@@ -181,7 +189,8 @@ class Contestants:
             variants.append(padded)
         if self.device.type == "cuda":
             variants += [self._bare(inputs), self._qkan(inputs), self._torch_compile(inputs)]
-        variants += [self._precision(inputs, references, name) for name in self.precisions]
+        variants += [self._precision(inputs, references, name, layout)
+                     for name in self.precisions for layout in self.layouts]
         for variant in variants:
             if variant.name in self.skip:
                 variant.fail("skipped", "skipped on request (--skip)")
@@ -222,19 +231,22 @@ class Contestants:
                                                                    self.device, self.streams))
 
     def _precision(self, inputs: list[torch.Tensor], references: list[torch.Tensor] | None,
-                   precision: str) -> Variant:
-        """The whole model's graph at ``precision`` (eager at it on a CPU)."""
+                   precision: str, layout: str) -> Variant:
+        """The whole model's graph at ``precision`` in ``layout`` (eager on a CPU)."""
         cuda = self.device.type == "cuda"
-        variant = Variant(f"precision_{precision}", references=references,
-                          note="private pool; copy_ in, replay, clone out" if cuda
-                          else "eager (no CUDA)")
+        note = "private pool; copy_ in, replay, clone out" if cuda else "eager (no CUDA)"
+        if layout == CHANNELS_LAST:
+            note += "; inputs and weights channels-last, converted inside the call"
+        variant = Variant(precision_variant(precision, layout), references=references,
+                          note=note)
         unavailable = precision_unavailable(precision, self.device)
         if variant.name in self.skip or unavailable is not None:
             if unavailable is not None:
                 variant.fail("skipped", f"{precision} is not available on {self.device}: "
                                         f"{unavailable}")
             return variant
-        served = served_forward(self.forward, precision, self.device)
+        forward = self.forward if layout == CONTIGUOUS else self._channels_last_forward()
+        served = served_forward(forward, precision, self.device, layout)
         if not cuda:
             variant.call = lambda: served(*inputs)
             return variant
@@ -245,6 +257,14 @@ class Contestants:
             return graph
 
         return self._replaying(variant, inputs, capture)
+
+    def _channels_last_forward(self) -> Callable[..., Any]:
+        """The forward of the model's channels-last twin, made on first use."""
+        if self._channels_last is None:
+            twin = self.rebuild()
+            to_channels_last(twin)
+            self._channels_last = self.bind(twin)
+        return self._channels_last
 
     def _replaying(self, variant: Variant, inputs: list[torch.Tensor],
                    capture: Callable[[], ShapeGraph]) -> Variant:
@@ -314,6 +334,6 @@ class Contestants:
 
     def close(self) -> None:
         self.graphs.clear()
-        self._wrapper = self._compiled = None
+        self._wrapper = self._compiled = self._channels_last = None
         if self.used_dynamo:
             reset_dynamo()

@@ -49,6 +49,7 @@ from ..runtime import (
     accepts_device,
     bind_forward,
     call_factory,
+    channels_last_applies,
     check_entry_named,
     describe_output,
     entry_function,
@@ -133,7 +134,7 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
     recorded = _record_references(user, inputs, files, options)
     _check_stateless(recorded, inputs, user.model)
     recorded = _prove(recorded, inputs, options.progress)
-    recorded = _gate_precision(recorded, inputs, options)
+    recorded = _gate_precision(recorded, inputs, options, user.model)
     return _write(_Built(user, metadata, inputs, recorded, files), options)
 
 
@@ -410,10 +411,12 @@ def _dependent_rows_notes(entries: Sequence[ShapeEntry]) -> list[str]:
             for entry in entries if entry.rows is not None and not entry.rows.independent]
 
 
-def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions) -> _Recorded:
+def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
+                    model: torch.nn.Module) -> _Recorded:
     """A reduced precision's outputs on the references and the ``--calibration`` samples
     within ``max_error`` of the float32 ones (``_precision.gate_precision``), recorded per
-    entry; float32 passes unchanged."""
+    entry, with the layouts a load may capture in (channels-last too for a model with a 2-D
+    convolution); float32 passes unchanged."""
     if options.precision == "fp32":
         return recorded
     samples: list[GateSample | CalibrationSample] = [
@@ -422,7 +425,8 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions)
                                   f"--calibration {options.calibration}, {label}")
                 for index, sample, label in inputs.calibrating]
     gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
-                                           options.precision, options.max_error or 0.0)
+                                           options.precision, options.max_error or 0.0,
+                                           channels_last=channels_last_applies(model))
     return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
                                precision=gated)
 

@@ -9,8 +9,10 @@ and it has no TF32, which build therefore cannot measure), so every load measure
 its own device against the same bound.
 
 The choice (``choose_precision``, ``qkan-pack warm --precision auto``): every precision the
-build allowed is loaded on the device, gated there as any load is, and timed per shape; the
-fastest is recorded for the device's kind (``runtime.precision_key``), with the figures.
+build allowed is loaded on the device in every layout the build listed (channels-last too
+for a model with a 2-D convolution), gated there as any load is, and timed per shape; the
+fastest (precision, layout) is recorded for the device's kind (``runtime.precision_key``),
+for the artifact and per shape, with the figures.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ..errors import InputFileError, OptionError, PrecisionError, QkanPackError
 from ..format import (
     AUTO_PRECISION,
+    CHANNELS_LAST,
+    CONTIGUOUS,
     DEFAULT_MAX_ERROR,
+    LAYOUTS,
     MAX_MAX_ERROR,
     PRECISIONS,
+    LayoutFigures,
     Manifest,
     PrecisionChoice,
     PrecisionPolicy,
@@ -38,6 +44,7 @@ from ..format import (
 )
 from ..runtime import (
     Predictor,
+    describe,
     flatten,
     latencies,
     output_errors,
@@ -62,6 +69,8 @@ WARMUP_CALLS, TIMED_CALLS = 10, 100
 BUILD_HOST = "cpu (build host)"
 #: Ordered most precise first: ties go to the first.
 _ORDER = ("fp32", "tf32", "fp16", "bf16")
+#: What the choice ranks: a precision (contiguous graphs) or a (precision, layout) pair.
+_Key = TypeVar("_Key", str, tuple[str, str])
 
 
 def check_precision_options(precision: Any, max_error: Any) -> tuple[str, float | None]:
@@ -121,11 +130,16 @@ class CalibrationSample:
 
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                    samples: Sequence[GateSample | CalibrationSample], precision: str,
-                   max_error: float) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
+                   max_error: float, *, channels_last: bool = False
+                   ) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
     """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
     return the policy to record, the entries with their figures, and notes. An explicit
     precision beyond ``max_error`` is refused (``PrecisionError``); under ``auto`` it is
-    left out of the allowed ones, with a note."""
+    left out of the allowed ones, with a note. With ``channels_last`` (the model has a 2-D
+    convolution), the channels-last layout is listed if the forward runs on channels-last
+    inputs within ``max_error`` here, in float32 (``_channels_last_refusal``; a layout
+    changes which kernel computes, not the arithmetic: every load gates the precision and
+    layout it captures in)."""
     _refuse_half_models(entries, precision)
     calibrated = any(isinstance(sample, CalibrationSample) for sample in samples)
     if precision == "tf32" and calibrated:
@@ -158,8 +172,39 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         name: errors[index] for name, errors in measured.items()})
         for index, entry in enumerate(entries)]
     default = "fp32" if precision == AUTO_PRECISION else precision
-    policy = PrecisionPolicy(default=default, max_error=max_error, allowed=tuple(allowed))
+    layouts: tuple[str, ...] = (CONTIGUOUS,)
+    if channels_last:
+        why = _channels_last_refusal(forward, entries, samples, max_error)
+        if why is None:
+            layouts = LAYOUTS
+            notes.append("channels-last graphs are listed (the model has a 2-D convolution): "
+                         "`qkan-pack warm --precision auto` times each precision in both "
+                         "layouts and keeps channels-last only where it is faster")
+        else:
+            notes.append(f"channels-last graphs are not listed: {why}")
+    policy = PrecisionPolicy(default=default, max_error=max_error, allowed=tuple(allowed),
+                             layouts=layouts)
     return policy, entries, notes
+
+
+def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
+                           samples: Sequence[GateSample | CalibrationSample],
+                           max_error: float) -> str | None:
+    """Why this model cannot be served channels-last, in words (None: it can): its forward
+    fails on channels-last inputs (a ``view`` of a convolution's output), or answers beyond
+    ``max_error`` in float32, on the reference inputs (the calibration samples are for the
+    precisions' range; a layout moves no value)."""
+    references = [sample for sample in samples if isinstance(sample, GateSample)]
+    try:
+        _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST)
+    except QkanPackError:
+        raise
+    except Exception as exc:  # the model's own code, on tensors it was not written for
+        return f"the forward fails on channels-last inputs ({describe(exc)})"
+    if figures:
+        return str(PrecisionError(precision="fp32 channels-last", device=BUILD_HOST,
+                                  max_error=max_error, figures=figures))
+    return None
 
 
 def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
@@ -174,14 +219,14 @@ def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
 
 
 def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
-             samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float
-             ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
-    """Per entry the worst output's error at ``precision`` (None: not measurable here), and
-    every (shape, output, error) beyond ``max_error``."""
+             samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float,
+             layout: str = CONTIGUOUS) -> tuple[list[float | None], list[tuple[str, str, float]]]:
+    """Per entry the worst output's error at ``precision`` in ``layout`` (None: not
+    measurable here), and every (shape, output, error) beyond ``max_error``."""
     device = torch.device("cpu")
     if precision_unavailable(precision, device) is not None and precision == "tf32":
         return [None] * len(entries), []
-    served = served_forward(forward, precision, device)
+    served = served_forward(forward, precision, device, layout)
     worst: list[float | None] = [0.0] * len(entries)
     beyond: dict[tuple[str, str], float] = {}
     for sample in samples:
@@ -225,39 +270,43 @@ def default_timer(call: TimedCall, sync: Callable[[], None]) -> float:
 def choose_precision(path: str | Path, device: str | torch.device = "cuda", *,
                      timer: Timer | None = None,
                      config_overrides: Mapping[str, Any] | None = None) -> PrecisionChoice:
-    """Load the artifact at each precision its build allowed that ``device`` can run (each
-    load gates it there against ``max_error``), time every shape with ``timer`` (default:
-    ``default_timer``), and choose the fastest; the figures and refusals come with it."""
+    """Load the artifact at each precision its build allowed that ``device`` can run, in
+    each layout it lists (each load gates it there against ``max_error``), time every shape
+    with ``timer`` (default: ``default_timer``), and choose the fastest (precision, layout),
+    for the artifact and per shape; the figures and refusals come with it."""
     manifest = read_artifact(path).manifest
     policy = _policy_of(manifest, path)
     target = resolve_device(device)
     key, details = precision_key(target)
-    timer = timer or default_timer
-    sync: Callable[[], None] = ((lambda: torch.cuda.synchronize(target)) if target.type == "cuda"
-                                else (lambda: None))
-    latency: dict[str, tuple[float, ...]] = {}
-    error: dict[str, tuple[float, ...]] = {}
-    refused: dict[str, str] = {}
-    for precision in policy.allowed:
-        why = precision_unavailable(precision, target)
-        if why is not None:
-            refused[precision] = why
-            continue
-        try:
-            predictor = Predictor.load(path, device=target, precision=precision, progress=False,
-                                       config_overrides=dict(config_overrides or {}))
-        except PrecisionError as exc:
-            refused[precision] = str(exc)
-            continue
-        with predictor:
-            latency[precision], measured = _time_shapes(predictor, target, timer, sync)
-            if precision != "fp32":
-                error[precision] = measured
-    chosen = pick_precision(latency, error)
-    per_shape = pick_per_shape(latency, error)
-    return PrecisionChoice(key=key, precision=chosen, details=details, latency_us=latency,
-                           error=error, refused=refused,
-                           shapes=per_shape if set(per_shape) != {chosen} else ())
+    run = _Timing(path, target, timer or default_timer, dict(config_overrides or {}))
+    measured = {layout: _Measured() for layout in policy.layouts}
+    for layout, into in measured.items():
+        for precision in policy.allowed:
+            run.time(precision, layout, into, report_unavailable=layout == CONTIGUOUS)
+    latency = {(p, layout): t for layout, m in measured.items() for p, t in m.latency_us.items()}
+    error = {(p, layout): e for layout, m in measured.items() for p, e in m.error.items()}
+    (precision, layout), per_shape = pick_precision(latency, error), pick_per_shape(latency, error)
+    shapes, layouts = tuple(p for p, _ in per_shape), tuple(lay for _, lay in per_shape)
+    contiguous = measured[CONTIGUOUS]
+    channels_last = measured.get(CHANNELS_LAST)
+    return PrecisionChoice(key=key, precision=precision, details=details,
+                           latency_us=contiguous.latency_us, error=contiguous.error,
+                           refused=contiguous.refused,
+                           shapes=shapes if set(shapes) != {precision} else (),
+                           layout=layout,
+                           shape_layouts=layouts if set(layouts) != {layout} else (),
+                           channels_last=None if channels_last is None
+                           else LayoutFigures(**dataclasses.asdict(channels_last)))
+
+
+@dataclasses.dataclass
+class _Measured:
+    """One layout's figures while ``choose_precision`` times: per precision, the per-shape
+    latencies and errors, and the refusals (``LayoutFigures`` once all are in)."""
+
+    latency_us: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    error: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _policy_of(manifest: Manifest, path: str | Path) -> PrecisionPolicy:
@@ -268,6 +317,44 @@ def _policy_of(manifest: Manifest, path: str | Path) -> PrecisionPolicy:
     return manifest.precision
 
 
+class _Timing:
+    """``choose_precision``'s loads: one per (precision, layout), timed per shape."""
+
+    def __init__(self, path: str | Path, target: torch.device, timer: Timer,
+                 overrides: dict[str, Any]) -> None:
+        self.path, self.target, self.timer, self.overrides = path, target, timer, overrides
+        self.sync: Callable[[], None] = ((lambda: torch.cuda.synchronize(target))
+                                         if target.type == "cuda" else (lambda: None))
+
+    def time(self, precision: str, layout: str, into: _Measured, *,
+             report_unavailable: bool) -> None:
+        """Load at ``precision`` in ``layout`` and put its figures, or why it did not load,
+        ``into`` the layout's. A precision this device cannot run is said once, with the
+        contiguous layout's refusals; a channels-last load that fails for any reason the
+        load names is refused (the contiguous graphs are what the artifact was built as:
+        their failures are the artifact's, raised)."""
+        why = precision_unavailable(precision, self.target)
+        if why is not None:
+            if report_unavailable:
+                into.refused[precision] = why
+            return
+        # channels-last on this device may fail where build's CPU passed (a capture, a
+        # kernel): the layout is refused, the contiguous graphs still chosen among
+        refusable = PrecisionError if layout == CONTIGUOUS else QkanPackError
+        try:
+            predictor = Predictor.load(self.path, device=self.target, precision=precision,
+                                       layout=layout, progress=False,
+                                       config_overrides=self.overrides)
+        except refusable as exc:
+            into.refused[precision] = str(exc)
+            return
+        with predictor:
+            latency, measured = _time_shapes(predictor, self.target, self.timer, self.sync)
+        into.latency_us[precision] = latency
+        if precision != "fp32" or layout != CONTIGUOUS:
+            into.error[precision] = measured
+
+
 def _time_shapes(predictor: Predictor, target: torch.device, timer: Timer,
                  sync: Callable[[], None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per shape: ``timer``'s seconds per call in microseconds, and the error this load
@@ -275,49 +362,69 @@ def _time_shapes(predictor: Predictor, target: torch.device, timer: Timer,
     artifact = read_artifact(predictor.path, expected_digest=predictor.digest)
     samples, _ = reference_samples(artifact, target)
     times, errors = [], []
-    precision = predictor.report.precision.precision
+    record = predictor.report.precision
     for label, inputs in samples:
-        call = TimedCall(predictor, inputs, precision=precision, label=label)
+        call = TimedCall(predictor, inputs, precision=record.of(label), label=label,
+                         layout=record.layout_of(label))
         times.append(round(timer(call, sync) * 1e6, 3))
-        errors.append(predictor.report.precision.errors.get(label, 0.0))
+        errors.append(record.errors.get(label, 0.0))
     return tuple(times), tuple(_rounded(e) for e in errors)
 
 
 class TimedCall:
     """``predictor(*inputs)`` as a timer's zero-argument call, naming what it runs: the
-    ``precision`` and the shape ``label``."""
+    ``precision`` and ``layout``, and the shape ``label``."""
 
     def __init__(self, predictor: Predictor, inputs: list[torch.Tensor], *, precision: str,
-                 label: str) -> None:
+                 label: str, layout: str = CONTIGUOUS) -> None:
         self.predictor, self.inputs = predictor, inputs
-        self.precision, self.label = precision, label
+        self.precision, self.label, self.layout = precision, label, layout
 
     def __call__(self) -> Any:
         return self.predictor(*self.inputs)
 
 
-def pick_precision(latency_us: Mapping[str, Sequence[float]],
-                   error: Mapping[str, Sequence[float]]) -> str:
-    """The fastest precision by the geometric mean of its per-shape latencies (every shape
-    weighs alike, whatever its size); among those within ``SPEED_MARGIN`` of it, the one
-    with the smallest measured error (float32: none), most precise first on a tie."""
+def _candidate(key: str | tuple[str, str]) -> tuple[str, str]:
+    """A ranked key as (precision, layout): a bare precision is its contiguous graphs."""
+    return (key, CONTIGUOUS) if isinstance(key, str) else key
+
+
+def pick_precision(latency_us: Mapping[_Key, Sequence[float]],
+                   error: Mapping[_Key, Sequence[float]]) -> _Key:
+    """The fastest precision, or (precision, layout), by the geometric mean of its per-shape
+    latencies (every shape weighs alike, whatever its size); among those within
+    ``SPEED_MARGIN`` of it, the one whose precision has the smallest measured error (float32:
+    none; a precision's error is the least it showed in any layout: a layout changes which
+    kernel computes, not the arithmetic), most precise first on a tie, then contiguous
+    first: channels-last is kept only where it beats its precision's contiguous graphs by
+    more than the margin."""
     if not latency_us:
         raise PrecisionError(precision="auto", device="this device", max_error=0.0,
                              problem="no precision could be loaded and timed")
-    score = {p: geometric_mean(times) for p, times in latency_us.items()}
+    score = {c: geometric_mean(times) for c, times in latency_us.items()}
     fastest = min(score.values())
-    near = [p for p in score if score[p] <= fastest * (1 + SPEED_MARGIN)]
-    return min(near, key=lambda p: (max(error.get(p, (0.0,))), _ORDER.index(p)))
+    near = [c for c in score if score[c] <= fastest * (1 + SPEED_MARGIN)]
+    least: dict[str, float] = {}
+    for key in latency_us:
+        precision = _candidate(key)[0]
+        least[precision] = min(least.get(precision, math.inf), max(error.get(key, (0.0,))))
+
+    def rank(key: _Key) -> tuple[float, int, int]:
+        precision, layout = _candidate(key)
+        return least[precision], _ORDER.index(precision), LAYOUTS.index(layout)
+
+    return min(near, key=rank)
 
 
-def pick_per_shape(latency_us: Mapping[str, Sequence[float]],
-                   error: Mapping[str, Sequence[float]]) -> tuple[str, ...]:
+def pick_per_shape(latency_us: Mapping[_Key, Sequence[float]],
+                   error: Mapping[_Key, Sequence[float]]) -> tuple[_Key, ...]:
     """Per shape, ``pick_precision``'s rule on that shape's latencies alone: a shape never
-    runs a precision slower than another one that passed by more than ``SPEED_MARGIN`` (a
-    launch-bound batch of one, where half precision saves nothing, keeps float32)."""
+    runs a precision (or layout) slower than another one that passed by more than
+    ``SPEED_MARGIN`` (a launch-bound batch of one, where half precision saves nothing, keeps
+    float32)."""
     shapes = len(next(iter(latency_us.values()), ()))
-    return tuple(pick_precision({p: (t[i],) for p, t in latency_us.items()},
-                                {p: (e[i],) for p, e in error.items()}) for i in range(shapes))
+    return tuple(pick_precision({c: (t[i],) for c, t in latency_us.items()},
+                                {c: (e[i],) for c, e in error.items()}) for i in range(shapes))
 
 
 def record_precision_choice(path: str | Path, choice: PrecisionChoice) -> str:
@@ -330,6 +437,9 @@ def record_precision_choice(path: str | Path, choice: PrecisionChoice) -> str:
         if choice.precision not in policy.allowed:
             raise OptionError(option="precision", value=choice.precision,
                               expected=f"one of the allowed {', '.join(policy.allowed)}")
+        if choice.layout not in policy.layouts:
+            raise OptionError(option="layout", value=choice.layout,
+                              expected=f"one of the listed {', '.join(policy.layouts)}")
         choices = (*[c for c in policy.choices if c.key != choice.key], choice)
         manifest = dataclasses.replace(
             artifact.manifest, precision=dataclasses.replace(policy, choices=choices))

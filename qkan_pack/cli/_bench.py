@@ -37,7 +37,8 @@ _SIDE_BY_SIDE_OPTIONS = {"iters": "--iters", "repeats": "--repeats", "warmup": "
               metavar="NAME,...",
               help=f"Also the whole model's graph at each of these precisions "
               f"({', '.join(PRECISIONS)}), side by side: latency, GPU time per call, pool "
-              "memory and error against the float32 references (eager on a CPU).")
+              "memory and error against the float32 references (eager on a CPU); for a "
+              "model with a 2-D convolution, in the contiguous and channels-last layouts.")
 @click.option("--json", "json_path", is_flag=False, flag_value="-", default=None,
               type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), metavar="[FILE]",
               help="Write the full results as JSON to FILE; alone, print them on stdout (the "

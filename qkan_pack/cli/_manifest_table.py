@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..format import describe_axes, format_shape
+from ..format import candidate_name, describe_axes, format_shape, geometric_mean
 from ._output import visible
 
 
@@ -76,7 +76,8 @@ def render_manifest(manifest: Any, digest: str, path: str, signature: str = "") 
 
 
 def _precision_lines(policy: Any) -> list[str]:
-    """The manifest's precision, its bound, and the choice per kind of device."""
+    """The manifest's precision, its bound, the layouts listed, and the choice per kind of
+    device (with the layout it captures in where channels-last)."""
     if policy is None:
         return []
     allowed = ", ".join(policy.allowed)
@@ -86,15 +87,19 @@ def _precision_lines(policy: Any) -> list[str]:
         head = ("fp32 where no choice below names the device" if policy.choices
                 else "fp32 until `qkan-pack warm --precision auto` chooses per device")
     lines = [f"precision  {head}; max error {policy.max_error:g} of each output's scale; "
-             f"allowed {allowed}"]
+             f"allowed {allowed}" + (f"; layouts {', '.join(policy.layouts)}"
+                                     if len(policy.layouts) > 1 else "")]
     for choice in policy.choices:
         timed = ", ".join(
-            f"{p} {choice.mean_latency_us(p):.1f} us" + (f" err {max(choice.error[p]):.2g}"
-                                                         if choice.error.get(p) else "")
-            for p in choice.latency_us)
-        per_shape = f"; per shape {', '.join(choice.shapes)}" if choice.shapes else ""
-        lines.append(f"             {choice.key}: {choice.precision}{per_shape} ({timed})")
-        lines += [f"               {p} refused: {why}" for p, why in choice.refused.items()]
+            f"{candidate_name(*candidate)} {geometric_mean(times):.1f} us"
+            + (f" err {max(error):.2g}" if error else "")
+            for candidate, (times, error) in choice.figures().items())
+        per_shape = (f"; per shape {', '.join(choice.named_shapes())}" if choice.per_shape
+                     else "")
+        lines.append(f"             {choice.key}: "
+                     f"{candidate_name(choice.precision, choice.layout)}{per_shape} ({timed})")
+        lines += [f"               {candidate_name(*candidate)} refused: {why}"
+                  for candidate, why in choice.refusals().items()]
     return lines
 
 

@@ -1,5 +1,5 @@
 """Options several commands take, declared once: trusted keys, the device, ``--json``, the
-digest pin, factory overrides and the load precision. The help text stays each command's
+digest pin, factory overrides and the load precision and layout. The help text stays each command's
 where it says something of its own (serve's keys are checked by every replica too)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..format import PRECISIONS, parse_config_items
+from ..format import LAYOUTS, PRECISIONS, parse_config_items
 from ._params import parsed
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,3 +54,13 @@ def load_precision_option(help: str = LOAD_PRECISION_HELP) -> Decorator:
     """``--precision recorded|fp32|tf32|bf16|fp16`` (``LoadOptions.precision``)."""
     return click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]),
                         default="recorded", show_default=True, help=help)
+
+
+def load_layout_option() -> Decorator:
+    """``--layout recorded|contiguous|channels_last`` (``LoadOptions.layout``)."""
+    return click.option("--layout", type=click.Choice(["recorded", *LAYOUTS]),
+                        default="recorded", show_default=True,
+                        help="Capture every shape in this memory layout (gated here against "
+                        "the artifact's max error) instead of the one it records for this "
+                        "device; channels_last needs an artifact whose build lists it (a "
+                        "model with a 2-D convolution, built with --precision).")

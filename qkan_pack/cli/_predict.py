@@ -13,6 +13,7 @@ from ._options import (
     LOAD_DEVICE_HELP,
     device_option,
     expected_digest_option,
+    load_layout_option,
     load_precision_option,
     trusted_keys_option,
 )
@@ -48,8 +49,10 @@ def input_files(items: Sequence[str]) -> tuple[tuple[str | None, Path], ...]:
 @trusted_keys_option("Refuse unless the artifact is signed by this public key or under this "
                      "root certificate (PEM). Repeatable.")
 @load_precision_option()
+@load_layout_option()
 def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
-            expected_digest: str | None, keys: tuple[Path, ...], precision: str) -> None:
+            expected_digest: str | None, keys: tuple[Path, ...], precision: str,
+            layout: str) -> None:
     """Run DIRECTORY's model on inputs read from files: a summary table, or --output FILE.
 
     Loads as Predictor.load does (verify, self-test, capture on a GPU) and checks the
@@ -73,7 +76,8 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
         check_output(output, directory)
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
-                        trusted_keys=keys, precision=precision, progress=False) as predictor:
+                        trusted_keys=keys, precision=precision, layout=layout,
+                        progress=False) as predictor:
         manifest = predictor.manifest
         dtypes = {d.name: d.dtype for d in manifest.inputs}
         arrays = read_inputs(inputs, manifest.input_names, dtypes)

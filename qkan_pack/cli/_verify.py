@@ -14,6 +14,7 @@ from ._options import (
     device_option,
     expected_digest_option,
     json_flag,
+    load_layout_option,
     load_precision_option,
     overrides_option,
     trusted_keys_option,
@@ -30,10 +31,11 @@ from ._output import emit, say
                      "root certificate (PEM); checked before any artifact code runs. "
                      "Repeatable.")
 @load_precision_option()
+@load_layout_option()
 @json_flag("Print one JSON document (digest, device, signer, the load report) on "
            "stdout; messages go to stderr.")
 def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
-           keys: tuple[Path, ...], precision: str, as_json: bool) -> None:
+           keys: tuple[Path, ...], precision: str, layout: str, as_json: bool) -> None:
     """Check integrity (and the signature, with --key), load on DEVICE and run the
     self-test; exit 0 only when sound."""
     from ..runtime import Predictor
@@ -43,7 +45,7 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
         warnings.showwarning = lambda message, *_: say(f"warning: {message}", err=True)
         predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
                                    config_overrides=overrides, trusted_keys=keys,
-                                   precision=precision)
+                                   precision=precision, layout=layout)
     with predictor:
         say(str(predictor.report), err=as_json)
         if predictor.signed_by is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..format import AUTO_PRECISION, precision_choice_to_dict
+from ..format import candidate_name as _named
 from ._app import cli
 from ._options import device_option, json_flag
 from ._output import emit, say
@@ -71,14 +72,17 @@ def warm_and_report(directory: Path, device: str, *, compiled: bool = False,
 
 
 def _choice_text(choice: Any) -> str:
-    """A precision choice as lines: the choice, then each precision's latency per shape and
-    measured error, then the refused ones."""
-    lines = [f"precision {choice.precision} chosen for {choice.key}"
-             + (f"; per shape {', '.join(choice.shapes)}" if choice.shapes else "")]
-    for precision, times in choice.latency_us.items():
-        error = choice.error.get(precision)
-        lines.append(f"  {precision:<5} " + ", ".join(f"{t:.1f} us" for t in times)
+    """A precision choice as lines: the choice, then each precision's (and layout's)
+    latency per shape and measured error, then the refused ones."""
+    lines = [f"precision {_named(choice.precision, choice.layout)} chosen for {choice.key}"
+             + (f"; per shape {', '.join(choice.named_shapes())}" if choice.per_shape else "")]
+    figures = choice.figures()
+    width = max([5, *(len(_named(*candidate)) for candidate in figures)])
+    for candidate, (times, error) in figures.items():
+        lines.append(f"  {_named(*candidate):<{width}} " + ", ".join(f"{t:.1f} us" for t in times)
                      + ("" if error is None else
                         "; error " + ", ".join(f"{e:.2g}" for e in error)))
-    lines += [f"  {precision:<5} refused: {why}" for precision, why in choice.refused.items()]
+    lines += [f"  {_named(*candidate):<{width}} refused: {why}"
+              for candidate, why in choice.refusals().items()]
     return "\n".join(lines)
+

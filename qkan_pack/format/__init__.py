@@ -9,6 +9,8 @@ without torch.
 from ._constants import (
     AUTO_PRECISION,
     CAPTURE_POLICIES,
+    CHANNELS_LAST,
+    CONTIGUOUS,
     DEFAULT_MAX_ERROR,
     DIGEST_PREFIX,
     DTYPES,
@@ -16,6 +18,7 @@ from ._constants import (
     FORMAT_VERSION,
     INTEGER_DTYPES,
     KERNELS_DIR,
+    LAYOUTS,
     MANIFEST_NAME,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
@@ -95,7 +98,13 @@ from ._padding import (
     find_axes,
     fit_entry,
 )
-from ._precision import PrecisionChoice, PrecisionPolicy, geometric_mean
+from ._precision import (
+    LayoutFigures,
+    PrecisionChoice,
+    PrecisionPolicy,
+    candidate_name,
+    geometric_mean,
+)
 from ._schema import (
     Choice,
     Integer,
@@ -112,6 +121,8 @@ from ._shape_fix import shape_fix
 __all__ = [
     "AUTO_PRECISION",
     "CAPTURE_POLICIES",
+    "CHANNELS_LAST",
+    "CONTIGUOUS",
     "DEFAULT_MAX_ERROR",
     "DEFAULT_VERSION",
     "DEVICE_TEXT",
@@ -122,6 +133,7 @@ __all__ = [
     "IDENTIFIER",
     "INTEGER_DTYPES",
     "KERNELS_DIR",
+    "LAYOUTS",
     "MANIFEST_NAME",
     "MAX_DIM",
     "MAX_MANIFEST_BYTES",
@@ -147,6 +159,7 @@ __all__ = [
     "Integer",
     "JsonObject",
     "KernelSet",
+    "LayoutFigures",
     "ListOf",
     "Manifest",
     "Metadata",
@@ -167,6 +180,7 @@ __all__ = [
     "TensorSpec",
     "Text",
     "accepted_ranges",
+    "candidate_name",
     "check_class_labels",
     "check_config",
     "check_device_text",

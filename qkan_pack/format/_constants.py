@@ -71,6 +71,12 @@ AUTO_PRECISION = "auto"
 #: ``--max-error`` when none is given: the largest difference from the float32 references a
 #: reduced precision may make, as a share of each output's scale.
 DEFAULT_MAX_ERROR = 1e-2
+#: The memory layouts a graph may take its 4-D inputs and convolution weights in (torch's
+#: ``memory_format``): ``contiguous`` (NCHW, what every model is built and called with) and
+#: ``channels_last`` (NHWC, the layout tensor-core convolutions compute in natively). A
+#: layout is a property of how a graph is captured, never of what a caller passes or gets.
+CONTIGUOUS, CHANNELS_LAST = "contiguous", "channels_last"
+LAYOUTS = (CONTIGUOUS, CHANNELS_LAST)
 #: The loosest ``max_error`` an artifact may declare: beyond a tenth of an output's scale a
 #: "reduced precision" model is another model.
 MAX_MAX_ERROR = 0.1

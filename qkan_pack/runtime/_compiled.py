@@ -6,7 +6,8 @@ inductor CUDA graphs, the runtime captures), every shape runs once compiled and 
 against the build references, and the runtime captures the *compiled* callable with its own
 recipe (one graph per shape, one pool): each replay then launches inductor's fused kernels.
 The replay self-test compares with the compiled outputs on this device. Reduced precision
-(``build --precision``) is served by the eager model's graphs: compiled mode is float32 only.
+(``build --precision``) and channels-last graphs are served by the eager model's graphs:
+compiled mode is float32 and contiguous only.
 
 Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) as the bytes
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
@@ -148,8 +149,9 @@ def serve_compiled(load: CompiledLoad) -> Runner:
     report, options, samples = load.report, load.options, load.samples
     if options.compiled == "off":
         return load.eager_runner()
-    if report.precision.reduced:
-        return load.fall_back(f"compiled mode computes in float32 only ({report.precision} here)")
+    if report.precision.gated:
+        return load.fall_back(f"compiled mode computes in float32, contiguous, only "
+                              f"({report.precision} here)")
     kernel_set, none_why = host_set(load.artifact, load.target)
     runner, why = _serve_precompiled(load, shipped_precompiled(load.artifact, kernel_set,
                                                                none_why))

@@ -4,8 +4,9 @@ verify (sizes, digests, layout, format) -> compatibility -> import the verified 
 build via the factory -> strict weights -> eval -> eager pass on the device (compiles
 kernels, and is the replay self-test's baseline) -> reference self-test (full float32) ->
 padding self-test (declared padding: one padded call per entry, ``_padcheck``) -> precision
-gate (a reduced precision's eager outputs against the references, within
-``max_error``) -> capture -> replay self-test. Nothing from the artifact runs before its
+gate (a reduced precision's or channels-last layout's eager outputs against the references,
+within ``max_error``; a load all channels-last converts the weights first) -> capture ->
+replay self-test. Nothing from the artifact runs before its
 bytes have matched the manifest.
 
 Not owned here: how calls are served (``Predictor``), the capture recipe (``_capture``).
@@ -35,6 +36,7 @@ from ._compat import check_compatibility
 from ._compiled import CompiledLoad, serve_compiled
 from ._device import ContextStart, resolve_device
 from ._kernels import PROCESS_CACHES, PrecompiledExport, matching_set, shipped_kernels
+from ._layout import to_channels_last
 from ._options import (
     CROSS_DEVICE_TOLERANCE,
     CROSS_SOLVER_TOLERANCE,
@@ -45,6 +47,7 @@ from ._options import (
 from ._padcheck import check_padded_calls
 from ._precision import (
     PerShapeForward,
+    channels_last_everywhere,
     check_precision,
     load_forward,
     precision_scope,
@@ -247,7 +250,8 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
              ) -> tuple[torch.nn.Module, EagerRunner | GraphRunner, ClassTable]:
     """Build, self-test against references, gate the precision, capture, self-test replay."""
     manifest = artifact.manifest
-    report.precision = resolve_precision(manifest, target, options.precision, report.warn)
+    report.precision = resolve_precision(manifest, target, options.precision, report.warn,
+                                         options.layout)
     model = rebuild_model(artifact, target, report.config, report.stages)
     forward = bind_forward(model, manifest.input_names, manifest.call)
     served, precision = load_forward(forward, report.precision, manifest, target)
@@ -272,8 +276,10 @@ def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadRepor
         if manifest.padding is not None:
             with report.stage("padding self-test"):
                 _check_padding(forward, references, target, report, manifest)
+        if channels_last_everywhere(report.precision, manifest):
+            to_channels_last(model)  # after the float32 self-tests, before any capture
         with precision_scope(precision, target):  # the math mode graphs capture in
-            if report.precision.reduced:  # the gate's outputs are the replay baseline too
+            if report.precision.gated:  # the gate's outputs are the replay baseline too
                 with report.stage("precision gate"):
                     eager = _eager_outputs(served, samples, shown)
                     check_precision(report.precision, manifest, target,

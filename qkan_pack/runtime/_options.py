@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from .._checked import CheckedOptions
 from ..errors import LoadOptionError, ShapeSpecError
-from ..format import DIGEST_PREFIX, PRECISIONS, SHA256_HEX, check_config
+from ..format import DIGEST_PREFIX, LAYOUTS, PRECISIONS, SHA256_HEX, check_config
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["INDUCTOR_MODE", "LoadOptions"]
@@ -23,6 +23,8 @@ KERNEL_MODES = ("auto", "off")
 COMPILED_MODES = ("off", "shipped", "on")
 #: ``precision``: what the artifact records for this device, or one precision by name.
 PRECISION_MODES = ("recorded", *PRECISIONS)
+#: ``layout``: what the artifact records for this device, or one layout by name.
+LAYOUT_MODES = ("recorded", *LAYOUTS)
 #: torch.compile mode of compiled mode: inductor's fusion without its own CUDA graphs (the
 #: runtime captures the compiled callable itself).
 INDUCTOR_MODE = "default"
@@ -68,6 +70,12 @@ class LoadOptions(CheckedOptions):
       precision); ``"fp32"`` runs float32 whatever it records; ``"tf32"``, ``"bf16"`` or
       ``"fp16"`` runs that one if the artifact's build gated it. Every reduced precision is
       held to the artifact's ``max_error`` on this device (``PrecisionError`` beyond it).
+    - ``layout``: ``"recorded"`` captures each shape in the layout the artifact's choice for
+      this device pairs with its precision (contiguous where the precision was asked by
+      name, or nothing was chosen); ``"contiguous"`` or ``"channels_last"`` captures every
+      shape in that one, if the artifact's build lists it (``channels_last``: a model with
+      a 2-D convolution built with ``--precision``). A channels-last load is held to
+      ``max_error`` as a reduced precision is, in float32 too.
 
     Every field is checked here, so a wrong option fails before the artifact is touched.
     """
@@ -85,6 +93,7 @@ class LoadOptions(CheckedOptions):
     compiled: str = "off"
     trusted_keys: Sequence[str | os.PathLike[str]] = ()
     precision: str = "recorded"
+    layout: str = "recorded"
 
     def __post_init__(self) -> None:
         checked = {
@@ -101,6 +110,7 @@ class LoadOptions(CheckedOptions):
             "progress": None if self.progress is None else _flag("progress", self.progress),
             "trusted_keys": _key_paths(self.trusted_keys),
             "precision": _choice("precision", self.precision, PRECISION_MODES),
+            "layout": _choice("layout", self.layout, LAYOUT_MODES),
         }
         self._keep(checked)
 

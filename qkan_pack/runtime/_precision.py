@@ -11,12 +11,15 @@ those are process-wide, so they are flipped only inside ``precision_scope``, und
 capture-session lock, around the gate, the replay baseline and the captures; a graph keeps
 the kernels it captured. Eager glue around captured blocks (a submodule fallback) and an
 eager CPU runner run later, at call time, in the process's own float32 mode for ``tf32``
-(more precise, never less); autocast, being per thread, is applied on every call.
+(more precise, never less); autocast, being per thread, is applied on every call. A
+shape may also be captured channels-last (``_layout``): its call converts its inputs and
+outputs, whatever the precision.
 
 The gate: reduced-precision eager outputs on this device against the float32 references,
 each output's largest difference as a share of its scale (``compare``'s ``max_rel``), held
-to the manifest's ``max_error`` whatever build measured or a choice records. Not owned
-here: the load order (``_load``), the capture recipe (``_capture``).
+to the manifest's ``max_error`` whatever build measured or a choice records; channels-last
+outputs, in float32 too, are held to it the same way. Not owned here: the load order
+(``_load``), the capture recipe (``_capture``).
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ from typing import Any
 import torch
 
 from ..errors import PrecisionError
-from ..format import DEFAULT_MAX_ERROR, PRECISIONS, Manifest, PrecisionChoice
+from ..format import (
+    CHANNELS_LAST,
+    CONTIGUOUS,
+    DEFAULT_MAX_ERROR,
+    PRECISIONS,
+    Manifest,
+    PrecisionChoice,
+    PrecisionPolicy,
+)
 from ._calling import tf32_switches
 from ._compat import cpu_model
+from ._layout import layout_forward
 from ._options import Tolerance
 from ._report import PrecisionRecord
 from ._selftest import compare, spread_for
@@ -94,18 +106,21 @@ class PrecisionForward:
 
 
 class PerShapeForward:
-    """Each manifest shape in its own precision (``warm --precision auto`` chose per shape):
-    the call is dispatched on its inputs' shapes to that shape's ``served_forward``. TF32's
-    process-wide switches are set around a TF32 shape's call only while ``scoped`` (the load,
-    which holds the capture-session lock: the gate and the captures); after it, eager calls
-    run in the process's own float32 mode, as ``precision_scope`` documents. Outputs are
-    flat leaves for every shape, as ``PrecisionForward`` gives them."""
+    """Each manifest shape in its own precision and layout (``warm --precision auto`` chose
+    per shape): the call is dispatched on its inputs' shapes to that shape's
+    ``served_forward``. TF32's process-wide switches are set around a TF32 shape's call only
+    while ``scoped`` (the load, which holds the capture-session lock: the gate and the
+    captures); after it, eager calls run in the process's own float32 mode, as
+    ``precision_scope`` documents. Outputs are flat leaves for every shape, as
+    ``PrecisionForward`` gives them."""
 
-    def __init__(self, forward: Callable[..., Any], precisions: dict[tuple[Any, ...], str],
+    def __init__(self, forward: Callable[..., Any],
+                 candidates: dict[tuple[Any, ...], tuple[str, str]],
                  device: torch.device) -> None:
         self.device = device
-        self.precisions = precisions
-        self.forwards = {key: served_forward(forward, p, device) for key, p in precisions.items()}
+        self.precisions = {key: precision for key, (precision, _) in candidates.items()}
+        self.forwards = {key: served_forward(forward, precision, device, layout)
+                         for key, (precision, layout) in candidates.items()}
         self.fallback = forward
         self.scoped = True
 
@@ -118,10 +133,13 @@ class PerShapeForward:
         return flatten(forward(*inputs))
 
 
-def served_forward(forward: Callable[..., Any], precision: str,
-                   device: torch.device) -> Callable[..., Any]:
-    """The call that computes in ``precision`` on ``device``: ``forward`` itself for float32
-    and TF32 (whose switches ``precision_scope`` sets), else a ``PrecisionForward``."""
+def served_forward(forward: Callable[..., Any], precision: str, device: torch.device,
+                   layout: str = CONTIGUOUS) -> Callable[..., Any]:
+    """The call that computes in ``precision`` on ``device`` with graphs in ``layout``:
+    ``forward`` itself for float32 and TF32 (whose switches ``precision_scope`` sets) in
+    the contiguous layout, a ``PrecisionForward`` for a half precision, around a
+    ``ChannelsLastForward`` channels-last (the layout converts inside the autocast)."""
+    forward = layout_forward(forward, layout)
     dtype = autocast_dtype(precision)
     return forward if dtype is None else PrecisionForward(forward, dtype, device)
 
@@ -186,12 +204,39 @@ def _slug(text: str) -> str:
 
 
 def resolve_precision(manifest: Manifest, device: torch.device, asked: str,
-                      warn: Callable[[str], None]) -> PrecisionRecord:
-    """The precision this load runs, and why: ``asked`` (``LoadOptions.precision``) when it
-    names one, else the artifact's choice for this device's key, else its default. A
-    recorded precision this device cannot run falls back to float32 with a warning; one
-    asked for explicitly is refused (``PrecisionError``), as is one the artifact's build did
-    not gate."""
+                      warn: Callable[[str], None], layout: str = "recorded") -> PrecisionRecord:
+    """The precision and layout this load runs, and why: ``asked`` (``LoadOptions.precision``)
+    when it names one, else the artifact's choice for this device's key, else its default;
+    ``layout`` (``LoadOptions.layout``) when it names one, else the layout the choice pairs
+    with its precision (contiguous for a precision asked by name or built in). A recorded
+    precision this device cannot run falls back to float32 (contiguous) with a warning; one
+    asked for explicitly is refused (``PrecisionError``), as is a precision the artifact's
+    build did not gate or a layout it does not list."""
+    record = _resolve(manifest, device, asked, warn)
+    if layout == "recorded":
+        return record
+    policy = manifest.precision
+    listed = policy.layouts if policy is not None else (CONTIGUOUS,)
+    if layout not in listed:
+        raise PrecisionError(precision=record.precision, device=str(device),
+                             max_error=record.max_error or 0.0, problem=_unlisted(layout, policy))
+    record.layout, record.layouts = layout, {}
+    record.source += f"; layout {layout} asked at load"
+    return record
+
+
+def _unlisted(layout: str, policy: PrecisionPolicy | None) -> str:
+    if policy is None:
+        return (f"layout {layout}: the artifact was built in float32 only (rebuild with "
+                "--precision to let a load choose its layout)")
+    return (f"layout {layout}: the artifact's build lists only {', '.join(policy.layouts)} "
+            "(build lists channels-last for a model with a 2-D convolution whose forward "
+            "runs on channels-last inputs; its notes say why not)")
+
+
+def _resolve(manifest: Manifest, device: torch.device, asked: str,
+             warn: Callable[[str], None]) -> PrecisionRecord:
+    """``resolve_precision`` for the recorded layout."""
     policy = manifest.precision
     if policy is None:
         if asked not in ("recorded", "fp32"):
@@ -215,10 +260,12 @@ def resolve_precision(manifest: Manifest, device: torch.device, asked: str,
         return PrecisionRecord(precision=asked, source="asked at load", max_error=max_error)
     key = precision_key(device)[0] if policy.choices else ""
     choice = policy.choice(key) if key else None
-    if choice is not None and choice.shapes:
+    if choice is not None and choice.per_shape:
         return _per_shape_record(manifest, choice, device, max_error, warn)
+    layout = CONTIGUOUS
     if choice is not None:
         precision, source = choice.precision, f"chosen by warm for {key}"
+        layout = choice.layout
     elif policy.default == "fp32":
         precision, source = "fp32", ("no choice recorded for this device: float32 until "
                                      "`qkan-pack warm --precision auto` chooses")
@@ -230,36 +277,46 @@ def resolve_precision(manifest: Manifest, device: torch.device, asked: str,
              "serving float32")
         return PrecisionRecord(precision="fp32", source=f"{precision} unavailable here",
                                max_error=max_error)
-    return PrecisionRecord(precision=precision, source=source, max_error=max_error)
+    return PrecisionRecord(precision=precision, source=source, max_error=max_error,
+                           layout=layout)
 
 
 def _per_shape_record(manifest: Manifest, choice: PrecisionChoice, device: torch.device,
                       max_error: float, warn: Callable[[str], None]) -> PrecisionRecord:
     """A per-shape choice as this load runs it: a shape whose precision this device cannot
-    run serves float32 (with a warning), the others as chosen."""
-    shapes = {}
+    run serves float32 in the contiguous layout (with a warning), the others as chosen."""
+    shapes, layouts = {}, {}
     for index, entry in enumerate(manifest.shapes):
-        precision = choice.for_shape(index)
+        precision, layout = choice.for_shape(index), choice.layout_for_shape(index)
         unavailable = precision_unavailable(precision, device)
         if unavailable is not None:
             warn(f"precision {precision} (chosen by warm for {choice.key}, shape {entry.label}) "
                  f"is not available on {device}: {unavailable}; serving float32")
-            precision = "fp32"
-        shapes[entry.label] = precision
+            precision, layout = "fp32", CONTIGUOUS
+        shapes[entry.label], layouts[entry.label] = precision, layout
     return PrecisionRecord(precision=choice.precision, source=f"chosen per shape by warm for "
-                           f"{choice.key}", max_error=max_error, shapes=shapes)
+                           f"{choice.key}", max_error=max_error, shapes=shapes,
+                           layout=choice.layout, layouts=layouts)
 
 
 def load_forward(forward: Callable[..., Any], record: PrecisionRecord, manifest: Manifest,
                  device: torch.device) -> tuple[Callable[..., Any], str]:
     """(the call a load serves, the precision its captures run under): one precision's
-    ``served_forward`` under ``precision_scope``, or, for a choice per shape, a
-    ``PerShapeForward`` that applies each shape's own (the scope around it then float32)."""
-    if not record.shapes:
-        return served_forward(forward, record.precision, device), record.precision
-    by_key = {tuple(tuple(s) for _, s in entry.inputs): record.of(entry.label)
+    ``served_forward`` in one layout under ``precision_scope``, or, for a choice per shape,
+    a ``PerShapeForward`` that applies each shape's own (the scope around it then float32)."""
+    if not record.shapes and not record.layouts:
+        return served_forward(forward, record.precision, device, record.layout), \
+            record.precision
+    by_key = {tuple(tuple(s) for _, s in entry.inputs): (record.of(entry.label),
+                                                          record.layout_of(entry.label))
               for entry in manifest.shapes}
     return PerShapeForward(forward, by_key, device), "fp32"
+
+
+def channels_last_everywhere(record: PrecisionRecord, manifest: Manifest) -> bool:
+    """Whether every shape of the load runs channels-last: its weights are converted once
+    (``_layout.to_channels_last``)."""
+    return all(record.layout_of(entry.label) == CHANNELS_LAST for entry in manifest.shapes)
 
 
 def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.device,
@@ -285,10 +342,12 @@ def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.d
         raise PrecisionError(
             precision=record.of(worst[0]), device=str(device), max_error=max_error,
             figures=figures, build_measured=record.build_errors.get(worst[0]),
-            hint=_load_hint(record.of(worst[0]), any(f[2] == float("inf") for f in figures)))
+            hint=_load_hint(record.named(worst[0]), any(f[2] == float("inf") for f in figures)))
 
 
 def _load_hint(precision: str, overflow: bool) -> str:
+    """What to do about outputs beyond the bound (``precision``: as ``PrecisionRecord.named``
+    says it, with its layout)."""
     why = ("a NaN/inf or a changed non-float output (float16 overflows beyond 65504: try bf16)"
            if overflow else "this device rounds differently from the build host")
     return (f"The {precision} outputs here are beyond the artifact's max_error ({why}); load "

@@ -80,8 +80,8 @@ class Predictor:
         ``device`` says which), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Options are a
         ``LoadOptions`` or its fields as keywords (``expected_digest``, ``config_overrides``,
         ``pad_batch``, ``copy_outputs``, ``reference_tolerance``, ``replay_tolerance``,
-        ``kernels``, ``compiled``, ``progress``, ``trusted_keys``, ``precision``); see
-        ``LoadOptions`` for what each does. ``export`` is ``qkan-pack warm``'s: where a
+        ``kernels``, ``compiled``, ``progress``, ``trusted_keys``, ``precision``,
+        ``layout``); see ``LoadOptions`` for what each does. ``export`` is ``qkan-pack warm``'s: where a
         compiled-mode load writes the precompiled graphs it makes (``PrecompiledExport``).
         """
         if options is None:

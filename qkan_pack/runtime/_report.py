@@ -9,6 +9,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..format import CHANNELS_LAST, CONTIGUOUS, candidate_name
+
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["LoadReport"]
 
@@ -43,9 +45,11 @@ class ShapeRecord:
 
 @dataclass
 class PrecisionRecord:
-    """The precision a load runs (``fp32``, ``tf32``, ``bf16``, ``fp16``), why that one
-    (``source``), the artifact's ``max_error``, and per shape the error measured here against
-    the float32 references (a share of the outputs' scale) beside what build measured."""
+    """The precision a load runs (``fp32``, ``tf32``, ``bf16``, ``fp16``) and the layout its
+    graphs are captured in (``contiguous``, ``channels_last``: ``runtime._layout``), why
+    those (``source``), the artifact's ``max_error``, and per shape the error measured here
+    against the float32 references (a share of the outputs' scale) beside what build
+    measured."""
 
     precision: str = "fp32"
     source: str = "built in float32"
@@ -55,21 +59,41 @@ class PrecisionRecord:
     #: Per shape label, the precision it runs where shapes differ (``warm --precision auto``
     #: chose per shape); empty: every shape runs ``precision``.
     shapes: dict[str, str] = field(default_factory=dict)
+    layout: str = CONTIGUOUS
+    #: Per shape label, the layout it runs where shapes differ; empty: every shape ``layout``.
+    layouts: dict[str, str] = field(default_factory=dict)
 
     def of(self, label: str) -> str:
         """The precision shape ``label`` runs."""
         return self.shapes.get(label, self.precision)
+
+    def layout_of(self, label: str) -> str:
+        """The layout shape ``label``'s graph is captured in."""
+        return self.layouts.get(label, self.layout)
 
     @property
     def reduced(self) -> bool:
         """Whether any shape runs below full float32."""
         return self.precision != "fp32" or any(p != "fp32" for p in self.shapes.values())
 
+    @property
+    def gated(self) -> bool:
+        """Whether any shape computes otherwise than the float32 forward (a reduced precision
+        or channels-last graphs): the load then holds it to ``max_error`` (the gate)."""
+        return self.reduced or CHANNELS_LAST in (self.layout, *self.layouts.values())
+
+    def named(self, label: str | None = None) -> str:
+        """A shape's (or the load's) precision, with its layout where channels-last."""
+        if label is None:
+            return candidate_name(self.precision, self.layout)
+        return candidate_name(self.of(label), self.layout_of(label))
+
     def __str__(self) -> str:
-        text = f"precision {self.precision} ({self.source})"
-        if self.shapes:
+        text = f"precision {self.named()} ({self.source})"
+        if self.shapes or self.layouts:
             text = "precision per shape " + ", ".join(
-                f"{label} {p}" for label, p in self.shapes.items()) + f" ({self.source})"
+                f"{label} {self.named(label)}" for label in {**self.shapes, **self.layouts}
+            ) + f" ({self.source})"
         if self.max_error is not None:
             text += f"; max error {self.max_error:.2g}"
         if self.errors:
@@ -141,7 +165,7 @@ class LoadReport:
             lines.append("padding: " + "; ".join(self.padding))
         if self.compiled != "off":
             lines.append(f"compiled mode: {self.compiled}")
-        if self.precision.reduced or self.precision.max_error is not None:
+        if self.precision.gated or self.precision.max_error is not None:
             lines.append(str(self.precision))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)

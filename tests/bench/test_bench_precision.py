@@ -1,6 +1,7 @@
 """``qkan-pack bench --precision``: the whole model at each precision side by side in one
 process (latency, GPU time per call, pool memory, error against the float32 references);
-eager on a CPU, where TF32 and float16 are said to be unavailable."""
+eager on a CPU, where TF32 and float16 are said to be unavailable; for a model with a 2-D
+convolution, each precision in both layouts (contiguous and channels-last)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,57 @@ def test_bench_precision_options_are_checked(artifact: Path) -> None:
     variants = json.loads(done.stdout)["shapes"][0]["variants"]
     assert variants["precision_bf16"]["status"] == "ok"
     assert variants["precision_bf16"]["precision_error"] > 0
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build(MODELS / "precision_models.py", "2x3x16x16", config={"kind": "resnet"},
+                     output=tmp_path_factory.mktemp("bench") / "cnn", progress=False).path
+
+
+def test_bench_shows_each_precision_in_both_layouts_for_a_cnn(cnn: Path,
+                                                               artifact: Path) -> None:
+    """A column per layout: the channels-last graph beside the contiguous one, its error
+    against the same references; a model without a convolution gets no channels-last
+    column (nothing about it changes)."""
+    settings = BenchSettings(iters=4, repeats=1, warmup=1, blocks=2, precisions=("fp32", "bf16"))
+    report = run_bench(cnn, "cpu", settings=settings, progress=False)
+    variants = report.shapes[0].variants
+    for name in ("precision_fp32", "precision_fp32_channels_last", "precision_bf16",
+                 "precision_bf16_channels_last"):
+        assert variants[name].status == "ok", (name, variants[name].reason)
+        assert variants[name].median_us > 0
+    assert variants["precision_fp32_channels_last"].precision_error < 1e-5
+    assert 0 < variants["precision_bf16_channels_last"].precision_error < 5e-2
+    assert "channels-last, converted inside the call" in variants[
+        "precision_bf16_channels_last"].note
+    table = render_table(report)
+    assert "bf16 channels-last graph" in table and "fp32 channels-last graph" in table
+    plain = run_bench(artifact, "cpu", settings=settings, progress=False)
+    assert not [n for n in plain.shapes[0].variants if n.endswith("channels_last")]
+    skipped = run_bench(cnn, "cpu", progress=False, settings=BenchSettings(
+        iters=2, repeats=1, warmup=0, blocks=1, precisions=("bf16",),
+        skip=("precision_bf16_channels_last",)))
+    assert skipped.shapes[0].variants["precision_bf16_channels_last"].status == "skipped"
+
+
+@pytest.mark.gpu
+def test_gpu_bench_times_channels_last_graphs_beside_contiguous_ones(cnn: Path) -> None:
+    report = run_bench(cnn, "cuda", settings=FAST, progress=False)
+    for shape in report.shapes:
+        for precision, bound in (("fp32", 1e-2), ("tf32", 1e-2), ("bf16", 1e-1),
+                                 ("fp16", 2e-2)):
+            for name in (f"precision_{precision}", f"precision_{precision}_channels_last"):
+                item = shape.variants[name]
+                if item.status == "skipped":  # a GPU without TF32 / native bfloat16
+                    assert "is not available on cuda" in item.reason
+                    continue
+                assert item.status == "ok", (name, item.reason)
+                assert item.kernel_us and item.kernel_us > 0, name
+                assert item.precision_error <= bound, (name, item.precision_error)
+    print(render_table(report))
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import pytest
 
 from qkan_pack import FORMAT_VERSION, IncompatibleArtifactError, ManifestError, ShapeSpecError
 from qkan_pack.format import (
+    LAYOUTS,
     MAX_DIM,
     MAX_MANIFEST_BYTES,
     MAX_RANK,
@@ -21,6 +22,7 @@ from qkan_pack.format import (
     FileEntry,
     InputDecl,
     KernelSet,
+    LayoutFigures,
     Manifest,
     Metadata,
     ModelInfo,
@@ -455,17 +457,20 @@ def test_invalid_fields_name_the_field(path: tuple[Any, ...], value: Any, where:
 
 def rich_manifest() -> Manifest:
     """``sample_manifest`` with every optional part: a row proof, declared padding, reduced
-    precision with a device's choice, metadata."""
+    precision with a device's choice (per shape, channels-last graphs among them), metadata."""
     manifest = sample_manifest()
     first = dataclasses.replace(manifest.shapes[0], rows=RowProof(True, "rows alone agree"),
                                 precision_error={"bf16": 0.004, "tf32": None})
     choice = PrecisionChoice("sm90", "bf16", latency_us={"fp32": (2.0, 3.0), "bf16": (1.0, 2.0)},
                              error={"bf16": (0.001, 0.002)}, refused={"fp16": "overflow"},
-                             shapes=("fp32", "bf16"))
+                             shapes=("fp32", "bf16"), shape_layouts=("contiguous", "channels_last"),
+                             channels_last=LayoutFigures(latency_us={"bf16": (1.5, 1.0)},
+                                                         error={"bf16": (0.001, 0.002)},
+                                                         refused={"fp32": "a reason"}))
     return dataclasses.replace(
         manifest, shapes=(first, manifest.shapes[1]),
         padding=Padding(values={"a": 0.0, "b": 0}, axes=(PaddedAxis((("a", 0), ("b", 0))),)),
-        precision=PrecisionPolicy("fp32", 1e-2, ("fp32", "bf16"), (choice,)),
+        precision=PrecisionPolicy("fp32", 1e-2, ("fp32", "bf16"), (choice,), LAYOUTS),
         metadata=Metadata(name="m", labels={"team": "search"}))
 
 
@@ -510,9 +515,14 @@ OBJECTS = [
      "(known: size, sha256)"),
     (("padding",), "manifest.padding.surprise", "(known: values, axes)"),
     (("padding", "axes", 0), "manifest.padding.axes[0].surprise", "(known: inputs, outputs)"),
-    (("precision",), "manifest.precision.surprise", "(known: default, max_error, allowed,"),
+    (("precision",), "manifest.precision.surprise", "(known: default, max_error, allowed,"
+                                                    " layouts, choices)"),
     (("precision", "choices", 0), "manifest.precision.choices[0].surprise",
-     "(known: key, precision, details, latency_us, error, refused, shapes)"),
+     "(known: key, precision, details, latency_us, error, refused, shapes, layout, "
+     "shape_layouts, channels_last)"),
+    (("precision", "choices", 0, "channels_last"),
+     "manifest.precision.choices[0].channels_last.surprise", "(known: latency_us, error, "
+                                                             "refused)"),
     (("metadata",), "manifest.metadata", "has unknown keys ['surprise']"),
 ]
 

@@ -1,5 +1,8 @@
 """Models for reduced-precision tests: one whose activations overflow float16 (beyond
-65504) while its outputs are moderate, and a small CNN and MLP in float32."""
+65504) while its outputs are moderate, a small CNN and MLP in float32, a small residual
+network (batch-norm statistics and affine weights set as training would leave them, its
+feature map among the outputs on request) for channels-last graphs, and a CNN whose
+forward cannot run channels-last (``view`` on a convolution's output)."""
 
 import torch
 from torch import nn
@@ -74,8 +77,72 @@ class CancelledColumn(nn.Module):
         return torch.stack([h.float(), (h.float() + x[:, 1]) - 300.0 * x[:, 0]], -1)
 
 
+class _Block(nn.Module):
+    """A residual block: two 3x3 convolutions with batch norm, a 1x1 projection where the
+    shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+class TinyResNet(nn.Module):
+    """resnet50's structure in miniature: a stem, residual blocks (one strided), a global
+    pool and a linear head; with ``features``, ``{"logits", "features"}`` (the last block's
+    4-D map) instead of the logits alone."""
+
+    def __init__(self, features: bool = False) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16),
+                                  nn.ReLU())
+        self.blocks = nn.Sequential(_Block(16, 16, 1), _Block(16, 32, 2))
+        self.head = nn.Linear(32, 10)
+        self.features = features
+        with torch.no_grad():  # as training leaves them: not the identity a fresh BN is
+            for module in self.modules():
+                if isinstance(module, nn.BatchNorm2d):
+                    module.running_mean.uniform_(-0.2, 0.2)
+                    module.running_var.uniform_(0.5, 2.0)
+                    module.weight.uniform_(0.5, 1.5)
+                    module.bias.uniform_(-0.2, 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        feature_map = self.blocks(self.stem(x))
+        logits = self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(feature_map, 1), 1))
+        return {"logits": logits, "features": feature_map} if self.features else logits
+
+
+class ViewAfterConv(nn.Module):
+    """A convolution's output flattened with ``view``: fine on a contiguous tensor, an error
+    on a channels-last one (its channels are no longer the outermost of C, H, W)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        return self.head(y.view(y.shape[0], -1))
+
+
 def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     torch.manual_seed(0)
+    if kind in ("resnet", "resnet_features"):
+        return TinyResNet(features=kind == "resnet_features")
+    if kind == "view_after_conv":
+        return ViewAfterConv()
     if kind == "overflow":
         return Overflowing(scale)
     if kind == "cnn":
