@@ -323,7 +323,7 @@ def test_serve_forever_hands_the_keys_to_every_replica(sentinel_artifact: Path,
         raise Stop
 
     class Session:
-        def __init__(self, *args: Any) -> None:
+        def __init__(self, *args: Any, **keywords: Any) -> None:
             pass
 
         def resources(self) -> dict[str, float]:
