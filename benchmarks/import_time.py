@@ -1,0 +1,169 @@
+"""What importing qkan-pack costs a fresh process, in two checkouts side by side.
+
+Each statement runs in a fresh interpreter (``python -c STATEMENT``) with ``PYTHONPATH`` set
+to one checkout, the checkouts alternated run by run (A B, then B A) so that whatever else
+the host does falls on both alike. Three measures per statement and checkout:
+
+* importtime: ``-X importtime``'s cumulative microseconds of the top-level imports the
+  statement adds to a bare interpreter's (``python -c pass``'s are left out);
+* wall: the whole process, start to exit, timed from outside (``perf_counter`` around it);
+* cpu: the process's user + system CPU time (what it cost, less the time it waited for a
+  core on a busy host).
+
+Medians of ``--runs`` runs each (after ``--warmup`` untimed runs, which also write the
+bytecode caches, in a temporary directory: timed runs read bytecode, as an installed package
+does, even where ``PYTHONDONTWRITEBYTECODE`` is set). To set a commit against the working tree:
+
+    git worktree add --detach /tmp/base BASE_COMMIT
+    python benchmarks/import_time.py /tmp/base . --runs 30
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STATEMENTS = (
+    "import qkan_pack",
+    "import qkan_pack.format",
+    "from qkan_pack import Predictor",
+)
+
+#: One ``-X importtime`` line: self and cumulative microseconds, then the module name
+#: indented by two spaces per level of nesting.
+IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
+
+
+def child_environment(checkout: Path, bytecode: str) -> dict[str, str]:
+    """This environment, importing from ``checkout`` and keeping bytecode under ``bytecode``
+    (compiled once, as an installed package has it, not at every start; outside the
+    checkouts)."""
+    environment = {name: value for name, value in os.environ.items()
+                   if name != "PYTHONDONTWRITEBYTECODE"}
+    return {**environment, "PYTHONPATH": str(checkout), "PYTHONPYCACHEPREFIX": bytecode}
+
+
+def children_cpu() -> float:
+    """User + system seconds of every child this process has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(python: str, checkout: Path, statement: str, importtime: bool,
+             bytecode: str) -> tuple[float, float, str]:
+    """Run ``statement`` in a fresh interpreter importing from ``checkout``: its wall and CPU
+    times in milliseconds and what it wrote to stderr."""
+    command = [python, *(["-X", "importtime"] if importtime else []), "-c", statement]
+    environment = child_environment(checkout, bytecode)
+    cpu, start = children_cpu(), time.perf_counter()
+    done = subprocess.run(command, env=environment, cwd=checkout, capture_output=True,
+                          text=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1e3
+    cpu = (children_cpu() - cpu) * 1e3
+    if done.returncode != 0:
+        raise SystemExit(f"{statement!r} failed in {checkout}:\n{done.stderr}")
+    return elapsed, cpu, done.stderr
+
+
+def top_level_imports(stderr: str) -> dict[str, int]:
+    """Cumulative microseconds of each top-level (not nested) import in an importtime log."""
+    found = {}
+    for line in stderr.splitlines():
+        match = IMPORTTIME_LINE.match(line)
+        if match and match.group(3) == " ":
+            found[match.group(4)] = int(match.group(2))
+    return found
+
+
+def statement_import_us(stderr: str, startup: set[str]) -> int:
+    """The microseconds of the top-level imports a statement adds to a bare interpreter's."""
+    return sum(us for name, us in top_level_imports(stderr).items() if name not in startup)
+
+
+def checkout_label(checkout: Path) -> str:
+    """The commit a checkout is at, marked ``+changes`` when its tree differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True,
+                              text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "qkan_pack")
+    return f"{checkout} @ {commit}{' +changes' if dirty else ''}"
+
+
+def measure(python: str, checkouts: list[Path], statements: list[str], runs: int,
+            warmup: int, bytecode: str) -> dict[tuple[str, int], dict[str, list[float]]]:
+    """Importtime, wall and CPU samples per (statement, checkout index), checkouts
+    alternated."""
+    _, _, bare = run_once(python, checkouts[0], "pass", True, bytecode)
+    startup = set(top_level_imports(bare))
+    samples: dict[tuple[str, int], dict[str, list[float]]] = {
+        (statement, index): {"importtime": [], "wall": [], "cpu": []}
+        for statement in statements for index in range(len(checkouts))}
+    for round_ in range(warmup + runs):
+        for statement in statements:
+            order = range(len(checkouts)) if round_ % 2 == 0 else reversed(range(len(checkouts)))
+            for index in order:
+                wall, cpu, _ = run_once(python, checkouts[index], statement, False, bytecode)
+                _, _, log = run_once(python, checkouts[index], statement, True, bytecode)
+                if round_ >= warmup:
+                    samples[statement, index]["wall"].append(wall)
+                    samples[statement, index]["cpu"].append(cpu)
+                    samples[statement, index]["importtime"].append(
+                        statement_import_us(log, startup) / 1e3)
+    return samples
+
+
+def spread(values: list[float]) -> str:
+    """The median and the interquartile range, in milliseconds."""
+    quartiles = statistics.quantiles(values, n=4)
+    return f"{statistics.median(values):8.2f} ({quartiles[0]:.2f}-{quartiles[2]:.2f})"
+
+
+def table(samples: dict[tuple[str, int], dict[str, list[float]]], statements: list[str]) -> str:
+    """Medians (interquartile range) of both checkouts and the difference of the medians."""
+    lines = [f"{'statement':34} {'measure':10} {'A: median (IQR) ms':>24} "
+             f"{'B: median (IQR) ms':>24} {'B - A ms':>9}"]
+    for statement in statements:
+        for measure_ in ("importtime", "wall", "cpu"):
+            first, second = samples[statement, 0][measure_], samples[statement, 1][measure_]
+            difference = statistics.median(second) - statistics.median(first)
+            lines.append(f"{statement:34} {measure_:10} {spread(first):>24} "
+                         f"{spread(second):>24} {difference:+9.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", type=Path, help="checkout A (the one to compare against)")
+    parser.add_argument("current", type=Path, help="checkout B")
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--statement", action="append", dest="statements",
+                        help="a statement to time (repeatable; default: the three of STATEMENTS)")
+    args = parser.parse_args()
+    checkouts = [args.baseline.resolve(), args.current.resolve()]
+    statements = args.statements or list(STATEMENTS)
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="import-time-pycache-") as bytecode:
+        samples = measure(args.python, checkouts, statements, args.runs, args.warmup, bytecode)
+    print(f"python {platform.python_version()} ({args.python}), {os.cpu_count()} CPUs, "
+          f"load average before: {load:.2f}, after: {os.getloadavg()[0]:.2f}")
+    print(f"A = {checkout_label(checkouts[0])}")
+    print(f"B = {checkout_label(checkouts[1])}")
+    print(f"fresh processes, checkouts alternated, {args.runs} runs each after "
+          f"{args.warmup} warm-up runs; bytecode cached (written by the warm-up runs)\n")
+    print(table(samples, statements))
+
+
+if __name__ == "__main__":
+    main()
