@@ -1,8 +1,9 @@
-"""What importing qkan-pack costs a fresh process, in two checkouts side by side.
+"""What importing qkan-pack costs a fresh process, in checkouts side by side.
 
 Each statement runs in a fresh interpreter (``python -c STATEMENT``) with ``PYTHONPATH`` set
-to one checkout, the checkouts alternated run by run (A B, then B A) so that whatever else
-the host does falls on both alike. Three measures per statement and checkout:
+to one checkout, the checkouts alternated run by run (A B, then B A; with more than two, the
+order also rotates) so that whatever else the host does falls on each alike. Three measures
+per statement and checkout:
 
 * importtime: ``-X importtime``'s cumulative microseconds of the top-level imports the
   statement adds to a bare interpreter's (``python -c pass``'s are left out);
@@ -16,6 +17,7 @@ does, even where ``PYTHONDONTWRITEBYTECODE`` is set). To set a commit against th
 
     git worktree add --detach /tmp/base BASE_COMMIT
     python benchmarks/import_time.py /tmp/base . --runs 30
+    python benchmarks/import_time.py /tmp/base /tmp/before . --runs 30   # or several
 """
 from __future__ import annotations
 
@@ -99,6 +101,13 @@ def checkout_label(checkout: Path) -> str:
     return f"{checkout} @ {commit}{' +changes' if dirty else ''}"
 
 
+def run_order(count: int, round_: int) -> list[int]:
+    """Checkout indices in the order a round runs them: rotated by one each round, and
+    reversed every other round, so that each checkout follows each other one equally often."""
+    rotated = [(index + round_ // 2) % count for index in range(count)]
+    return rotated if round_ % 2 == 0 else rotated[::-1]
+
+
 def measure(python: str, checkouts: list[Path], statements: list[str], runs: int,
             warmup: int, bytecode: str) -> dict[tuple[str, int], dict[str, list[float]]]:
     """Importtime, wall and CPU samples per (statement, checkout index), checkouts
@@ -110,8 +119,7 @@ def measure(python: str, checkouts: list[Path], statements: list[str], runs: int
         for statement in statements for index in range(len(checkouts))}
     for round_ in range(warmup + runs):
         for statement in statements:
-            order = range(len(checkouts)) if round_ % 2 == 0 else reversed(range(len(checkouts)))
-            for index in order:
+            for index in run_order(len(checkouts), round_):
                 wall, cpu, _ = run_once(python, checkouts[index], statement, False, bytecode)
                 _, _, log = run_once(python, checkouts[index], statement, True, bytecode)
                 if round_ >= warmup:
@@ -128,41 +136,47 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} ({quartiles[0]:.2f}-{quartiles[2]:.2f})"
 
 
-def table(samples: dict[tuple[str, int], dict[str, list[float]]], statements: list[str]) -> str:
-    """Medians (interquartile range) of both checkouts and the difference of the medians."""
-    lines = [f"{'statement':34} {'measure':10} {'A: median (IQR) ms':>24} "
-             f"{'B: median (IQR) ms':>24} {'B - A ms':>9}"]
+def table(samples: dict[tuple[str, int], dict[str, list[float]]], statements: list[str],
+          count: int) -> str:
+    """Medians (interquartile range) per checkout, and each later checkout's median less
+    the first's."""
+    names = [chr(ord("A") + index) for index in range(count)]
+    lines = [" ".join([f"{'statement':34} {'measure':10}",
+                       *(f"{name + ': median (IQR) ms':>24}" for name in names),
+                       *(f"{name + ' - A ms':>9}" for name in names[1:])])]
     for statement in statements:
         for measure_ in ("importtime", "wall", "cpu"):
-            first, second = samples[statement, 0][measure_], samples[statement, 1][measure_]
-            difference = statistics.median(second) - statistics.median(first)
-            lines.append(f"{statement:34} {measure_:10} {spread(first):>24} "
-                         f"{spread(second):>24} {difference:+9.2f}")
+            values = [samples[statement, index][measure_] for index in range(count)]
+            first = statistics.median(values[0])
+            lines.append(" ".join([f"{statement:34} {measure_:10}",
+                                   *(f"{spread(v):>24}" for v in values),
+                                   *(f"{statistics.median(v) - first:+9.2f}"
+                                     for v in values[1:])]))
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("baseline", type=Path, help="checkout A (the one to compare against)")
-    parser.add_argument("current", type=Path, help="checkout B")
+    parser.add_argument("checkouts", type=Path, nargs="+",
+                        help="checkouts A, B, ... (A: the one the others are compared with)")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--statement", action="append", dest="statements",
                         help="a statement to time (repeatable; default: the three of STATEMENTS)")
     args = parser.parse_args()
-    checkouts = [args.baseline.resolve(), args.current.resolve()]
+    checkouts = [checkout.resolve() for checkout in args.checkouts]
     statements = args.statements or list(STATEMENTS)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="import-time-pycache-") as bytecode:
         samples = measure(args.python, checkouts, statements, args.runs, args.warmup, bytecode)
     print(f"python {platform.python_version()} ({args.python}), {os.cpu_count()} CPUs, "
           f"load average before: {load:.2f}, after: {os.getloadavg()[0]:.2f}")
-    print(f"A = {checkout_label(checkouts[0])}")
-    print(f"B = {checkout_label(checkouts[1])}")
+    for index, checkout in enumerate(checkouts):
+        print(f"{chr(ord('A') + index)} = {checkout_label(checkout)}")
     print(f"fresh processes, checkouts alternated, {args.runs} runs each after "
           f"{args.warmup} warm-up runs; bytecode cached (written by the warm-up runs)\n")
-    print(table(samples, statements))
+    print(table(samples, statements, len(checkouts)))
 
 
 if __name__ == "__main__":
