@@ -111,7 +111,8 @@ def test_json_booleans_mixed_with_numbers_are_refused(tmp_path: Path, value: Any
     ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
     ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),
     ([[2**63]], "int64"), ([[2**64]], "int64"), ([[-1]], "uint8"), ([[True, False]], "bool"),
-    ([[1, 2**64 - 1]], "int64"),
+    ([[1, 2**64 - 1]], "int64"), ([[1, 2**63]], "int64"), ([[-(2**63) - 1]], "int64"),
+    ([[10**20]], "float32"),
 ])
 def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
                                                    dtype: str) -> None:
@@ -151,6 +152,23 @@ def test_integers_beyond_the_range_read_as_floats_are_said_to_be_outside_it(
                                            "range [")
     with pytest.raises(InputFileError, match="holds floats, which do not convert to int64"):
         read_inputs([(None, _json_file(tmp_path, [1, 2.5]))], ["ids"], {"ids": "int64"})
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ([[1, 2**63]], "9.22337e+18"), ([[2**63]], "9223372036854775808"),
+    ([[1, 10**20]], "100000000000000000000"), ([[-(2**63) - 1]], "-9223372036854775809"),
+    ([[10**400]], "100000000000000000000000... (401 digits)"),
+])
+def test_integers_beyond_int64_are_said_to_be_outside_its_range(
+        tmp_path: Path, value: Any, shown: str) -> None:
+    """`[1, 2**63]` for an int64 input was said to hold floats (float64(2**63 - 1) is 2**63,
+    so the range check let it through), and an integer beyond 64 bits (`10**20`) to hold no
+    numbers: each is the value, outside int64's range, naming the input."""
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, value))], ["ids"], {"ids": "int64"})
+    assert caught.value.problem.startswith(
+        f"input 'ids' holds {shown}, outside the int64 range [-9223372036854775808, "
+        "9223372036854775807]"), caught.value.problem
 
 
 # -- outputs ---------------------------------------------------------------------------------
