@@ -1,8 +1,8 @@
 """Inputs from files, outputs to files or a table.
 
 Inputs: ``.npy`` (one array), ``.npz`` and ``.safetensors`` (arrays named after the inputs,
-or the only array), ``.json`` (nested lists of numbers, or an object of them by input name;
-JSON has no dtypes, so numbers take the declared dtype when they are exactly that, read as
+or the only array), ``.json`` (nested lists of numbers, or an object of them by input name,
+either one alone or as a serve request's ``inputs``; JSON has no dtypes, so numbers take the declared dtype when they are exactly that, read as
 serve reads a JSON request: ``runtime.json_input``). Arrays keep their dtype: the predictor
 checks shapes and dtypes as for any call, with the same errors.
 
@@ -114,6 +114,7 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
     input whatever it is called."""
     if name is None and len(dtypes) == 1:
         name = next(iter(dtypes))
+    data = _request_inputs(data, dtypes, path)
     if not isinstance(data, dict):
         return {"": _json_array(data, name, dtypes, path)}
     arrays = {}
@@ -121,6 +122,23 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
         target = key if key in dtypes else name if len(data) == 1 else None
         arrays[key] = _json_array(value, target, dtypes, path)
     return arrays
+
+
+def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
+    """What a serve request body (``POST /``: ``{"inputs": T}``, ``{"inputs": {"x": T}}``,
+    optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
+    runs in predict too; anything else as it is. A model with an input named ``inputs``
+    reads that key as the input, as serve does."""
+    if (not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes
+            or not set(data) <= {"inputs", "encoding"}):
+        return data
+    encoding = data.get("encoding", "list")
+    if encoding != "list":
+        raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '
+                           'predict reads its list encoding ({"inputs": [[0.1, 0.2]]} or '
+                           '{"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, .npz or '
+                           ".safetensors files")
+    return data["inputs"]
 
 
 def _json_array(value: Any, name: str | None, dtypes: Mapping[str, str], path: Path) -> Any:

@@ -171,6 +171,45 @@ def test_integers_beyond_int64_are_said_to_be_outside_its_range(
         "9223372036854775807]"), caught.value.problem
 
 
+@pytest.mark.parametrize("request_body", [
+    {"inputs": {"a": [[0.5, 1.5, 2.5]], "b": [[1, 7]]}},
+    {"inputs": {"a": [[0.5, 1.5, 2.5]], "b": [[1, 7]]}, "encoding": "list"},
+])
+def test_a_serve_request_body_is_read_as_its_inputs(tmp_path: Path, request_body: Any) -> None:
+    """`predict --input body.json` with the body sent to serve's POST / said the file held
+    no numbers: predict reads serve's JSON, so it reads the request's inputs."""
+    inputs = request_body["inputs"]
+    read = read_inputs([(None, _json_file(tmp_path, request_body))], ["a", "b"],
+                       {"a": "float32", "b": "int64"})
+    assert read["a"].dtype == np.float32 and read["a"].tolist() == inputs["a"]
+    assert read["b"].dtype == np.int64 and read["b"].tolist() == inputs["b"]
+    single = read_inputs([(None, _json_file(tmp_path, {"inputs": [[1, 2]]}))], ["x"],
+                         {"x": "float32"})
+    assert single["x"].tolist() == [[1.0, 2.0]]
+
+
+def test_a_serve_request_predict_cannot_read_says_what_it_reads(tmp_path: Path) -> None:
+    body = {"inputs": {"b64": "zczMPc3MTD4=", "dtype": "float32", "shape": [1, 2]},
+            "encoding": "base64"}
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, body))], ["x"], {"x": "float32"})
+    assert caught.value.problem == (
+        'is a serve request with "encoding": "base64"; predict reads its list encoding '
+        '({"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, '
+        ".npz or .safetensors files")
+
+
+def test_an_input_named_inputs_keeps_its_name(tmp_path: Path) -> None:
+    """A model whose input is called ``inputs`` reads that key as the input, as serve does,
+    not as a request wrapping the others."""
+    first = _json_file(tmp_path, {"inputs": [[1, 2]]})
+    mask = tmp_path / "mask.json"
+    mask.write_text("[[3, 4]]")
+    read = read_inputs([(None, first), ("mask", mask)], ["inputs", "mask"],
+                       {"inputs": "float32", "mask": "float32"})
+    assert read["inputs"].tolist() == [[1.0, 2.0]] and read["mask"].tolist() == [[3.0, 4.0]]
+
+
 # -- outputs ---------------------------------------------------------------------------------
 
 
