@@ -210,6 +210,59 @@ def test_an_input_named_inputs_keeps_its_name(tmp_path: Path) -> None:
     assert read["inputs"].tolist() == [[1.0, 2.0]] and read["mask"].tolist() == [[3.0, 4.0]]
 
 
+def _array_file(tmp_path: Path, suffix: str, array: Any) -> Path:
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"in{suffix}"
+    if suffix == ".safetensors":
+        save_file({"x": array if isinstance(array, torch.Tensor) else torch.from_numpy(array)},
+                  path)
+    elif suffix == ".npz":
+        np.savez(path, x=array)
+    else:
+        np.save(path, array)
+    return path
+
+
+@pytest.mark.parametrize(("suffix", "array", "want", "how"), [
+    (".safetensors", torch.ones(2, 2, dtype=torch.float16), "float32",
+     "convert its tensor with tensor.to(torch.float32) and save the file again "
+     "(safetensors.torch.save_file)"),
+    (".safetensors", torch.ones(2, 2, dtype=torch.bfloat16), "float32",
+     "convert its tensor with tensor.to(torch.float32)"),
+    (".npy", np.ones((2, 2), np.float16), "float32",
+     "convert it with array.astype(numpy.float32) and save the file again"),
+    (".npz", np.ones((2, 2), np.int32), "int64", "convert it with array.astype(numpy.int64)"),
+    (".npy", np.ones((2, 2), np.float32), "bfloat16", "numpy has no bfloat16: write a "
+     ".safetensors file of a bfloat16 tensor"),
+])
+def test_a_file_of_another_dtype_says_both_and_how_to_convert_it(
+        tmp_path: Path, suffix: str, array: Any, want: str, how: str) -> None:
+    """A .safetensors file of float16 for a float32 input was told to use
+    ``array.astype``, numpy's words for a torch file, and not which dtype was wanted."""
+    path = _array_file(tmp_path, suffix, array)
+    found = str(array.dtype).removeprefix("torch.")
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, path)], ["x"], {"x": want})
+    assert caught.value.path == f"--input {path}"
+    assert caught.value.problem.startswith(
+        f"input 'x' is {found} in the file, and the model takes {want}: {how}"), \
+        caught.value.problem
+
+
+def test_a_file_of_integers_beyond_the_inputs_range_says_so(tmp_path: Path) -> None:
+    """uint64 2**63 for an int64 input was told to convert with ``astype(numpy.int64)``,
+    which wraps it to -2**63."""
+    path = _array_file(tmp_path, ".npz", np.array([[1, 2**63]], np.uint64))
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, path)], ["x"], {"x": "int64"})
+    assert caught.value.problem == ("input 'x' holds 9223372036854775808, outside the int64 "
+                                    "range [-9223372036854775808, 9223372036854775807]")
+    fits = read_inputs([(None, _array_file(tmp_path, ".npy", np.ones((1, 2), np.int64)))], ["x"],
+                       {"x": "int64"})
+    assert fits["x"].dtype == np.int64
+
+
 # -- outputs ---------------------------------------------------------------------------------
 
 
