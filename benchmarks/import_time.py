@@ -2,11 +2,13 @@
 
 Each statement runs in a fresh interpreter (``python -c STATEMENT``) with ``PYTHONPATH`` set
 to one checkout, the checkouts alternated run by run (A B, then B A; with more than two, the
-order also rotates) so that whatever else the host does falls on each alike. Three measures
+order also rotates) so that whatever else the host does falls on each alike. Four measures
 per statement and checkout:
 
 * importtime: ``-X importtime``'s cumulative microseconds of the top-level imports the
   statement adds to a bare interpreter's (``python -c pass``'s are left out);
+* own: the same log's own (self) microseconds of qkan-pack's modules alone, what the
+  package's code costs beside what it imports (torch's seconds vary far more than that);
 * wall: the whole process, start to exit, timed from outside (``perf_counter`` around it);
 * cpu: the process's user + system CPU time (what it cost, less the time it waited for a
   core on a busy host).
@@ -85,6 +87,13 @@ def top_level_imports(stderr: str) -> dict[str, int]:
     return found
 
 
+def own_import_us(stderr: str, package: str = "qkan_pack") -> int:
+    """The self microseconds of ``package``'s own modules in an importtime log."""
+    return sum(int(match.group(1)) for line in stderr.splitlines()
+               if (match := IMPORTTIME_LINE.match(line))
+               and match.group(4).split(".")[0] == package)
+
+
 def statement_import_us(stderr: str, startup: set[str]) -> int:
     """The microseconds of the top-level imports a statement adds to a bare interpreter's."""
     return sum(us for name, us in top_level_imports(stderr).items() if name not in startup)
@@ -110,12 +119,12 @@ def run_order(count: int, round_: int) -> list[int]:
 
 def measure(python: str, checkouts: list[Path], statements: list[str], runs: int,
             warmup: int, bytecode: str) -> dict[tuple[str, int], dict[str, list[float]]]:
-    """Importtime, wall and CPU samples per (statement, checkout index), checkouts
+    """Importtime, own, wall and CPU samples per (statement, checkout index), checkouts
     alternated."""
     _, _, bare = run_once(python, checkouts[0], "pass", True, bytecode)
     startup = set(top_level_imports(bare))
     samples: dict[tuple[str, int], dict[str, list[float]]] = {
-        (statement, index): {"importtime": [], "wall": [], "cpu": []}
+        (statement, index): {"importtime": [], "own": [], "wall": [], "cpu": []}
         for statement in statements for index in range(len(checkouts))}
     for round_ in range(warmup + runs):
         for statement in statements:
@@ -127,6 +136,7 @@ def measure(python: str, checkouts: list[Path], statements: list[str], runs: int
                     samples[statement, index]["cpu"].append(cpu)
                     samples[statement, index]["importtime"].append(
                         statement_import_us(log, startup) / 1e3)
+                    samples[statement, index]["own"].append(own_import_us(log) / 1e3)
     return samples
 
 
@@ -145,7 +155,7 @@ def table(samples: dict[tuple[str, int], dict[str, list[float]]], statements: li
                        *(f"{name + ': median (IQR) ms':>24}" for name in names),
                        *(f"{name + ' - A ms':>9}" for name in names[1:])])]
     for statement in statements:
-        for measure_ in ("importtime", "wall", "cpu"):
+        for measure_ in ("importtime", "own", "wall", "cpu"):
             values = [samples[statement, index][measure_] for index in range(count)]
             first = statistics.median(values[0])
             lines.append(" ".join([f"{statement:34} {measure_:10}",
