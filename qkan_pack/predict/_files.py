@@ -73,11 +73,10 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
             raise _error(path, f"no input is named {name!r}; inputs are {', '.join(names)}"
                                + (" (or x)" if len(names) == 1 else ""))
         found = _read(path, dtypes, name)
-        before = set(arrays)
         if name is not None:
-            arrays[_one(found, name, path)] = found.get(name, next(iter(found.values())))
+            here = {_one(found, name, path): found.get(name, next(iter(found.values())))}
         elif len(names) == 1 and len(found) == 1:
-            arrays[names[0]] = next(iter(found.values()))
+            here = {names[0]: next(iter(found.values()))}
         elif list(found) == [""]:
             raise _error(path, f"holds one unnamed array and the model takes "
                                f"{', '.join(names)}: name its input, --input {names[0]}={path}")
@@ -86,8 +85,9 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
             if unknown:
                 raise _error(path, f"holds {unknown}, which name no input; inputs are "
                                    f"{', '.join(names)}")
-            arrays.update(found)
-        sources.update(dict.fromkeys(set(arrays) - before, path))
+            here = found
+        arrays.update(here)
+        sources.update(dict.fromkeys(here, path))
     missing = [n for n in names if n not in arrays]
     if missing:
         raise InputError(f"no value for input(s) {missing}: pass --input NAME=FILE for each "
@@ -167,8 +167,8 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
 def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
     """What a serve request body (``POST /``: ``{"inputs": T}``, ``{"inputs": {"x": T}}``,
     optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
-    runs in predict too; anything else as it is. A model with an input named ``inputs``
-    reads that key as the input, as serve does."""
+    runs in predict too; anything else as it is. For a model with an input named
+    ``inputs``, that key stays the input."""
     if (not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes
             or not set(data) <= {"inputs", "encoding"}):
         return data
