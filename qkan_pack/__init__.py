@@ -1,26 +1,33 @@
 """qkan-pack: package launch-bound PyTorch models into verified artifacts served by
 pre-captured CUDA graphs.
 
-``import qkan_pack`` is cheap: torch is imported only when a torch-backed name
-(``build``, ``Predictor``, ...) is first used.
+``import qkan_pack`` is cheap: it loads the error classes and the version, nothing else.
+Every other name imports its module when first used: the format's (the manifest, its
+parsers) and, for torch-backed ones (``build``, ``Predictor``, ...), torch.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from ._lazy import lazy_getattr
 from ._version import __version__
 from .errors import *  # noqa: F403  (every error class: errors.__all__ is the list)
 from .errors import __all__ as _ERRORS
-from .format import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
 
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .builder import BuildOptions, BuildResult, build
+    from .format import FORMAT_NAME, FORMAT_VERSION, Manifest, parse_manifest, parse_shapes
     from .runtime import LoadOptions, LoadReport, Predictor, VerifiedArtifact, read_artifact
 
-#: Names resolved on first use, so that ``import qkan_pack`` does not import torch.
+#: Names resolved on first use: the format's, so that ``import qkan_pack`` creates none of
+#: its dataclasses, and the torch-backed ones, so that it does not import torch.
 _LAZY = {
+    "FORMAT_NAME": ".format",
+    "FORMAT_VERSION": ".format",
+    "Manifest": ".format",
+    "parse_manifest": ".format",
+    "parse_shapes": ".format",
     "BuildOptions": ".builder",
     "BuildResult": ".builder",
     "build": ".builder",

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeAlias
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 #: Name -> module (relative to the package, ``"._load"``): a fixed table, or a function that
 #: makes it on first need (importing the modules it reads).

@@ -44,8 +44,12 @@ never on the text. Messages say what went wrong, where (file, key, shape) and ho
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, ClassVar
 
 __all__ = ["ArtifactError", "ArtifactSignatureError", "BenchError", "CaptureError", "DeviceError",
            "DigestMismatchError", "FactoryNotReproducibleError", "FileReadError", "IncompatibleArtifactError",

@@ -287,6 +287,42 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
     assert seen["states"] == {**absent, **heavy}
 
 
+WHAT_AN_IMPORT_LOADS = """
+import json, sys
+before = set(sys.modules)
+import {module}
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def _loaded_by(module: str) -> list[str]:
+    """The modules ``import module`` adds to a fresh interpreter's."""
+    done = subprocess.run([sys.executable, "-c", WHAT_AN_IMPORT_LOADS.format(module=module)],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_qkan_pack_loads_the_errors_and_nothing_else() -> None:
+    """``import qkan_pack`` (a client catching our errors, reading ``__version__``) loads
+    the error tree and the lazy-name table: the format's dataclasses (milliseconds to create)
+    wait for the first use of a format name, torch for the first torch-backed one, and no
+    module of ours imports ``typing`` at run time (``TYPE_CHECKING = False`` keeps it for
+    type checkers)."""
+    loaded = _loaded_by("qkan_pack")
+    ours = [name for name in loaded if name.startswith("qkan_pack")]
+    assert ours == ["qkan_pack", "qkan_pack._lazy", "qkan_pack._version", "qkan_pack.errors"]
+    assert "typing" not in loaded
+
+
+def test_import_qkan_pack_format_loads_no_typing_torch_or_numpy() -> None:
+    """``inspect`` and ``--help`` read the format torch-free; its modules keep ``typing`` for
+    type checkers only."""
+    loaded = _loaded_by("qkan_pack.format")
+    assert not {"typing", "torch", "numpy", "safetensors"} & set(loaded), loaded
+    assert {name.split(".")[1] for name in loaded if name.startswith("qkan_pack.")} == {
+        "_lazy", "_version", "errors", "format"}
+
+
 def _imports(path: Path) -> list[str]:
     names = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -578,10 +578,16 @@ def test_serve_options_that_are_not_numbers_or_not_shell_text_are_usage_errors(
                  ["serve", str(mlp_artifact), "--max-batch-wait-ms", "inf"],  # never answered
                  ["serve", str(mlp_artifact), "--max-batch-wait-ms", "1e400"],
                  ["serve", str(mlp_artifact), "--max-batch-wait-ms", "nan"],
+                 *(["serve", str(mlp_artifact), option, value]  # a drain or a share never met
+                   for option in ("--grace-s", "--gpus-per-replica", "--cpus-per-replica")
+                   for value in ("inf", "nan")),
                  ["serve", str(mlp_artifact), "--device", "foo"],  # failed in replicas, 19 s in
                  ["bench-serve", str(mlp_artifact), "--serve-args", "'--replicas"]):
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 2 and "unexpected" not in result.output, (args, result.output)
+        if args[-2] in ("--grace-s", "--gpus-per-replica", "--cpus-per-replica"):
+            assert f"Invalid value for {args[-2]}: not a finite number" in result.output, \
+                result.output
     token = tmp_path / "token"
     token.write_text("abcdefghijklmnopqrstu\n# rotated 2026-12-01\n")
     token.chmod(0o600)  # a token file others may write is refused

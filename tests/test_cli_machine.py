@@ -168,7 +168,11 @@ def test_predict_names_the_input_and_the_file(artifact: Path, tmp_path: Path) ->
     assert csv.exit_code == 2 and "out.csv" in csv.output  # refused before the load
     np.save(tmp_path / "wide.npy", np.ones((2, 2)))
     wide = run("predict", artifact, "--input", tmp_path / "wide.npy")
-    assert wide.exit_code == 1 and f"inputs from {tmp_path / 'wide.npy'}" in wide.output
+    assert wide.exit_code == 1 and (f"--input {tmp_path / 'wide.npy'}: input 'input' is float64 "
+                                    "in the file, and the model takes float32") in wide.output
+    np.save(tmp_path / "long.npy", np.ones((2, 3), np.float32))
+    long = run("predict", artifact, "--input", tmp_path / "long.npy")
+    assert long.exit_code == 1 and f"inputs from {tmp_path / 'long.npy'}" in long.output
 
 
 def test_an_unnamed_array_for_a_model_of_several_inputs_says_to_name_it(tmp_path: Path) -> None:

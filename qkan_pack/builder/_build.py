@@ -12,7 +12,6 @@ path-dependent enters the manifest)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -25,10 +24,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ManifestError, ModelSourceError, OptionError
+from ..errors import ModelSourceError, OptionError
 from ..format import (
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     REFERENCE_DIR,
     SOURCE_DIR,
     WEIGHTS_NAME,
@@ -40,7 +38,6 @@ from ..format import (
     PadValue,
     PrecisionPolicy,
     ShapeEntry,
-    check_class_labels,
     check_range,
     parse_shapes,
     with_batch_sizes,
@@ -81,6 +78,7 @@ from ._inputs import (
     integer_ranges,
     reference_inputs,
 )
+from ._labels import check_labels_fit, checked_class_labels
 from ._options import BuildOptions
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
@@ -128,10 +126,11 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
     shapes = _declared_shapes(shapes, options.batch_sizes)
     user = _import_model(model_path, options)
     metadata = dataclasses.replace(options.metadata(model_path),
-                                   class_labels=_checked_class_labels(user.model))
+                                   class_labels=checked_class_labels(user.model))
     inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     recorded = _record_references(user, inputs, files, options)
+    check_labels_fit(metadata.class_labels, recorded.entries)
     _check_stateless(recorded, inputs, user.model)
     recorded = _prove(recorded, inputs, options.progress)
     recorded = _gate_precision(recorded, inputs, options, user.model)
@@ -167,39 +166,6 @@ def _declared_shapes(shapes: ShapesArg, batch_sizes: Sequence[int] | None) -> Sh
         return shapes
     return with_batch_sizes(parse_shapes(shapes) if isinstance(shapes, str) else shapes,
                             batch_sizes)
-
-
-def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
-    """A transformers classifier's class names, index order (``config.id2label``); none when
-    the config has only the library's placeholders (``LABEL_0``...)."""
-    id2label = getattr(getattr(model, "config", None), "id2label", None)
-    if not isinstance(id2label, Mapping) or not id2label:
-        return ()
-    try:
-        ordered = [str(id2label[i]) for i in range(len(id2label))]
-    except KeyError:
-        return ()
-    if ordered == [f"LABEL_{i}" for i in range(len(ordered))]:
-        return ()
-    return tuple(ordered)
-
-
-def _checked_class_labels(model: torch.nn.Module) -> tuple[str, ...]:
-    """``class_labels_of``, checked as every metadata text is (``format.check_class_labels``)
-    before the model runs: a manifest the reader refuses is never written. Labels that alone
-    exceed the manifest's size limit are refused here too, rather than after every
-    reference has run (the writer checks the whole manifest: ``readable_manifest``)."""
-    try:
-        labels = check_class_labels(class_labels_of(model), "the model's config.id2label")
-        size = len(json.dumps(labels))
-        if size > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"the model's config.id2label: its {len(labels)} class labels "
-                                f"take {size} bytes, more than the {MAX_MANIFEST_BYTES} bytes "
-                                "a whole manifest may take")
-    except ManifestError as exc:
-        raise ManifestError(f"{exc}; the artifact records these as its class labels: fix "
-                            "id2label in the model's config") from None
-    return labels
 
 
 def _producer(*, uses_qkan: bool) -> dict[str, Any]:

@@ -125,7 +125,9 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
         resolve_device(device)  # the error verify gives in a second, before Ray starts
     token = read_token(auth_token_file, take=True)
     for hint, value in (("--max-body-mb", max_body_mb), ("--body-timeout-s", body_timeout_s),
-                        ("--max-batch-wait-ms", max_batch_wait_ms)):
+                        ("--max-batch-wait-ms", max_batch_wait_ms), ("--grace-s", grace_s),
+                        ("--gpus-per-replica", gpus_per_replica),
+                        ("--cpus-per-replica", cpus_per_replica)):
         # click's FloatRange lets NaN through, and inf where it sets no maximum
         if value is not None and not math.isfinite(value):
             raise click.BadParameter("not a finite number", param_hint=hint)

@@ -11,7 +11,6 @@ import math
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
 
 from ..errors import DeviceError, ManifestError, ShapeSpecError
 from ._constants import (
@@ -24,6 +23,11 @@ from ._constants import (
     dtype_alias,
 )
 from ._json import loads_strict
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, overload
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -253,10 +257,11 @@ def parse_range(text: str) -> tuple[float, float]:
     return check_range((low, high))
 
 
-@overload
-def check_range(value: None, dtypes: Sequence[str] = ()) -> None: ...
-@overload
-def check_range(value: Sequence[float], dtypes: Sequence[str] = ()) -> tuple[float, float]: ...
+if TYPE_CHECKING:
+    @overload
+    def check_range(value: None, dtypes: Sequence[str] = ()) -> None: ...
+    @overload
+    def check_range(value: Sequence[float], dtypes: Sequence[str] = ()) -> tuple[float, float]: ...
 def check_range(value: Sequence[float] | None,
                 dtypes: Sequence[str] = ()) -> tuple[float, float] | None:
     """A reference-input range: finite LOW below HIGH, inside what every float type of

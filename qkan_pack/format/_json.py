@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from ..errors import ManifestError
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_JSON_DEPTH = 64
 

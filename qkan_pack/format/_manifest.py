@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import IncompatibleArtifactError, ManifestError
 from ._constants import (
@@ -58,6 +57,11 @@ from ._schema import (
     show,
     write_object,
 )
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Producer fields the runtime compares with its own versions: text or null.
 _PRODUCER_TEXT = ("qkan_pack", "torch", "qkan", "safetensors", "python", "platform", "system",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import ShapeSpecError
 from ._constants import DTYPES, MAX_RANK
@@ -28,6 +27,11 @@ from ._schema import (
     show,
     write_object,
 )
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 OUTPUT_KINDS = ("tensor", "tuple", "list", "dict", "none")
 #: How a recorded output class is rebuilt from its items: ``mapping`` (a dict subclass such as

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ._constants import DTYPES
 from ._grammar import Shape
@@ -34,6 +33,11 @@ from ._schema import (
     refuse,
     show,
 )
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PadValue = int | float | bool
 

@@ -29,12 +29,17 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, TypeVar
 
 from ..errors import ManifestError
 
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn, TypeVar
+
+    _T = TypeVar("_T")
+
 _META = "qkan_pack.json"
-_T = TypeVar("_T")
 
 
 def refuse(where: str, problem: str) -> NoReturn:

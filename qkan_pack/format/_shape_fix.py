@@ -11,12 +11,16 @@ else is declared at build. The predictor and serve refuse with the same fields.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ._constants import MAX_DIM, MAX_RANK
 from ._grammar import Shape
 from ._manifest import Manifest
 from ._padding import Padding
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (docs/ARCHITECTURE.md, "Imports").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 Entry = Sequence[Shape]
 

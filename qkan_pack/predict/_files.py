@@ -1,10 +1,12 @@
 """Inputs from files, outputs to files or a table.
 
 Inputs: ``.npy`` (one array), ``.npz`` and ``.safetensors`` (arrays named after the inputs,
-or the only array), ``.json`` (nested lists of numbers, or an object of them by input name;
-JSON has no dtypes, so numbers take the declared dtype when they are exactly that, read as
-serve reads a JSON request: ``runtime.json_input``). Arrays keep their dtype: the predictor
-checks shapes and dtypes as for any call, with the same errors.
+or the only array), ``.json`` (nested lists of numbers, or an object of them by input name,
+either alone or as a serve request's ``inputs``; JSON has no dtypes, so numbers take the
+declared dtype when they are exactly that, read as serve reads a JSON request:
+``runtime.json_input``). Arrays keep their dtype, which must be the input's (a wrong one is
+refused naming the file, both dtypes and how to convert the file); the predictor checks
+shapes as for any call, with the same errors.
 
 Outputs: ``.npy`` (a single tensor), ``.npz``/``.safetensors``/``.json`` (every tensor by
 the name the manifest, ``GET /`` and the Open Inference Protocol give it: ``output``,
@@ -30,9 +32,18 @@ import numpy as np
 import torch
 
 from ..errors import FileReadError, InputError, InputFileError, QkanPackError
-from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, loads_strict, parse_manifest
+from ..format import (
+    INTEGER_DTYPES,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    loads_strict,
+    parse_manifest,
+)
 from ..runtime import (
+    check_int_range,
     describe_output,
+    dtype_name,
     flatten,
     json_input,
     map_leaves,
@@ -54,6 +65,7 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
     gives that input; an unnamed file gives every input it has an array for by name, or the
     only input from its only array."""
     arrays: dict[str, np.ndarray] = {}
+    sources: dict[str, Path] = {}
     for name, path in given:
         if name == "x" and len(names) == 1:
             name = names[0]  # the single positional input is ``x`` whatever forward calls it
@@ -62,10 +74,9 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
                                + (" (or x)" if len(names) == 1 else ""))
         found = _read(path, dtypes, name)
         if name is not None:
-            arrays[_one(found, name, path)] = found.get(name, next(iter(found.values())))
-            continue
-        if len(names) == 1 and len(found) == 1:
-            arrays[names[0]] = next(iter(found.values()))
+            here = {_one(found, name, path): found.get(name, next(iter(found.values())))}
+        elif len(names) == 1 and len(found) == 1:
+            here = {names[0]: next(iter(found.values()))}
         elif list(found) == [""]:
             raise _error(path, f"holds one unnamed array and the model takes "
                                f"{', '.join(names)}: name its input, --input {names[0]}={path}")
@@ -74,12 +85,41 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
             if unknown:
                 raise _error(path, f"holds {unknown}, which name no input; inputs are "
                                    f"{', '.join(names)}")
-            arrays.update(found)
+            here = found
+        arrays.update(here)
+        sources.update(dict.fromkeys(here, path))
     missing = [n for n in names if n not in arrays]
     if missing:
         raise InputError(f"no value for input(s) {missing}: pass --input NAME=FILE for each "
                          f"of {', '.join(names)}")
+    for name in names:
+        _check_file_dtype(arrays[name], name, dtypes[name], sources[name])
     return {n: arrays[n] for n in names}
+
+
+def _check_file_dtype(array: Any, name: str, want: str, path: Path) -> None:
+    """An array file's values for input ``name`` must be its dtype ``want`` (the predictor
+    refuses any other): said here in the file's terms, the dtype found and the one wanted
+    and how to convert the file, or, for integers, a value the wanted dtype cannot hold
+    (``astype`` would wrap 2**63 into int64 silently). JSON values already fit."""
+    found = dtype_name(array.dtype) if isinstance(array, torch.Tensor) else array.dtype.name
+    if found == want:
+        return
+    if isinstance(array, np.ndarray) and array.dtype.kind in "iu" and want in INTEGER_DTYPES:
+        try:
+            check_int_range(array, name, want)
+        except InputError as exc:
+            raise _error(path, exc.problem) from None
+    if path.suffix == ".safetensors":
+        how = (f"convert its tensor with tensor.to(torch.{want}) and save the file again "
+               "(safetensors.torch.save_file)")
+    elif want == "bfloat16":
+        how = ("numpy has no bfloat16: write a .safetensors file of a bfloat16 tensor "
+               "(tensor.to(torch.bfloat16))")
+    else:
+        how = f"convert it with array.astype(numpy.{want}) and save the file again"
+    raise _error(path, f"input {name!r} is {found} in the file, and the model takes {want}: "
+                       f"{how}")
 
 
 def _one(found: Mapping[str, np.ndarray], name: str, path: Path) -> str:
@@ -114,6 +154,7 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
     input whatever it is called."""
     if name is None and len(dtypes) == 1:
         name = next(iter(dtypes))
+    data = _request_inputs(data, dtypes, path)
     if not isinstance(data, dict):
         return {"": _json_array(data, name, dtypes, path)}
     arrays = {}
@@ -121,6 +162,23 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
         target = key if key in dtypes else name if len(data) == 1 else None
         arrays[key] = _json_array(value, target, dtypes, path)
     return arrays
+
+
+def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
+    """What a serve request body (``POST /``: ``{"inputs": T}``, ``{"inputs": {"x": T}}``,
+    optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
+    runs in predict too; anything else as it is. For a model with an input named
+    ``inputs``, that key stays the input."""
+    if (not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes
+            or not set(data) <= {"inputs", "encoding"}):
+        return data
+    encoding = data.get("encoding", "list")
+    if encoding != "list":
+        raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '
+                           'predict reads its list encoding ({"inputs": [[0.1, 0.2]]} or '
+                           '{"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, .npz or '
+                           ".safetensors files")
+    return data["inputs"]
 
 
 def _json_array(value: Any, name: str | None, dtypes: Mapping[str, str], path: Path) -> Any:

@@ -62,6 +62,7 @@ def numbers_array(value: Any, where: str, *, may_hold_booleans: bool = True) -> 
         raise MalformedRequestError(f"{where} is not a rectangular nested list of numbers: "
                                     f"{' '.join(str(exc).split())[:160]}") from None
     if array.dtype.kind not in "biuf":
+        _refuse_beyond_64_bits(array, where)
         raise MalformedRequestError(f"{where} must hold numbers (or booleans) only, as nested "
                                     "lists of one depth everywhere (integers within 64 bits)")
     if may_hold_booleans and array.dtype.kind != "b" and array.ndim and _holds_booleans(
@@ -70,6 +71,28 @@ def numbers_array(value: Any, where: str, *, may_hold_booleans: bool = True) -> 
                          "and false only, any other input numbers only (1 and 0, not true "
                          "and false)")
     return array
+
+
+def _refuse_beyond_64_bits(array: np.ndarray, where: str) -> None:
+    """numpy keeps JSON integers that no 64-bit type holds (``-2**63 - 1``, ``10**20``) as
+    Python objects: the first such one is an ``InputError`` naming ``where`` and saying it
+    is outside the int64 range, the widest an integer input has (a float input takes it
+    written as a float), rather than that ``where`` holds no numbers."""
+    if array.dtype != object:
+        return
+    low, high = DTYPES["int64"].int_limits or (0, 0)
+    huge = next((value for value in array.flat if type(value) is int
+                 and not low <= value < 2**64), None)
+    if huge is not None:
+        digits = str(abs(huge))
+        shown = f"{'-' * (huge < 0)}{digits[:24]}... ({len(digits)} digits)" \
+            if len(digits) > 40 else str(huge)
+        try:
+            floats = f"; a float input takes it written as a float, {float(huge):g}"
+        except OverflowError:
+            floats = ", nor a float input"
+        raise InputError(f"{where} holds {shown}, outside the int64 range [{low}, {high}] "
+                         f"(no integer input takes it{floats})")
 
 
 def _holds_booleans(value: Any, depth: int) -> bool:
@@ -128,7 +151,9 @@ def _refuse_beyond_int_range(array: np.ndarray, name: str, want: str,
     and uint64) as float64. One beyond ``want``'s range is refused as out of range, not as
     a float."""
     low, high = DTYPES[want].int_limits or (0, 0)
-    outside = array[(array < low) | (array > high)]
+    # ``high + 1`` (a power of two) is exact in float64, ``high`` itself may not be:
+    # float64(2**63 - 1) is 2**63, so ``array > high`` let 2**63 through
+    outside = array[(array < low) | (array >= high + 1)]
     if outside.size:
         raise InputError(f"input {name!r} holds {float(outside.flat[0]):.6g}, outside the "
                          f"{want} range [{low}, {high}]", accepted=accepted)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -128,12 +129,13 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         problems = [name for name, ok in (
-            ("replicas >= 1", self.replicas >= 1), ("gpus_per_replica >= 0", self.gpus_per_replica >= 0),
-            ("cpus_per_replica >= 0", self.cpus_per_replica >= 0),
+            ("replicas >= 1", self.replicas >= 1),
+            ("0 <= gpus_per_replica < inf", 0 <= self.gpus_per_replica < math.inf),
+            ("0 <= cpus_per_replica < inf", 0 <= self.cpus_per_replica < math.inf),
             ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
             (f"0 <= max_batch_wait_ms <= {MAX_BATCH_WAIT_MS:g}", self.max_batch_wait_ms is None
              or 0 <= self.max_batch_wait_ms <= MAX_BATCH_WAIT_MS),
-            ("grace_s >= 0", self.grace_s >= 0),
+            ("0 <= grace_s < inf", 0 <= self.grace_s < math.inf),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
             ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),
             ("max_queued_requests >= 0", self.limits.max_queued is None or self.limits.max_queued >= 0),

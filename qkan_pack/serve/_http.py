@@ -43,6 +43,9 @@ DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 INLINE_PARSE_BYTES = 64 * 1024
 #: Outputs at least this large (numpy bytes; their JSON is ~3x) are encoded there too.
 INLINE_ENCODE_BYTES = 16 * 1024
+#: Compressed bodies at least this large are inflated in a worker thread. Deflate makes at
+#: most ~1032 bytes of one, so what inflates on the event loop stays near a megabyte.
+INLINE_INFLATE_BYTES = 1024
 logger = logging.getLogger(__name__)
 
 
@@ -365,7 +368,11 @@ class HttpApi:
         encoding, header_length = _headers(request.scope, b"content-encoding",
                                            BINARY_HEADER.encode())
         if encoding not in (None, "identity"):
-            body = decompressed(body, encoding, self.limits.max_body_bytes)
+            if len(body) < INLINE_INFLATE_BYTES:
+                body = decompressed(body, encoding, self.limits.max_body_bytes)
+            else:  # zlib inflates without the GIL: a worker thread leaves the loop free
+                body = await asyncio.to_thread(decompressed, body, encoding,
+                                               self.limits.max_body_bytes)
             if not isinstance(body, bytes):
                 return body
         try:

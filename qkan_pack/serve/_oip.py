@@ -431,13 +431,19 @@ def _parameters(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def binary_tensor(binary: memoryview, size: Any, shape: list[int], dtype: str, name: str,
-                   where: str) -> Given:
-    """Raw little-endian bytes as a wire input of the declared dtype (bfloat16: its bits)."""
+                  where: str, sent: str = "binary_data_size") -> Given:
+    """Raw little-endian bytes as a wire input of the declared dtype (bfloat16: its bits).
+    ``sent`` names where ``size`` came from (HTTP's ``binary_data_size`` parameter, gRPC's
+    ``raw_input_contents[i]``) for the refusal of a size the shape and dtype do not make."""
     wire = np.dtype(DTYPES[dtype].wire)
-    expected = math.prod(shape) * wire.itemsize
+    count = math.prod(shape)
+    expected = count * wire.itemsize
     if type(size) is not int or size != expected:
-        raise MalformedRequestError(f"{where} ({name}): binary_data_size {size!r}; shape {shape} "
-                                    f"of {OIP_DATATYPE[dtype]} is {expected} bytes")
+        received = f"is {size} bytes" if type(size) is int else f"is {size!r}, not a byte count"
+        raise MalformedRequestError(
+            f"{where} ({name}): {sent} {received}; shape {shape} of {OIP_DATATYPE[dtype]} "
+            f"takes {expected} ({count} values x {wire.itemsize} "
+            f"byte{'s' if wire.itemsize > 1 else ''})")
     if len(binary) < size:
         raise MalformedRequestError(f"{where} ({name}): {size} binary bytes declared, "
                                     f"{len(binary)} left in the body")

@@ -331,7 +331,7 @@ class GrpcApi:
             if raw:
                 data = memoryview(raw[index])
                 inputs[tensor.name] = binary_tensor(data, len(data), shape, want, tensor.name,
-                                                    where)
+                                                    where, f"raw_input_contents[{index}]")
             else:
                 inputs[tensor.name] = _typed_contents(tensor, shape, want, where)
         self.oip.check_complete(inputs)

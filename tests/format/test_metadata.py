@@ -4,6 +4,7 @@ input/output schema: recorded at build, digested, parsed strictly, shown by insp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,61 @@ def test_the_cli_build_refuses_what_it_could_not_read_back(tmp_path: Path) -> No
     assert result.exit_code == 1, result.output
     assert "config.id2label: class label 1 holds control characters" in result.output
     assert "digest" not in result.output and not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize(("kind", "outputs", "labels"), [("good", 10, 3), ("thousand", 10, 1000)])
+def test_class_labels_no_output_has_room_for_are_refused_at_build(
+        tmp_path: Path, kind: str, outputs: int, labels: int) -> None:
+    """A model of 10 outputs whose config.id2label held 1000 (or 3) labels built, and
+    predict named no class (or named the wrong ones): the count is held to the outputs'."""
+    says = (f"config.id2label has {labels} class labels, but no output has {labels} values "
+            f"along its last dimension at every declared shape (at 1x2: output 1x{outputs})")
+    with pytest.raises(ManifestError, match=re.escape(says)):
+        build(MODELS / "labelled.py", "1x2", output=tmp_path / "a",
+              config={"kind": kind, "outputs": outputs}, progress=False)
+    result = CliRunner().invoke(cli, ["build", str(MODELS / "labelled.py"), "--shapes", "1x2",
+                                      "-o", str(tmp_path / "a"), "--config", f"kind={kind}",
+                                      "--config", f"outputs={outputs}"])
+    assert result.exit_code == 1 and says in result.output, result.output
+    assert not (tmp_path / "a").exists()
+
+
+SEVERAL_OUTPUTS = """
+from types import SimpleNamespace
+
+import torch
+
+
+class Tagged(torch.nn.Module):
+    def __init__(self, labels):
+        super().__init__()
+        torch.manual_seed(0)
+        self.classes = torch.nn.Linear(2, 3)
+        self.hidden = torch.nn.Linear(2, 5)
+        self.config = SimpleNamespace(id2label=dict(enumerate(labels)))
+
+    def forward(self, x):
+        return {"hidden": self.hidden(x), "logits": self.classes(x)}
+
+
+def build_model(labels=("cat", "dog", "bird")):
+    return Tagged(list(labels))
+"""
+
+
+def test_labels_fit_one_output_of_several(tmp_path: Path) -> None:
+    """Of several outputs, one whose last dimension is the number of labels takes them (a
+    ModelOutput's ``logits`` beside its hidden states); labels that fit none are refused,
+    naming each output's shape."""
+    source = tmp_path / "tagged.py"
+    source.write_text(SEVERAL_OUTPUTS)
+    built = build(source, "1x2,4x2", output=tmp_path / "a", progress=False)
+    assert built.manifest.metadata.class_labels == ("cat", "dog", "bird")
+    says = ("has 4 class labels, but no output has 4 values along its last dimension at every "
+            "declared shape (at 1x2: output.hidden 1x5, output.logits 1x3)")
+    with pytest.raises(ManifestError, match=re.escape(says)):
+        build(source, "1x2,4x2", output=tmp_path / "b", config={"labels": list("abcd")},
+              progress=False)
 
 
 @pytest.mark.parametrize("field", ["description", "license", "name", "labels"])

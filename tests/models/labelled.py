@@ -1,5 +1,6 @@
 """A classifier whose config names its classes (``config.id2label``, as transformers'
-configs do), in ways a manifest reader refuses: what ``kind`` says."""
+configs do), in ways a manifest reader refuses: what ``kind`` says. It has one output per
+label unless ``outputs`` says otherwise."""
 
 from types import SimpleNamespace
 
@@ -15,11 +16,12 @@ LABELS = {
     "huge": [f"class {i:06d} " + "x" * 47 for i in range(100_000)],
     "large": [f"class {i:06d} " + "x" * 23 for i in range(100_000)],
     "surrogate": ["cat", "caf\udce9", "bird"],
+    "thousand": [f"class {i}" for i in range(1000)],
 }
 
 
-def build_model(kind: str = "good") -> torch.nn.Module:
+def build_model(kind: str = "good", outputs: int = 0) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Linear(2, 3)
+    model = torch.nn.Linear(2, outputs or len(LABELS[kind]))
     model.config = SimpleNamespace(id2label=dict(enumerate(LABELS[kind])))
     return model

@@ -111,7 +111,8 @@ def test_json_booleans_mixed_with_numbers_are_refused(tmp_path: Path, value: Any
     ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
     ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),
     ([[2**63]], "int64"), ([[2**64]], "int64"), ([[-1]], "uint8"), ([[True, False]], "bool"),
-    ([[1, 2**64 - 1]], "int64"),
+    ([[1, 2**64 - 1]], "int64"), ([[1, 2**63]], "int64"), ([[-(2**63) - 1]], "int64"),
+    ([[10**20]], "float32"),
 ])
 def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
                                                    dtype: str) -> None:
@@ -151,6 +152,115 @@ def test_integers_beyond_the_range_read_as_floats_are_said_to_be_outside_it(
                                            "range [")
     with pytest.raises(InputFileError, match="holds floats, which do not convert to int64"):
         read_inputs([(None, _json_file(tmp_path, [1, 2.5]))], ["ids"], {"ids": "int64"})
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ([[1, 2**63]], "9.22337e+18"), ([[2**63]], "9223372036854775808"),
+    ([[1, 10**20]], "100000000000000000000"), ([[-(2**63) - 1]], "-9223372036854775809"),
+    ([[10**400]], "100000000000000000000000... (401 digits)"),
+])
+def test_integers_beyond_int64_are_said_to_be_outside_its_range(
+        tmp_path: Path, value: Any, shown: str) -> None:
+    """`[1, 2**63]` for an int64 input was said to hold floats (float64(2**63 - 1) is 2**63,
+    so the range check let it through), and an integer beyond 64 bits (`10**20`) to hold no
+    numbers: each is the value, outside int64's range, naming the input."""
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, value))], ["ids"], {"ids": "int64"})
+    assert caught.value.problem.startswith(
+        f"input 'ids' holds {shown}, outside the int64 range [-9223372036854775808, "
+        "9223372036854775807]"), caught.value.problem
+
+
+@pytest.mark.parametrize("request_body", [
+    {"inputs": {"a": [[0.5, 1.5, 2.5]], "b": [[1, 7]]}},
+    {"inputs": {"a": [[0.5, 1.5, 2.5]], "b": [[1, 7]]}, "encoding": "list"},
+])
+def test_a_serve_request_body_is_read_as_its_inputs(tmp_path: Path, request_body: Any) -> None:
+    """`predict --input body.json` with the body sent to serve's POST / said the file held
+    no numbers: predict reads serve's JSON, so it reads the request's inputs."""
+    inputs = request_body["inputs"]
+    read = read_inputs([(None, _json_file(tmp_path, request_body))], ["a", "b"],
+                       {"a": "float32", "b": "int64"})
+    assert read["a"].dtype == np.float32 and read["a"].tolist() == inputs["a"]
+    assert read["b"].dtype == np.int64 and read["b"].tolist() == inputs["b"]
+    single = read_inputs([(None, _json_file(tmp_path, {"inputs": [[1, 2]]}))], ["x"],
+                         {"x": "float32"})
+    assert single["x"].tolist() == [[1.0, 2.0]]
+
+
+def test_a_serve_request_predict_cannot_read_says_what_it_reads(tmp_path: Path) -> None:
+    body = {"inputs": {"b64": "zczMPc3MTD4=", "dtype": "float32", "shape": [1, 2]},
+            "encoding": "base64"}
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, body))], ["x"], {"x": "float32"})
+    assert caught.value.problem == (
+        'is a serve request with "encoding": "base64"; predict reads its list encoding '
+        '({"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, '
+        ".npz or .safetensors files")
+
+
+def test_an_input_named_inputs_keeps_its_name(tmp_path: Path) -> None:
+    """A model whose input is called ``inputs`` reads that key as the input, as serve does,
+    not as a request wrapping the others."""
+    first = _json_file(tmp_path, {"inputs": [[1, 2]]})
+    mask = tmp_path / "mask.json"
+    mask.write_text("[[3, 4]]")
+    read = read_inputs([(None, first), ("mask", mask)], ["inputs", "mask"],
+                       {"inputs": "float32", "mask": "float32"})
+    assert read["inputs"].tolist() == [[1.0, 2.0]] and read["mask"].tolist() == [[3.0, 4.0]]
+
+
+def _array_file(tmp_path: Path, suffix: str, array: Any) -> Path:
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"in{suffix}"
+    if suffix == ".safetensors":
+        save_file({"x": array if isinstance(array, torch.Tensor) else torch.from_numpy(array)},
+                  path)
+    elif suffix == ".npz":
+        np.savez(path, x=array)
+    else:
+        np.save(path, array)
+    return path
+
+
+@pytest.mark.parametrize(("suffix", "array", "want", "how"), [
+    (".safetensors", torch.ones(2, 2, dtype=torch.float16), "float32",
+     "convert its tensor with tensor.to(torch.float32) and save the file again "
+     "(safetensors.torch.save_file)"),
+    (".safetensors", torch.ones(2, 2, dtype=torch.bfloat16), "float32",
+     "convert its tensor with tensor.to(torch.float32)"),
+    (".npy", np.ones((2, 2), np.float16), "float32",
+     "convert it with array.astype(numpy.float32) and save the file again"),
+    (".npz", np.ones((2, 2), np.int32), "int64", "convert it with array.astype(numpy.int64)"),
+    (".npy", np.ones((2, 2), np.float32), "bfloat16", "numpy has no bfloat16: write a "
+     ".safetensors file of a bfloat16 tensor"),
+])
+def test_a_file_of_another_dtype_says_both_and_how_to_convert_it(
+        tmp_path: Path, suffix: str, array: Any, want: str, how: str) -> None:
+    """A .safetensors file of float16 for a float32 input was told to use
+    ``array.astype``, numpy's words for a torch file, and not which dtype was wanted."""
+    path = _array_file(tmp_path, suffix, array)
+    found = str(array.dtype).removeprefix("torch.")
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, path)], ["x"], {"x": want})
+    assert caught.value.path == f"--input {path}"
+    assert caught.value.problem.startswith(
+        f"input 'x' is {found} in the file, and the model takes {want}: {how}"), \
+        caught.value.problem
+
+
+def test_a_file_of_integers_beyond_the_inputs_range_says_so(tmp_path: Path) -> None:
+    """uint64 2**63 for an int64 input was told to convert with ``astype(numpy.int64)``,
+    which wraps it to -2**63."""
+    path = _array_file(tmp_path, ".npz", np.array([[1, 2**63]], np.uint64))
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, path)], ["x"], {"x": "int64"})
+    assert caught.value.problem == ("input 'x' holds 9223372036854775808, outside the int64 "
+                                    "range [-9223372036854775808, 9223372036854775807]")
+    fits = read_inputs([(None, _array_file(tmp_path, ".npy", np.ones((1, 2), np.int64)))], ["x"],
+                       {"x": "int64"})
+    assert fits["x"].dtype == np.int64
 
 
 # -- outputs ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -60,6 +61,18 @@ def test_bad_arguments_are_refused_naming_them(args: dict, says: str) -> None:
     with pytest.raises(ServeError) as info:
         options_from(read_args(args))
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["grace_s", "gpus_per_replica", "cpus_per_replica"])
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_serve_options_refuse_a_drain_or_a_share_that_is_not_finite(field: str,
+                                                                     value: float) -> None:
+    """``ServeOptions(grace_s=inf)`` was taken: a drain that never ends (the command line
+    refuses it before Ray starts; the Python API now does too)."""
+    from qkan_pack.serve import ServeOptions
+
+    with pytest.raises(ServeError, match=f"need 0 <= {field} < inf"):
+        ServeOptions(**{field: value})
 
 
 def test_an_artifact_whose_digest_differs_is_refused_before_any_replica(artifact: Path) -> None:

@@ -122,6 +122,46 @@ def test_a_large_protocol_body_is_parsed_in_the_helper_too(tmp_path: Path,
     server.http._helper.close()
 
 
+def test_a_large_compressed_protocol_body_inflates_off_the_event_loop(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A gzip ``/v2`` body was inflated on the replica's event loop, whatever its size: up to
+    ``--max-body-mb`` of inflation held every other request. One of at least
+    ``INLINE_INFLATE_BYTES`` compressed now inflates in a worker thread (zlib lets the GIL
+    go), a smaller one in place; both answer as the body sent plain."""
+    import gzip
+    import threading
+
+    from qkan_pack import build
+    from qkan_pack.serve import _http
+    from qkan_pack.serve._app import ArtifactServer, ServeOptions
+
+    from ..conftest import MODELS
+
+    build(MODELS / "plain_mlp.py", "1x2", output=tmp_path / "a", progress=False)
+    server = ArtifactServer(str(tmp_path / "a"), options=ServeOptions(device="cpu"))
+    path = f"/v2/models/{server.oip.name}/infer"
+    inflated_on: list[bool] = []
+    inflate = _http.decompressed
+
+    def watched(*args: Any) -> Any:
+        inflated_on.append(threading.current_thread() is threading.main_thread())
+        return inflate(*args)
+
+    monkeypatch.setattr(_http, "decompressed", watched)
+    replies = []
+    for request_id in ("small", os.urandom(2048).hex()):  # random hex: ~2 KiB compressed
+        plain = orjson.dumps({"id": request_id, "inputs": [
+            {"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.25, -0.5]}]})
+        body = gzip.compress(plain)
+        assert (len(body) >= _http.INLINE_INFLATE_BYTES) == (request_id != "small")
+        compressed = asyncio.run(server(_post(body, path, ((b"content-encoding", b"gzip"),))))
+        assert compressed.status_code == 200, compressed.body[:300]
+        replies.append((compressed.body, asyncio.run(server(_post(plain, path))).body))
+    assert inflated_on == [True, False]  # the small body in place, the large one off the loop
+    assert all(compressed == plain for compressed, plain in replies)
+    server.http._helper.close()
+
+
 @pytest.fixture
 def helper() -> Any:
     from qkan_pack.serve._offload import WireHelper

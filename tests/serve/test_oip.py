@@ -73,7 +73,11 @@ def test_binary_and_json_inputs_parse_to_the_same_values(manifest: Any) -> None:
     ({"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}]}, None,
      "holds 3 values, data has 2"),
     ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
-                  "parameters": {"binary_data_size": 4}}]}, "", "is 8 bytes"),
+                  "parameters": {"binary_data_size": 4}}]}, "",
+     "binary_data_size is 4 bytes; shape [1, 2] of FP32 takes 8 (2 values x 4 bytes)"),
+    ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                  "parameters": {"binary_data_size": "8"}}]}, "",
+     "binary_data_size is '8', not a byte count; shape [1, 2] of FP32 takes 8"),
     ({"inputs": []}, None, "missing input(s) ['x']"),
     ({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
       "outputs": [{"name": "logits"}]}, None, "unknown output 'logits'"),
@@ -318,6 +322,25 @@ def test_bool_bytes_other_than_0_and_1_are_refused(typed_oip: OipModel) -> None:
     assert parsed.inputs["flag"].array.tolist() == [[True, False, True]]
     with pytest.raises(MalformedRequestError, match=r"inputs\[5\] \(flag\): a bool is one byte"):
         typed_oip.parse_http(header + ones + bytes([1, 2, 1]), str(len(header)))
+
+
+def test_grpc_raw_contents_of_another_size_say_both_byte_counts(typed_oip: OipModel) -> None:
+    """gRPC raw contents of the wrong size were refused naming HTTP's binary_data_size
+    parameter, which a gRPC request has none of: the refusal names the raw contents, their
+    size and what the shape and datatype take."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    api = _grpc_api(typed_oip)
+    context = _grpc_infer(api, _grpc_request(api, {}, raw_flag=bytes([1, 0])))
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert context.details.endswith("inputs[5] (flag): raw_input_contents[5] is 2 bytes; "
+                                    "shape [1, 3] of BOOL takes 3 (3 values x 1 byte)"), \
+        context.details
+    request = _grpc_request(api, {}, raw_flag=bytes([1, 0, 1]))
+    request.raw_input_contents[0] = np.ones(2, np.int8).tobytes()
+    context = _grpc_infer(api, request)
+    assert "raw_input_contents[0] is 2 bytes; shape [1, 3] of INT8 takes 3" in context.details
 
 
 def test_bfloat16_and_integer_outputs_reply_as_the_protocol_types(tmp_path: Path) -> None:
