@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import IncompatibleArtifactError, ManifestError
 from ._constants import (
+    BASE_FORMAT_VERSION,
     CAPTURE_POLICIES,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -56,6 +57,7 @@ from ._schema import (
     read_object,
     refuse,
     show,
+    versioned_keys,
     write_object,
 )
 
@@ -322,7 +324,11 @@ class Manifest:
     precision: PrecisionPolicy | None = json_field(Nullable(Nested(PrecisionPolicy)),
                                                    default=None, omit=WHEN_DEFAULT)
     format_name: str = json_field(Choice((FORMAT_NAME,)), key="format", default=FORMAT_NAME)
-    format_version: int = json_field(Integer(1, FORMAT_VERSION), default=FORMAT_VERSION)
+    #: The version of the document it was read from (None: made in Python). The writer
+    #: writes the lowest version that holds the keys it writes (``written_version``), whatever
+    #: this says; equality compares what the manifest says, not how it was spelt.
+    format_version: int | None = json_field(Integer(1, FORMAT_VERSION), default=None,
+                                            compare=False)
 
     _json_order = ("format_name", "format_version", "created", "metadata", "producer", "model",
                    "call", "inputs", "shapes", "reference_device", "reference_precision",
@@ -378,8 +384,19 @@ def manifest_schema(manifest: Manifest) -> dict[str, Any]:
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
-    """The manifest as JSON-ready data, in the current format (what the writer emits)."""
-    return write_object(manifest)
+    """The manifest as JSON-ready data (what the writer emits): in the current form, at the
+    lowest format version that holds every key it uses (``written_version``)."""
+    data = write_object(manifest)
+    data["format_version"] = written_version(data)
+    return data
+
+
+def written_version(data: Mapping[str, Any]) -> int:
+    """The lowest format version that defines every key of manifest JSON ``data``: a
+    manifest that uses no key of a newer version keeps the older one, so that older readers
+    keep loading it (docs/artifacts.md, "Versions")."""
+    return max((BASE_FORMAT_VERSION,
+                *(since for _, since in versioned_keys(Manifest, data, "manifest"))))
 
 
 def precision_choice_to_dict(choice: PrecisionChoice) -> dict[str, Any]:
@@ -400,7 +417,9 @@ def parse_manifest(data: str | bytes) -> Manifest:
         raw = loads_strict(data)
     except ManifestError as exc:
         raise ManifestError(f"cannot be read: {exc}", where="manifest") from None
-    if _format_version(raw) == 1:
+    version = _format_version(raw)
+    _refuse_newer_keys(raw, version)
+    if version == 1:
         from ._old.v1 import upgrade_v1  # here: only format-1 artifacts pay for its import
 
         raw = upgrade_v1(raw)
@@ -419,6 +438,16 @@ def _format_version(raw: Any) -> int:
             f"is {version}, newer than this qkan-pack reads (up to {FORMAT_VERSION}): upgrade "
             "qkan-pack (pip install -U qkan-pack)", where="manifest.format_version")
     return version
+
+
+def _refuse_newer_keys(raw: Any, version: int) -> None:
+    """Refuse a key that came with a format version later than the document's: a manifest
+    holding it must say so (it was edited, or written by a faulty producer)."""
+    for where, since in versioned_keys(Manifest, raw, "manifest"):
+        if since > version:
+            refuse(where, f"is not a key format {version} defines: it came with format "
+                          f"{since}, so a manifest holding it says format_version {since} or "
+                          "later (this one was edited, or written by a faulty producer)")
 
 
 def _check_manifest(manifest: Manifest, where: str) -> Manifest:

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from ..errors import ManifestError
 from ._constants import CHANNELS_LAST, CONTIGUOUS, LAYOUTS, MAX_MAX_ERROR, PRECISIONS
+
+#: The format version the layout keys came with (``precision.layouts``, and a choice's
+#: ``layout``, ``shape_layouts``, ``channels_last``).
+LAYOUTS_SINCE = 3
 from ._schema import (
     WHEN_DEFAULT,
     Choice,
@@ -72,10 +76,12 @@ class PrecisionChoice:
     error: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
     refused: Mapping[str, str] = json_field(_REFUSED, factory=dict)
     shapes: tuple[str, ...] = json_field(ListOf(PRECISION), default=(), omit=WHEN_DEFAULT)
-    layout: str = json_field(LAYOUT, default=CONTIGUOUS, omit=WHEN_DEFAULT)
-    shape_layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(), omit=WHEN_DEFAULT)
+    layout: str = json_field(LAYOUT, default=CONTIGUOUS, omit=WHEN_DEFAULT, since=LAYOUTS_SINCE)
+    shape_layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(), omit=WHEN_DEFAULT,
+                                                since=LAYOUTS_SINCE)
     channels_last: LayoutFigures | None = json_field(Nullable(Nested(LayoutFigures)),
-                                                     default=None, omit=WHEN_DEFAULT)
+                                                     default=None, omit=WHEN_DEFAULT,
+                                                     since=LAYOUTS_SINCE)
 
     def for_shape(self, index: int) -> str:
         """The precision manifest shape ``index`` runs on this kind of device."""
@@ -156,7 +162,7 @@ class PrecisionPolicy:
         ListOf(Nested(PrecisionChoice), unique=(lambda choice: choice.key, "device key")),
         default=())
     layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(CONTIGUOUS,),
-                                          omit=WHEN_DEFAULT)
+                                          omit=WHEN_DEFAULT, since=LAYOUTS_SINCE)
 
     _json_order = ("default", "max_error", "allowed", "layouts", "choices")
 

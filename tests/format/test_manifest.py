@@ -279,7 +279,7 @@ def test_reference_noise_is_optional_and_checked() -> None:
 
 def test_duplicate_json_keys_refused() -> None:
     data = dumps_manifest(sample_manifest()).decode()
-    version = f'"format_version": {FORMAT_VERSION},'
+    version = f'"format_version": {parse_manifest(data).format_version},'
     doubled = data.replace(version, version + " " + version, 1)
     assert doubled != data
     with pytest.raises(ManifestError, match="duplicate JSON key 'format_version'"):
