@@ -13,10 +13,6 @@ from dataclasses import dataclass
 
 from ..errors import ManifestError
 from ._constants import CHANNELS_LAST, CONTIGUOUS, LAYOUTS, MAX_MAX_ERROR, PRECISIONS
-
-#: The format version the layout keys came with (``precision.layouts``, and a choice's
-#: ``layout``, ``shape_layouts``, ``channels_last``).
-LAYOUTS_SINCE = 3
 from ._schema import (
     WHEN_DEFAULT,
     Choice,
@@ -34,6 +30,9 @@ from ._schema import (
 
 PRECISION = Choice(PRECISIONS)
 LAYOUT = Choice(LAYOUTS)
+#: The format version the layout keys came with (``precision.layouts``, and a choice's
+#: ``layout``, ``shape_layouts``, ``channels_last``).
+LAYOUTS_SINCE = 3
 _TEXT = Text()
 _TEXTS = MapOf(_TEXT)
 

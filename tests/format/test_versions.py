@@ -22,11 +22,11 @@ from qkan_pack.format import (
     Manifest,
     OutputClass,
     TensorSpec,
+    _schema,
     dumps_manifest,
     manifest_to_dict,
     parse_manifest,
 )
-from qkan_pack.format import _schema
 from qkan_pack.format._schema import (
     WHEN_DEFAULT,
     ListOf,
@@ -72,7 +72,7 @@ def _with_layouts(manifest: Manifest, **choice: Any) -> Manifest:
 FIGURES = LayoutFigures(latency_us={"bf16": (1.5, 1.0)}, error={"bf16": (0.001, 0.002)})
 
 #: Each key format 3 added, a value of it, and its JSON path.
-LAYOUT_KEYS = [
+LAYOUT_KEYS = [pytest.param(path, value, where, id=path[-1]) for path, value, where in (
     (("precision", "layouts"), list(LAYOUTS), "manifest.precision.layouts"),
     (("precision", "choices", 0, "layout"), CHANNELS_LAST,
      "manifest.precision.choices[0].layout"),
@@ -80,7 +80,7 @@ LAYOUT_KEYS = [
      "manifest.precision.choices[0].shape_layouts"),
     (("precision", "choices", 0, "channels_last"), write_object(FIGURES),
      "manifest.precision.choices[0].channels_last"),
-]
+)]
 
 
 def _holding(version: int, path: tuple[Any, ...], value: Any) -> bytes:
@@ -117,7 +117,7 @@ def test_a_manifest_with_a_layout_key_is_written_as_format_3_and_read_back(
 
 
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize(("path", "value", "where"), LAYOUT_KEYS, ids=lambda v: str(v)[-30:])
+@pytest.mark.parametrize(("path", "value", "where"), LAYOUT_KEYS)
 def test_an_older_manifest_holding_a_layout_key_is_refused_naming_the_key_and_version(
         version: int, path: tuple[Any, ...], value: Any, where: str) -> None:
     """A released reader of format 2 would refuse the key as unknown: a manifest holding it
@@ -130,7 +130,7 @@ def test_an_older_manifest_holding_a_layout_key_is_refused_naming_the_key_and_ve
                                          "with format 3")
 
 
-@pytest.mark.parametrize(("path", "value", "where"), LAYOUT_KEYS, ids=lambda v: str(v)[-30:])
+@pytest.mark.parametrize(("path", "value", "where"), LAYOUT_KEYS)
 def test_a_format_3_manifest_reads_each_layout_key(path: tuple[Any, ...], value: Any,
                                                    where: str) -> None:
     raw = json.loads(_holding(3, path, value))
