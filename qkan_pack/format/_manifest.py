@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import IncompatibleArtifactError, ManifestError
@@ -324,15 +324,16 @@ class Manifest:
     precision: PrecisionPolicy | None = json_field(Nullable(Nested(PrecisionPolicy)),
                                                    default=None, omit=WHEN_DEFAULT)
     format_name: str = json_field(Choice((FORMAT_NAME,)), key="format", default=FORMAT_NAME)
-    #: The version of the document it was read from (None: made in Python). The writer
-    #: writes the lowest version that holds the keys it writes (``written_version``), whatever
-    #: this says; equality compares what the manifest says, not how it was spelt.
-    format_version: int | None = json_field(Integer(1, FORMAT_VERSION), default=None,
-                                            compare=False)
+    #: The format version of the document it was read from (None: made in Python). A mark of
+    #: the document, not a field the schema reads: the reader checks it before any key
+    #: (``parse_manifest``), the writer writes the lowest version that holds the keys it
+    #: writes (``written_version``), whatever this says. Equality compares what manifests
+    #: say, not the version that spelt it.
+    format_version: int | None = field(default=None, compare=False)
 
-    _json_order = ("format_name", "format_version", "created", "metadata", "producer", "model",
-                   "call", "inputs", "shapes", "reference_device", "reference_precision",
-                   "capture", "kernels", "padding", "precision", "files")
+    _json_order = ("format_name", "created", "metadata", "producer", "model", "call", "inputs",
+                   "shapes", "reference_device", "reference_precision", "capture", "kernels",
+                   "padding", "precision", "files")
 
     def input_dtype(self, name: str) -> str:
         return {decl.name: decl.dtype for decl in self.inputs}[name]
@@ -387,8 +388,7 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     """The manifest as JSON-ready data (what the writer emits): in the current form, at the
     lowest format version that holds every key it uses (``written_version``)."""
     data = write_object(manifest)
-    data["format_version"] = written_version(data)
-    return data
+    return {"format": data.pop("format"), "format_version": written_version(data), **data}
 
 
 def written_version(data: Mapping[str, Any]) -> int:
@@ -419,11 +419,13 @@ def parse_manifest(data: str | bytes) -> Manifest:
         raise ManifestError(f"cannot be read: {exc}", where="manifest") from None
     version = _format_version(raw)
     _refuse_newer_keys(raw, version)
+    body = {key: value for key, value in raw.items() if key != "format_version"}
     if version == 1:
         from ._old.v1 import upgrade_v1  # here: only format-1 artifacts pay for its import
 
-        raw = upgrade_v1(raw)
-    return read_object(Manifest, raw, "manifest", _check_manifest)
+        body = upgrade_v1(body)
+    return replace(read_object(Manifest, body, "manifest", _check_manifest),
+                   format_version=version)
 
 
 def _format_version(raw: Any) -> int:

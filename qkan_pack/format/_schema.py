@@ -372,8 +372,7 @@ class _Slot:
 def json_field(codec: Codec, *, key: str | None = None, default: Any = dataclasses.MISSING,
                factory: Any = dataclasses.MISSING,
                omit: str | Callable[[Any], bool] | None = None, required: bool = False,
-               fills: tuple[str, ...] = (), since: int | None = None,
-               compare: bool = True) -> Any:
+               fills: tuple[str, ...] = (), since: int | None = None) -> Any:
     """A dataclass field held by JSON key ``key`` (default: the field's name), read and
     written by ``codec``. Without ``default``/``factory`` the key must be present (and
     ``required`` demands it even where the dataclass has a default). ``omit``: when the
@@ -381,10 +380,10 @@ def json_field(codec: Codec, *, key: str | None = None, default: Any = dataclass
     ``fills``: the fields one key holds together (``range`` -> ``low``, ``high``).
     ``since``: the format version the key came with (``versioned_keys``); a key added to a
     format comes optional, with a ``since`` and an ``omit``, so that a document that does
-    not use it keeps the older version. ``compare``: whether equality looks at the field."""
+    not use it keeps the older version."""
     required = required or (default is dataclasses.MISSING and factory is dataclasses.MISSING)
-    return dataclasses.field(default=default, default_factory=factory, compare=compare,
-                             metadata={_META: (codec, key, required, omit, fills, since)})
+    return dataclasses.field(default=default, default_factory=factory, metadata={
+        _META: (codec, key, required, omit, fills, since)})
 
 
 _LAYOUTS: dict[type, tuple[_Slot, ...]] = {}

@@ -499,7 +499,7 @@ def _refused_rich(path: tuple[Any, ...], value: Any) -> ManifestError:
 #: refused at, and what the refusal says.
 OBJECTS = [
     ((), "manifest.surprise", "is not a key this format version defines here (known: format, "
-                              "format_version, created, metadata, producer, model, call, inputs"),
+                              "created, metadata, producer, model, call, inputs"),
     (("model",), "manifest.model.surprise", "(known: source, includes, entry, config,"),
     (("inputs", 1), "manifest.inputs[1].surprise", "(known: name, dtype, range, range_source)"),
     (("shapes", 0), "manifest.shapes[0].surprise", "(known: inputs, outputs, reference, noise,"),
