@@ -5,7 +5,10 @@ walk those declarations. What reading a field cannot check alone is checked afte
 (``_check_manifest``): every input named in every shape, every file listed, padding and
 precision figures that fit the declared shapes. The parts with rules of their own live beside
 it: the output trees (``_outputs``), padding (``_padding``), reduced precision
-(``_precision``) and metadata (``_metadata``). A reader here either returns a valid frozen
+(``_precision``) and metadata (``_metadata``). The format version is the document's mark:
+the writer writes the lowest version that holds every key it writes (``written_version``),
+and the reader refuses a key that came with a later version than its document declares,
+before reading any (``_refuse_newer_keys``). A reader here either returns a valid frozen
 object or raises a ``QkanPackError`` subclass naming the JSON path (``ManifestError.where``);
 no other exception escapes (the property tests hold us to it).
 """
