@@ -51,37 +51,39 @@ def file_entries(files: Mapping[str, bytes]) -> dict[str, FileEntry]:
 def write_artifact(target: str | os.PathLike[str], manifest: Manifest, files: Mapping[str, bytes],
                    *, force: bool = False, protect: Sequence[str | os.PathLike[str]] = ()
                    ) -> tuple[Manifest, str]:
-    """Write ``files`` plus a manifest listing them; return the final manifest and digest.
+    """Write ``files`` plus a manifest listing them; return the final manifest (its
+    ``format_version`` the one the writer chose for its keys) and the digest.
 
     The manifest is refused before anything on disk changes unless a reader takes it back
     (``readable_manifest``): a build never replaces an artifact with one nothing can read.
     ``protect``: folders the output must neither be nor contain (the model's own folder).
     """
     final = dataclasses.replace(manifest, files=file_entries(files))
-    manifest_bytes = readable_manifest(final)
+    manifest_bytes, read_back = readable_manifest(final)
     install_artifact(target, {**files, MANIFEST_NAME: manifest_bytes}, force=force,
                      protect=protect)
+    final = dataclasses.replace(final, format_version=read_back.format_version)
     return final, artifact_digest(manifest_bytes)
 
 
-def readable_manifest(manifest: Manifest) -> bytes:
-    """``manifest``'s bytes, once the reader has taken them back: within the size every
-    reader accepts (``MAX_MANIFEST_BYTES``), parsed by ``format.parse_manifest`` and written
-    again to the same bytes (nothing the writer emits is refused, dropped or changed by the
-    reader). A ``ManifestError`` says what to change; nothing is written."""
+def readable_manifest(manifest: Manifest) -> tuple[bytes, Manifest]:
+    """``manifest``'s bytes, and the manifest a reader takes back from them: within the size
+    every reader accepts (``MAX_MANIFEST_BYTES``), parsed by ``format.parse_manifest`` and
+    written again to the same bytes (nothing the writer emits is refused, dropped or changed
+    by the reader). A ``ManifestError`` says what to change; nothing is written."""
     data = dumps_manifest(manifest)
     if len(data) > MAX_MANIFEST_BYTES:
         raise _oversized(manifest, len(data))
     try:
-        again = dumps_manifest(parse_manifest(data))
+        read_back = parse_manifest(data)
     except ManifestError as exc:
         raise ManifestError(f"the manifest this build made would be refused by every reader: "
                             f"{exc}; nothing was written") from exc
-    if again != data:
+    if dumps_manifest(read_back) != data:
         raise ManifestError("the manifest this build made reads back differently (a reader "
                             "would see another artifact); nothing was written: report this "
                             "as a bug, with the build command")
-    return data
+    return data, read_back
 
 
 #: What shrinks each top-level part of a manifest that is too large.

@@ -13,8 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 FORMAT_NAME = "qkan-pack"
-#: A key added to the manifest comes with a new version (docs/artifacts.md, "Unknown keys").
-FORMAT_VERSION = 2
+#: The newest format version this qkan-pack reads and writes. A key added to the manifest
+#: comes with a new version, declared on its field (``json_field(since=...)``); the writer
+#: writes the lowest version that holds every key a manifest uses (docs/artifacts.md,
+#: "Versions").
+FORMAT_VERSION = 3
+#: The version of every manifest key that declares no later one: the oldest version the
+#: writer writes (format 1 is read, through ``_old/v1``, never written).
+BASE_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "weights.safetensors"
 #: The optional signature (``qkan-pack sign``): a Sigstore bundle over every other file. Not

@@ -5,7 +5,10 @@ walk those declarations. What reading a field cannot check alone is checked afte
 (``_check_manifest``): every input named in every shape, every file listed, padding and
 precision figures that fit the declared shapes. The parts with rules of their own live beside
 it: the output trees (``_outputs``), padding (``_padding``), reduced precision
-(``_precision``) and metadata (``_metadata``). A reader here either returns a valid frozen
+(``_precision``) and metadata (``_metadata``). The format version is the document's mark:
+the writer writes the lowest version that holds every key it writes (``written_version``),
+and the reader refuses a key that came with a later version than its document declares,
+before reading any (``_refuse_newer_keys``). A reader here either returns a valid frozen
 object or raises a ``QkanPackError`` subclass naming the JSON path (``ManifestError.where``);
 no other exception escapes (the property tests hold us to it).
 """
@@ -14,10 +17,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import IncompatibleArtifactError, ManifestError
 from ._constants import (
+    BASE_FORMAT_VERSION,
     CAPTURE_POLICIES,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -55,6 +59,7 @@ from ._schema import (
     read_object,
     refuse,
     show,
+    versioned_keys,
     write_object,
 )
 
@@ -326,11 +331,16 @@ class Manifest:
     precision: PrecisionPolicy | None = json_field(Nullable(Nested(PrecisionPolicy)),
                                                    default=None, omit=WHEN_DEFAULT)
     format_name: str = json_field(Choice((FORMAT_NAME,)), key="format", default=FORMAT_NAME)
-    format_version: int = json_field(Integer(1, FORMAT_VERSION), default=FORMAT_VERSION)
+    #: The format version of the document it was read from (None: made in Python). A mark of
+    #: the document, not a field the schema reads: the reader checks it before any key
+    #: (``parse_manifest``), the writer writes the lowest version that holds the keys it
+    #: writes (``written_version``), whatever this says. Equality compares what manifests
+    #: say, not the version that spelt it.
+    format_version: int | None = field(default=None, compare=False)
 
-    _json_order = ("format_name", "format_version", "created", "metadata", "producer", "model",
-                   "call", "inputs", "shapes", "reference_device", "reference_precision",
-                   "capture", "kernels", "padding", "precision", "files")
+    _json_order = ("format_name", "created", "metadata", "producer", "model", "call", "inputs",
+                   "shapes", "reference_device", "reference_precision", "capture", "kernels",
+                   "padding", "precision", "files")
 
     def input_dtype(self, name: str) -> str:
         return {decl.name: decl.dtype for decl in self.inputs}[name]
@@ -382,8 +392,18 @@ def manifest_schema(manifest: Manifest) -> dict[str, Any]:
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
-    """The manifest as JSON-ready data, in the current format (what the writer emits)."""
-    return write_object(manifest)
+    """The manifest as JSON-ready data (what the writer emits): in the current form, at the
+    lowest format version that holds every key it uses (``written_version``)."""
+    data = write_object(manifest)
+    return {"format": data.pop("format"), "format_version": written_version(data), **data}
+
+
+def written_version(data: Mapping[str, Any]) -> int:
+    """The lowest format version that defines every key of manifest JSON ``data``: a
+    manifest that uses no key of a newer version keeps the older one, so that older readers
+    keep loading it (docs/artifacts.md, "Versions")."""
+    return max((BASE_FORMAT_VERSION,
+                *(since for _, since in versioned_keys(Manifest, data, "manifest"))))
 
 
 def precision_choice_to_dict(choice: PrecisionChoice) -> dict[str, Any]:
@@ -404,11 +424,15 @@ def parse_manifest(data: str | bytes) -> Manifest:
         raw = loads_strict(data)
     except ManifestError as exc:
         raise ManifestError(f"cannot be read: {exc}", where="manifest") from None
-    if _format_version(raw) == 1:
+    version = _format_version(raw)
+    _refuse_newer_keys(raw, version)
+    body = {key: value for key, value in raw.items() if key != "format_version"}
+    if version == 1:
         from ._old.v1 import upgrade_v1  # here: only format-1 artifacts pay for its import
 
-        raw = upgrade_v1(raw)
-    return read_object(Manifest, raw, "manifest", _check_manifest)
+        body = upgrade_v1(body)
+    return replace(read_object(Manifest, body, "manifest", _check_manifest),
+                   format_version=version)
 
 
 def _format_version(raw: Any) -> int:
@@ -423,6 +447,16 @@ def _format_version(raw: Any) -> int:
             f"is {version}, newer than this qkan-pack reads (up to {FORMAT_VERSION}): upgrade "
             "qkan-pack (pip install -U qkan-pack)", where="manifest.format_version")
     return version
+
+
+def _refuse_newer_keys(raw: Any, version: int) -> None:
+    """Refuse a key that came with a format version later than the document's: a manifest
+    holding it must say so (it was edited, or written by a faulty producer)."""
+    for where, since in versioned_keys(Manifest, raw, "manifest"):
+        if since > version:
+            refuse(where, f"is not a key format {version} defines: it came with format "
+                          f"{since}, so a manifest holding it says format_version {since} or "
+                          "later (this one was edited, or written by a faulty producer)")
 
 
 def _check_manifest(manifest: Manifest, where: str) -> Manifest:

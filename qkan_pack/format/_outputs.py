@@ -25,6 +25,7 @@ from ._schema import (
     read_object,
     refuse,
     show,
+    versioned_keys,
     write_object,
 )
 
@@ -205,3 +206,19 @@ class OutputTree(Codec):
         if node.cls is not None:
             data["class"] = write_object(node.cls)
         return data
+
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        """The versioned keys of the tensor specs and classes in the tree (as ``read`` walks
+        it; a tree too deep or of an unknown kind is left to ``read`` to refuse)."""
+        if not isinstance(value, dict) or self.depth > MAX_OUTPUT_DEPTH:
+            return
+        child = OutputTree(self.depth + 1)
+        for kind, inner in value.items():
+            here = key_path(where, kind)
+            if kind in ("tensor", "class"):
+                yield from versioned_keys(TensorSpec if kind == "tensor" else OutputClass,
+                                          inner, here)
+            elif kind in ("tuple", "list"):
+                yield from ListOf(child).versioned_keys(inner, here)
+            elif kind == "dict":
+                yield from MapOf(child).versioned_keys(inner, here)

@@ -30,6 +30,9 @@ from ._schema import (
 
 PRECISION = Choice(PRECISIONS)
 LAYOUT = Choice(LAYOUTS)
+#: The format version the layout keys came with (``precision.layouts``, and a choice's
+#: ``layout``, ``shape_layouts``, ``channels_last``).
+LAYOUTS_SINCE = 3
 _TEXT = Text()
 _TEXTS = MapOf(_TEXT)
 
@@ -72,10 +75,12 @@ class PrecisionChoice:
     error: Mapping[str, tuple[float, ...]] = json_field(_FIGURES, factory=dict)
     refused: Mapping[str, str] = json_field(_REFUSED, factory=dict)
     shapes: tuple[str, ...] = json_field(ListOf(PRECISION), default=(), omit=WHEN_DEFAULT)
-    layout: str = json_field(LAYOUT, default=CONTIGUOUS, omit=WHEN_DEFAULT)
-    shape_layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(), omit=WHEN_DEFAULT)
+    layout: str = json_field(LAYOUT, default=CONTIGUOUS, omit=WHEN_DEFAULT, since=LAYOUTS_SINCE)
+    shape_layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(), omit=WHEN_DEFAULT,
+                                                since=LAYOUTS_SINCE)
     channels_last: LayoutFigures | None = json_field(Nullable(Nested(LayoutFigures)),
-                                                     default=None, omit=WHEN_DEFAULT)
+                                                     default=None, omit=WHEN_DEFAULT,
+                                                     since=LAYOUTS_SINCE)
 
     def for_shape(self, index: int) -> str:
         """The precision manifest shape ``index`` runs on this kind of device."""
@@ -156,7 +161,7 @@ class PrecisionPolicy:
         ListOf(Nested(PrecisionChoice), unique=(lambda choice: choice.key, "device key")),
         default=())
     layouts: tuple[str, ...] = json_field(ListOf(LAYOUT), default=(CONTIGUOUS,),
-                                          omit=WHEN_DEFAULT)
+                                          omit=WHEN_DEFAULT, since=LAYOUTS_SINCE)
 
     _json_order = ("default", "max_error", "allowed", "layouts", "choices")
 

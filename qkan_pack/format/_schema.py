@@ -13,6 +13,10 @@ The reader's rules, the same in every object:
   failed (``manifest.shapes[2].outputs.tensor.shape[1]``);
 - a key that no field declares is refused: a format version defines its keys, and a newer
   producer's key comes with a newer version (docs/artifacts.md, "Unknown keys");
+- a field declares the format version its key came with (``since``; none: the oldest
+  version written). ``versioned_keys`` walks a JSON document by the same declarations and
+  names every such key it holds: the manifest's reader refuses one its document's version
+  does not define, and its writer writes the lowest version that holds them all;
 - an absent key takes the field's default, and is refused where the field has none;
 - a dataclass refusing its own values in ``__post_init__`` (a rule that holds for objects
   made in Python too) raises ``ManifestError`` with ``where`` relative to itself
@@ -28,7 +32,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from ..errors import ManifestError
 
@@ -84,6 +88,12 @@ class Codec:
 
     def write(self, value: Any) -> Any:
         return value
+
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        """The keys inside JSON ``value`` whose field declares a ``since`` version, as (JSON
+        path, version), in document order. A value this codec would refuse is passed over
+        (reading refuses it after)."""
+        return iter(())
 
 
 class Text(Codec):
@@ -189,6 +199,9 @@ class Nullable(Codec):
     def write(self, value: Any) -> Any:
         return None if value is None else self.inner.write(value)
 
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        return self.inner.versioned_keys(value, where) if value is not None else iter(())
+
 
 class JsonObject(Codec):
     """Any JSON object, kept as parsed (a model's config, the producer's versions)."""
@@ -241,6 +254,10 @@ class ListOf(Codec):
     def write(self, value: Any) -> list[Any]:
         return [self.item.write(item) for item in value]
 
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        for index, item in enumerate(value if isinstance(value, list) else ()):
+            yield from self.item.versioned_keys(item, f"{where}[{index}]")
+
 
 class MapOf(Codec):
     """A JSON object of ``value`` values, each key one that ``key`` accepts (any text when
@@ -274,6 +291,10 @@ class MapOf(Codec):
         return {name: self.value.write(item)
                 for name, item in (sorted(items) if self.sort else items)}
 
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        for name, item in (value.items() if isinstance(value, dict) else ()):
+            yield from self.value.versioned_keys(item, key_path(where, name))
+
 
 class Pair(Codec):
     """A two-item JSON list ``[first, second]``; read as a tuple."""
@@ -292,6 +313,11 @@ class Pair(Codec):
     def write(self, value: Any) -> list[Any]:
         return [self.first.write(value[0]), self.second.write(value[1])]
 
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        if self.accepts(value):
+            yield from self.first.versioned_keys(value[0], f"{where}[0]")
+            yield from self.second.versioned_keys(value[1], f"{where}[1]")
+
 
 class Nested(Codec):
     """A JSON object read into dataclass ``cls`` by its declared fields; ``check(obj,
@@ -309,9 +335,13 @@ class Nested(Codec):
     def write(self, value: Any) -> dict[str, Any]:
         return write_object(value)
 
+    def versioned_keys(self, value: Any, where: str) -> Iterator[tuple[str, int]]:
+        return versioned_keys(self.cls, value, where)
+
 
 class Custom(Codec):
-    """A value no combination above describes: ``read(value, where)`` and ``write(value)``."""
+    """A value no combination above describes: ``read(value, where)`` and ``write(value)``
+    (free-form data: it holds no declared field, so no versioned key)."""
 
     def __init__(self, read: Callable[[Any, str], Any], write: Callable[[Any], Any]) -> None:
         self._read, self._write = read, write
@@ -335,26 +365,30 @@ class _Slot:
     """One declared field as the walkers use it (a plain class: a dataclass here would add
     to the import time of ``import qkan_pack``)."""
 
-    __slots__ = ("codec", "default", "field", "fills", "key", "omit", "required")
+    __slots__ = ("codec", "default", "field", "fills", "key", "omit", "required", "since")
 
     def __init__(self, field: str, key: str, codec: Codec, required: bool, default: Any,
-                 omit: str | Callable[[Any], bool] | None, fills: tuple[str, ...]) -> None:
+                 omit: str | Callable[[Any], bool] | None, fills: tuple[str, ...],
+                 since: int | None) -> None:
         self.field, self.key, self.codec, self.required = field, key, codec, required
-        self.default, self.omit, self.fills = default, omit, fills
+        self.default, self.omit, self.fills, self.since = default, omit, fills, since
 
 
 def json_field(codec: Codec, *, key: str | None = None, default: Any = dataclasses.MISSING,
                factory: Any = dataclasses.MISSING,
                omit: str | Callable[[Any], bool] | None = None, required: bool = False,
-               fills: tuple[str, ...] = ()) -> Any:
+               fills: tuple[str, ...] = (), since: int | None = None) -> Any:
     """A dataclass field held by JSON key ``key`` (default: the field's name), read and
     written by ``codec``. Without ``default``/``factory`` the key must be present (and
     ``required`` demands it even where the dataclass has a default). ``omit``: when the
     writer leaves the key out (``WHEN_DEFAULT``, or a predicate on the object).
-    ``fills``: the fields one key holds together (``range`` -> ``low``, ``high``)."""
+    ``fills``: the fields one key holds together (``range`` -> ``low``, ``high``).
+    ``since``: the format version the key came with (``versioned_keys``); a key added to a
+    format comes optional, with a ``since`` and an ``omit``, so that a document that does
+    not use it keeps the older version."""
     required = required or (default is dataclasses.MISSING and factory is dataclasses.MISSING)
     return dataclasses.field(default=default, default_factory=factory, metadata={
-        _META: (codec, key, required, omit, fills)})
+        _META: (codec, key, required, omit, fills, since)})
 
 
 _LAYOUTS: dict[type, tuple[_Slot, ...]] = {}
@@ -369,11 +403,11 @@ def _layout(cls: type) -> tuple[_Slot, ...]:
         for field in dataclasses.fields(cls):
             if _META not in field.metadata:
                 continue
-            codec, key, required, omit, fills = field.metadata[_META]
+            codec, key, required, omit, fills, since = field.metadata[_META]
             default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
                        else field.default)
             slots.append(_Slot(field.name, key or field.name, codec, required, default, omit,
-                               fills))
+                               fills, since))
         order = getattr(cls, "_json_order", None)
         if order:
             slots.sort(key=lambda slot: order.index(slot.field))
@@ -421,6 +455,21 @@ def write_object(obj: Any) -> dict[str, Any]:
             continue
         data[slot.key] = slot.codec.write(value)
     return data
+
+
+def versioned_keys(cls: type, value: Any, where: str) -> Iterator[tuple[str, int]]:
+    """The keys of JSON object ``value`` (read as dataclass ``cls`` at path ``where``) and of
+    the objects inside it whose field declares the format version it came with (``since``),
+    as (JSON path, version), in document order: what a document must declare to hold them.
+    Malformed parts are passed over, for the reader to refuse."""
+    if not isinstance(value, dict):
+        return
+    for slot in _layout(cls):
+        if slot.key in value:
+            here = key_path(where, slot.key)
+            if slot.since is not None:
+                yield here, slot.since
+            yield from slot.codec.versioned_keys(value[slot.key], here)
 
 
 def _join(where: str, relative: str | None) -> str:

@@ -5,6 +5,8 @@ the channels-last figures, and what ``warm`` says; timings injected (issue 44, i
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from qkan_pack import Predictor, build, read_artifact
-from qkan_pack.builder import warm
+from qkan_pack.builder import warm, write_artifact
 from qkan_pack.builder._precision import (
     SPEED_MARGIN,
     TimedCall,
@@ -22,6 +24,7 @@ from qkan_pack.builder._precision import (
     pick_precision,
 )
 from qkan_pack.cli import cli
+from qkan_pack.format import LAYOUTS, MANIFEST_NAME
 from qkan_pack.runtime import precision_key
 
 from ..conftest import MODELS
@@ -154,3 +157,36 @@ def test_warm_says_what_it_timed_in_each_layout(resnet: Path) -> None:
         assert any(line.startswith(f"  {name:<{width}} ") and " us, " in line
                    for line in lines), (name, lines)
     assert any(line.startswith(f"  {'tf32':<{width}} refused: TF32") for line in lines), lines
+
+
+def _version(artifact: Path) -> int:
+    return json.loads((artifact / MANIFEST_NAME).read_bytes())["format_version"]
+
+
+def test_warm_writes_the_format_version_its_keys_need(resnet: Path, tmp_path: Path) -> None:
+    """Every rewrite of a manifest (warm's choice, a re-writer) goes through the one writer,
+    which writes the lowest format version holding its keys; the digest warm returns is the
+    written manifest's, which loads pinned to it."""
+    assert _version(resnet) == 3  # build listed channels-last: precision.layouts
+    # the same model as a release before layouts built it: format 2, contiguous only
+    old = tmp_path / "old"
+    verified = read_artifact(resnet)
+    policy = dataclasses.replace(verified.manifest.precision, layouts=(C,))
+    written, _ = write_artifact(old, dataclasses.replace(verified.manifest, precision=policy),
+                                dict(verified.files))
+    assert _version(old) == 2 == written.format_version
+    fast_cl = _timer({"2x3x16x16": ("bf16", CL), "4x3x16x16": ("bf16", CL)})
+    result = warm(old, "cpu", precision="auto", timer=fast_cl)
+    assert result.precision.layout == C and result.precision.channels_last is None
+    assert _version(old) == 2  # warm kept it loadable by the readers of format 2
+    assert read_artifact(old, expected_digest=result.digest).manifest.format_version == 2
+    # listing channels-last (a key of format 3) raises it, and warm's choice keeps it there
+    listed = dataclasses.replace(read_artifact(old).manifest.precision, layouts=LAYOUTS)
+    written, _ = write_artifact(old, dataclasses.replace(read_artifact(old).manifest,
+                                                         precision=listed),
+                                dict(read_artifact(old).files), force=True)
+    assert _version(old) == 3 == written.format_version
+    result = warm(old, "cpu", precision="auto", timer=fast_cl)
+    assert result.precision.layout == CL and _version(old) == 3
+    assert read_artifact(old, expected_digest=result.digest).manifest.precision.choices == (
+        result.precision,)

@@ -279,7 +279,7 @@ def test_reference_noise_is_optional_and_checked() -> None:
 
 def test_duplicate_json_keys_refused() -> None:
     data = dumps_manifest(sample_manifest()).decode()
-    version = f'"format_version": {FORMAT_VERSION},'
+    version = f'"format_version": {parse_manifest(data).format_version},'
     doubled = data.replace(version, version + " " + version, 1)
     assert doubled != data
     with pytest.raises(ManifestError, match="duplicate JSON key 'format_version'"):
@@ -499,7 +499,7 @@ def _refused_rich(path: tuple[Any, ...], value: Any) -> ManifestError:
 #: refused at, and what the refusal says.
 OBJECTS = [
     ((), "manifest.surprise", "is not a key this format version defines here (known: format, "
-                              "format_version, created, metadata, producer, model, call, inputs"),
+                              "created, metadata, producer, model, call, inputs"),
     (("model",), "manifest.model.surprise", "(known: source, includes, entry, config,"),
     (("inputs", 1), "manifest.inputs[1].surprise", "(known: name, dtype, range, range_source)"),
     (("shapes", 0), "manifest.shapes[0].surprise", "(known: inputs, outputs, reference, noise,"),

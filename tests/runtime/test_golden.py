@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qkan_pack import Predictor, read_artifact
+from qkan_pack.format import dumps_manifest
 
 from ..conftest import MODELS, ROOT
 
@@ -48,7 +49,24 @@ def test_format_1_two_inputs_positionally() -> None:
         torch.testing.assert_close(got["parts"][1][1], want["parts"][1][1])
 
 
-@pytest.mark.parametrize("name", ["v1_plain_mlp", "v1_multi_io"])
+def test_format_2_with_a_precision_choice() -> None:
+    """Built with ``--precision auto`` and warmed on a CPU by the format-2 writer: it loads
+    in float32 (the choice it recorded, or the default on another CPU) and is written back
+    to the same bytes (a manifest without a format-3 key stays format 2)."""
+    artifact = read_artifact(GOLDEN / "v2_plain_mlp_auto")
+    manifest = artifact.manifest
+    assert manifest.format_version == 2 and manifest.precision is not None
+    assert manifest.precision.choices and manifest.precision.layouts == ("contiguous",)
+    assert dumps_manifest(manifest) == artifact.manifest_bytes
+    eager = _eager("plain_mlp.py")
+    with Predictor.load(GOLDEN / "v2_plain_mlp_auto", device="cpu") as predictor:
+        assert predictor.report.precision.precision == "fp32"
+        x = torch.randn(4, 2)
+        with torch.no_grad():
+            torch.testing.assert_close(predictor(x), eager(x))
+
+
+@pytest.mark.parametrize("name", ["v1_plain_mlp", "v1_multi_io", "v2_plain_mlp_auto"])
 def test_golden_artifacts_are_untouched(name: str) -> None:
     """The files on disk are the ones the old writer produced (digests still match)."""
     assert read_artifact(GOLDEN / name).digest.startswith("sha256:")
