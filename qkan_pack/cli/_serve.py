@@ -28,7 +28,7 @@ from ._token import read_token
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
               help="HTTP port. A taken port is an error: one server per port.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Replicas, each loading its own predictor.")
+              help="Replicas, each loading its own predictor (at most 1000).")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0),
               help="GPUs each replica reserves; fractions share a GPU (0.25: four per GPU) "
               "[default: up to 1 when the cluster has GPUs, else 0].")

@@ -41,6 +41,7 @@ from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
 from ._deploy import DEPLOY_POLL_S, app_state, last_line, wait_running
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
+from ._placement import fit_resources
 from ._ray_compat import (
     GRPC_APPLICATION_ENV,
     check_ray,
@@ -193,23 +194,6 @@ def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
     if limits.max_ongoing is None or limits.max_queued is None:
         return None
     return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
-
-
-def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
-                  resources: Mapping[str, float]) -> ServeOptions:
-    """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
-    one per replica where the cluster has any) and refuse what it cannot place."""
-    have_cpu, have_gpu = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
-    if cpus is None:
-        cpus = min(1.0, int(100 * have_cpu / options.replicas) / 100)
-    if gpus is None:
-        gpus = min(1.0, have_gpu / options.replicas) if have_gpu else 0.0
-    for kind, each, have in (("CPU", cpus, have_cpu), ("GPU", gpus, have_gpu)):
-        if options.replicas * each > have + 1e-9:
-            raise ServeError(f"cannot place {options.replicas} replicas x {each:g} {kind}; "
-                             f"this cluster has {have:g}",
-                             hint=f"lower --replicas or --{kind.lower()}s-per-replica")
-    return replace(options, cpus_per_replica=cpus, gpus_per_replica=gpus)
 
 
 def quiet_ray(verbose: bool) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FileReadError, QkanPackError, RepositoryError
+from ..errors import FileReadError, PlacementError, QkanPackError, RepositoryError
 from ..format import MANIFEST_NAME, MODEL_NAME
 from ._settings import READERS, TEXT_SETTINGS, apply_settings, read_setting
 
@@ -343,9 +343,10 @@ def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
     """The CPUs and GPUs per replica of a model whose config sets none: the command line's,
     else an even share of what the models that set theirs leave, with room kept for one
     model's reload (a new generation starts beside the serving one: ``_router``), counted
-    as the largest model's replicas. CPUs: at most 1, in hundredths; GPUs: at most 1, none
-    on a cluster without. ServeError when the versions cannot all be placed."""
-    from ..errors import ServeError
+    as the largest model's replicas. CPUs: ``_placement.cpu_share`` (at most 1, in
+    hundredths, at least ``MIN_CPU_SHARE``); GPUs: at most 1, none on a cluster without.
+    PlacementError, naming each model's replicas, when the versions cannot all be placed."""
+    from ._placement import EPSILON, MIN_CPU_SHARE, cpu_share
 
     have = {"CPU": float(resources.get("CPU", 0)), "GPU": float(resources.get("GPU", 0))}
     given = {"CPU": cpus, "GPU": gpus}
@@ -361,13 +362,16 @@ def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
         if each is None:
             left = max(0.0, have[kind] - own)
             room = rest + spare
-            each = (min(1.0, int(100 * left / room) / 100) if room else 1.0) if kind == "CPU" \
-                else (min(1.0, left / room) if room and left else 0.0)
-        if own + rest * each > have[kind] + 1e-9:
-            raise ServeError(f"cannot place the repository's replicas: they need "
-                             f"{own + rest * each:g} {kind}, this cluster has {have[kind]:g}",
-                             hint=f"lower replicas or {key} in the models' {MODEL_CONFIG}, "
-                             f"or --{kind.lower()}s-per-replica")
+            each = cpu_share(left, room) if kind == "CPU" else \
+                (min(1.0, left / room) if room and left else 0.0)
+        if own + rest * each > have[kind] + EPSILON:
+            least = (f"{MIN_CPU_SHARE:g} CPU is the least a replica is given: "
+                     if given[kind] is None and kind == "CPU" else "")
+            raise PlacementError(
+                kind=kind, replicas=replicas, need=own + rest * each, have=have[kind],
+                each=None if own else each,
+                hint=f"{least}lower replicas or {key} in the models' {MODEL_CONFIG}, or "
+                f"--{kind.lower()}s-per-replica")
         chosen[kind] = each
     return chosen["CPU"], chosen["GPU"]
 

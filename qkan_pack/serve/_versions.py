@@ -10,18 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RepositoryError
+from ..errors import PlacementError, RepositoryError
 from ._app import deployment_app
-from ._deploy import wait_running
+from ._deploy import DEPLOY_POLL_S, wait_running
 from ._haproxy_admin import admin_command
+from ._placement import check_left
 from ._ray_compat import delete_apps, deploy_without_waiting, haproxy_admin_socket
-from ._repository import Defaults, VersionPlan, model_names, plan_model, scan_model
+from ._repository import (
+    MODEL_CONFIG,
+    Defaults,
+    VersionPlan,
+    model_names,
+    plan_model,
+    scan_model,
+)
 from ._routes import Generation, publish_routes, write_admission
 
 #: Each version's deployment (its application is the generation's: ``Generation.app``).
@@ -30,6 +39,9 @@ VERSION_DEPLOYMENT = "QkanPack"
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 #: How long a load waits for a version's replicas.
 LOAD_TIMEOUT_S = 900.0
+#: How long after a generation is deleted a load waits for its resources to show as
+#: released (``ray.available_resources`` lags the deletion) before refusing a placement.
+RELEASE_WAIT_S = 5.0
 #: How long one command to HAProxy's admin socket may take.
 ADMIN_TIMEOUT_S = 2.0
 logger = logging.getLogger(__name__)
@@ -80,6 +92,7 @@ class Repository:
         #: pickling by value around each call, and two at once fail ("not registered").
         self._deploying = asyncio.Lock()
         self._handles: dict[str, Any] = {}
+        self._released = -RELEASE_WAIT_S  # when a generation was last deleted (monotonic)
         for plan, generation in served:
             deployed = Deployed(plan, Generation(plan.model, plan.version, generation))
             self.models.setdefault(plan.model, {})[plan.version] = Version(plan.version,
@@ -249,6 +262,10 @@ class Repository:
         if state.serving is not None and state.serving.plan.key == plan.key:
             state.reason = ""
             return None
+        problem = await self._placement_problem(plan)
+        if problem is not None:
+            self._failed(plan.model, plan.version, problem)
+            return problem
         self._generation += 1
         generation = Generation(plan.model, plan.version, self._generation)
         if state.serving is None:
@@ -274,6 +291,23 @@ class Repository:
             await self.publish_routes()  # the default moves to the new generation first
             await self._delete_generations([old])
         return None
+
+    async def _placement_problem(self, plan: VersionPlan) -> str | None:
+        """Why the cluster cannot place ``plan``'s new generation beside what serves (what
+        it has left), or None: refused here, Ray would start what fits and wait for the
+        rest for ever. Resources of a generation deleted a moment ago may not show as
+        released yet: after a deletion, asked again for up to ``RELEASE_WAIT_S``."""
+        hint = (f"lower replicas (or cpus_per_replica, gpus_per_replica) in "
+                f"{plan.model}/{MODEL_CONFIG}, or unload a model to make room")
+        while True:
+            left = await asyncio.to_thread(resources_left)
+            try:
+                check_left(plan.label, plan.options, left, hint)
+                return None
+            except PlacementError as exc:
+                if time.monotonic() - self._released > RELEASE_WAIT_S:
+                    return str(exc)
+            await asyncio.sleep(DEPLOY_POLL_S)
 
     async def unload(self, name: str) -> Refusal | None:
         """Unload every version of ``name`` (None: done, or nothing was loaded; 404: no such
@@ -302,6 +336,7 @@ class Repository:
         if not generations:
             return
         await asyncio.to_thread(_delete, [d.generation.app for d in generations])
+        self._released = time.monotonic()
         for deployed in generations:
             self._handles.pop(deployed.generation.app, None)
             self._admission.pop(deployed.generation.prefix, None)
@@ -336,3 +371,10 @@ def _delete(apps: Sequence[str]) -> None:
         delete_apps(apps)
     except Exception as exc:  # a timeout: Ray goes on deleting them
         logger.warning("model repository: deleting %s: %s", ", ".join(apps), exc)
+
+
+def resources_left() -> dict[str, float]:
+    """What the cluster has left, beside what its replicas hold (``ray.available_resources``)."""
+    import ray
+
+    return dict(ray.available_resources())

@@ -48,7 +48,7 @@ def test_arguments_are_read_from_yaml_or_command_line_text(tmp_path: Path) -> No
     ({"artifact": "a", "exact": "maybe"}, "not true or false"),
     ({"artifact": "a", "max_body_mb": "nan"}, "not a finite number"),
     ({"artifact": "a", "token_sha256": "abc"}, "64 lowercase hex digits"),
-    ({"artifact": "a", "replicas": 0}, "replicas >= 1"),
+    ({"artifact": "a", "replicas": 0}, "replicas=0: outside [1, 1000]"),
     ({"artifact": "a", "name": "a/b"}, "a model name is letters"),
     ({"artifact": "a", "precision": "fp8"}, "give recorded or one of fp32, tf32, bf16, fp16"),
     ({"artifact": "a", "name": None}, "argument name=None: not text"),

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from qkan_pack.errors import RepositoryError, ServeError
+from qkan_pack.errors import PlacementError, RepositoryError, ServeError
 from qkan_pack.serve import HttpLimits, ServeOptions
 from qkan_pack.serve._repository import (
     MODEL_CONFIG,
@@ -172,7 +172,8 @@ def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
     ("[replicas]\ncount = 2\n", "a setting is one value, not a table or array"),
     ("precision = \"fp8\"\n", "give recorded or one of"),
     ("max_body_mb = 1e9\n", "outside [0.001, 65536]"),
-    ("replicas = 0\n", "need replicas >= 1"),
+    ("replicas = 0\n", "replicas = 0: outside [1, 1000]"),
+    ("replicas = 1001\n", "replicas = 1001: outside [1, 1000]"),
     ("replicas = \n", "qkan-pack.toml: Invalid value"),
 ])
 def test_a_model_config_refuses_what_it_cannot_apply(built: dict[str, Path], tmp_path: Path,
@@ -199,8 +200,50 @@ def test_resources_are_shared_with_room_for_one_model_to_reload() -> None:
     cpus, gpus = share(plans, None, None, {"CPU": 4.0, "GPU": 2.0})
     assert cpus == pytest.approx(int(100 * 3.5 / 5) / 100) and gpus == pytest.approx(1.5 / 5)
     assert share(plans, 0.5, None, {"CPU": 4.0, "GPU": 0.5})[1] == 0.0  # none left to share
-    with pytest.raises(ServeError, match=r"need 5 CPU, this cluster has 4"):
+    with pytest.raises(PlacementError, match=r"they need 5 CPU; this cluster has 4"):
         share(plans, 1.5, None, {"CPU": 4.0, "GPU": 2.0})
+
+
+@pytest.mark.parametrize("replicas", [201, 1000])
+def test_an_even_share_never_rounds_a_replica_down_to_no_cpu(replicas: int) -> None:
+    """A share that rounded to 0 CPU let any number of replicas "fit" (a million of them on
+    two CPUs ran Ray's controller out of memory): each replica is given 0.01 CPU at least,
+    and what does not fit then is refused, naming the model and its replicas."""
+    from qkan_pack.serve._placement import fit_resources
+
+    with pytest.raises(PlacementError) as info:
+        share([_plan("big", replicas), _plan("small")], None, None, {"CPU": 2.0})
+    assert info.value.replicas == {"big": replicas, "small": 1} and info.value.each == 0.01
+    assert f"cannot place {replicas + 1} replicas x 0.01 CPU (big: {replicas}, small: 1)" \
+        in str(info.value) and "lower replicas or cpus_per_replica" in info.value.hint
+    with pytest.raises(PlacementError, match=rf"cannot place {replicas} replicas x 0.01 CPU; "
+                                             r"this cluster has 2; 0.01 CPU is the least"):
+        fit_resources(ServeOptions(replicas=replicas), None, None, {"CPU": 2.0})
+    assert fit_resources(ServeOptions(replicas=200), None, None,
+                         {"CPU": 2.0}).cpus_per_replica == 0.01
+    assert share([_plan("big", 99)], None, None, {"CPU": 2.0})[0] == 0.01  # room for a reload
+
+
+def test_replicas_batch_size_and_grace_are_bounded_on_the_command_line_too(
+        built: dict[str, Path]) -> None:
+    """One bound each (``ServeOptions``), whatever gives the value: the command line, the
+    Python API, ``app_builder``'s arguments or a model's ``qkan-pack.toml``."""
+    from click.testing import CliRunner
+
+    from qkan_pack.cli import cli
+    from qkan_pack.serve._builder import options_from, read_args
+
+    for options, says in (({"replicas": 1001}, "1 <= replicas <= 1000"),
+                          ({"max_batch_size": 65_537}, "1 <= max_batch_size <= 65536"),
+                          ({"grace_s": float("inf")}, "0 <= grace_s <= 3600")):
+        with pytest.raises(ServeError, match=f"need {says}"):
+            ServeOptions(**options)
+    with pytest.raises(ServeError, match="outside"):
+        options_from(read_args({"artifact": "/a", "replicas": "1001"}))
+    for args, says in ((["--replicas", "1001"], "1 <= replicas <= 1000"),
+                       (["--grace-s", "1e300"], "0 <= grace_s <= 3600")):
+        done = CliRunner().invoke(cli, ["serve", str(built["mlp1"]), *args])
+        assert done.exit_code == 1 and says in done.output, done.output
 
 
 # -- HAProxy's routes -----------------------------------------------------------------
@@ -476,3 +519,61 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
         serve_forever(good, ServeOptions(model_name="other"))
     with pytest.raises(ServeError, match=r"--noop: .* is not an artifact"):
         serve_forever(good, replica=ReplicaLoad(noop=True))
+
+
+def test_a_load_the_cluster_cannot_place_is_refused_and_the_serving_version_serves_on(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load while serving is held to what the cluster has left (Ray would start what fits
+    and wait for the rest for ever, its controller holding every replica asked for): 400
+    naming the version, its replicas and the setting; the serving generation is kept."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, Repository
+
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"]})
+    (serving,), _ = plan_model(scan_model(repo, "mlp"), _defaults())
+    repository = Repository(str(repo), _defaults(), [(serving, 1)])
+    monkeypatch.setattr(_versions, "resources_left", lambda: {"CPU": 2.0})
+    (repo / "mlp" / MODEL_CONFIG).write_text("replicas = 1000\n")
+    refusal = asyncio.run(repository.load("mlp"))
+    assert refusal is not None and refusal.status == 400
+    assert "cannot place 1000 replicas x 1 CPU (mlp/1: 1000): they need 1000 CPU; this " \
+           "cluster has 2 left; lower replicas (or cpus_per_replica, gpus_per_replica) in " \
+           f"mlp/{MODEL_CONFIG}" in refusal.message
+    state = repository.models["mlp"][1]
+    assert state.state == READY and state.serving is not None and state.serving.plan is serving
+    assert "the last load failed: cannot place 1000 replicas" in state.reason
+    assert repository.loads["mlp", "1", "failure"] == 1
+
+
+def test_a_stop_ends_the_deploy_wait_while_serves_controller_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that does not answer (restarting, or holding more replicas than it
+    can) held each status poll, and with it the stop signal, for minutes: each poll now
+    waits a bounded time, and a stop ends the wait within it."""
+    pytest.importorskip("ray")
+    import ray
+    import ray.serve.api
+    import ray.serve.context
+    from ray.exceptions import GetTimeoutError
+
+    from qkan_pack.serve import _deploy
+
+    class Client:
+        class _controller:
+            class get_serve_instance_details:
+                remote = staticmethod(lambda: "a reference")
+
+        def get_serve_details(self) -> Any:  # serve.status()'s own wait: unbounded
+            time.sleep(30)
+
+    def get(reference: Any, timeout: float | None = None) -> Any:
+        time.sleep(30 if timeout is None else timeout)
+        raise GetTimeoutError("no answer")
+
+    for module in (ray.serve.context, ray.serve.api):
+        monkeypatch.setattr(module, "_get_global_client", lambda **_: Client())
+    monkeypatch.setattr(ray, "get", get)
+    started = time.monotonic()
+    assert _deploy.wait_running(["app"], 600, stopping=lambda: time.monotonic() > started + 0.5
+                                ) is False
+    assert time.monotonic() - started < _deploy.STATUS_TIMEOUT_S + 2
