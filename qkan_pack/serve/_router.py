@@ -155,8 +155,11 @@ class RouterHttp:
         body = await self._body(request)
         if not isinstance(body, bytes):
             return body
-        status, headers, payload = await self.repository.handle(target).forward_http.remote(
-            request.method, path, list(request.scope.get("headers", ())), body)
+        answer = await self.repository.call(target, "forward_http", request.method, path,
+                                            list(request.scope.get("headers", ())), body)
+        if isinstance(answer, Refusal):
+            return self._refuse(answer)
+        status, headers, payload = answer
         reply = raw_response(status, payload)
         reply.raw_headers = headers
         return reply
@@ -167,8 +170,11 @@ class RouterHttp:
         target = self.repository.resolve(name, None)
         if isinstance(target, Refusal):
             return self._refuse(target)
-        status, _, payload = await self.repository.handle(target).forward_http.remote(
-            "GET", path, list(request.scope.get("headers", ())), b"")
+        answer = await self.repository.call(target, "forward_http", "GET", path,
+                                            list(request.scope.get("headers", ())), b"")
+        if isinstance(answer, Refusal):
+            return self._refuse(answer)
+        status, _, payload = answer
         if status != 200:
             return raw_response(status, payload)
         import orjson
@@ -366,8 +372,10 @@ class RouterGrpc:
                 return reply(ready=False)
             return _status(context, GRPC_STATUS.get(target.status, "INTERNAL"), target.message,
                            reply())
-        answer, code, details = await self.repository.handle(target).forward_grpc.remote(
-            rpc, request, metadata)
+        forwarded = await self.repository.call(target, "forward_grpc", rpc, request, metadata)
+        if isinstance(forwarded, Refusal):
+            return _status(context, GRPC_STATUS[forwarded.status], forwarded.message, reply())
+        answer, code, details = forwarded
         if code not in (None, "OK"):
             return _status(context, code, details, answer)
         if rpc == "ModelMetadata" and not version:

@@ -42,6 +42,10 @@ LOAD_TIMEOUT_S = 900.0
 #: How long after a generation is deleted a load waits for its resources to show as
 #: released (``ray.available_resources`` lags the deletion) before refusing a placement.
 RELEASE_WAIT_S = 5.0
+#: A request the router passes on to a version's replicas (every gRPC call, every request
+#: with ``--ingress python``) is answered 503 / UNAVAILABLE when they give no answer within
+#: twice the version's ``body_timeout_s``, and never sooner than this (``forward_timeout_s``).
+FORWARD_MIN_TIMEOUT_S = 10.0
 #: How long one command to HAProxy's admin socket may take.
 ADMIN_TIMEOUT_S = 2.0
 logger = logging.getLogger(__name__)
@@ -142,7 +146,7 @@ class Repository:
         if state is None:
             return Refusal(404, f"model {name!r} has no version {version!r}; it has "
                            f"{', '.join(map(str, sorted(versions)))}")
-        if state.serving is None or state.state not in (READY, UNLOADING):
+        if state.serving is None or state.state != READY:  # unloading: its replicas are leaving
             return Refusal(503, f"version {version} of model {name!r} is "
                            f"{state.state.lower()}" + (f": {state.reason}" if state.reason else ""))
         return state.serving
@@ -157,6 +161,20 @@ class Repository:
             handle = serve.get_deployment_handle(VERSION_DEPLOYMENT, app, _check_exists=False)
             self._handles[app] = handle
         return handle
+
+    async def call(self, deployed: Deployed, method: str, *args: Any) -> Any:
+        """``method`` of ``deployed``'s replicas over its handle, or a 503 Refusal when they
+        give no answer within ``forward_timeout_s``: a call Ray's handle cannot hand to a
+        replica (its generation deleted meanwhile) otherwise waits for ever."""
+        response = getattr(self.handle(deployed), method).remote(*args)
+        timeout_s = forward_timeout_s(deployed.plan)
+        try:
+            return await asyncio.wait_for(_awaited(response), timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            plan = deployed.plan
+            return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
+                           f"answer within {timeout_s:g} s (it may be unloading); retry")
 
     def routes_choice(self) -> tuple[list[str], str | None]:
         """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
@@ -345,6 +363,17 @@ class Repository:
     def _record_admission(self) -> None:
         if self.workdir is not None:
             write_admission(self.workdir, self._admission)
+
+
+def forward_timeout_s(plan: VersionPlan) -> float:
+    """How long the router waits for a version's answer to a request it passed on: twice
+    its ``body_timeout_s`` (a request's whole time at the ingress is bounded by the same
+    setting), at least ``FORWARD_MIN_TIMEOUT_S``."""
+    return max(FORWARD_MIN_TIMEOUT_S, 2 * plan.options.limits.body_timeout_s)
+
+
+async def _awaited(response: Any) -> Any:
+    return await response
 
 
 def admission_of(plan: VersionPlan) -> tuple[int, int, int]:

@@ -577,3 +577,95 @@ def test_a_stop_ends_the_deploy_wait_while_serves_controller_does_not_answer(
     assert _deploy.wait_running(["app"], 600, stopping=lambda: time.monotonic() > started + 0.5
                                 ) is False
     assert time.monotonic() - started < _deploy.STATUS_TIMEOUT_S + 2
+
+
+class _SilentHandle:
+    """A deployment handle whose calls never complete (Ray's, for a generation deleted
+    before a replica took the call), remembering what it was asked and cancelled."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.cancelled = 0
+        handle = self
+
+        class Method:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def remote(self, *args: Any) -> Any:
+                handle.asked.append(self.name)
+
+                class Response:
+                    def __await__(self) -> Any:
+                        return asyncio.get_running_loop().create_future().__await__()
+
+                    def cancel(self) -> None:
+                        handle.cancelled += 1
+
+                return Response()
+
+        self.forward_http, self.forward_grpc = Method("forward_http"), Method("forward_grpc")
+
+
+def test_a_version_being_unloaded_answers_503_and_no_passed_on_call_waits_for_ever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request for a named version that was unloading was handed to the generation being
+    deleted, and Ray's handle then never answered: the client waited for its whole deadline
+    (gRPC, --ingress python). Now an unloading version is a 503 / UNAVAILABLE, and a call
+    passed on is bounded (``forward_timeout_s``), a timeout answering the same."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._router import RouterGrpc, RouterHttp
+    from qkan_pack.serve._versions import UNLOADING, Refusal
+
+    root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None})
+    fast = dataclasses.replace(_plan("mlp"), options=ServeOptions(
+        limits=HttpLimits(body_timeout_s=0.1)))
+    repository = _router(root, [fast, dataclasses.replace(fast, version=2)])
+    handle = _SilentHandle()
+    monkeypatch.setattr(repository, "handle", lambda deployed: handle)
+    monkeypatch.setattr(_versions, "FORWARD_MIN_TIMEOUT_S", 0.2)
+    repository.models["mlp"][1].state = UNLOADING
+    assert repository.resolve("mlp", "1") == Refusal(503, "version 1 of model 'mlp' is "
+                                                     "unloading")
+    assert repository.resolve("mlp", None).plan.version == 2
+
+    async def none() -> Any:
+        raise AssertionError("not asked")
+
+    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
+                      server_version="test", scrape=none, stats=none)
+    router_grpc = RouterGrpc(repository, None, "test")
+
+    class Context:
+        code: Any = None
+        details = ""
+
+        def invocation_metadata(self) -> tuple:
+            return ()
+
+        def set_code(self, code: Any) -> None:
+            self.code = code
+
+        def set_details(self, details: str) -> None:
+            self.details = details
+
+    async def ask() -> tuple[Any, ...]:
+        unloading = await http.handle(_request("POST", "/models/mlp/versions/1", b"{}"))
+        silent = await http.handle(_request("POST", "/models/mlp/versions/2", b"{}"))
+        contexts = Context(), Context()
+        for context, version in zip(contexts, ("1", "2")):
+            await router_grpc.answer("ModelInfer", router_grpc.pb.ModelInferRequest(
+                model_name="mlp", model_version=version), context)
+        return unloading, silent, contexts
+
+    unloading, silent, (grpc_unloading, grpc_silent) = asyncio.run(asyncio.wait_for(ask(), 10))
+    assert unloading.status_code == 503 and unloading.headers["retry-after"] == "1"
+    assert strict_json(unloading.body) == {"error": "version 1 of model 'mlp' is unloading"}
+    assert silent.status_code == 503
+    assert strict_json(silent.body) == {"error": "version 2 of model 'mlp' gave no answer "
+                                        "within 0.2 s (it may be unloading); retry"}
+    assert grpc_unloading.code == grpc.StatusCode.UNAVAILABLE
+    assert grpc_silent.code == grpc.StatusCode.UNAVAILABLE and "no answer" in grpc_silent.details
+    assert handle.asked == ["forward_http", "forward_grpc"] and handle.cancelled == 2
