@@ -324,15 +324,17 @@ class RouterGrpc:
         self.pb = protocol()
 
     async def answer(self, rpc: str, request: Any, context: Any) -> Any:
+        """One RPC; a refusal is the RPC's empty reply with its status set (never None: Ray's
+        Python gRPC proxy serialises whatever is returned)."""
         metadata = tuple((m.key, m.value) if hasattr(m, "key") else tuple(m)
                          for m in (context.invocation_metadata() if context is not None else ()))
+        reply: Any = getattr(self.pb, f"{rpc}Response")
         if self.token_sha256 is not None and not any(
                 k.lower() == "authorization" and bearer_matches(
                     (v.decode("latin-1") if isinstance(v, bytes) else v).encode("latin-1"),
                     self.token_sha256) for k, v in metadata):
             return _status(context, "UNAUTHENTICATED", "missing or wrong bearer token: send "
-                           "metadata 'authorization: Bearer <token>'", None)
-        reply: Any = getattr(self.pb, f"{rpc}Response", None)
+                           "metadata 'authorization: Bearer <token>'", reply())
         if rpc in ("ServerLive", "ServerReady"):
             return reply(**{rpc.removeprefix("Server").lower(): True})
         if rpc == "ServerMetadata":
@@ -346,7 +348,7 @@ class RouterGrpc:
             return await self._control(rpc, request, context, reply)
         if rpc in IMPLEMENTED:  # a model's RPC
             return await self._model_rpc(rpc, request, context, metadata)
-        return _status(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack", None)
+        return _status(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack", reply())
 
     async def _control(self, rpc: str, request: Any, context: Any, reply: Any) -> Any:
         unsupported = sorted(k for k in request.parameters if k != "unload_dependents")

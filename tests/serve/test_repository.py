@@ -669,3 +669,43 @@ def test_a_version_being_unloaded_answers_503_and_no_passed_on_call_waits_for_ev
     assert grpc_unloading.code == grpc.StatusCode.UNAVAILABLE
     assert grpc_silent.code == grpc.StatusCode.UNAVAILABLE and "no answer" in grpc_silent.details
     assert handle.asked == ["forward_http", "forward_grpc"] and handle.cancelled == 2
+
+
+def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path: Path) -> None:
+    """Through Ray's Python gRPC proxy (``--ingress python``) the reply is serialised: the
+    None the router returned for a call without the token, or for an RPC it does not
+    serve, became INTERNAL with a Ray traceback instead of UNAUTHENTICATED or
+    UNIMPLEMENTED."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve._auth import token_digest
+    from qkan_pack.serve._router import RouterGrpc
+
+    token = "router-token-0123456789abcdef"
+    router = RouterGrpc(_router(_repository(tmp_path / "repo", {"mlp/1": None}),
+                                [_plan("mlp")]), token_digest(token), "test")
+
+    class Context:
+        def __init__(self, metadata: tuple = ()) -> None:
+            self.metadata, self.code = metadata, None
+
+        def invocation_metadata(self) -> tuple:
+            return self.metadata
+
+        def set_code(self, code: Any) -> None:
+            self.code = code
+
+        def set_details(self, details: str) -> None:
+            pass
+
+    sent = (("authorization", f"Bearer {token}"),)
+    for rpc, metadata, code in (("RepositoryIndex", (), "UNAUTHENTICATED"),
+                                ("ModelInfer", (("authorization", "Bearer wrong"),),
+                                 "UNAUTHENTICATED"),
+                                ("ModelStatistics", sent, "UNIMPLEMENTED"),
+                                ("TraceSetting", (), "UNAUTHENTICATED")):
+        context = Context(metadata)
+        reply = asyncio.run(router.answer(rpc, getattr(router.pb, f"{rpc}Request")(), context))
+        assert context.code == getattr(grpc.StatusCode, code), rpc
+        assert type(reply) is getattr(router.pb, f"{rpc}Response")
+        assert reply.SerializeToString() == b""

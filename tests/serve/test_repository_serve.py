@@ -355,6 +355,18 @@ def test_through_the_python_proxy_the_router_passes_requests_on(
                        headers=_auth("authorization"))
     np.testing.assert_allclose(reply.as_numpy("output"), want, rtol=1e-5, atol=1e-6)
     assert python_ingress.json("/v2/models/mlp/versions/2/infer", {"inputs": []})[0] == 404
+    from tritonclient.utils import InferenceServerException
+
+    for call, code in ((lambda: grpc.get_model_repository_index(), "UNAUTHENTICATED"),
+                       (lambda: grpc.infer("mlp", [_input(grpc_module, x, "input")],
+                                           headers={"authorization": "Bearer wrong-token-00000"}),
+                        "UNAUTHENTICATED"),
+                       (lambda: grpc.get_inference_statistics(
+                           "mlp", headers=_auth("authorization")), "UNIMPLEMENTED")):
+        with pytest.raises(InferenceServerException) as info:  # not INTERNAL, Ray's traceback
+            call()
+        assert info.value.status() == f"StatusCode.{code}", info.value
+        assert "ray::" not in str(info.value)
     samples = _samples(python_ingress)
     assert _total(samples, "qkan_pack_requests_total", model="mlp", version="1",
                   outcome="success") == 5
