@@ -25,6 +25,7 @@ from ._placement import check_left
 from ._ray_compat import delete_apps, deploy_without_waiting, haproxy_admin_socket
 from ._repository import (
     MODEL_CONFIG,
+    VERSION_DIR,
     Defaults,
     VersionPlan,
     model_names,
@@ -46,6 +47,8 @@ RELEASE_WAIT_S = 5.0
 #: with ``--ingress python``) is answered 503 / UNAVAILABLE when they give no answer within
 #: twice the version's ``body_timeout_s``, and never sooner than this (``forward_timeout_s``).
 FORWARD_MIN_TIMEOUT_S = 10.0
+#: The most characters of a client's version text a refusal repeats.
+MAX_SHOWN = 40
 #: How long one command to HAProxy's admin socket may take.
 ADMIN_TIMEOUT_S = 2.0
 logger = logging.getLogger(__name__)
@@ -142,9 +145,12 @@ class Repository:
             serving = versions[ready[-1]].serving
             assert serving is not None
             return serving
-        state = versions.get(int(version)) if version.isdigit() else None
+        # a version is named as its directory is (ASCII digits, no leading zero): "01", "１"
+        # or "²" name none, and int() would take the first two and fail on the third
+        state = versions.get(int(version)) if VERSION_DIR.match(version) else None
         if state is None:
-            return Refusal(404, f"model {name!r} has no version {version!r}; it has "
+            shown = version if len(version) <= MAX_SHOWN else version[:MAX_SHOWN] + "..."
+            return Refusal(404, f"model {name!r} has no version {shown!r}; it has "
                            f"{', '.join(map(str, sorted(versions)))}")
         if state.serving is None or state.state != READY:  # unloading: its replicas are leaving
             return Refusal(503, f"version {version} of model {name!r} is "

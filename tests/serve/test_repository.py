@@ -709,3 +709,53 @@ def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path:
         assert context.code == getattr(grpc.StatusCode, code), rpc
         assert type(reply) is getattr(router.pb, f"{rpc}Response")
         assert reply.SerializeToString() == b""
+
+
+@pytest.mark.parametrize("version", ["\u00b2", "\uff11", "01", "0", "1" * 5000, "+1", " 1",
+                                     "1\n"])
+def test_a_version_named_unlike_a_version_directory_is_404_naming_the_versions(
+        tmp_path: Path, version: str) -> None:
+    """A version is named as its directory is (ASCII digits, no leading zero): "²" (a
+    Unicode digit), 5000 digits (over int()'s limit) were a 500 / INTERNAL; "01" and "１"
+    were taken as version 1 and passed on to its replicas, which did not know them."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve._router import RouterGrpc, RouterHttp
+    from qkan_pack.serve._versions import Refusal
+
+    repository = _router(_repository(tmp_path / "repo", {"mlp/1": None}), [_plan("mlp")])
+    shown = version if len(version) <= 40 else version[:40] + "..."
+    refusal = Refusal(404, f"model 'mlp' has no version {shown!r}; it has 1")
+    assert repository.resolve("mlp", version) == refusal
+
+    async def none() -> Any:
+        raise AssertionError("not asked")
+
+    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
+                      server_version="test", scrape=none, stats=none)
+    for path in (f"/models/mlp/versions/{version}", f"/v2/models/mlp/versions/{version}/infer",
+                 f"/v2/models/mlp/versions/{version}/ready"):
+        reply = asyncio.run(http.handle(_request("POST", path, b"{}")))
+        assert (reply.status_code, strict_json(reply.body)) == (404, {"error": refusal.message})
+    router = RouterGrpc(repository, None, "test")
+
+    class Context:
+        code: Any = None
+
+        def invocation_metadata(self) -> tuple:
+            return ()
+
+        def set_code(self, code: Any) -> None:
+            self.code = code
+
+        def set_details(self, details: str) -> None:
+            self.details = details
+
+    context = Context()
+    asyncio.run(router.answer("ModelInfer", router.pb.ModelInferRequest(
+        model_name="mlp", model_version=version), context))
+    assert context.code == grpc.StatusCode.NOT_FOUND and context.details == refusal.message
+    context = Context()
+    reply = asyncio.run(router.answer("ModelReady", router.pb.ModelReadyRequest(
+        name="mlp", version=version), context))
+    assert reply.ready is False and context.code is None  # as for any unknown version
