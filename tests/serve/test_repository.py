@@ -441,6 +441,24 @@ def _request(method: str, path: str, body: bytes = b"", token: str | None = None
     return forwarded_request(method, path, headers, body)
 
 
+def _http_router(repository: Any) -> Any:
+    """The router's HTTP routes over ``repository`` (no metrics or stats asked)."""
+    from qkan_pack.serve._router import RouterHttp
+
+    async def none() -> Any:
+        raise AssertionError("not asked")
+
+    return RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
+                      server_version="test", scrape=none, stats=none)
+
+
+def _grpc_call(metadata: tuple = ()) -> Any:
+    """A gRPC call's context as the router's methods see it: metadata in, status out."""
+    from qkan_pack.serve._oip_grpc import ForwardedCall
+
+    return ForwardedCall(metadata)
+
+
 def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -> None:
     from qkan_pack.serve._versions import LOADING, Refusal
 
@@ -469,16 +487,10 @@ def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -
 
 
 def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
-    from qkan_pack.serve._router import RouterHttp
-
     root = _repository(tmp_path / "repo", {"mlp/1": None, "clf/1": None})
     repository = _router(root, [_plan("mlp"), _plan("clf")])
 
-    async def none() -> Any:
-        raise AssertionError("not asked")
-
-    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
-                      server_version="test", scrape=none, stats=none)
+    http = _http_router(repository)
 
     def answer(method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
         reply = asyncio.run(http.handle(_request(method, path, body)))
@@ -616,7 +628,7 @@ def test_a_version_being_unloaded_answers_503_and_no_passed_on_call_waits_for_ev
     grpc = pytest.importorskip("grpc")
     pytest.importorskip("tritonclient.grpc")
     from qkan_pack.serve import _versions
-    from qkan_pack.serve._router import RouterGrpc, RouterHttp
+    from qkan_pack.serve._router import RouterGrpc
     from qkan_pack.serve._versions import UNLOADING, Refusal
 
     root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None})
@@ -631,30 +643,13 @@ def test_a_version_being_unloaded_answers_503_and_no_passed_on_call_waits_for_ev
                                                      "unloading")
     assert repository.resolve("mlp", None).plan.version == 2
 
-    async def none() -> Any:
-        raise AssertionError("not asked")
-
-    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
-                      server_version="test", scrape=none, stats=none)
+    http = _http_router(repository)
     router_grpc = RouterGrpc(repository, None, "test")
-
-    class Context:
-        code: Any = None
-        details = ""
-
-        def invocation_metadata(self) -> tuple:
-            return ()
-
-        def set_code(self, code: Any) -> None:
-            self.code = code
-
-        def set_details(self, details: str) -> None:
-            self.details = details
 
     async def ask() -> tuple[Any, ...]:
         unloading = await http.handle(_request("POST", "/models/mlp/versions/1", b"{}"))
         silent = await http.handle(_request("POST", "/models/mlp/versions/2", b"{}"))
-        contexts = Context(), Context()
+        contexts = _grpc_call(), _grpc_call()
         for context, version in zip(contexts, ("1", "2")):
             await router_grpc.answer("ModelInfer", router_grpc.pb.ModelInferRequest(
                 model_name="mlp", model_version=version), context)
@@ -684,27 +679,13 @@ def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path:
     token = "router-token-0123456789abcdef"
     router = RouterGrpc(_router(_repository(tmp_path / "repo", {"mlp/1": None}),
                                 [_plan("mlp")]), token_digest(token), "test")
-
-    class Context:
-        def __init__(self, metadata: tuple = ()) -> None:
-            self.metadata, self.code = metadata, None
-
-        def invocation_metadata(self) -> tuple:
-            return self.metadata
-
-        def set_code(self, code: Any) -> None:
-            self.code = code
-
-        def set_details(self, details: str) -> None:
-            pass
-
     sent = (("authorization", f"Bearer {token}"),)
     for rpc, metadata, code in (("RepositoryIndex", (), "UNAUTHENTICATED"),
                                 ("ModelInfer", (("authorization", "Bearer wrong"),),
                                  "UNAUTHENTICATED"),
                                 ("ModelStatistics", sent, "UNIMPLEMENTED"),
                                 ("TraceSetting", (), "UNAUTHENTICATED")):
-        context = Context(metadata)
+        context = _grpc_call(metadata)
         reply = asyncio.run(router.answer(rpc, getattr(router.pb, f"{rpc}Request")(), context))
         assert context.code == getattr(grpc.StatusCode, code), rpc
         assert type(reply) is getattr(router.pb, f"{rpc}Response")
@@ -720,7 +701,7 @@ def test_a_version_named_unlike_a_version_directory_is_404_naming_the_versions(
     were taken as version 1 and passed on to its replicas, which did not know them."""
     grpc = pytest.importorskip("grpc")
     pytest.importorskip("tritonclient.grpc")
-    from qkan_pack.serve._router import RouterGrpc, RouterHttp
+    from qkan_pack.serve._router import RouterGrpc
     from qkan_pack.serve._versions import Refusal
 
     repository = _router(_repository(tmp_path / "repo", {"mlp/1": None}), [_plan("mlp")])
@@ -728,34 +709,18 @@ def test_a_version_named_unlike_a_version_directory_is_404_naming_the_versions(
     refusal = Refusal(404, f"model 'mlp' has no version {shown!r}; it has 1")
     assert repository.resolve("mlp", version) == refusal
 
-    async def none() -> Any:
-        raise AssertionError("not asked")
-
-    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
-                      server_version="test", scrape=none, stats=none)
+    http = _http_router(repository)
     for path in (f"/models/mlp/versions/{version}", f"/v2/models/mlp/versions/{version}/infer",
                  f"/v2/models/mlp/versions/{version}/ready"):
         reply = asyncio.run(http.handle(_request("POST", path, b"{}")))
         assert (reply.status_code, strict_json(reply.body)) == (404, {"error": refusal.message})
     router = RouterGrpc(repository, None, "test")
 
-    class Context:
-        code: Any = None
-
-        def invocation_metadata(self) -> tuple:
-            return ()
-
-        def set_code(self, code: Any) -> None:
-            self.code = code
-
-        def set_details(self, details: str) -> None:
-            self.details = details
-
-    context = Context()
+    context = _grpc_call()
     asyncio.run(router.answer("ModelInfer", router.pb.ModelInferRequest(
         model_name="mlp", model_version=version), context))
     assert context.code == grpc.StatusCode.NOT_FOUND and context.details == refusal.message
-    context = Context()
+    context = _grpc_call()
     reply = asyncio.run(router.answer("ModelReady", router.pb.ModelReadyRequest(
         name="mlp", version=version), context))
     assert reply.ready is False and context.code is None  # as for any unknown version
