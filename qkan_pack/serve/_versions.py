@@ -245,7 +245,10 @@ class Repository:
     async def load(self, name: str) -> Refusal | None:
         """Load (or reload) model ``name`` from its directory (see the module docstring):
         None when every version serves as its directory says, else the refusal (404: no
-        such model; 400: what failed, the versions that could serve serving)."""
+        such model; 400: what failed, the versions that could serve serving). Changed
+        versions are rolled one at a time (the new generation up, the old one deleted, then
+        the next), each first held to what the cluster has left: a reload needs room for
+        one version's replicas beside what serves, not for all of them."""
         async with self._lock(name):
             if name not in self._on_disk():
                 return Refusal(404, f"no model {name!r} in the repository {self.root}")
@@ -258,7 +261,10 @@ class Repository:
             for version, problem in problems:
                 self._failed(name, version, problem)
             failures = [problem for _, problem in problems]
-            failures += [f for f in await asyncio.gather(*map(self._deploy, plans)) if f]
+            for plan in plans:  # rolled one at a time: room for one beside what serves
+                failure = await self._deploy(plan)
+                if failure is not None:
+                    failures.append(failure)
             on_disk = {v.version for v in model.versions}
             await self._undeploy(name, [v for v in versions if v not in on_disk], forget=True)
             await self.publish_routes()

@@ -724,3 +724,44 @@ def test_a_version_named_unlike_a_version_directory_is_404_naming_the_versions(
     reply = asyncio.run(router.answer("ModelReady", router.pb.ModelReadyRequest(
         name="mlp", version=version), context))
     assert reply.ready is False and context.code is None  # as for any unknown version
+
+
+def test_a_reload_rolls_its_versions_one_at_a_time(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every changed version was redeployed at once, so a reload needed room for all of
+    them beside the serving ones: on a cluster with room for one it failed for every
+    version. Now each is rolled in turn (new generation up, old one deleted, then the next),
+    each checked first against what the cluster has left."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, Repository
+
+    defaults = dataclasses.replace(_defaults(), cpus_per_replica=0.6)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/2": built["mlp2"]})
+    served, _ = plan_model(scan_model(repo, "mlp"), defaults)
+    repository = Repository(str(repo), defaults, [(plan, 1) for plan in served])
+    cluster = {f"mlp.v{p.version}.g1": 0.6 for p in served}  # the apps and their CPUs
+    events: list[str] = []
+
+    def start(plan: VersionPlan, generation: Any, log_level: str) -> None:
+        events.append(f"start {generation.app}")
+        cluster[generation.app] = plan.options.replicas * plan.options.cpus_per_replica
+
+    def running(names: list[str], *args: Any, **kw: Any) -> bool:
+        events.append(f"wait {names[0]}")
+        return True
+
+    def delete(apps: list[str]) -> None:
+        events.extend(f"delete {app}" for app in apps)
+        for app in apps:
+            del cluster[app]
+
+    monkeypatch.setattr(_versions, "start_version", start)
+    monkeypatch.setattr(_versions, "wait_running", running)
+    monkeypatch.setattr(_versions, "_delete", delete)
+    monkeypatch.setattr(_versions, "resources_left", lambda: {"CPU": 2.0 - sum(cluster.values())})
+    (repo / "mlp" / MODEL_CONFIG).write_text("max_batch_size = 1\n")  # both versions change
+    assert asyncio.run(repository.load("mlp")) is None
+    assert events == ["start mlp.v1.g2", "wait mlp.v1.g2", "delete mlp.v1.g1",
+                      "start mlp.v2.g3", "wait mlp.v2.g3", "delete mlp.v2.g1"]
+    assert {v: (s.state, s.serving and s.serving.generation.generation) for v, s in
+            repository.models["mlp"].items()} == {1: (READY, 2), 2: (READY, 3)}
