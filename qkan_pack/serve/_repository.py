@@ -95,6 +95,16 @@ def model_names(root: str | os.PathLike[str]) -> list[str]:
     return [p.name for p in _visible(Path(root)) if p.is_dir()]
 
 
+def version_numbers(path: Path) -> list[int]:
+    """The versions the directories in model directory ``path`` are named for, whether or
+    not each holds an artifact ([] where ``path`` cannot be read)."""
+    try:
+        return sorted(int(p.name) for p in _visible(path) if VERSION_DIR.match(p.name)
+                      and p.is_dir())
+    except OSError:
+        return []
+
+
 def scan_model(root: str | os.PathLike[str], name: str) -> ModelDir:
     """``root/name`` as a model: its version directories and config file; RepositoryError
     naming every problem (a name that is no model name, a version directory that is no

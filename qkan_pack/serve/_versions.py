@@ -31,6 +31,7 @@ from ._repository import (
     model_names,
     plan_model,
     scan_model,
+    version_numbers,
 )
 from ._routes import Generation, publish_routes, write_admission
 
@@ -254,35 +255,36 @@ class Repository:
                 return Refusal(404, f"no model {name!r} in the repository {self.root}")
             try:
                 model = await asyncio.to_thread(scan_model, self.root, name)
-            except RepositoryError as exc:
+            except RepositoryError as exc:  # recorded against each version directory there
+                for number in await asyncio.to_thread(version_numbers, self.root / name):
+                    self._failed(name, number, "; ".join(exc.problems))
                 return Refusal(400, f"cannot load {name!r}: {exc}")
             plans, problems = await asyncio.to_thread(plan_model, model, self.defaults)
             versions = self.models.setdefault(name, {})
-            for version, problem in problems:
-                self._failed(name, version, problem)
+            on_disk = [v.version for v in model.versions]
+            for version, problem in problems:  # None: the model's settings, every version
+                for number in ([version] if version is not None else on_disk):
+                    self._failed(name, number, problem)
             failures = [problem for _, problem in problems]
             for plan in plans:  # rolled one at a time: room for one beside what serves
                 failure = await self._deploy(plan)
                 if failure is not None:
                     failures.append(failure)
-            on_disk = {v.version for v in model.versions}
             await self._undeploy(name, [v for v in versions if v not in on_disk], forget=True)
             await self.publish_routes()
         if failures:
             return Refusal(400, f"model {name!r}: " + "; ".join(failures))
         return None
 
-    def _failed(self, name: str, version: int | None, problem: str) -> None:
-        """Record a version that cannot load (None: every version of ``name``): counted, and
+    def _failed(self, name: str, version: int, problem: str) -> None:
+        """Record a version (one whose directory is there) that cannot load: counted, and
         unavailable unless a generation of it serves (which keeps serving)."""
-        versions = self.models.setdefault(name, {})
-        for number in ([version] if version is not None else list(versions)):
-            state = versions.setdefault(number, Version(number))
-            self.loads[name, str(number), "failure"] += 1
-            if state.serving is None:
-                state.state, state.reason = UNAVAILABLE, problem
-            else:
-                state.reason = f"serving the earlier load; the last load failed: {problem}"
+        state = self.models.setdefault(name, {}).setdefault(version, Version(version))
+        self.loads[name, str(version), "failure"] += 1
+        if state.serving is None:
+            state.state, state.reason = UNAVAILABLE, problem
+        else:
+            state.reason = f"serving the earlier load; the last load failed: {problem}"
 
     async def _deploy(self, plan: VersionPlan) -> str | None:
         """Deploy ``plan`` as a new generation unless the serving one is the same; None on

@@ -765,3 +765,45 @@ def test_a_reload_rolls_its_versions_one_at_a_time(
                       "start mlp.v2.g3", "wait mlp.v2.g3", "delete mlp.v2.g1"]
     assert {v: (s.state, s.serving and s.serving.generation.generation) for v, s in
             repository.models["mlp"].items()} == {1: (READY, 2), 2: (READY, 3)}
+
+
+def test_a_failed_load_is_recorded_against_each_version_on_disk(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model never loaded whose settings are refused, and a layout problem found by the
+    scan, answered 400 and left nothing in the index or the counts (the index kept stale
+    reasons); a refused config counted a failure for a version whose directory was gone."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, UNAVAILABLE, Repository
+
+    monkeypatch.setattr(_versions, "_delete", lambda apps: None)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/2": built["mlp2"],
+                                           "newm/1": built["mlp1"],
+                                           f"newm/{MODEL_CONFIG}": 'replicas = "2"\n'})
+    served, _ = plan_model(scan_model(repo, "mlp"), _defaults())
+    repository = Repository(str(repo), _defaults(), [(plan, 1) for plan in served])
+
+    def entry(name: str, version: str) -> dict[str, str]:
+        return next(e for e in repository.index() if (e["name"], e["version"]) == (name, version))
+
+    refusal = asyncio.run(repository.load("newm"))
+    assert refusal is not None and refusal.status == 400 and "replicas = '2'" in refusal.message
+    assert entry("newm", "1")["state"] == UNAVAILABLE
+    assert "replicas = '2': give a number" in entry("newm", "1")["reason"]
+    assert repository.loads["newm", "1", "failure"] == 1
+    assert "its last load failed: 1: newm/qkan-pack.toml" in repository.resolve("newm",
+                                                                                 None).message
+    (repo / "mlp" / "v3").mkdir()  # a layout problem: found by the scan
+    refusal = asyncio.run(repository.load("mlp"))
+    assert refusal is not None and "mlp/v3: a version directory is named" in refusal.message
+    for version in ("1", "2"):
+        assert entry("mlp", version)["state"] == READY  # the serving generations serve on
+        assert "the last load failed: mlp/v3: a version directory" in entry("mlp", version)[
+            "reason"]
+        assert repository.loads["mlp", version, "failure"] == 1
+    (repo / "mlp" / "v3").rmdir()
+    shutil.rmtree(repo / "mlp" / "2")
+    (repo / "mlp" / MODEL_CONFIG).write_text("replica = 1\n")
+    assert asyncio.run(repository.load("mlp")).status == 400
+    assert repository.loads["mlp", "1", "failure"] == 2
+    assert repository.loads["mlp", "2", "failure"] == 1  # gone: unloaded, not counted
+    assert [e["version"] for e in repository.index() if e["name"] == "mlp"] == ["1"]
