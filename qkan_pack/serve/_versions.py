@@ -251,8 +251,11 @@ class Repository:
         the next), each first held to what the cluster has left: a reload needs room for
         one version's replicas beside what serves, not for all of them."""
         async with self._lock(name):
-            if name not in self._on_disk():
-                return Refusal(404, f"no model {name!r} in the repository {self.root}")
+            if name not in self._on_disk():  # gone: what of it serves goes too (as a version)
+                gone = await self._forget(name)
+                return Refusal(404, f"no model {name!r} in the repository {self.root}" + (
+                    f": its directory is gone, so its versions {', '.join(map(str, gone))} "
+                    "were unloaded" if gone else ""))
             try:
                 model = await asyncio.to_thread(scan_model, self.root, name)
             except RepositoryError as exc:  # recorded against each version directory there
@@ -345,11 +348,22 @@ class Repository:
         """Unload every version of ``name`` (None: done, or nothing was loaded; 404: no such
         model, loaded or in the directory)."""
         async with self._lock(name):
-            if name not in self.models and name not in self._on_disk():
-                return Refusal(404, f"unknown model {name!r}")
+            if name not in self._on_disk():
+                return None if await self._forget(name) else Refusal(404, f"unknown model "
+                                                                          f"{name!r}")
             await self._undeploy(name, list(self.models.get(name, {})), forget=False)
             await self.publish_routes()
         return None
+
+    async def _forget(self, name: str) -> list[int]:
+        """Unload every version of ``name``, whose directory is gone, and forget the model
+        (the index lists it no more); the versions it had."""
+        versions = sorted(self.models.get(name, {}))
+        if versions:
+            await self._undeploy(name, versions, forget=True)
+            await self.publish_routes()
+        self.models.pop(name, None)
+        return versions
 
     async def _undeploy(self, name: str, numbers: Sequence[int], *, forget: bool) -> None:
         versions = self.models.get(name, {})

@@ -807,3 +807,32 @@ def test_a_failed_load_is_recorded_against_each_version_on_disk(
     assert repository.loads["mlp", "1", "failure"] == 2
     assert repository.loads["mlp", "2", "failure"] == 1  # gone: unloaded, not counted
     assert [e["version"] for e in repository.index() if e["name"] == "mlp"] == ["1"]
+
+
+def test_a_model_whose_directory_is_gone_is_unloaded_by_a_load_or_an_unload(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deleted version directory is unloaded on load; a deleted model directory answered
+    404 and left the model serving, and listed in the index even after an unload."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import Refusal, Repository
+
+    deleted: list[str] = []
+    monkeypatch.setattr(_versions, "_delete", deleted.extend)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "clf/1": built["mlp1"],
+                                           "clf/2": built["mlp2"]})
+    repository = Repository(str(repo), _defaults(), [
+        (_plan("mlp"), 1), (_plan("clf"), 2), (dataclasses.replace(_plan("clf"), version=2), 3)])
+    shutil.rmtree(repo / "clf")
+    assert asyncio.run(repository.load("clf")) == Refusal(
+        404, f"no model 'clf' in the repository {repo}: its directory is gone, so its versions "
+        "1, 2 were unloaded")
+    assert sorted(deleted) == ["clf.v1.g2", "clf.v2.g3"] and "clf" not in repository.models
+    assert [e["name"] for e in repository.index()] == ["mlp"]
+    assert repository.resolve("clf", None).message == "unknown model 'clf'; this repository " \
+                                                      "serves: mlp"
+    assert asyncio.run(repository.load("clf")) == Refusal(
+        404, f"no model 'clf' in the repository {repo}")
+    shutil.rmtree(repo / "mlp")
+    assert asyncio.run(repository.unload("mlp")) is None
+    assert deleted[-1] == "mlp.v1.g1" and repository.index() == []
+    assert asyncio.run(repository.unload("mlp")) == Refusal(404, "unknown model 'mlp'")
