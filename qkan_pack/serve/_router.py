@@ -187,7 +187,7 @@ class RouterHttp:
     async def _root_predict(self, request: Request) -> Response:
         name = self.repository.single_model()
         if name is None:
-            names = sorted(self.repository.models)
+            names = self.repository.served_models()  # not those unloaded, or never loaded
             return self._refuse(Refusal(404, "POST / predicts when the repository serves one "
                                         f"model; it serves {len(names)}: POST /models/<name> "
                                         f"({', '.join(names) or 'none loaded'})"))

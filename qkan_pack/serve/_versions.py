@@ -116,10 +116,14 @@ class Repository:
         return sorted(v for v, s in self.models.get(name, {}).items()
                       if s.state == READY and s.serving is not None)
 
+    def served_models(self) -> list[str]:
+        """The models a generation of which serves, by name."""
+        return sorted(n for n, versions in self.models.items()
+                      if any(v.serving is not None for v in versions.values()))
+
     def single_model(self) -> str | None:
         """The one model the repository serves, if it serves exactly one (``POST /``)."""
-        served = [n for n, versions in self.models.items()
-                  if any(v.serving is not None for v in versions.values())]
+        served = self.served_models()
         return served[0] if len(served) == 1 else None
 
     def resolve(self, name: str, version: str | None) -> Deployed | Refusal:

@@ -512,6 +512,11 @@ def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
     assert answer("GET", "/v2")[1]["extensions"] == ["binary_tensor_data", "model_repository"]
     assert answer("DELETE", "/v2/repository/index")[0] == 405
     assert dict(http.refusals) == {"not_found": 4, "client_error": 2}
+    for versions in repository.models.values():  # every model unloaded: none is counted
+        for state in versions.values():
+            state.serving, state.state, state.reason = None, "UNAVAILABLE", "unloaded"
+    status, body = answer("POST", "/")
+    assert status == 404 and "it serves 0: POST /models/<name> (none loaded)" in body["error"]
     http.token_sha256 = TOKEN_SHA
     assert answer("GET", "/")[0] == 401 and http.refusals["unauthorized"] == 1
 
