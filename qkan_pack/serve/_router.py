@@ -62,6 +62,11 @@ REPOSITORY_EXTENSION = "model_repository"
 #: Each refusal's gRPC status, by HTTP status.
 GRPC_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE",
                401: "UNAUTHENTICATED"}
+#: Each refusal's outcome in ``qkan_pack_repository_refusals_total``, by HTTP status and by
+#: gRPC status.
+REFUSAL_OUTCOME: dict[int | str, str] = {
+    404: "not_found", "NOT_FOUND": "not_found", 503: "unavailable", "UNAVAILABLE": "unavailable",
+    401: "unauthorized", "UNAUTHENTICATED": "unauthorized"}  # anything else: client_error
 
 # -- the router's HTTP API -------------------------------------------------------------
 
@@ -118,8 +123,7 @@ class RouterHttp:
                 ("/stats", "GET"): self._get_stats, ("/stats/reset", "POST"): self._reset_stats}
 
     def _refuse(self, refusal: Refusal) -> Response:
-        self.refusals["not_found" if refusal.status == 404 else
-                      "unavailable" if refusal.status == 503 else "client_error"] += 1
+        self.refusals[REFUSAL_OUTCOME.get(refusal.status, "client_error")] += 1
         headers = {"Retry-After": "1"} if refusal.status == 503 else None
         return json_response(refusal.status, {"error": refusal.message}, headers)
 
@@ -316,13 +320,20 @@ class RouterGrpc:
     and the repository's here, a model's passed on to its version's replicas."""
 
     def __init__(self, repository: Repository, token_sha256: str | None,
-                 server_version: str) -> None:
+                 server_version: str, refusals: Counter[str] | None = None) -> None:
+        """``refusals``: where the calls it refuses are counted (the HTTP routes' counter:
+        ``qkan_pack_repository_refusals_total`` counts both)."""
         from ._oip_grpc import protocol
 
         self.repository = repository
         self.token_sha256 = token_sha256
         self.server_version = server_version
+        self.refusals: Counter[str] = Counter() if refusals is None else refusals
         self.pb = protocol()
+
+    def _refuse(self, context: Any, code: str, details: str, reply: Any) -> Any:
+        self.refusals[REFUSAL_OUTCOME.get(code, "client_error")] += 1
+        return _status(context, code, details, reply)
 
     async def answer(self, rpc: str, request: Any, context: Any) -> Any:
         """One RPC; a refusal is the RPC's empty reply with its status set (never None: Ray's
@@ -334,8 +345,8 @@ class RouterGrpc:
                 k.lower() == "authorization" and bearer_matches(
                     (v.decode("latin-1") if isinstance(v, bytes) else v).encode("latin-1"),
                     self.token_sha256) for k, v in metadata):
-            return _status(context, "UNAUTHENTICATED", "missing or wrong bearer token: send "
-                           "metadata 'authorization: Bearer <token>'", reply())
+            return self._refuse(context, "UNAUTHENTICATED", "missing or wrong bearer token: "
+                                "send metadata 'authorization: Bearer <token>'", reply())
         if rpc in ("ServerLive", "ServerReady"):
             return reply(**{rpc.removeprefix("Server").lower(): True})
         if rpc == "ServerMetadata":
@@ -349,19 +360,20 @@ class RouterGrpc:
             return await self._control(rpc, request, context, reply)
         if rpc in IMPLEMENTED:  # a model's RPC
             return await self._model_rpc(rpc, request, context, metadata)
-        return _status(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack", reply())
+        return self._refuse(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack",
+                            reply())
 
     async def _control(self, rpc: str, request: Any, context: Any, reply: Any) -> Any:
         unsupported = sorted(k for k in request.parameters if k != "unload_dependents")
         if unsupported:
-            return _status(context, "INVALID_ARGUMENT", f"parameters {unsupported} are not "
-                           "supported: a model's settings are its qkan-pack.toml", reply())
+            return self._refuse(context, "INVALID_ARGUMENT", f"parameters {unsupported} are "
+                                "not supported: a model's settings are its qkan-pack.toml",
+                                reply())
         name = request.model_name
         refusal = await (self.repository.load(name) if rpc == "RepositoryModelLoad"
                          else self.repository.unload(name))
         if refusal is not None:
-            return _status(context, GRPC_STATUS.get(refusal.status, "INTERNAL"),
-                           refusal.message, reply())
+            return self._refuse(context, GRPC_STATUS[refusal.status], refusal.message, reply())
         return reply()
 
     async def _model_rpc(self, rpc: str, request: Any, context: Any,
@@ -373,14 +385,13 @@ class RouterGrpc:
         if isinstance(target, Refusal):
             if rpc == "ModelReady":
                 return reply(ready=False)
-            return _status(context, GRPC_STATUS.get(target.status, "INTERNAL"), target.message,
-                           reply())
+            return self._refuse(context, GRPC_STATUS[target.status], target.message, reply())
         forwarded = await self.repository.call(target, "forward_grpc", rpc, request, metadata)
         if isinstance(forwarded, Refusal):
-            return _status(context, GRPC_STATUS[forwarded.status], forwarded.message, reply())
+            return self._refuse(context, GRPC_STATUS[forwarded.status], forwarded.message, reply())
         answer, code, details = forwarded
         if code not in (None, "OK"):
-            return _status(context, code, details, answer)
+            return _status(context, code, details, answer)  # the replica's
         if rpc == "ModelMetadata" and not version:
             del answer.versions[:]
             answer.versions.extend(str(v) for v in self.repository.ready_versions(name))
@@ -429,7 +440,8 @@ class RepositoryServer:
     @property
     def grpc(self) -> RouterGrpc:
         if self._grpc is None:
-            self._grpc = RouterGrpc(self.repository, self._token_sha256, self._server_version)
+            self._grpc = RouterGrpc(self.repository, self._token_sha256, self._server_version,
+                                    self.http.refusals)
         return self._grpc
 
     async def scrape(self) -> tuple[bytes, str]:

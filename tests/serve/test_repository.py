@@ -675,15 +675,16 @@ def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path:
     """Through Ray's Python gRPC proxy (``--ingress python``) the reply is serialised: the
     None the router returned for a call without the token, or for an RPC it does not
     serve, became INTERNAL with a Ray traceback instead of UNAUTHENTICATED or
-    UNIMPLEMENTED."""
+    UNIMPLEMENTED. Each refusal is counted with the HTTP routes' (it was not)."""
     grpc = pytest.importorskip("grpc")
     pytest.importorskip("tritonclient.grpc")
     from qkan_pack.serve._auth import token_digest
     from qkan_pack.serve._router import RouterGrpc
 
     token = "router-token-0123456789abcdef"
-    router = RouterGrpc(_router(_repository(tmp_path / "repo", {"mlp/1": None}),
-                                [_plan("mlp")]), token_digest(token), "test")
+    repository = _router(_repository(tmp_path / "repo", {"mlp/1": None}), [_plan("mlp")])
+    http = _http_router(repository)
+    router = RouterGrpc(repository, token_digest(token), "test", http.refusals)
     sent = (("authorization", f"Bearer {token}"),)
     for rpc, metadata, code in (("RepositoryIndex", (), "UNAUTHENTICATED"),
                                 ("ModelInfer", (("authorization", "Bearer wrong"),),
@@ -695,6 +696,13 @@ def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path:
         assert context.code == getattr(grpc.StatusCode, code), rpc
         assert type(reply) is getattr(router.pb, f"{rpc}Response")
         assert reply.SerializeToString() == b""
+    for name in ("nope", "nope"):
+        asyncio.run(router.answer("ModelInfer", router.pb.ModelInferRequest(model_name=name),
+                                  _grpc_call(sent)))
+    asyncio.run(router.answer("RepositoryModelLoad", router.pb.RepositoryModelLoadRequest(
+        model_name="zzz"), _grpc_call(sent)))
+    asyncio.run(http.handle(_request("POST", "/models/nope", b"{}")))
+    assert dict(http.refusals) == {"unauthorized": 3, "client_error": 1, "not_found": 4}
 
 
 @pytest.mark.parametrize("version", ["\u00b2", "\uff11", "01", "0", "1" * 5000, "+1", " 1",
