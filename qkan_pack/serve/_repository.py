@@ -120,38 +120,58 @@ def scan_model(root: str | os.PathLike[str], name: str) -> ModelDir:
 def _scan_model(path: Path, problems: list[str]) -> ModelDir | None:
     name = path.name
     if not MODEL_NAME.match(name):
-        problems.append(f"{name!r}: not a model name (letters, digits, '.', '_' and '-', "
-                        "starting with a letter or digit: it is part of the protocol's URLs)")
+        shown = name if len(name) <= 40 else f"{name[:40]}..."
+        problems.append(f"{shown!r}: not a model name (letters, digits, '.', '_' and '-', "
+                        "starting with a letter or digit, at most 128 characters: it is part "
+                        "of the protocol's URLs)"
+                        + (f"; it has {len(name)} characters" if len(name) > 128 else ""))
         return None
     if not path.is_dir():
-        problems.append(f"{name}: not a directory")
+        problems.append(_dangling(name, path) or f"{name}: not a directory")
+        return None
+    if is_artifact(path):
+        problems.append(f"{name}: this is an artifact, not a model's directory; move it into "
+                        f"{name}/1/ (a version directory)")
         return None
     versions, config = [], None
     for entry in _visible(path):
+        label = f"{name}/{entry.name}"
         if entry.name == MODEL_CONFIG:
             config = entry
-        elif not entry.is_dir():
-            continue  # a label file, a README: Triton's model directories hold such files too
+        elif not entry.is_dir():  # a label file, a README: Triton's model directories hold
+            if VERSION_DIR.match(entry.name):  # such files too; not named as a version
+                problems.append(_dangling(label, entry) or f"{label}: a file, not a version "
+                                "directory (a directory holding an artifact)")
         elif not VERSION_DIR.match(entry.name):
-            problems.append(f"{name}/{entry.name}: a version directory is named by a positive "
-                            "integer (1, 2, ...)")
+            problems.append(f"{label}: a version directory is named by a positive integer "
+                            "(1, 2, ...)")
         elif not is_artifact(entry):
-            problems.append(f"{name}/{entry.name}: not an artifact (no {MANIFEST_NAME}): "
-                            "build into it with qkan-pack build -o")
-        else:
-            versions.append(VersionDir(name, int(entry.name), entry))
+            problems.append(f"{label}: not an artifact (no {MANIFEST_NAME}): build into it "
+                            "with qkan-pack build -o")
+        else:  # a symlinked version (as Triton's users make them): its real directory
+            versions.append(VersionDir(name, int(entry.name),
+                                       entry.resolve() if entry.is_symlink() else entry))
     if not versions and not any(p.startswith(f"{name}/") for p in problems):
         problems.append(f"{name}: no version directory ({name}/1/, {name}/2/, ...)")
     return ModelDir(name, path, tuple(sorted(versions, key=lambda v: v.version)), config)
+
+
+def _dangling(label: str, path: Path) -> str | None:
+    """The problem of ``path`` if it is a symlink to nothing (None otherwise)."""
+    if not path.is_symlink() or path.exists():
+        return None
+    return f"{label}: a symlink to {os.readlink(path)}, which does not exist"
 
 
 def scan_repository(root: str | os.PathLike[str]) -> list[ModelDir]:
     """Every model of the repository at ``root``; RepositoryError naming every problem."""
     root = Path(root)
     if not root.is_dir():
-        raise RepositoryError(path=str(root), problems=["not a directory"],
-                              hint="give an artifact's directory or a model repository")
+        raise RepositoryError(path=str(root), problems=[
+            "not a directory" if root.exists() else "no such directory"],
+            hint="give an artifact's directory or a model repository")
     problems: list[str] = []
+    problems += [problem for p in _visible(root) if (problem := _dangling(p.name, p))]
     models = [m for p in _visible(root) if p.is_dir()
               if (m := _scan_model(p, problems)) is not None]
     if not models and not problems:

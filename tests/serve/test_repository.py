@@ -849,3 +849,47 @@ def test_a_model_whose_directory_is_gone_is_unloaded_by_a_load_or_an_unload(
     assert asyncio.run(repository.unload("mlp")) is None
     assert deleted[-1] == "mlp.v1.g1" and repository.index() == []
     assert asyncio.run(repository.unload("mlp")) == Refusal(404, "unknown model 'mlp'")
+
+
+def test_layout_problems_are_named_as_what_they_are(built: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """A dangling symlink was "no version directory", an artifact copied straight into its
+    model's directory a list of its own subdirectories "named by a positive integer", a
+    repository that does not exist "not a directory", a name over 128 characters a
+    character-set refusal."""
+    long_name = "m" * 129
+    repo = _repository(tmp_path / "repo", {"art": built["mlp1"], "ok/1": built["mlp1"],
+                                           "ok/2": "not a directory", f"{long_name}/1": None})
+    (repo / "ok" / "3").symlink_to(tmp_path / "gone")
+    (repo / "lost").symlink_to(tmp_path / "gone too")
+    with pytest.raises(RepositoryError) as info:
+        scan_repository(repo)
+    assert sorted(info.value.problems) == sorted([
+        "art: this is an artifact, not a model's directory; move it into art/1/ (a version "
+        "directory)",
+        "ok/2: a file, not a version directory (a directory holding an artifact)",
+        f"ok/3: a symlink to {tmp_path / 'gone'}, which does not exist",
+        f"lost: a symlink to {tmp_path / 'gone too'}, which does not exist",
+        f"'{'m' * 40}...': not a model name (letters, digits, '.', '_' and '-', starting with "
+        "a letter or digit, at most 128 characters: it is part of the protocol's URLs); it "
+        "has 129 characters"])
+    with pytest.raises(RepositoryError, match="no such directory"):
+        scan_repository(tmp_path / "nowhere")
+
+
+def test_a_symlinked_version_directory_serves_its_real_directory_verified(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    """Triton's users symlink versions to where artifacts are kept: the link's name is the
+    version, and the real directory is what is verified and what replicas load (pinned to
+    its digest)."""
+    shutil.copytree(built["mlp2"], tmp_path / "store" / "mlp-v2")
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"]})
+    (repo / "mlp" / "2").symlink_to(tmp_path / "store" / "mlp-v2")
+    plans, problems = plan_model(scan_model(repo, "mlp"), _defaults())
+    assert problems == []
+    assert [(p.version, p.path) for p in plans] == [
+        (1, str(repo / "mlp" / "1")), (2, str((tmp_path / "store" / "mlp-v2").resolve()))]
+    from qkan_pack.runtime import read_artifact
+
+    assert plans[1].digest == read_artifact(built["mlp2"]).digest
+    assert plans[1].options.model_version == "2"
