@@ -46,6 +46,8 @@ def test_arguments_are_read_from_yaml_or_command_line_text(tmp_path: Path) -> No
     ({"replicas": 2}, "give the artifact's directory"),
     ({"artifact": "a", "replicas": "two"}, "argument replicas='two'"),
     ({"artifact": "a", "exact": "maybe"}, "not true or false"),
+    ({"artifact": "a", "exact": 1}, "exact=1: not true or false"),
+    ({"artifact": "a", "exact": "yes"}, "exact='yes': not true or false"),
     ({"artifact": "a", "max_body_mb": "nan"}, "not a finite number"),
     ({"artifact": "a", "token_sha256": "abc"}, "64 lowercase hex digits"),
     ({"artifact": "a", "replicas": 0}, "replicas=0: outside [1, 1000]"),
