@@ -946,3 +946,30 @@ def test_the_route_table_routes_every_shape_as_route_does(multi_server: Any) -> 
     assert table  # rows and captured shapes
     for shape in shapes:
         assert table.get(shape) == route(shape, plan, exact), shape
+
+
+def test_a_port_in_time_wait_is_waited_for_where_rays_python_proxy_will_listen() -> None:
+    """Ray's Python proxy binds without SO_REUSEADDR: right after another server on the
+    port, the check (which binds with it) passed and the start then failed inside Ray
+    ("Failed to bind to address"). For that listener the check binds as it will, waits
+    for TIME_WAIT to end, saying so, and refuses clearly if it does not."""
+    from qkan_pack.serve._launch import check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server closes first: its side of the port waits in TIME_WAIT
+        client.close()
+    time.sleep(0.2)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what Ray's Python proxy meets
+    check_port_free("127.0.0.1", port)  # HAProxy (SO_REUSEADDR) can listen
+    said: list[str] = []
+    with pytest.raises(ServeError, match=rf"port {port} on 127.0.0.1 is still held by "
+                                         r"connections .* \(TIME_WAIT"):
+        check_port_free("127.0.0.1", port, plain=True, wait_s=1.0, notice=said.append)
+    assert len(said) == 1 and "waiting up to 1 s" in said[0]
