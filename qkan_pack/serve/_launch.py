@@ -4,13 +4,13 @@ or SIGTERM, drain, stop everything started here.
 Ray Serve 2.60's defaults are tightened before Ray starts (its processes read them from the
 environment): one server per port (no ``SO_REUSEPORT``, a bind check first: ``_bind``), the
 HAProxy ingress when its binary is present (``_haproxy`` wraps it), the side ports on
-loopback and free, token authentication for Ray's own ports stated explicitly, the bearer token required
-by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches Ray's processes),
-retries of a request whose replica died (a prediction is a pure function), drain periods
-bounded by ``grace_s``. A local Ray runs as a loopback node, so that its unauthenticated
-metrics exporters listen on loopback only (``loopback_ray_node``). A cluster joined with
-``--address`` gets the same settings through the job, its ingress on the head node where the
-command runs, and Serve stopped with the command (``_cluster``).
+loopback and free, token authentication for Ray's own ports stated explicitly, the bearer
+token required by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches
+Ray's processes), retries of a request whose replica died (a prediction is a pure function),
+drain periods bounded by ``grace_s``. A local Ray runs as a loopback node, so that its
+unauthenticated metrics exporters listen on loopback only (``loopback_ray_node``). A cluster
+joined with ``--address`` gets the same settings through the job, its ingress on the head
+node where the command runs, and Serve stopped with the command (``_cluster``).
 """
 
 from __future__ import annotations

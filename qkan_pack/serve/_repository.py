@@ -19,7 +19,9 @@ artifact (``serve DIR``); anything else given to ``serve`` is read as a reposito
 
 Every version is verified as ``serve DIR`` verifies its artifact (every file's digest, the
 signature with ``--key``) before it is deployed, and each replica is pinned to the digest
-verified here (``VersionPlan.digest``). A model's settings are the command line's with its
+verified here (``VersionPlan.digest``). A version directory may be a symlink (Triton's users
+keep versions elsewhere): its real directory, resolved at each scan, is what is verified and
+loaded; a symlink to nothing is a problem named as such. A model's settings are the command line's with its
 config file's on top (``_settings``: the same keys and readers as ``app_builder``'s); an
 unknown key is refused. Problems are gathered, not raised one by one: one error names every
 one of them (``RepositoryError.problems``).

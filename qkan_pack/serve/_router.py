@@ -25,9 +25,10 @@ goes to the highest ready one. ``load`` reads the model's directory again: each 
 verified and planned (``_repository``); a new or changed one (new bytes or settings) is
 deployed as a new generation beside the one serving, which keeps serving until the new one
 is ready and is then deleted, one version at a time, each first held to what the cluster
-has left; a version that fails its verification, its load or its
-self-test leaves the serving one as it was, and the load answers the failure. Versions
-whose directory is gone are unloaded. ``unload`` deletes every generation of the model.
+has left; a version that fails its verification, its load or its self-test leaves the
+serving one as it was, and the load answers the failure. Versions whose directory is gone
+are unloaded, and so is a model whose directory is gone. ``unload`` deletes every
+generation of the model.
 Other models are never touched: each load and unload holds its model's lock only.
 
 The router holds the state of the repository; it runs one replica (on the head node, next

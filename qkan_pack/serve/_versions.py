@@ -180,7 +180,7 @@ class Repository:
         response = getattr(self.handle(deployed), method).remote(*args)
         timeout_s = forward_timeout_s(deployed.plan)
         try:
-            return await asyncio.wait_for(_awaited(response), timeout_s)
+            return await asyncio.wait_for(response, timeout_s)
         except asyncio.TimeoutError:
             response.cancel()
             plan = deployed.plan
@@ -339,7 +339,11 @@ class Repository:
         hint = (f"lower replicas (or cpus_per_replica, gpus_per_replica) in "
                 f"{plan.model}/{MODEL_CONFIG}, or unload a model to make room")
         while True:
-            left = await asyncio.to_thread(resources_left)
+            try:
+                left = await asyncio.to_thread(resources_left)
+            except Exception as exc:  # Ray's: its own placement wait stays the bound
+                logger.warning("model repository: the cluster's resources unknown: %s", exc)
+                return None
             try:
                 check_left(plan.label, plan.options, left, hint)
                 return None
@@ -402,10 +406,6 @@ def forward_timeout_s(plan: VersionPlan) -> float:
     its ``body_timeout_s`` (a request's whole time at the ingress is bounded by the same
     setting), at least ``FORWARD_MIN_TIMEOUT_S``."""
     return max(FORWARD_MIN_TIMEOUT_S, 2 * plan.options.limits.body_timeout_s)
-
-
-async def _awaited(response: Any) -> Any:
-    return await response
 
 
 def admission_of(plan: VersionPlan) -> tuple[int, int, int]:
