@@ -29,6 +29,7 @@ that matches its nature, so ``except ValueError`` keeps working::
     │   └── LoadOptionError                 a Predictor.load option outside its domain
     ├── ServeError (RuntimeError)           a server that cannot start or keep serving
     │   ├── OverloadedError                 a replica's admission is full (HTTP 503)
+    │   ├── PlacementError                  replicas the cluster cannot place
     │   ├── ReplicaLoadError                a replica that cannot load on its node
     │   ├── ServeTokenError (also ValueError)  a token or token file serve cannot use
     │   └── RepositoryError (also ValueError)  a model repository or version that cannot serve
@@ -52,12 +53,13 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar
 
 __all__ = ["ArtifactError", "ArtifactSignatureError", "BenchError", "CaptureError", "DeviceError",
-           "DigestMismatchError", "FactoryNotReproducibleError", "FileReadError", "IncompatibleArtifactError",
-           "InputError", "InputFileError", "KernelCacheError", "LoadOptionError", "MalformedRequestError",
-           "ManifestError", "ModelSourceError", "OptionError", "OverloadedError", "PaddingError",
-           "PrecisionError", "PrecompileRefusedError", "PredictorClosedError", "QkanPackError",
-           "ReplicaLoadError", "RepositoryError", "SelfTestError", "ServeError", "ServeTokenError",
-           "ShapeSpecError", "StatefulModelError", "WeakReferencesError", "WeightsMismatchError"]
+           "DigestMismatchError", "FactoryNotReproducibleError", "FileReadError",
+           "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
+           "LoadOptionError", "MalformedRequestError", "ManifestError", "ModelSourceError",
+           "OptionError", "OverloadedError", "PaddingError", "PlacementError", "PrecisionError",
+           "PrecompileRefusedError", "PredictorClosedError", "QkanPackError", "ReplicaLoadError",
+           "RepositoryError", "SelfTestError", "ServeError", "ServeTokenError", "ShapeSpecError",
+           "StatefulModelError", "WeakReferencesError", "WeightsMismatchError"]
 
 
 def _then(separator: str, text: str) -> str:
@@ -111,9 +113,7 @@ class FileReadError(QkanPackError, OSError):
 
     def __init__(self, *, path: str, reason: str, problem: str) -> None:
         super().__init__(f"{path} {problem}")
-        self.path = path
-        self.reason = reason
-        self.problem = problem
+        self.path, self.reason, self.problem = path, reason, problem
 
 
 class ArtifactError(QkanPackError, OSError):
@@ -132,8 +132,7 @@ class DigestMismatchError(ArtifactError):
         super().__init__(
             f"artifact {path} has digest {actual}, but {expected} was pinned: the artifact "
             "changed since the digest was taken; refusing to load it", path=path)
-        self.actual = actual
-        self.expected = expected
+        self.actual, self.expected = actual, expected
 
 
 class ArtifactSignatureError(ArtifactError):
@@ -257,12 +256,8 @@ class PaddingError(QkanPackError, ValueError):
     def __init__(self, *, problem: str, input: str | None = None, dim: int | None = None,
                  output: str | None = None, max_rel: float | None = None,
                  tolerance: float | None = None, cause: str = "") -> None:
-        self.problem = problem
-        self.input = input
-        self.dim = dim
-        self.output = output
-        self.max_rel = max_rel
-        self.tolerance = tolerance
+        self.problem, self.input, self.dim = problem, input, dim
+        self.output, self.max_rel, self.tolerance = output, max_rel, tolerance
         super().__init__(f"cannot pad: {problem}" + _then(". ", cause)
                          + "; nothing was written")
 
@@ -272,8 +267,7 @@ class InputFileError(QkanPackError, ValueError):
     --input``; ``predict --output`` too): ``path`` as given and what is wrong."""
 
     def __init__(self, *, path: str, problem: str) -> None:
-        self.path = path
-        self.problem = problem
+        self.path, self.problem = path, problem
         super().__init__(f"{path}: {problem}")
 
 
@@ -284,11 +278,9 @@ class WeightsMismatchError(QkanPackError, ValueError):
     def __init__(self, *, source: str, problems: Sequence[str] = (), reason: str = "") -> None:
         self.source = source
         self.problems = tuple(problems)
-        if self.problems:
-            message = f"weights from {source} do not fit the model:\n  " + "\n  ".join(self.problems)
-        else:
-            message = f"weights from {source}: {reason}"
-        super().__init__(message)
+        super().__init__(f"weights from {source} do not fit the model:\n  "
+                         + "\n  ".join(self.problems) if self.problems
+                         else f"weights from {source}: {reason}")
 
 
 class SelfTestError(QkanPackError, RuntimeError):
@@ -376,11 +368,8 @@ class CaptureError(QkanPackError, RuntimeError):
         self.shape = shape
         self.module = module
         self.hint = hint
-        where = []
-        if module is not None:
-            where.append(f"submodule {module}")
-        if shape is not None:
-            where.append(f"shape {shape}")
+        where = [text for text, value in ((f"submodule {module}", module),
+                                          (f"shape {shape}", shape)) if value is not None]
         prefix = f"capture failed for {' '.join(where)}: " if where else ""
         super().__init__(prefix + op + _then(". ", hint))
 
@@ -395,8 +384,8 @@ class DeviceError(QkanPackError, RuntimeError):
         self.problem = problem
         self.suggestion = suggestion
         self.usage = usage  # the text itself is malformed (a usage error on the CLI)
-        hint = f"; use device {suggestion!r}" if suggestion else ""
-        super().__init__(f"device {requested!r}: {problem}{hint}")
+        super().__init__(f"device {requested!r}: {problem}"
+                         + _then("; use device ", repr(suggestion) if suggestion else ""))
 
 
 class KernelCacheError(QkanPackError, RuntimeError):
@@ -441,10 +430,27 @@ class OverloadedError(ServeError):
     The HTTP layer answers it with a JSON 503 and ``Retry-After``."""
 
     def __init__(self, *, ongoing: int, queued: int) -> None:
-        self.ongoing = ongoing
-        self.queued = queued
+        self.ongoing, self.queued = ongoing, queued
         super().__init__(f"overloaded: {ongoing} requests at work and {queued} waiting",
                          hint="retry after Retry-After seconds")
+
+
+class PlacementError(ServeError):
+    """Replicas the cluster cannot place, refused before any is deployed: ``replicas`` by
+    what they serve ("": one artifact; else a model or a model version), each asking
+    ``each`` of ``kind`` (CPU, GPU; None: not one figure for all), ``need`` in all, where the
+    cluster has ``have`` (``left``: left beside what serves); ``hint``: what to lower."""
+
+    def __init__(self, *, kind: str, replicas: Mapping[str, int], need: float, have: float,
+                 each: float | None = None, left: bool = False, hint: str = "") -> None:
+        self.kind, self.replicas, self.need, self.have = kind, dict(replicas), need, have
+        self.each, self.left = each, left
+        named = ", ".join(f"{what}: {count}" for what, count in self.replicas.items() if what)
+        super().__init__(f"cannot place {sum(self.replicas.values())} replicas"
+                         + (f" x {each:g} {kind}" if each is not None else "")
+                         + (f" ({named})" if named else "")
+                         + (f": they need {need:g} {kind}" if named or each is None else "")
+                         + f"; this cluster has {have:g}" + (" left" if left else ""), hint=hint)
 
 
 class ReplicaLoadError(ServeError):
@@ -455,10 +461,7 @@ class ReplicaLoadError(ServeError):
 
     def __init__(self, *, node_ip: str | None, node_id: str | None, path: str,
                  reason: str, hint: str = "") -> None:
-        self.node_ip = node_ip
-        self.node_id = node_id
-        self.path = path
-        self.reason = reason
+        self.node_ip, self.node_id, self.path, self.reason = node_ip, node_id, path, reason
         where = f"node {node_ip} (id {node_id})" if node_id else "this node"
         super().__init__(f"the replica on {where} cannot load the artifact at {path}: {reason}",
                          hint=hint)
@@ -519,6 +522,8 @@ class InputError(QkanPackError, ValueError):
         self.largest_batch = largest_batch
         self.pad_inputs = tuple(pad_inputs)
         self.by_name = by_name
+        from ._accepted import format_accepted, format_ranges  # on a refusal only
+
         message = problem
         if self.ranges:
             message += f"; accepted: {format_ranges(self.ranges)}"
@@ -569,32 +574,3 @@ class PredictorClosedError(InputError):
     def __init__(self, *, path: str) -> None:
         self.path = path
         super().__init__(f"this predictor of {path} is closed; load the artifact again")
-
-
-def format_accepted(accepted: Sequence[Mapping[str, tuple[tuple[int, ...], str]]], *,
-                    padded: bool = False) -> str:
-    """Accepted signatures as one line: ``1x2 float32 | 64x2 float32`` (names shown when an
-    artifact takes several inputs)."""
-    def one(signature: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
-        parts = [f"{'x'.join(map(str, shape))} {dtype}" for shape, dtype in signature.values()]
-        if len(signature) == 1:
-            return parts[0]
-        return ", ".join(f"{name}: {part}" for name, part in zip(signature, parts))
-
-    text = " | ".join(one(signature) for signature in accepted)
-    return text + (" (smaller batches padded)" if padded else "")
-
-
-def format_ranges(ranges: Sequence[Mapping[str, Any]]) -> str:
-    """Accepted ranges as one line: ``(1-8)x(1-128) int64`` per entry, an exact dimension as
-    its size, inputs named when there are several, entries joined by ``|``."""
-    def dims(spec: Mapping[str, Any]) -> str:
-        return "x".join(str(hi) if lo == hi else f"({lo}-{hi})" for lo, hi in spec["dims"])
-
-    def one(entry: Mapping[str, Any]) -> str:
-        parts = [f"{dims(spec)} {spec['dtype']}" for spec in entry.values()]
-        if len(entry) == 1:
-            return parts[0]
-        return ", ".join(f"{name} {part}" for name, part in zip(entry, parts))
-
-    return " | ".join(one(entry) for entry in ranges)

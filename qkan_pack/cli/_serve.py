@@ -28,7 +28,7 @@ from ._token import read_token
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
               help="HTTP port. A taken port is an error: one server per port.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Replicas, each loading its own predictor.")
+              help="Replicas, each loading its own predictor (at most 1000).")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0),
               help="GPUs each replica reserves; fractions share a GPU (0.25: four per GPU) "
               "[default: up to 1 when the cluster has GPUs, else 0].")
@@ -38,7 +38,8 @@ from ._token import read_token
               show_default=True, help="HTTP front: Ray Serve's HAProxy ingress (fast; auto "
               "uses it when its binary is installed) or its Python proxy.")
 @click.option("--max-batch-size", type=click.IntRange(min=1),
-              help="Rows gathered per replay [default: the largest captured batch].")
+              help="Rows gathered per replay, at most 65536 [default: the largest captured "
+              "batch].")
 @click.option("--max-batch-wait-ms", type=click.FloatRange(min=0),
               help="Every batch waits this long for more rows after its first (a fixed "
               "wait, as Ray's @serve.batch; at most 60000). [default: adaptive: a batch runs once rows stop "
@@ -67,7 +68,8 @@ from ._token import read_token
                      "root certificate (PEM): checked before Ray starts, and by each replica "
                      "before any artifact code runs. Repeatable.")
 @click.option("--grace-s", default=10.0, show_default=True, type=click.FloatRange(min=0),
-              help="On Ctrl-C or SIGTERM, how long in-flight requests may finish.")
+              help="On Ctrl-C or SIGTERM, how long in-flight requests may finish (at most "
+              "3600).")
 @device_option("Replica device: auto (cuda where Ray gave the replica a GPU), cpu or cuda.")
 @click.option("--address", help="Ray cluster to join (e.g. auto), from its head node, where "
               "Serve's ingress runs (docs: cluster.md) [default: RAY_ADDRESS, else a local Ray "

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError, format_accepted, format_ranges
+from .._accepted import format_accepted, format_ranges
+from ..errors import InputError
 from ..format import Manifest, accepted_ranges, fit_entry, format_shape, padding_table, shape_fix
 from ._tree import torch_dtype
 

@@ -71,6 +71,16 @@ NOOP_REPLY = b'{"outputs":[[0.0,0.0]]}'
 #: The longest fixed batching wait (``ServeOptions.max_batch_wait_ms``): a lone row waits it
 #: whole, so a longer one is no latency anyone serves at, and an infinite one never answers.
 MAX_BATCH_WAIT_MS = 60_000.0
+#: The most replicas of one deployment (an artifact, or a model version): Ray's controller
+#: keeps state per replica it is asked for, placed or not, and a million asked of two CPUs
+#: grew it past the host's memory. Many more replicas are many deployments (model versions)
+#: or a larger one each (``cpus_per_replica``, ``gpus_per_replica``).
+MAX_REPLICAS = 1000
+#: The most rows gathered into one replay: a captured batch larger than this is no batch a
+#: replica could fill from concurrent requests (each is a request of its own).
+MAX_BATCH_SIZE = 65_536
+#: The longest drain on Ctrl-C or SIGTERM (an hour): a longer one never ends a stop.
+MAX_GRACE_S = 3600.0
 #: The replica's youngest-generation collection threshold (CPython's default: 700).
 REPLICA_GC_THRESHOLD = 7000
 logger = logging.getLogger(__name__)
@@ -129,13 +139,14 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         problems = [name for name, ok in (
-            ("replicas >= 1", self.replicas >= 1),
+            (f"1 <= replicas <= {MAX_REPLICAS}", 1 <= self.replicas <= MAX_REPLICAS),
             ("0 <= gpus_per_replica < inf", 0 <= self.gpus_per_replica < math.inf),
             ("0 <= cpus_per_replica < inf", 0 <= self.cpus_per_replica < math.inf),
-            ("max_batch_size >= 1", self.max_batch_size is None or self.max_batch_size >= 1),
+            (f"1 <= max_batch_size <= {MAX_BATCH_SIZE}", self.max_batch_size is None
+             or 1 <= self.max_batch_size <= MAX_BATCH_SIZE),
             (f"0 <= max_batch_wait_ms <= {MAX_BATCH_WAIT_MS:g}", self.max_batch_wait_ms is None
              or 0 <= self.max_batch_wait_ms <= MAX_BATCH_WAIT_MS),
-            ("0 <= grace_s < inf", 0 <= self.grace_s < math.inf),
+            (f"0 <= grace_s <= {MAX_GRACE_S:g}", 0 <= self.grace_s <= MAX_GRACE_S),
             ("max_body_bytes >= 1", self.limits.max_body_bytes >= 1),
             ("max_ongoing_requests >= 1", self.limits.max_ongoing is None or self.limits.max_ongoing >= 1),
             ("max_queued_requests >= 0", self.limits.max_queued is None or self.limits.max_queued >= 0),

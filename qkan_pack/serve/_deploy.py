@@ -10,12 +10,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..errors import ServeError
+from ._ray_compat import serve_status
 
 #: A replica Ray cannot place for this long fails the start (the cluster lacks resources).
 PLACEMENT_TIMEOUT_S = 20.0
 #: How Ray Serve's deployment status begins a replica's failed start (its error follows).
 REPLICA_START_FAILED = "A replica failed to start"
 DEPLOY_POLL_S = 0.25  # how often a deploy wait asks Serve for the apps' status
+#: How long one poll waits for Serve's controller: a stop is seen within about this.
+STATUS_TIMEOUT_S = 2.0
 
 
 def app_state(name: str, unplaced_since: float | None) -> tuple[bool, float | None]:
@@ -23,9 +26,10 @@ def app_state(name: str, unplaced_since: float | None) -> tuple[bool, float | No
     ServeError for a deployment that failed, a replica that failed to start (its error, which
     names its node: on a cluster, the replicas of one node can fail where the others serve,
     and Ray then retries them for ever) or replicas unplaced for ``PLACEMENT_TIMEOUT_S``."""
-    from ray import serve
-
-    app = serve.status().applications.get(name)
+    serving = serve_status(STATUS_TIMEOUT_S)
+    if serving is None:  # the controller did not answer in time: ask again next poll
+        return False, unplaced_since
+    app = serving.applications.get(name)
     if app is None:
         return False, unplaced_since
     status = str(app.status.value)
@@ -50,13 +54,17 @@ def wait_running(names: Sequence[str], timeout_s: float,
                  stopping: Callable[[], bool] = lambda: False,
                  label: Callable[[str], str] = lambda name: name) -> bool:
     """Wait until every application of ``names`` runs (True), or ``stopping()`` turns true
-    (False); ServeError, prefixed with ``label(name)``, for the first that cannot."""
+    (False); ServeError, prefixed with ``label(name)``, for the first that cannot. Each poll
+    waits at most ``STATUS_TIMEOUT_S`` for Serve's controller, so a stop ends the wait
+    within seconds even while the controller does not answer."""
     started = time.monotonic()
     unplaced: dict[str, float | None] = dict.fromkeys(names)
     while unplaced:
         if stopping():
             return False
         for name in list(unplaced):
+            if stopping():
+                return False
             try:
                 running, unplaced[name] = app_state(name, unplaced[name])
             except ServeError as exc:

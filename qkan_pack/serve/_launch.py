@@ -2,25 +2,23 @@
 or SIGTERM, drain, stop everything started here.
 
 Ray Serve 2.60's defaults are tightened before Ray starts (its processes read them from the
-environment): one server per port (no ``SO_REUSEPORT``, a bind check first), the HAProxy
-ingress when its binary is present (``_haproxy`` wraps it), the side ports on loopback and
-free, token authentication for Ray's own ports stated explicitly, the bearer token required
-by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches Ray's processes),
-retries of a request whose replica died (a prediction is a pure function), drain periods
-bounded by ``grace_s``. A local Ray runs as a loopback node, so that its unauthenticated
-metrics exporters listen on loopback only (``loopback_ray_node``). A cluster joined with
-``--address`` gets the same settings through the job, its ingress on the head node where the
-command runs, and Serve stopped with the command (``_cluster``).
+environment): one server per port (no ``SO_REUSEPORT``, a bind check first: ``_bind``), the
+HAProxy ingress when its binary is present (``_haproxy`` wraps it), the side ports on
+loopback and free, token authentication for Ray's own ports stated explicitly, the bearer
+token required by every HTTP server Ray starts (``_auth``'s gate; only its sha256 reaches
+Ray's processes), retries of a request whose replica died (a prediction is a pure function),
+drain periods bounded by ``grace_s``. A local Ray runs as a loopback node, so that its
+unauthenticated metrics exporters listen on loopback only (``loopback_ray_node``). A cluster
+joined with ``--address`` gets the same settings through the job, its ingress on the head
+node where the command runs, and Serve stopped with the command (``_cluster``).
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import logging
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -37,10 +35,12 @@ from ..errors import ServeError
 from ..runtime import process_environment
 from ._app import ServeOptions, app_for
 from ._auth import check_token, gate_env, token_digest
+from ._bind import check_port_free
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
 from ._deploy import DEPLOY_POLL_S, app_state, last_line, wait_running
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
+from ._placement import fit_resources
 from ._ray_compat import (
     GRPC_APPLICATION_ENV,
     check_ray,
@@ -101,27 +101,6 @@ class ReplicaLoad:
     cpus_per_replica: float | None = None
     gpus_per_replica: float | None = None
     noop: bool = False
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Bind (without ``SO_REUSEPORT``, so it fails even against a listener that set it; on
-    Linux ``SO_REUSEADDR`` still fails against any listener): a second server on a taken port
-    must fail here, never share the port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
-        try:
-            probe.bind((host, port))
-        except socket.gaierror as exc:
-            raise ServeError(f"--host {host}: not an address of this machine ({exc.strerror})",
-                             hint="use 127.0.0.1, 0.0.0.0 or an address of this host") from None
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror})",
-                                 hint="check --host (an address of this machine) and --port"
-                                 ) from None
-            raise ServeError(f"port {port} on {host} is already in use ({exc.strerror})",
-                             hint="stop the server there or choose another --port") from None
 
 
 def _side_listeners() -> str:
@@ -193,23 +172,6 @@ def _ingress_admission(limits: HttpLimits) -> IngressAdmission | None:
     if limits.max_ongoing is None or limits.max_queued is None:
         return None
     return IngressAdmission(limits.max_ongoing, limits.max_queued, limits.retry_after_s)
-
-
-def fit_resources(options: ServeOptions, cpus: float | None, gpus: float | None,
-                  resources: Mapping[str, float]) -> ServeOptions:
-    """Fill the defaults from the cluster (CPUs: what fits, at most 1 per replica; GPUs: up to
-    one per replica where the cluster has any) and refuse what it cannot place."""
-    have_cpu, have_gpu = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
-    if cpus is None:
-        cpus = min(1.0, int(100 * have_cpu / options.replicas) / 100)
-    if gpus is None:
-        gpus = min(1.0, have_gpu / options.replicas) if have_gpu else 0.0
-    for kind, each, have in (("CPU", cpus, have_cpu), ("GPU", gpus, have_gpu)):
-        if options.replicas * each > have + 1e-9:
-            raise ServeError(f"cannot place {options.replicas} replicas x {each:g} {kind}; "
-                             f"this cluster has {have:g}",
-                             hint=f"lower --replicas or --{kind.lower()}s-per-replica")
-    return replace(options, cpus_per_replica=cpus, gpus_per_replica=gpus)
 
 
 def quiet_ray(verbose: bool) -> None:
@@ -289,7 +251,8 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
 def _before_ray(listen: Listen, token: str | None, notice: Notice) -> None:
     """What is checked and cleaned before Ray starts: the ports, the gRPC stubs, a public
     address without a token (a warning), work directories a killed serve left."""
-    check_port_free(listen.host, listen.port)
+    check_port_free(listen.host, listen.port, notice=notice, plain=listen.ingress == "python"
+                    or (listen.ingress == "auto" and real_haproxy() is None))
     grpc_options(listen)  # the stubs import and the port is free, before Ray starts
     if listen.host not in LOOPBACK and not token:
         notice(f"WARNING: serving on {listen.host} without a token: anyone who reaches port "

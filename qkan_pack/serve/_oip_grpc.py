@@ -248,7 +248,7 @@ class GrpcApi:
             _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not served by qkan-pack; "
                   "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config and "
                   "ModelInfer")
-        return None
+        return getattr(self.pb, f"{rpc}Response")()  # never None: Ray's proxy serialises it
 
     def server_metadata(self) -> Any:
         meta = self.oip.server_metadata()

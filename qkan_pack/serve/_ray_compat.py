@@ -5,7 +5,8 @@ written for.
 job: deploying without blocking (``serve._run(_blocking=False)``: ``serve.run`` waits forever
 for replicas a cluster cannot place), re-reading Ray's cached config (``ray._raylet.Config``),
 keeping a local node's exporters on loopback (``ray._private.ray_constants``), deleting several
-applications at once (the Serve client's ``delete_apps``), a default application for gRPC
+applications at once (the Serve client's ``delete_apps``), Serve's status within a bound
+(the client's controller: ``serve_status``), a default application for gRPC
 calls that name none (``gRPCProxyRequest.setup_variables``, a model repository's), turning off
 auto-init after shutdown (``ray._private.auto_init_hook``), finding a running Serve by its
 controller's actor name and the head node by its resource (``serve_running``,
@@ -64,6 +65,27 @@ def delete_apps(names: Sequence[str], blocking: bool = True) -> None:
     client = _get_global_client()
     if client is not None:  # None: Serve is not running, so neither is any application
         client.delete_apps(list(names), blocking=blocking)
+
+
+def serve_status(timeout_s: float) -> Any | None:
+    """``serve.status()``, waiting at most ``timeout_s`` for Serve's controller (None: no
+    answer in time). ``serve.status`` waits on the controller for ever, and a controller
+    that is restarting, or busy with more replicas than it can hold, can take minutes: a
+    deploy wait polling it would not see the stop signal meanwhile."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeInstanceDetails, ServeStatus
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:  # Serve has not started
+        return ServeStatus()
+    asked = client._controller.get_serve_instance_details.remote()
+    try:
+        details = ray.get(asked, timeout=timeout_s)
+    except GetTimeoutError:
+        return None
+    return ServeInstanceDetails(**details)._get_status()
 
 
 #: Where a model repository names the application that gRPC calls without ``application``

@@ -19,7 +19,9 @@ artifact (``serve DIR``); anything else given to ``serve`` is read as a reposito
 
 Every version is verified as ``serve DIR`` verifies its artifact (every file's digest, the
 signature with ``--key``) before it is deployed, and each replica is pinned to the digest
-verified here (``VersionPlan.digest``). A model's settings are the command line's with its
+verified here (``VersionPlan.digest``). A version directory may be a symlink (Triton's users
+keep versions elsewhere): its real directory, resolved at each scan, is what is verified and
+loaded; a symlink to nothing is a problem named as such. A model's settings are the command line's with its
 config file's on top (``_settings``: the same keys and readers as ``app_builder``'s); an
 unknown key is refused. Problems are gathered, not raised one by one: one error names every
 one of them (``RepositoryError.problems``).
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FileReadError, QkanPackError, RepositoryError
+from ..errors import FileReadError, PlacementError, QkanPackError, RepositoryError
 from ..format import MANIFEST_NAME, MODEL_NAME
 from ._settings import READERS, TEXT_SETTINGS, apply_settings, read_setting
 
@@ -95,6 +97,16 @@ def model_names(root: str | os.PathLike[str]) -> list[str]:
     return [p.name for p in _visible(Path(root)) if p.is_dir()]
 
 
+def version_numbers(path: Path) -> list[int]:
+    """The versions the directories in model directory ``path`` are named for, whether or
+    not each holds an artifact ([] where ``path`` cannot be read)."""
+    try:
+        return sorted(int(p.name) for p in _visible(path) if VERSION_DIR.match(p.name)
+                      and p.is_dir())
+    except OSError:
+        return []
+
+
 def scan_model(root: str | os.PathLike[str], name: str) -> ModelDir:
     """``root/name`` as a model: its version directories and config file; RepositoryError
     naming every problem (a name that is no model name, a version directory that is no
@@ -110,38 +122,58 @@ def scan_model(root: str | os.PathLike[str], name: str) -> ModelDir:
 def _scan_model(path: Path, problems: list[str]) -> ModelDir | None:
     name = path.name
     if not MODEL_NAME.match(name):
-        problems.append(f"{name!r}: not a model name (letters, digits, '.', '_' and '-', "
-                        "starting with a letter or digit: it is part of the protocol's URLs)")
+        shown = name if len(name) <= 40 else f"{name[:40]}..."
+        problems.append(f"{shown!r}: not a model name (letters, digits, '.', '_' and '-', "
+                        "starting with a letter or digit, at most 128 characters: it is part "
+                        "of the protocol's URLs)"
+                        + (f"; it has {len(name)} characters" if len(name) > 128 else ""))
         return None
     if not path.is_dir():
-        problems.append(f"{name}: not a directory")
+        problems.append(_dangling(name, path) or f"{name}: not a directory")
+        return None
+    if is_artifact(path):
+        problems.append(f"{name}: this is an artifact, not a model's directory; move it into "
+                        f"{name}/1/ (a version directory)")
         return None
     versions, config = [], None
     for entry in _visible(path):
+        label = f"{name}/{entry.name}"
         if entry.name == MODEL_CONFIG:
             config = entry
-        elif not entry.is_dir():
-            continue  # a label file, a README: Triton's model directories hold such files too
+        elif not entry.is_dir():  # a label file, a README: Triton's model directories hold
+            if VERSION_DIR.match(entry.name):  # such files too; not named as a version
+                problems.append(_dangling(label, entry) or f"{label}: a file, not a version "
+                                "directory (a directory holding an artifact)")
         elif not VERSION_DIR.match(entry.name):
-            problems.append(f"{name}/{entry.name}: a version directory is named by a positive "
-                            "integer (1, 2, ...)")
+            problems.append(f"{label}: a version directory is named by a positive integer "
+                            "(1, 2, ...)")
         elif not is_artifact(entry):
-            problems.append(f"{name}/{entry.name}: not an artifact (no {MANIFEST_NAME}): "
-                            "build into it with qkan-pack build -o")
-        else:
-            versions.append(VersionDir(name, int(entry.name), entry))
+            problems.append(f"{label}: not an artifact (no {MANIFEST_NAME}): build into it "
+                            "with qkan-pack build -o")
+        else:  # a symlinked version (as Triton's users make them): its real directory
+            versions.append(VersionDir(name, int(entry.name),
+                                       entry.resolve() if entry.is_symlink() else entry))
     if not versions and not any(p.startswith(f"{name}/") for p in problems):
         problems.append(f"{name}: no version directory ({name}/1/, {name}/2/, ...)")
     return ModelDir(name, path, tuple(sorted(versions, key=lambda v: v.version)), config)
+
+
+def _dangling(label: str, path: Path) -> str | None:
+    """The problem of ``path`` if it is a symlink to nothing (None otherwise)."""
+    if not path.is_symlink() or path.exists():
+        return None
+    return f"{label}: a symlink to {os.readlink(path)}, which does not exist"
 
 
 def scan_repository(root: str | os.PathLike[str]) -> list[ModelDir]:
     """Every model of the repository at ``root``; RepositoryError naming every problem."""
     root = Path(root)
     if not root.is_dir():
-        raise RepositoryError(path=str(root), problems=["not a directory"],
-                              hint="give an artifact's directory or a model repository")
+        raise RepositoryError(path=str(root), problems=[
+            "not a directory" if root.exists() else "no such directory"],
+            hint="give an artifact's directory or a model repository")
     problems: list[str] = []
+    problems += [problem for p in _visible(root) if (problem := _dangling(p.name, p))]
     models = [m for p in _visible(root) if p.is_dir()
               if (m := _scan_model(p, problems)) is not None]
     if not models and not problems:
@@ -343,9 +375,10 @@ def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
     """The CPUs and GPUs per replica of a model whose config sets none: the command line's,
     else an even share of what the models that set theirs leave, with room kept for one
     model's reload (a new generation starts beside the serving one: ``_router``), counted
-    as the largest model's replicas. CPUs: at most 1, in hundredths; GPUs: at most 1, none
-    on a cluster without. ServeError when the versions cannot all be placed."""
-    from ..errors import ServeError
+    as the largest model's replicas. CPUs: ``_placement.cpu_share`` (at most 1, in
+    hundredths, at least ``MIN_CPU_SHARE``); GPUs: at most 1, none on a cluster without.
+    PlacementError, naming each model's replicas, when the versions cannot all be placed."""
+    from ._placement import EPSILON, MIN_CPU_SHARE, cpu_share
 
     have = {"CPU": float(resources.get("CPU", 0)), "GPU": float(resources.get("GPU", 0))}
     given = {"CPU": cpus, "GPU": gpus}
@@ -361,13 +394,16 @@ def share(plans: Sequence[VersionPlan], cpus: float | None, gpus: float | None,
         if each is None:
             left = max(0.0, have[kind] - own)
             room = rest + spare
-            each = (min(1.0, int(100 * left / room) / 100) if room else 1.0) if kind == "CPU" \
-                else (min(1.0, left / room) if room and left else 0.0)
-        if own + rest * each > have[kind] + 1e-9:
-            raise ServeError(f"cannot place the repository's replicas: they need "
-                             f"{own + rest * each:g} {kind}, this cluster has {have[kind]:g}",
-                             hint=f"lower replicas or {key} in the models' {MODEL_CONFIG}, "
-                             f"or --{kind.lower()}s-per-replica")
+            each = cpu_share(left, room) if kind == "CPU" else \
+                (min(1.0, left / room) if room and left else 0.0)
+        if own + rest * each > have[kind] + EPSILON:
+            least = (f"{MIN_CPU_SHARE:g} CPU is the least a replica is given: "
+                     if given[kind] is None and kind == "CPU" else "")
+            raise PlacementError(
+                kind=kind, replicas=replicas, need=own + rest * each, have=have[kind],
+                each=None if own else each,
+                hint=f"{least}lower replicas or {key} in the models' {MODEL_CONFIG}, or "
+                f"--{kind.lower()}s-per-replica")
         chosen[kind] = each
     return chosen["CPU"], chosen["GPU"]
 

@@ -24,9 +24,11 @@ Versions (Triton's semantics): every version directory serves; a request without
 goes to the highest ready one. ``load`` reads the model's directory again: each version is
 verified and planned (``_repository``); a new or changed one (new bytes or settings) is
 deployed as a new generation beside the one serving, which keeps serving until the new one
-is ready and is then deleted; a version that fails its verification, its load or its
-self-test leaves the serving one as it was, and the load answers the failure. Versions
-whose directory is gone are unloaded. ``unload`` deletes every generation of the model.
+is ready and is then deleted, one version at a time, each first held to what the cluster
+has left; a version that fails its verification, its load or its self-test leaves the
+serving one as it was, and the load answers the failure. Versions whose directory is gone
+are unloaded, and so is a model whose directory is gone. ``unload`` deletes every
+generation of the model.
 Other models are never touched: each load and unload holds its model's lock only.
 
 The router holds the state of the repository; it runs one replica (on the head node, next
@@ -61,6 +63,11 @@ REPOSITORY_EXTENSION = "model_repository"
 #: Each refusal's gRPC status, by HTTP status.
 GRPC_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE",
                401: "UNAUTHENTICATED"}
+#: Each refusal's outcome in ``qkan_pack_repository_refusals_total``, by HTTP status and by
+#: gRPC status.
+REFUSAL_OUTCOME: dict[int | str, str] = {
+    404: "not_found", "NOT_FOUND": "not_found", 503: "unavailable", "UNAVAILABLE": "unavailable",
+    401: "unauthorized", "UNAUTHENTICATED": "unauthorized"}  # anything else: client_error
 
 # -- the router's HTTP API -------------------------------------------------------------
 
@@ -117,8 +124,7 @@ class RouterHttp:
                 ("/stats", "GET"): self._get_stats, ("/stats/reset", "POST"): self._reset_stats}
 
     def _refuse(self, refusal: Refusal) -> Response:
-        self.refusals["not_found" if refusal.status == 404 else
-                      "unavailable" if refusal.status == 503 else "client_error"] += 1
+        self.refusals[REFUSAL_OUTCOME.get(refusal.status, "client_error")] += 1
         headers = {"Retry-After": "1"} if refusal.status == 503 else None
         return json_response(refusal.status, {"error": refusal.message}, headers)
 
@@ -155,8 +161,11 @@ class RouterHttp:
         body = await self._body(request)
         if not isinstance(body, bytes):
             return body
-        status, headers, payload = await self.repository.handle(target).forward_http.remote(
-            request.method, path, list(request.scope.get("headers", ())), body)
+        answer = await self.repository.call(target, "forward_http", request.method, path,
+                                            list(request.scope.get("headers", ())), body)
+        if isinstance(answer, Refusal):
+            return self._refuse(answer)
+        status, headers, payload = answer
         reply = raw_response(status, payload)
         reply.raw_headers = headers
         return reply
@@ -167,8 +176,11 @@ class RouterHttp:
         target = self.repository.resolve(name, None)
         if isinstance(target, Refusal):
             return self._refuse(target)
-        status, _, payload = await self.repository.handle(target).forward_http.remote(
-            "GET", path, list(request.scope.get("headers", ())), b"")
+        answer = await self.repository.call(target, "forward_http", "GET", path,
+                                            list(request.scope.get("headers", ())), b"")
+        if isinstance(answer, Refusal):
+            return self._refuse(answer)
+        status, _, payload = answer
         if status != 200:
             return raw_response(status, payload)
         import orjson
@@ -180,7 +192,7 @@ class RouterHttp:
     async def _root_predict(self, request: Request) -> Response:
         name = self.repository.single_model()
         if name is None:
-            names = sorted(self.repository.models)
+            names = self.repository.served_models()  # not those unloaded, or never loaded
             return self._refuse(Refusal(404, "POST / predicts when the repository serves one "
                                         f"model; it serves {len(names)}: POST /models/<name> "
                                         f"({', '.join(names) or 'none loaded'})"))
@@ -309,24 +321,33 @@ class RouterGrpc:
     and the repository's here, a model's passed on to its version's replicas."""
 
     def __init__(self, repository: Repository, token_sha256: str | None,
-                 server_version: str) -> None:
+                 server_version: str, refusals: Counter[str] | None = None) -> None:
+        """``refusals``: where the calls it refuses are counted (the HTTP routes' counter:
+        ``qkan_pack_repository_refusals_total`` counts both)."""
         from ._oip_grpc import protocol
 
         self.repository = repository
         self.token_sha256 = token_sha256
         self.server_version = server_version
+        self.refusals: Counter[str] = Counter() if refusals is None else refusals
         self.pb = protocol()
 
+    def _refuse(self, context: Any, code: str, details: str, reply: Any) -> Any:
+        self.refusals[REFUSAL_OUTCOME.get(code, "client_error")] += 1
+        return _status(context, code, details, reply)
+
     async def answer(self, rpc: str, request: Any, context: Any) -> Any:
+        """One RPC; a refusal is the RPC's empty reply with its status set (never None: Ray's
+        Python gRPC proxy serialises whatever is returned)."""
         metadata = tuple((m.key, m.value) if hasattr(m, "key") else tuple(m)
                          for m in (context.invocation_metadata() if context is not None else ()))
+        reply: Any = getattr(self.pb, f"{rpc}Response")
         if self.token_sha256 is not None and not any(
                 k.lower() == "authorization" and bearer_matches(
                     (v.decode("latin-1") if isinstance(v, bytes) else v).encode("latin-1"),
                     self.token_sha256) for k, v in metadata):
-            return _status(context, "UNAUTHENTICATED", "missing or wrong bearer token: send "
-                           "metadata 'authorization: Bearer <token>'", None)
-        reply: Any = getattr(self.pb, f"{rpc}Response", None)
+            return self._refuse(context, "UNAUTHENTICATED", "missing or wrong bearer token: "
+                                "send metadata 'authorization: Bearer <token>'", reply())
         if rpc in ("ServerLive", "ServerReady"):
             return reply(**{rpc.removeprefix("Server").lower(): True})
         if rpc == "ServerMetadata":
@@ -340,19 +361,20 @@ class RouterGrpc:
             return await self._control(rpc, request, context, reply)
         if rpc in IMPLEMENTED:  # a model's RPC
             return await self._model_rpc(rpc, request, context, metadata)
-        return _status(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack", None)
+        return self._refuse(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack",
+                            reply())
 
     async def _control(self, rpc: str, request: Any, context: Any, reply: Any) -> Any:
         unsupported = sorted(k for k in request.parameters if k != "unload_dependents")
         if unsupported:
-            return _status(context, "INVALID_ARGUMENT", f"parameters {unsupported} are not "
-                           "supported: a model's settings are its qkan-pack.toml", reply())
+            return self._refuse(context, "INVALID_ARGUMENT", f"parameters {unsupported} are "
+                                "not supported: a model's settings are its qkan-pack.toml",
+                                reply())
         name = request.model_name
         refusal = await (self.repository.load(name) if rpc == "RepositoryModelLoad"
                          else self.repository.unload(name))
         if refusal is not None:
-            return _status(context, GRPC_STATUS.get(refusal.status, "INTERNAL"),
-                           refusal.message, reply())
+            return self._refuse(context, GRPC_STATUS[refusal.status], refusal.message, reply())
         return reply()
 
     async def _model_rpc(self, rpc: str, request: Any, context: Any,
@@ -364,12 +386,13 @@ class RouterGrpc:
         if isinstance(target, Refusal):
             if rpc == "ModelReady":
                 return reply(ready=False)
-            return _status(context, GRPC_STATUS.get(target.status, "INTERNAL"), target.message,
-                           reply())
-        answer, code, details = await self.repository.handle(target).forward_grpc.remote(
-            rpc, request, metadata)
+            return self._refuse(context, GRPC_STATUS[target.status], target.message, reply())
+        forwarded = await self.repository.call(target, "forward_grpc", rpc, request, metadata)
+        if isinstance(forwarded, Refusal):
+            return self._refuse(context, GRPC_STATUS[forwarded.status], forwarded.message, reply())
+        answer, code, details = forwarded
         if code not in (None, "OK"):
-            return _status(context, code, details, answer)
+            return _status(context, code, details, answer)  # the replica's
         if rpc == "ModelMetadata" and not version:
             del answer.versions[:]
             answer.versions.extend(str(v) for v in self.repository.ready_versions(name))
@@ -418,7 +441,8 @@ class RepositoryServer:
     @property
     def grpc(self) -> RouterGrpc:
         if self._grpc is None:
-            self._grpc = RouterGrpc(self.repository, self._token_sha256, self._server_version)
+            self._grpc = RouterGrpc(self.repository, self._token_sha256, self._server_version,
+                                    self.http.refusals)
         return self._grpc
 
     async def scrape(self) -> tuple[bytes, str]:

@@ -16,16 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..format import PRECISIONS
-from ._app import ServeOptions
+from ._app import MAX_BATCH_SIZE, MAX_GRACE_S, MAX_REPLICAS, ServeOptions
 
 
 def _boolean(text: Any) -> bool:
+    """true or false: a boolean, or its text (``serve run``'s ``key=value``); never 1, 0,
+    yes or no, which a boolean setting's docs do not promise."""
     if isinstance(text, bool):
         return text
-    if str(text).lower() in ("true", "1", "yes"):
-        return True
-    if str(text).lower() in ("false", "0", "no"):
-        return False
+    if isinstance(text, str) and text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
     raise ValueError("not true or false")
 
 
@@ -51,9 +51,11 @@ def text_value(value: Any) -> str:
     return str(value)
 
 
-def _within(low: float, high: float) -> Callable[[Any], float]:
-    def read(text: Any) -> float:
-        value = _finite(text)
+def _within(low: float, high: float, number: Callable[[Any], Any] = _finite
+            ) -> Callable[[Any], Any]:
+    """A reader of ``number`` (a finite number, or ``_integer``) from ``low`` to ``high``."""
+    def read(text: Any) -> Any:
+        value = number(text)
         if not low <= value <= high:
             raise ValueError(f"outside [{low:g}, {high:g}]")
         return value
@@ -69,11 +71,12 @@ def _precision(value: Any) -> str:
 
 #: How the text of each deployment setting is read (a YAML or TOML value, or ``key=value``).
 READERS: Mapping[str, Callable[[Any], Any]] = {
-    "replicas": _integer, "gpus_per_replica": _finite, "cpus_per_replica": _finite,
-    "device": text_value, "max_batch_size": _integer, "max_batch_wait_ms": _finite,
+    "replicas": _within(1, MAX_REPLICAS, _integer), "gpus_per_replica": _finite,
+    "cpus_per_replica": _finite, "device": text_value,
+    "max_batch_size": _within(1, MAX_BATCH_SIZE, _integer), "max_batch_wait_ms": _finite,
     "exact": _boolean, "max_ongoing_requests": _integer, "max_queued_requests": _integer,
     "max_body_mb": _within(0.001, 65536.0), "body_timeout_s": _within(0.1, 86400.0),
-    "grace_s": _finite, "precision": _precision,
+    "grace_s": _within(0, MAX_GRACE_S), "precision": _precision,
 }
 #: Settings that are text by nature (a TOML file must give the others as numbers or
 #: booleans: ``replicas = "2"`` is a typo there, not a value).

@@ -10,18 +10,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RepositoryError
+from ..errors import PlacementError, RepositoryError
 from ._app import deployment_app
-from ._deploy import wait_running
+from ._deploy import DEPLOY_POLL_S, wait_running
 from ._haproxy_admin import admin_command
+from ._placement import check_left
 from ._ray_compat import delete_apps, deploy_without_waiting, haproxy_admin_socket
-from ._repository import Defaults, VersionPlan, model_names, plan_model, scan_model
+from ._repository import (
+    MODEL_CONFIG,
+    VERSION_DIR,
+    Defaults,
+    VersionPlan,
+    model_names,
+    plan_model,
+    scan_model,
+    version_numbers,
+)
 from ._routes import Generation, publish_routes, write_admission
 
 #: Each version's deployment (its application is the generation's: ``Generation.app``).
@@ -30,6 +41,15 @@ VERSION_DEPLOYMENT = "QkanPack"
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 #: How long a load waits for a version's replicas.
 LOAD_TIMEOUT_S = 900.0
+#: How long after a generation is deleted a load waits for its resources to show as
+#: released (``ray.available_resources`` lags the deletion) before refusing a placement.
+RELEASE_WAIT_S = 5.0
+#: A request the router passes on to a version's replicas (every gRPC call, every request
+#: with ``--ingress python``) is answered 503 / UNAVAILABLE when they give no answer within
+#: twice the version's ``body_timeout_s``, and never sooner than this (``forward_timeout_s``).
+FORWARD_MIN_TIMEOUT_S = 10.0
+#: The most characters of a client's version text a refusal repeats.
+MAX_SHOWN = 40
 #: How long one command to HAProxy's admin socket may take.
 ADMIN_TIMEOUT_S = 2.0
 logger = logging.getLogger(__name__)
@@ -80,6 +100,7 @@ class Repository:
         #: pickling by value around each call, and two at once fail ("not registered").
         self._deploying = asyncio.Lock()
         self._handles: dict[str, Any] = {}
+        self._released = -RELEASE_WAIT_S  # when a generation was last deleted (monotonic)
         for plan, generation in served:
             deployed = Deployed(plan, Generation(plan.model, plan.version, generation))
             self.models.setdefault(plan.model, {})[plan.version] = Version(plan.version,
@@ -95,10 +116,14 @@ class Repository:
         return sorted(v for v, s in self.models.get(name, {}).items()
                       if s.state == READY and s.serving is not None)
 
+    def served_models(self) -> list[str]:
+        """The models a generation of which serves, by name."""
+        return sorted(n for n, versions in self.models.items()
+                      if any(v.serving is not None for v in versions.values()))
+
     def single_model(self) -> str | None:
         """The one model the repository serves, if it serves exactly one (``POST /``)."""
-        served = [n for n, versions in self.models.items()
-                  if any(v.serving is not None for v in versions.values())]
+        served = self.served_models()
         return served[0] if len(served) == 1 else None
 
     def resolve(self, name: str, version: str | None) -> Deployed | Refusal:
@@ -125,11 +150,14 @@ class Repository:
             serving = versions[ready[-1]].serving
             assert serving is not None
             return serving
-        state = versions.get(int(version)) if version.isdigit() else None
+        # a version is named as its directory is (ASCII digits, no leading zero): "01", "１"
+        # or "²" name none, and int() would take the first two and fail on the third
+        state = versions.get(int(version)) if VERSION_DIR.match(version) else None
         if state is None:
-            return Refusal(404, f"model {name!r} has no version {version!r}; it has "
+            shown = version if len(version) <= MAX_SHOWN else version[:MAX_SHOWN] + "..."
+            return Refusal(404, f"model {name!r} has no version {shown!r}; it has "
                            f"{', '.join(map(str, sorted(versions)))}")
-        if state.serving is None or state.state not in (READY, UNLOADING):
+        if state.serving is None or state.state != READY:  # unloading: its replicas are leaving
             return Refusal(503, f"version {version} of model {name!r} is "
                            f"{state.state.lower()}" + (f": {state.reason}" if state.reason else ""))
         return state.serving
@@ -144,6 +172,20 @@ class Repository:
             handle = serve.get_deployment_handle(VERSION_DEPLOYMENT, app, _check_exists=False)
             self._handles[app] = handle
         return handle
+
+    async def call(self, deployed: Deployed, method: str, *args: Any) -> Any:
+        """``method`` of ``deployed``'s replicas over its handle, or a 503 Refusal when they
+        give no answer within ``forward_timeout_s``: a call Ray's handle cannot hand to a
+        replica (its generation deleted meanwhile) otherwise waits for ever."""
+        response = getattr(self.handle(deployed), method).remote(*args)
+        timeout_s = forward_timeout_s(deployed.plan)
+        try:
+            return await asyncio.wait_for(response, timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            plan = deployed.plan
+            return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
+                           f"answer within {timeout_s:g} s (it may be unloading); retry")
 
     def routes_choice(self) -> tuple[list[str], str | None]:
         """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
@@ -208,38 +250,48 @@ class Repository:
     async def load(self, name: str) -> Refusal | None:
         """Load (or reload) model ``name`` from its directory (see the module docstring):
         None when every version serves as its directory says, else the refusal (404: no
-        such model; 400: what failed, the versions that could serve serving)."""
+        such model; 400: what failed, the versions that could serve serving). Changed
+        versions are rolled one at a time (the new generation up, the old one deleted, then
+        the next), each first held to what the cluster has left: a reload needs room for
+        one version's replicas beside what serves, not for all of them."""
         async with self._lock(name):
-            if name not in self._on_disk():
-                return Refusal(404, f"no model {name!r} in the repository {self.root}")
+            if name not in self._on_disk():  # gone: what of it serves goes too (as a version)
+                gone = await self._forget(name)
+                return Refusal(404, f"no model {name!r} in the repository {self.root}" + (
+                    f": its directory is gone, so its versions {', '.join(map(str, gone))} "
+                    "were unloaded" if gone else ""))
             try:
                 model = await asyncio.to_thread(scan_model, self.root, name)
-            except RepositoryError as exc:
+            except RepositoryError as exc:  # recorded against each version directory there
+                for number in await asyncio.to_thread(version_numbers, self.root / name):
+                    self._failed(name, number, "; ".join(exc.problems))
                 return Refusal(400, f"cannot load {name!r}: {exc}")
             plans, problems = await asyncio.to_thread(plan_model, model, self.defaults)
             versions = self.models.setdefault(name, {})
-            for version, problem in problems:
-                self._failed(name, version, problem)
+            on_disk = [v.version for v in model.versions]
+            for version, problem in problems:  # None: the model's settings, every version
+                for number in ([version] if version is not None else on_disk):
+                    self._failed(name, number, problem)
             failures = [problem for _, problem in problems]
-            failures += [f for f in await asyncio.gather(*map(self._deploy, plans)) if f]
-            on_disk = {v.version for v in model.versions}
+            for plan in plans:  # rolled one at a time: room for one beside what serves
+                failure = await self._deploy(plan)
+                if failure is not None:
+                    failures.append(failure)
             await self._undeploy(name, [v for v in versions if v not in on_disk], forget=True)
             await self.publish_routes()
         if failures:
             return Refusal(400, f"model {name!r}: " + "; ".join(failures))
         return None
 
-    def _failed(self, name: str, version: int | None, problem: str) -> None:
-        """Record a version that cannot load (None: every version of ``name``): counted, and
+    def _failed(self, name: str, version: int, problem: str) -> None:
+        """Record a version (one whose directory is there) that cannot load: counted, and
         unavailable unless a generation of it serves (which keeps serving)."""
-        versions = self.models.setdefault(name, {})
-        for number in ([version] if version is not None else list(versions)):
-            state = versions.setdefault(number, Version(number))
-            self.loads[name, str(number), "failure"] += 1
-            if state.serving is None:
-                state.state, state.reason = UNAVAILABLE, problem
-            else:
-                state.reason = f"serving the earlier load; the last load failed: {problem}"
+        state = self.models.setdefault(name, {}).setdefault(version, Version(version))
+        self.loads[name, str(version), "failure"] += 1
+        if state.serving is None:
+            state.state, state.reason = UNAVAILABLE, problem
+        else:
+            state.reason = f"serving the earlier load; the last load failed: {problem}"
 
     async def _deploy(self, plan: VersionPlan) -> str | None:
         """Deploy ``plan`` as a new generation unless the serving one is the same; None on
@@ -249,6 +301,10 @@ class Repository:
         if state.serving is not None and state.serving.plan.key == plan.key:
             state.reason = ""
             return None
+        problem = await self._placement_problem(plan)
+        if problem is not None:
+            self._failed(plan.model, plan.version, problem)
+            return problem
         self._generation += 1
         generation = Generation(plan.model, plan.version, self._generation)
         if state.serving is None:
@@ -275,15 +331,47 @@ class Repository:
             await self._delete_generations([old])
         return None
 
+    async def _placement_problem(self, plan: VersionPlan) -> str | None:
+        """Why the cluster cannot place ``plan``'s new generation beside what serves (what
+        it has left), or None: refused here, Ray would start what fits and wait for the
+        rest for ever. Resources of a generation deleted a moment ago may not show as
+        released yet: after a deletion, asked again for up to ``RELEASE_WAIT_S``."""
+        hint = (f"lower replicas (or cpus_per_replica, gpus_per_replica) in "
+                f"{plan.model}/{MODEL_CONFIG}, or unload a model to make room")
+        while True:
+            try:
+                left = await asyncio.to_thread(resources_left)
+            except Exception as exc:  # Ray's: its own placement wait stays the bound
+                logger.warning("model repository: the cluster's resources unknown: %s", exc)
+                return None
+            try:
+                check_left(plan.label, plan.options, left, hint)
+                return None
+            except PlacementError as exc:
+                if time.monotonic() - self._released > RELEASE_WAIT_S:
+                    return str(exc)
+            await asyncio.sleep(DEPLOY_POLL_S)
+
     async def unload(self, name: str) -> Refusal | None:
         """Unload every version of ``name`` (None: done, or nothing was loaded; 404: no such
         model, loaded or in the directory)."""
         async with self._lock(name):
-            if name not in self.models and name not in self._on_disk():
-                return Refusal(404, f"unknown model {name!r}")
+            if name not in self._on_disk():
+                return None if await self._forget(name) else Refusal(404, f"unknown model "
+                                                                          f"{name!r}")
             await self._undeploy(name, list(self.models.get(name, {})), forget=False)
             await self.publish_routes()
         return None
+
+    async def _forget(self, name: str) -> list[int]:
+        """Unload every version of ``name``, whose directory is gone, and forget the model
+        (the index lists it no more); the versions it had."""
+        versions = sorted(self.models.get(name, {}))
+        if versions:
+            await self._undeploy(name, versions, forget=True)
+            await self.publish_routes()
+        self.models.pop(name, None)
+        return versions
 
     async def _undeploy(self, name: str, numbers: Sequence[int], *, forget: bool) -> None:
         versions = self.models.get(name, {})
@@ -302,6 +390,7 @@ class Repository:
         if not generations:
             return
         await asyncio.to_thread(_delete, [d.generation.app for d in generations])
+        self._released = time.monotonic()
         for deployed in generations:
             self._handles.pop(deployed.generation.app, None)
             self._admission.pop(deployed.generation.prefix, None)
@@ -310,6 +399,13 @@ class Repository:
     def _record_admission(self) -> None:
         if self.workdir is not None:
             write_admission(self.workdir, self._admission)
+
+
+def forward_timeout_s(plan: VersionPlan) -> float:
+    """How long the router waits for a version's answer to a request it passed on: twice
+    its ``body_timeout_s`` (a request's whole time at the ingress is bounded by the same
+    setting), at least ``FORWARD_MIN_TIMEOUT_S``."""
+    return max(FORWARD_MIN_TIMEOUT_S, 2 * plan.options.limits.body_timeout_s)
 
 
 def admission_of(plan: VersionPlan) -> tuple[int, int, int]:
@@ -336,3 +432,10 @@ def _delete(apps: Sequence[str]) -> None:
         delete_apps(apps)
     except Exception as exc:  # a timeout: Ray goes on deleting them
         logger.warning("model repository: deleting %s: %s", ", ".join(apps), exc)
+
+
+def resources_left() -> dict[str, float]:
+    """What the cluster has left, beside what its replicas hold (``ray.available_resources``)."""
+    import ray
+
+    return dict(ray.available_resources())

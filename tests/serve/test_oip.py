@@ -828,6 +828,22 @@ def test_grpc_infer_is_bounded_by_the_replicas_admission(manifest: Any) -> None:
     assert served.code is None and counted == ["overloaded"]
 
 
+def test_an_unserved_rpc_answers_unimplemented_with_an_empty_reply(manifest: Any) -> None:
+    """Ray's Python gRPC proxy serialises whatever a method returns: the None an unserved
+    RPC returned became INTERNAL with a Ray traceback ("'NoneType' object has no attribute
+    'SerializeToString'") instead of UNIMPLEMENTED."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    api = _grpc_api(_oip(manifest))
+    for rpc in ("ModelStatistics", "RepositoryIndex", "LogSettings"):
+        context = _Context()
+        reply = asyncio.run(api.answer(rpc, getattr(api.pb, f"{rpc}Request")(), context))
+        assert context.code == grpc.StatusCode.UNIMPLEMENTED, rpc
+        assert type(reply) is getattr(api.pb, f"{rpc}Response")
+        assert reply.SerializeToString() == b""
+
+
 @pytest.mark.serve
 @pytest.mark.slow
 def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> None:
@@ -835,6 +851,8 @@ def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> No
     each message to pass it on, which the stubs' module name broke (UNKNOWN, PicklingError)."""
     grpc_client = pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("ray")
+    from tritonclient.utils import InferenceServerException
+
     grpc_port = free_port()
     running = Server(artifact, ["--ingress", "python", "--grpc-port", str(grpc_port)]).start()
     try:
@@ -844,6 +862,8 @@ def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> No
         given.set_data_from_numpy(x)
         result = client.infer(read_artifact(artifact).manifest.metadata.name, [given])
         np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
+        with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not served"):
+            client.get_model_repository_index()  # not INTERNAL with Ray's traceback
     finally:
         running.stop()
         running.kill()

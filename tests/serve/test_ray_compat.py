@@ -30,6 +30,17 @@ def test_the_private_ray_names_relied_on_exist() -> None:
 
     assert HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME
     assert isinstance(SERVE_CONTROLLER_NAME, str) and isinstance(SERVE_NAMESPACE, str)
+    from ray.serve._private.client import ServeControllerClient
+    from ray.serve._private.controller import ServeController
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeInstanceDetails
+
+    # serve_status: serve.status() with a bound on the controller's answer
+    assert "raise_if_no_controller_running" in inspect.signature(_get_global_client).parameters
+    assert "self._controller.get_serve_instance_details.remote()" in inspect.getsource(
+        ServeControllerClient.get_serve_details)
+    assert callable(ServeController.get_serve_instance_details)
+    assert callable(ServeInstanceDetails._get_status)
 
 
 def test_the_haproxy_admin_socket_is_where_ray_puts_it() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from qkan_pack.errors import RepositoryError, ServeError
+from qkan_pack.errors import PlacementError, RepositoryError, ServeError
 from qkan_pack.serve import HttpLimits, ServeOptions
 from qkan_pack.serve._repository import (
     MODEL_CONFIG,
@@ -169,10 +169,15 @@ def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
     ('replicas = "2"\n', "replicas = '2': give a number or true/false, not text"),
     ("max_batch_size = 2.5\n", "max_batch_size = 2.5: not a whole number"),
     ("exact = 3\n", "exact = 3: not true or false"),
+    ("exact = 1\n", "exact = 1: not true or false"),
+    ('exact = "yes"\n', "exact = 'yes': give a number or true/false, not text"),
+    ("grace_s = 1e300\n", "grace_s = 1e+300: outside [0, 3600]"),
+    ("max_batch_size = 100000\n", "max_batch_size = 100000: outside [1, 65536]"),
     ("[replicas]\ncount = 2\n", "a setting is one value, not a table or array"),
     ("precision = \"fp8\"\n", "give recorded or one of"),
     ("max_body_mb = 1e9\n", "outside [0.001, 65536]"),
-    ("replicas = 0\n", "need replicas >= 1"),
+    ("replicas = 0\n", "replicas = 0: outside [1, 1000]"),
+    ("replicas = 1001\n", "replicas = 1001: outside [1, 1000]"),
     ("replicas = \n", "qkan-pack.toml: Invalid value"),
 ])
 def test_a_model_config_refuses_what_it_cannot_apply(built: dict[str, Path], tmp_path: Path,
@@ -199,8 +204,50 @@ def test_resources_are_shared_with_room_for_one_model_to_reload() -> None:
     cpus, gpus = share(plans, None, None, {"CPU": 4.0, "GPU": 2.0})
     assert cpus == pytest.approx(int(100 * 3.5 / 5) / 100) and gpus == pytest.approx(1.5 / 5)
     assert share(plans, 0.5, None, {"CPU": 4.0, "GPU": 0.5})[1] == 0.0  # none left to share
-    with pytest.raises(ServeError, match=r"need 5 CPU, this cluster has 4"):
+    with pytest.raises(PlacementError, match=r"they need 5 CPU; this cluster has 4"):
         share(plans, 1.5, None, {"CPU": 4.0, "GPU": 2.0})
+
+
+@pytest.mark.parametrize("replicas", [201, 1000])
+def test_an_even_share_never_rounds_a_replica_down_to_no_cpu(replicas: int) -> None:
+    """A share that rounded to 0 CPU let any number of replicas "fit" (a million of them on
+    two CPUs ran Ray's controller out of memory): each replica is given 0.01 CPU at least,
+    and what does not fit then is refused, naming the model and its replicas."""
+    from qkan_pack.serve._placement import fit_resources
+
+    with pytest.raises(PlacementError) as info:
+        share([_plan("big", replicas), _plan("small")], None, None, {"CPU": 2.0})
+    assert info.value.replicas == {"big": replicas, "small": 1} and info.value.each == 0.01
+    assert f"cannot place {replicas + 1} replicas x 0.01 CPU (big: {replicas}, small: 1)" \
+        in str(info.value) and "lower replicas or cpus_per_replica" in info.value.hint
+    with pytest.raises(PlacementError, match=rf"cannot place {replicas} replicas x 0.01 CPU; "
+                                             r"this cluster has 2; 0.01 CPU is the least"):
+        fit_resources(ServeOptions(replicas=replicas), None, None, {"CPU": 2.0})
+    assert fit_resources(ServeOptions(replicas=200), None, None,
+                         {"CPU": 2.0}).cpus_per_replica == 0.01
+    assert share([_plan("big", 99)], None, None, {"CPU": 2.0})[0] == 0.01  # room for a reload
+
+
+def test_replicas_batch_size_and_grace_are_bounded_on_the_command_line_too(
+        built: dict[str, Path]) -> None:
+    """One bound each (``ServeOptions``), whatever gives the value: the command line, the
+    Python API, ``app_builder``'s arguments or a model's ``qkan-pack.toml``."""
+    from click.testing import CliRunner
+
+    from qkan_pack.cli import cli
+    from qkan_pack.serve._builder import options_from, read_args
+
+    for options, says in (({"replicas": 1001}, "1 <= replicas <= 1000"),
+                          ({"max_batch_size": 65_537}, "1 <= max_batch_size <= 65536"),
+                          ({"grace_s": float("inf")}, "0 <= grace_s <= 3600")):
+        with pytest.raises(ServeError, match=f"need {says}"):
+            ServeOptions(**options)
+    with pytest.raises(ServeError, match="outside"):
+        options_from(read_args({"artifact": "/a", "replicas": "1001"}))
+    for args, says in ((["--replicas", "1001"], "1 <= replicas <= 1000"),
+                       (["--grace-s", "1e300"], "0 <= grace_s <= 3600")):
+        done = CliRunner().invoke(cli, ["serve", str(built["mlp1"]), *args])
+        assert done.exit_code == 1 and says in done.output, done.output
 
 
 # -- HAProxy's routes -----------------------------------------------------------------
@@ -398,6 +445,24 @@ def _request(method: str, path: str, body: bytes = b"", token: str | None = None
     return forwarded_request(method, path, headers, body)
 
 
+def _http_router(repository: Any) -> Any:
+    """The router's HTTP routes over ``repository`` (no metrics or stats asked)."""
+    from qkan_pack.serve._router import RouterHttp
+
+    async def none() -> Any:
+        raise AssertionError("not asked")
+
+    return RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
+                      server_version="test", scrape=none, stats=none)
+
+
+def _grpc_call(metadata: tuple = ()) -> Any:
+    """A gRPC call's context as the router's methods see it: metadata in, status out."""
+    from qkan_pack.serve._oip_grpc import ForwardedCall
+
+    return ForwardedCall(metadata)
+
+
 def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -> None:
     from qkan_pack.serve._versions import LOADING, Refusal
 
@@ -426,16 +491,10 @@ def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -
 
 
 def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
-    from qkan_pack.serve._router import RouterHttp
-
     root = _repository(tmp_path / "repo", {"mlp/1": None, "clf/1": None})
     repository = _router(root, [_plan("mlp"), _plan("clf")])
 
-    async def none() -> Any:
-        raise AssertionError("not asked")
-
-    http = RouterHttp(repository, None, max_body_bytes=1024, body_timeout_s=5,
-                      server_version="test", scrape=none, stats=none)
+    http = _http_router(repository)
 
     def answer(method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
         reply = asyncio.run(http.handle(_request(method, path, body)))
@@ -457,6 +516,11 @@ def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
     assert answer("GET", "/v2")[1]["extensions"] == ["binary_tensor_data", "model_repository"]
     assert answer("DELETE", "/v2/repository/index")[0] == 405
     assert dict(http.refusals) == {"not_found": 4, "client_error": 2}
+    for versions in repository.models.values():  # every model unloaded: none is counted
+        for state in versions.values():
+            state.serving, state.state, state.reason = None, "UNAVAILABLE", "unloaded"
+    status, body = answer("POST", "/")
+    assert status == 404 and "it serves 0: POST /models/<name> (none loaded)" in body["error"]
     http.token_sha256 = TOKEN_SHA
     assert answer("GET", "/")[0] == 401 and http.refusals["unauthorized"] == 1
 
@@ -476,3 +540,360 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
         serve_forever(good, ServeOptions(model_name="other"))
     with pytest.raises(ServeError, match=r"--noop: .* is not an artifact"):
         serve_forever(good, replica=ReplicaLoad(noop=True))
+
+
+def test_a_load_the_cluster_cannot_place_is_refused_and_the_serving_version_serves_on(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load while serving is held to what the cluster has left (Ray would start what fits
+    and wait for the rest for ever, its controller holding every replica asked for): 400
+    naming the version, its replicas and the setting; the serving generation is kept."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, Repository
+
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"]})
+    (serving,), _ = plan_model(scan_model(repo, "mlp"), _defaults())
+    repository = Repository(str(repo), _defaults(), [(serving, 1)])
+    monkeypatch.setattr(_versions, "resources_left", lambda: {"CPU": 2.0})
+    (repo / "mlp" / MODEL_CONFIG).write_text("replicas = 1000\n")
+    refusal = asyncio.run(repository.load("mlp"))
+    assert refusal is not None and refusal.status == 400
+    assert "cannot place 1000 replicas x 1 CPU (mlp/1: 1000): they need 1000 CPU; this " \
+           "cluster has 2 left; lower replicas (or cpus_per_replica, gpus_per_replica) in " \
+           f"mlp/{MODEL_CONFIG}" in refusal.message
+    state = repository.models["mlp"][1]
+    assert state.state == READY and state.serving is not None and state.serving.plan is serving
+    assert "the last load failed: cannot place 1000 replicas" in state.reason
+    assert repository.loads["mlp", "1", "failure"] == 1
+
+
+def test_a_stop_ends_the_deploy_wait_while_serves_controller_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that does not answer (restarting, or holding more replicas than it
+    can) held each status poll, and with it the stop signal, for minutes: each poll now
+    waits a bounded time, and a stop ends the wait within it."""
+    pytest.importorskip("ray")
+    import ray
+    import ray.serve.api
+    import ray.serve.context
+    from ray.exceptions import GetTimeoutError
+
+    from qkan_pack.serve import _deploy
+
+    class Client:
+        class _controller:
+            class get_serve_instance_details:
+                remote = staticmethod(lambda: "a reference")
+
+        def get_serve_details(self) -> Any:  # serve.status()'s own wait: unbounded
+            time.sleep(30)
+
+    def get(reference: Any, timeout: float | None = None) -> Any:
+        time.sleep(30 if timeout is None else timeout)
+        raise GetTimeoutError("no answer")
+
+    for module in (ray.serve.context, ray.serve.api):
+        monkeypatch.setattr(module, "_get_global_client", lambda **_: Client())
+    monkeypatch.setattr(ray, "get", get)
+    started = time.monotonic()
+    assert _deploy.wait_running(["app"], 600, stopping=lambda: time.monotonic() > started + 0.5
+                                ) is False
+    assert time.monotonic() - started < _deploy.STATUS_TIMEOUT_S + 2
+
+
+class _SilentHandle:
+    """A deployment handle whose calls never complete (Ray's, for a generation deleted
+    before a replica took the call), remembering what it was asked and cancelled."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.cancelled = 0
+        handle = self
+
+        class Method:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def remote(self, *args: Any) -> Any:
+                handle.asked.append(self.name)
+
+                class Response:
+                    def __await__(self) -> Any:
+                        return asyncio.get_running_loop().create_future().__await__()
+
+                    def cancel(self) -> None:
+                        handle.cancelled += 1
+
+                return Response()
+
+        self.forward_http, self.forward_grpc = Method("forward_http"), Method("forward_grpc")
+
+
+def test_a_version_being_unloaded_answers_503_and_no_passed_on_call_waits_for_ever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request for a named version that was unloading was handed to the generation being
+    deleted, and Ray's handle then never answered: the client waited for its whole deadline
+    (gRPC, --ingress python). Now an unloading version is a 503 / UNAVAILABLE, and a call
+    passed on is bounded (``forward_timeout_s``), a timeout answering the same."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._router import RouterGrpc
+    from qkan_pack.serve._versions import UNLOADING, Refusal
+
+    root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None})
+    fast = dataclasses.replace(_plan("mlp"), options=ServeOptions(
+        limits=HttpLimits(body_timeout_s=0.1)))
+    repository = _router(root, [fast, dataclasses.replace(fast, version=2)])
+    handle = _SilentHandle()
+    monkeypatch.setattr(repository, "handle", lambda deployed: handle)
+    monkeypatch.setattr(_versions, "FORWARD_MIN_TIMEOUT_S", 0.2)
+    repository.models["mlp"][1].state = UNLOADING
+    assert repository.resolve("mlp", "1") == Refusal(503, "version 1 of model 'mlp' is "
+                                                     "unloading")
+    assert repository.resolve("mlp", None).plan.version == 2
+
+    http = _http_router(repository)
+    router_grpc = RouterGrpc(repository, None, "test")
+
+    async def ask() -> tuple[Any, ...]:
+        unloading = await http.handle(_request("POST", "/models/mlp/versions/1", b"{}"))
+        silent = await http.handle(_request("POST", "/models/mlp/versions/2", b"{}"))
+        contexts = _grpc_call(), _grpc_call()
+        for context, version in zip(contexts, ("1", "2")):
+            await router_grpc.answer("ModelInfer", router_grpc.pb.ModelInferRequest(
+                model_name="mlp", model_version=version), context)
+        return unloading, silent, contexts
+
+    unloading, silent, (grpc_unloading, grpc_silent) = asyncio.run(asyncio.wait_for(ask(), 10))
+    assert unloading.status_code == 503 and unloading.headers["retry-after"] == "1"
+    assert strict_json(unloading.body) == {"error": "version 1 of model 'mlp' is unloading"}
+    assert silent.status_code == 503
+    assert strict_json(silent.body) == {"error": "version 2 of model 'mlp' gave no answer "
+                                        "within 0.2 s (it may be unloading); retry"}
+    assert grpc_unloading.code == grpc.StatusCode.UNAVAILABLE
+    assert grpc_silent.code == grpc.StatusCode.UNAVAILABLE and "no answer" in grpc_silent.details
+    assert handle.asked == ["forward_http", "forward_grpc"] and handle.cancelled == 2
+
+
+def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path: Path) -> None:
+    """Through Ray's Python gRPC proxy (``--ingress python``) the reply is serialised: the
+    None the router returned for a call without the token, or for an RPC it does not
+    serve, became INTERNAL with a Ray traceback instead of UNAUTHENTICATED or
+    UNIMPLEMENTED. Each refusal is counted with the HTTP routes' (it was not)."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve._auth import token_digest
+    from qkan_pack.serve._router import RouterGrpc
+
+    token = "router-token-0123456789abcdef"
+    repository = _router(_repository(tmp_path / "repo", {"mlp/1": None}), [_plan("mlp")])
+    http = _http_router(repository)
+    router = RouterGrpc(repository, token_digest(token), "test", http.refusals)
+    sent = (("authorization", f"Bearer {token}"),)
+    for rpc, metadata, code in (("RepositoryIndex", (), "UNAUTHENTICATED"),
+                                ("ModelInfer", (("authorization", "Bearer wrong"),),
+                                 "UNAUTHENTICATED"),
+                                ("ModelStatistics", sent, "UNIMPLEMENTED"),
+                                ("TraceSetting", (), "UNAUTHENTICATED")):
+        context = _grpc_call(metadata)
+        reply = asyncio.run(router.answer(rpc, getattr(router.pb, f"{rpc}Request")(), context))
+        assert context.code == getattr(grpc.StatusCode, code), rpc
+        assert type(reply) is getattr(router.pb, f"{rpc}Response")
+        assert reply.SerializeToString() == b""
+    for name in ("nope", "nope"):
+        asyncio.run(router.answer("ModelInfer", router.pb.ModelInferRequest(model_name=name),
+                                  _grpc_call(sent)))
+    asyncio.run(router.answer("RepositoryModelLoad", router.pb.RepositoryModelLoadRequest(
+        model_name="zzz"), _grpc_call(sent)))
+    asyncio.run(http.handle(_request("POST", "/models/nope", b"{}")))
+    assert dict(http.refusals) == {"unauthorized": 3, "client_error": 1, "not_found": 4}
+
+
+@pytest.mark.parametrize("version", ["\u00b2", "\uff11", "01", "0", "1" * 5000, "+1", " 1",
+                                     "1\n"])
+def test_a_version_named_unlike_a_version_directory_is_404_naming_the_versions(
+        tmp_path: Path, version: str) -> None:
+    """A version is named as its directory is (ASCII digits, no leading zero): "²" (a
+    Unicode digit), 5000 digits (over int()'s limit) were a 500 / INTERNAL; "01" and "１"
+    were taken as version 1 and passed on to its replicas, which did not know them."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from qkan_pack.serve._router import RouterGrpc
+    from qkan_pack.serve._versions import Refusal
+
+    repository = _router(_repository(tmp_path / "repo", {"mlp/1": None}), [_plan("mlp")])
+    shown = version if len(version) <= 40 else version[:40] + "..."
+    refusal = Refusal(404, f"model 'mlp' has no version {shown!r}; it has 1")
+    assert repository.resolve("mlp", version) == refusal
+
+    http = _http_router(repository)
+    for path in (f"/models/mlp/versions/{version}", f"/v2/models/mlp/versions/{version}/infer",
+                 f"/v2/models/mlp/versions/{version}/ready"):
+        reply = asyncio.run(http.handle(_request("POST", path, b"{}")))
+        assert (reply.status_code, strict_json(reply.body)) == (404, {"error": refusal.message})
+    router = RouterGrpc(repository, None, "test")
+
+    context = _grpc_call()
+    asyncio.run(router.answer("ModelInfer", router.pb.ModelInferRequest(
+        model_name="mlp", model_version=version), context))
+    assert context.code == grpc.StatusCode.NOT_FOUND and context.details == refusal.message
+    context = _grpc_call()
+    reply = asyncio.run(router.answer("ModelReady", router.pb.ModelReadyRequest(
+        name="mlp", version=version), context))
+    assert reply.ready is False and context.code is None  # as for any unknown version
+
+
+def test_a_reload_rolls_its_versions_one_at_a_time(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every changed version was redeployed at once, so a reload needed room for all of
+    them beside the serving ones: on a cluster with room for one it failed for every
+    version. Now each is rolled in turn (new generation up, old one deleted, then the next),
+    each checked first against what the cluster has left."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, Repository
+
+    defaults = dataclasses.replace(_defaults(), cpus_per_replica=0.6)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/2": built["mlp2"]})
+    served, _ = plan_model(scan_model(repo, "mlp"), defaults)
+    repository = Repository(str(repo), defaults, [(plan, 1) for plan in served])
+    cluster = {f"mlp.v{p.version}.g1": 0.6 for p in served}  # the apps and their CPUs
+    events: list[str] = []
+
+    def start(plan: VersionPlan, generation: Any, log_level: str) -> None:
+        events.append(f"start {generation.app}")
+        cluster[generation.app] = plan.options.replicas * plan.options.cpus_per_replica
+
+    def running(names: list[str], *args: Any, **kw: Any) -> bool:
+        events.append(f"wait {names[0]}")
+        return True
+
+    def delete(apps: list[str]) -> None:
+        events.extend(f"delete {app}" for app in apps)
+        for app in apps:
+            del cluster[app]
+
+    monkeypatch.setattr(_versions, "start_version", start)
+    monkeypatch.setattr(_versions, "wait_running", running)
+    monkeypatch.setattr(_versions, "_delete", delete)
+    monkeypatch.setattr(_versions, "resources_left", lambda: {"CPU": 2.0 - sum(cluster.values())})
+    (repo / "mlp" / MODEL_CONFIG).write_text("max_batch_size = 1\n")  # both versions change
+    assert asyncio.run(repository.load("mlp")) is None
+    assert events == ["start mlp.v1.g2", "wait mlp.v1.g2", "delete mlp.v1.g1",
+                      "start mlp.v2.g3", "wait mlp.v2.g3", "delete mlp.v2.g1"]
+    assert {v: (s.state, s.serving and s.serving.generation.generation) for v, s in
+            repository.models["mlp"].items()} == {1: (READY, 2), 2: (READY, 3)}
+
+
+def test_a_failed_load_is_recorded_against_each_version_on_disk(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model never loaded whose settings are refused, and a layout problem found by the
+    scan, answered 400 and left nothing in the index or the counts (the index kept stale
+    reasons); a refused config counted a failure for a version whose directory was gone."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import READY, UNAVAILABLE, Repository
+
+    monkeypatch.setattr(_versions, "_delete", lambda apps: None)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "mlp/2": built["mlp2"],
+                                           "newm/1": built["mlp1"],
+                                           f"newm/{MODEL_CONFIG}": 'replicas = "2"\n'})
+    served, _ = plan_model(scan_model(repo, "mlp"), _defaults())
+    repository = Repository(str(repo), _defaults(), [(plan, 1) for plan in served])
+
+    def entry(name: str, version: str) -> dict[str, str]:
+        return next(e for e in repository.index() if (e["name"], e["version"]) == (name, version))
+
+    refusal = asyncio.run(repository.load("newm"))
+    assert refusal is not None and refusal.status == 400 and "replicas = '2'" in refusal.message
+    assert entry("newm", "1")["state"] == UNAVAILABLE
+    assert "replicas = '2': give a number" in entry("newm", "1")["reason"]
+    assert repository.loads["newm", "1", "failure"] == 1
+    assert "its last load failed: 1: newm/qkan-pack.toml" in repository.resolve("newm",
+                                                                                 None).message
+    (repo / "mlp" / "v3").mkdir()  # a layout problem: found by the scan
+    refusal = asyncio.run(repository.load("mlp"))
+    assert refusal is not None and "mlp/v3: a version directory is named" in refusal.message
+    for version in ("1", "2"):
+        assert entry("mlp", version)["state"] == READY  # the serving generations serve on
+        assert "the last load failed: mlp/v3: a version directory" in entry("mlp", version)[
+            "reason"]
+        assert repository.loads["mlp", version, "failure"] == 1
+    (repo / "mlp" / "v3").rmdir()
+    shutil.rmtree(repo / "mlp" / "2")
+    (repo / "mlp" / MODEL_CONFIG).write_text("replica = 1\n")
+    assert asyncio.run(repository.load("mlp")).status == 400
+    assert repository.loads["mlp", "1", "failure"] == 2
+    assert repository.loads["mlp", "2", "failure"] == 1  # gone: unloaded, not counted
+    assert [e["version"] for e in repository.index() if e["name"] == "mlp"] == ["1"]
+
+
+def test_a_model_whose_directory_is_gone_is_unloaded_by_a_load_or_an_unload(
+        built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deleted version directory is unloaded on load; a deleted model directory answered
+    404 and left the model serving, and listed in the index even after an unload."""
+    from qkan_pack.serve import _versions
+    from qkan_pack.serve._versions import Refusal, Repository
+
+    deleted: list[str] = []
+    monkeypatch.setattr(_versions, "_delete", deleted.extend)
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], "clf/1": built["mlp1"],
+                                           "clf/2": built["mlp2"]})
+    repository = Repository(str(repo), _defaults(), [
+        (_plan("mlp"), 1), (_plan("clf"), 2), (dataclasses.replace(_plan("clf"), version=2), 3)])
+    shutil.rmtree(repo / "clf")
+    assert asyncio.run(repository.load("clf")) == Refusal(
+        404, f"no model 'clf' in the repository {repo}: its directory is gone, so its versions "
+        "1, 2 were unloaded")
+    assert sorted(deleted) == ["clf.v1.g2", "clf.v2.g3"] and "clf" not in repository.models
+    assert [e["name"] for e in repository.index()] == ["mlp"]
+    assert repository.resolve("clf", None).message == "unknown model 'clf'; this repository " \
+                                                      "serves: mlp"
+    assert asyncio.run(repository.load("clf")) == Refusal(
+        404, f"no model 'clf' in the repository {repo}")
+    shutil.rmtree(repo / "mlp")
+    assert asyncio.run(repository.unload("mlp")) is None
+    assert deleted[-1] == "mlp.v1.g1" and repository.index() == []
+    assert asyncio.run(repository.unload("mlp")) == Refusal(404, "unknown model 'mlp'")
+
+
+def test_layout_problems_are_named_as_what_they_are(built: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """A dangling symlink was "no version directory", an artifact copied straight into its
+    model's directory a list of its own subdirectories "named by a positive integer", a
+    repository that does not exist "not a directory", a name over 128 characters a
+    character-set refusal."""
+    long_name = "m" * 129
+    repo = _repository(tmp_path / "repo", {"art": built["mlp1"], "ok/1": built["mlp1"],
+                                           "ok/2": "not a directory", f"{long_name}/1": None})
+    (repo / "ok" / "3").symlink_to(tmp_path / "gone")
+    (repo / "lost").symlink_to(tmp_path / "gone too")
+    with pytest.raises(RepositoryError) as info:
+        scan_repository(repo)
+    assert sorted(info.value.problems) == sorted([
+        "art: this is an artifact, not a model's directory; move it into art/1/ (a version "
+        "directory)",
+        "ok/2: a file, not a version directory (a directory holding an artifact)",
+        f"ok/3: a symlink to {tmp_path / 'gone'}, which does not exist",
+        f"lost: a symlink to {tmp_path / 'gone too'}, which does not exist",
+        f"'{'m' * 40}...': not a model name (letters, digits, '.', '_' and '-', starting with "
+        "a letter or digit, at most 128 characters: it is part of the protocol's URLs); it "
+        "has 129 characters"])
+    with pytest.raises(RepositoryError, match="no such directory"):
+        scan_repository(tmp_path / "nowhere")
+
+
+def test_a_symlinked_version_directory_serves_its_real_directory_verified(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    """Triton's users symlink versions to where artifacts are kept: the link's name is the
+    version, and the real directory is what is verified and what replicas load (pinned to
+    its digest)."""
+    shutil.copytree(built["mlp2"], tmp_path / "store" / "mlp-v2")
+    repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"]})
+    (repo / "mlp" / "2").symlink_to(tmp_path / "store" / "mlp-v2")
+    plans, problems = plan_model(scan_model(repo, "mlp"), _defaults())
+    assert problems == []
+    assert [(p.version, p.path) for p in plans] == [
+        (1, str(repo / "mlp" / "1")), (2, str((tmp_path / "store" / "mlp-v2").resolve()))]
+    from qkan_pack.runtime import read_artifact
+
+    assert plans[1].digest == read_artifact(built["mlp2"]).digest
+    assert plans[1].options.model_version == "2"

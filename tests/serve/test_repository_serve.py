@@ -8,8 +8,10 @@ Ray's Python proxy, where the router passes every request on over a handle."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -316,11 +318,17 @@ def test_load_and_unload_leave_the_other_models_serving(
 @pytest.fixture(scope="module")
 def python_ingress(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[Server]:
-    """A repository of one model through Ray's Python proxy (no HAProxy routes)."""
+    """A repository of one model through Ray's Python proxy (no HAProxy routes), behind a
+    token; a body timeout of 5 s bounds what the router waits for a version's answer (10 s,
+    ``forward_timeout_s``)."""
     root = tmp_path_factory.mktemp("one") / "models"
     shutil.copytree(built["mlp/1"], root / "mlp" / "1")
-    running = Server(root, ["--ingress", "python", "--grpc-port", str(free_port())]).start(
-        timeout_s=480)
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    running = Server(root, ["--ingress", "python", "--auth-token-file", str(token_file),
+                            "--body-timeout-s", "5", "--grpc-port", str(free_port())],
+                     token=TOKEN).start(timeout_s=480)
     running.grpc_port = int(running.args[-1])
     try:
         yield running
@@ -341,11 +349,74 @@ def test_through_the_python_proxy_the_router_passes_requests_on(
         assert status == 200, (path, body)
         np.testing.assert_allclose(body["outputs"], want, rtol=1e-5, atol=1e-6)
     http, grpc = _clients(python_ingress)
-    reply = http.infer("mlp", [_input(http_module, x, "input")])
+    reply = http.infer("mlp", [_input(http_module, x, "input")], headers=_auth())
     np.testing.assert_allclose(reply.as_numpy("output"), want, rtol=1e-5, atol=1e-6)
-    reply = grpc.infer("mlp", [_input(grpc_module, x, "input")], model_version="1")
+    reply = grpc.infer("mlp", [_input(grpc_module, x, "input")], model_version="1",
+                       headers=_auth("authorization"))
     np.testing.assert_allclose(reply.as_numpy("output"), want, rtol=1e-5, atol=1e-6)
     assert python_ingress.json("/v2/models/mlp/versions/2/infer", {"inputs": []})[0] == 404
+    from tritonclient.utils import InferenceServerException
+
+    for call, code in ((lambda: grpc.get_model_repository_index(), "UNAUTHENTICATED"),
+                       (lambda: grpc.infer("mlp", [_input(grpc_module, x, "input")],
+                                           headers={"authorization": "Bearer wrong-token-00000"}),
+                        "UNAUTHENTICATED"),
+                       (lambda: grpc.get_inference_statistics(
+                           "mlp", headers=_auth("authorization")), "UNIMPLEMENTED")):
+        with pytest.raises(InferenceServerException) as info:  # not INTERNAL, Ray's traceback
+            call()
+        assert info.value.status() == f"StatusCode.{code}", info.value
+        assert "ray::" not in str(info.value)
     samples = _samples(python_ingress)
     assert _total(samples, "qkan_pack_requests_total", model="mlp", version="1",
                   outcome="success") == 5
+
+
+def test_unloading_answers_the_calls_in_flight_to_its_version(python_ingress: Server) -> None:
+    """Calls to a named version while it unloads, over gRPC and HTTP through the router's
+    hop: each is answered (served, or 503 / UNAVAILABLE, then 404 / NOT_FOUND once it is
+    gone), none waits for its deadline. Before, a call resolved to the generation being
+    deleted never got an answer."""
+    import tritonclient.grpc as grpc_module
+    from tritonclient.utils import InferenceServerException
+
+    http, grpc = _clients(python_ingress)
+    x = _rows("mlp")
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def grpc_calls() -> None:
+        while not stop.is_set():
+            try:
+                grpc.infer("mlp", [_input(grpc_module, x, "input")], model_version="1",
+                           headers=_auth("authorization"), client_timeout=30)
+                outcomes.append("OK")
+            except InferenceServerException as exc:
+                outcomes.append(str(exc.status()))
+
+    def http_calls() -> None:
+        while not stop.is_set():
+            try:
+                outcomes.append(str(python_ingress.request(
+                    "/models/mlp/versions/1", json.dumps({"inputs": x.tolist()}).encode(),
+                    timeout=30)[0]))
+            except OSError as exc:  # a timeout: the call was never answered
+                outcomes.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=grpc_calls), threading.Thread(target=http_calls)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        http.unload_model("mlp", headers=_auth())
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    http.load_model("mlp", headers=_auth())
+    assert not any(thread.is_alive() for thread in threads)
+    assert set(outcomes) <= {"OK", "200", "StatusCode.UNAVAILABLE", "503",
+                             "StatusCode.NOT_FOUND", "404"}, outcomes
+    assert {"OK", "200"} <= set(outcomes) and set(outcomes) & {"404", "503"}, outcomes
+

@@ -946,3 +946,40 @@ def test_the_route_table_routes_every_shape_as_route_does(multi_server: Any) -> 
     assert table  # rows and captured shapes
     for shape in shapes:
         assert table.get(shape) == route(shape, plan, exact), shape
+
+
+def _time_wait(reuse_address: bool) -> int:
+    """A port held by a closed connection in TIME_WAIT only (its listener, which set
+    SO_REUSEADDR or not, gone): the server's side closed first, as at a server's stop."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse_address))
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()
+        client.close()
+    time.sleep(0.2)
+    return port
+
+
+@pytest.mark.parametrize("reuse_address", [True, False])
+def test_a_port_in_time_wait_is_waited_for_then_refused_saying_why(reuse_address: bool) -> None:
+    """Right after another server on the port the start failed: "already in use" where
+    no server was (the old listener had not set SO_REUSEADDR: Ray's Python proxy), or
+    inside Ray, whose Python proxy binds without SO_REUSEADDR, where the check (which set
+    it) passed. The check binds as the listener will, waits for the closing connections
+    (saying so) and refuses with that reason if they outlast the wait."""
+    from qkan_pack.serve._launch import check_port_free
+
+    port = _time_wait(reuse_address)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what Ray's Python proxy meets
+    if reuse_address:
+        check_port_free("127.0.0.1", port)  # HAProxy (SO_REUSEADDR) can listen
+    said: list[str] = []
+    with pytest.raises(ServeError, match=rf"port {port} on 127.0.0.1 is still held by "
+                                         r"connections .* \(TIME_WAIT"):
+        check_port_free("127.0.0.1", port, plain=True, wait_s=1.0, notice=said.append)
+    assert len(said) == 1 and "waiting up to 1 s" in said[0]
