@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,26 @@ class Server:
         for pid in tagged_pids(self.tag):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def grpc_server(target: Path, args: list[str], directory: Path, token: str, *,
+                env: dict[str, str] | None = None, timeout_s: float = 240.0) -> Iterator[Server]:
+    """``qkan-pack serve target`` behind ``token`` (a token file of mode 0600 in ``directory``)
+    with a gRPC port (``.grpc_port``), stopped and every process it started killed at the
+    end: the servers of the protocol, metrics and repository tests."""
+    token_file = directory / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)  # a token file others may write is refused
+    grpc_port = free_port()
+    running = Server(target, ["--auth-token-file", str(token_file), *args, "--grpc-port",
+                              str(grpc_port)], env=env or {}, token=token).start(timeout_s)
+    running.grpc_port = grpc_port
+    try:
+        yield running
+    finally:
+        running.stop()
+        running.kill()
 
 
 def listeners(pids: list[int]) -> list[tuple[int, str, int]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ._server import Server, free_port
+from ._server import Server, grpc_server
 
 pytest.importorskip("prometheus_client", reason="the serve extra is not installed")
 
@@ -171,18 +171,9 @@ def test_haproxy_counts_parse_from_its_admin_answers() -> None:
 @pytest.fixture(scope="module")
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
-    token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = Server(artifact, ["--auth-token-file", str(token_file), "--name", NAME,
-                                "--replicas", "2", "--grpc-port", str(free_port())],
-                     token=TOKEN).start()
-    running.grpc_port = int(running.args[-1])
-    try:
+    with grpc_server(artifact, ["--name", NAME, "--replicas", "2"],
+                     tmp_path_factory.mktemp("token"), TOKEN) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill()
 
 
 def _scrape(server: Server) -> dict[tuple[str, tuple], float]:

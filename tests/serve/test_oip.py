@@ -25,7 +25,7 @@ from qkan_pack.errors import MalformedRequestError
 from qkan_pack.runtime import read_artifact
 from qkan_pack.serve._oip import OipModel, merged_shape
 
-from ._server import Server, free_port
+from ._server import Server, free_port, grpc_server
 
 TOKEN = "oip-token-0123456789abcdef"
 NAME = "mlp"  # served under --name, not the artifact's own
@@ -458,18 +458,9 @@ def test_bench_serve_binary_bodies_parse_back_to_the_values_drawn(manifest: Any)
 @pytest.fixture(scope="module")
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'qkan-pack[serve]')")
-    token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = Server(artifact, ["--auth-token-file", str(token_file), "--name", NAME,
-                                "--max-body-mb", "1", "--grpc-port", str(free_port())],
-                     token=TOKEN).start()
-    running.grpc_port = int(running.args[-1])
-    try:
+    with grpc_server(artifact, ["--name", NAME, "--max-body-mb", "1"],
+                     tmp_path_factory.mktemp("token"), TOKEN) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from qkan_pack import Predictor
 
 from ..conftest import EXAMPLES, MODELS
-from ._server import Server, free_port
+from ._server import Server, grpc_server
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -60,18 +60,9 @@ def repo(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="module")
 def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     pytest.importorskip("tritonclient.grpc")
-    token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = Server(repo, ["--auth-token-file", str(token_file), "--grpc-port",
-                            str(free_port())], env={"QKAN_PACK_TEST_FAIL_LOAD": "1"},
-                     token=TOKEN).start(timeout_s=480)
-    running.grpc_port = int(running.args[-1])
-    try:
+    with grpc_server(repo, [], tmp_path_factory.mktemp("token"), TOKEN,
+                     env={"QKAN_PACK_TEST_FAIL_LOAD": "1"}, timeout_s=480) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill()
 
 
 @pytest.fixture(scope="module")
@@ -323,18 +314,9 @@ def python_ingress(built: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     ``forward_timeout_s``)."""
     root = tmp_path_factory.mktemp("one") / "models"
     shutil.copytree(built["mlp/1"], root / "mlp" / "1")
-    token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = Server(root, ["--ingress", "python", "--auth-token-file", str(token_file),
-                            "--body-timeout-s", "5", "--grpc-port", str(free_port())],
-                     token=TOKEN).start(timeout_s=480)
-    running.grpc_port = int(running.args[-1])
-    try:
+    with grpc_server(root, ["--ingress", "python", "--body-timeout-s", "5"],
+                     tmp_path_factory.mktemp("token"), TOKEN, timeout_s=480) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill()
 
 
 def test_through_the_python_proxy_the_router_passes_requests_on(
