@@ -292,7 +292,7 @@ def test_serving_path_imports_only_runtime_format_and_errors(tmp_path: Path, mod
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     layers = {name.split(".")[1] for name in seen["ours"] if name.count(".") >= 1}
     assert layers <= {"errors", "format", "runtime", "_version", "_lazy", "_extras", "_supported",
-                      "_checked"}, seen["ours"]
+                      "_checked", "_accepted"}, seen["ours"]
     absent = dict.fromkeys(("click", "matplotlib", "matplotlib.pyplot", "ray", "sympy"), "absent")
     assert seen["states"] == {**absent, **heavy}
 
