@@ -311,8 +311,8 @@ def _private_inductor_dir() -> Iterator[str]:
 
 def _clear_inductor_caches() -> None:
     """Inductor memoises its cache paths; drop them when the directory changes. A process
-    that never imported inductor has none to drop, and importing it here would cost a load
-    of AOTInductor forms the inductor imports it otherwise avoids (seconds)."""
+    that never imported inductor has none to drop: importing it here would cost a load of
+    AOTInductor forms the seconds of imports those forms avoid."""
     utils = sys.modules.get("torch._inductor.utils")
     clear_caches = getattr(utils, "clear_caches", None)
     if clear_caches is not None:
