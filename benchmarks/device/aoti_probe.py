@@ -29,26 +29,26 @@ def _model(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def make(name: str, out: str) -> None:
-    from qkan_pack.runtime._precompiled import compile_graph, trace_graph
+    from qkan_pack.runtime._precompiled import compile_aoti, compile_inductor, trace_graph
 
     model, x = _model(name)
     gm, example, plan = trace_graph(model, model, [x])
     t = time.perf_counter()
-    data = compile_graph(gm, example)
+    data = compile_inductor(gm, example)
     standalone = time.perf_counter() - t
     t = time.perf_counter()
-    with torch.no_grad():
-        program = torch.export.export(gm, tuple(example), strict=False)
-        exported = time.perf_counter() - t
-        path = torch._inductor.aoti_compile_and_package(program, package_path=f"{out}/{name}.pt2")
+    package = compile_aoti(gm, example)  # torch.export of the traced graph + AOTInductor
     aoti = time.perf_counter() - t
+    path = f"{out}/{name}.pt2"
+    with open(path, "wb") as handle:
+        handle.write(package)
     with open(f"{out}/{name}.bin", "wb") as handle:
         handle.write(data)
     torch.save({"x": x.cpu(), "args": [dataclasses.asdict(r) for r in plan.args],
                 "outputs": list(plan.outputs)}, f"{out}/{name}.pt")
     import os
     print(json.dumps({"model": name, "standalone_s": round(standalone, 2),
-                      "export_s": round(exported, 2), "aoti_s": round(aoti, 2),
+                      "aoti_s": round(aoti, 2),
                       "pt2_bytes": os.path.getsize(path), "bin_bytes": len(data)}))
 
 
