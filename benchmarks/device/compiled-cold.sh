@@ -26,7 +26,7 @@ from qkan_pack import Predictor
 p = Predictor.load(sys.argv[1], device="cuda", compiled="shipped")
 heavy = ("torch._dynamo", "torch._inductor", "sympy", "networkx", "jinja2")
 print(f"fresh load {time.perf_counter() - t:.2f} s; compiled: {p.report.compiled}")
-from qkan_pack.runtime._deferred_imports import module_state
+from qkan_pack.runtime import module_state
 print("imported:", [m for m in heavy if module_state(m) == "imported"])
 ' "/tmp/$name" 2>&1 | tail -n 4
     timeout "$(left "$bench_by")" python3 -m qkan_pack bench "/tmp/$name" --device cuda --cold --runs 5 \
