@@ -125,11 +125,27 @@ def _refuse_duplicate_keys(body: bytes) -> None:
 
 def _lenient(body: bytes, problem: str, hint: str) -> Any:
     try:
-        return json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
+        value = json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
     except MalformedRequestError:
         raise
     except (ValueError, TypeError, RecursionError):
         raise MalformedRequestError(f"request body is not valid JSON ({problem}){hint}") from None
+    _refuse_lone_surrogates(value, problem)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any, problem: str) -> None:
+    """The standard library reads ``"\\udc80"`` (a valid JSON escape) as a lone surrogate,
+    which no UTF-8 text holds: a string echoed back (a request's ``id``) would then fail the
+    reply's encoder after the model ran. orjson refused the body for it; so is it here, a
+    400 (encoding the value again is the one check that sees every string, keys too)."""
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:  # orjson.JSONEncodeError
+        if "surrogate" in str(exc):
+            raise MalformedRequestError(f"request body is not valid JSON text ({problem}): a "
+                                        "string holds a lone surrogate escape (\\ud800-\\udfff "
+                                        "without its pair), which UTF-8 cannot encode") from None
 
 
 def _int_or_float(text: str) -> int | float:

@@ -130,6 +130,26 @@ def test_a_duplicate_key_is_refused_wherever_it_is(body: bytes) -> None:
 
 
 @pytest.mark.parametrize("body", [
+    b'{"id": "\\udc80", "inputs": [[0.1, 0.2]]}',
+    b'{"inputs": {"\\ud800": [[0.1]]}}',
+    b'{"inputs": [[0.1, 0.2]], "other": ["ok", "\\udfff\\u0041"], "x": NaN}',
+])
+def test_a_lone_surrogate_escape_is_a_400(body: bytes) -> None:
+    """Adversarial pass F1: orjson refuses ``"\\udc80"``, the lenient re-read took it, and
+    the reply's encoder then failed on the echoed ``id`` (a 500 after the model ran)."""
+    from qkan_pack.serve._wire import decode_body
+
+    with pytest.raises(MalformedRequestError, match="lone surrogate"):
+        decode_body(body)
+
+
+def test_a_surrogate_pair_escape_is_text() -> None:
+    from qkan_pack.serve._wire import decode_body
+
+    assert decode_body(b'{"id": "\\ud83d\\ude00", "x": NaN}')["id"] == "\U0001f600"
+
+
+@pytest.mark.parametrize("body", [
     b'{"inputs": [[0.1, 0.2]], "encoding": "a\\":b"}',
     b'{"inputs": {"x\\\\": [[0.1]], "y:\\\\": [[0.2]], "z\\"\\\\:": [[0.3]]}}',
     b'{"inputs": [[0.1, 0.2]], "other": {"a": {"k": "::", "l": 2}}}',
