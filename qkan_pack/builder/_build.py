@@ -43,6 +43,7 @@ from ..format import (
     with_batch_sizes,
 )
 from ..runtime import (
+    ChannelPool,
     accepts_device,
     bind_forward,
     call_factory,
@@ -60,6 +61,7 @@ from ..runtime import (
     referenced_modules,
     resolve_output_classes,
 )
+from ._channels import pool_channels
 from ._checks import (
     Recipe,
     ReferenceRun,
@@ -129,7 +131,7 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
                                    class_labels=checked_class_labels(user.model))
     inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    recorded = _record_references(user, inputs, files, options)
+    recorded = _pool_channels(_record_references(user, inputs, files, options), inputs)
     check_labels_fit(metadata.class_labels, recorded.entries)
     _check_stateless(recorded, inputs, user.model)
     recorded = _prove(recorded, inputs, options.progress)
@@ -221,6 +223,8 @@ class _Sources:
 #: the entry's index), far from any seed a reference of this build used. Its low 32 bits
 #: matter: torch's CPU generator seeds from them (2**62 would draw the references again).
 FRESH_SEED_OFFSET = 0x9E3779B97F4A7C15 % 2**63
+#: ... and those of the draws that show each output channel's scale (``_Inputs.draw``).
+CHANNEL_SEED_OFFSET = 0x632BE59BD9B4E019 % 2**63
 
 
 @dataclass(frozen=True)
@@ -261,6 +265,14 @@ class _Inputs:
             drawn = list(reference_inputs(shape_map, self.decls, seed, None,
                                           self.model_path).values())
         return drawn
+
+    def draw(self, index: int, draw: int) -> list[torch.Tensor]:
+        """Draw number ``draw`` (1, 2, ...) of entry ``index``'s inputs (declared order) beyond
+        its reference: the ``example_input`` hook's with another seed, else at random within
+        each input's range (``_pool_channels``: rows that show each channel's scale)."""
+        seed = (self.sources.seed + CHANNEL_SEED_OFFSET * draw + index) % 2**63
+        return list(reference_inputs(self.declared.per_shape[index], self.decls, seed,
+                                     self.sources.hook, self.model_path).values())
 
     def run(self, index: int, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The model's float32 outputs on entry ``index``'s ``inputs`` (``run_reference``'s
@@ -305,6 +317,9 @@ class _Recorded:
     notes: list[str]
     padding: Padding | None = None
     precision: PrecisionPolicy | None = None
+    #: Each output's channel scales over the references and ``draws`` (``_pool_channels``).
+    channels: ChannelPool | None = None
+    draws: tuple[GateSample, ...] = ()
 
 
 def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes],
@@ -348,16 +363,26 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
     padding = declare_padding(
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
+        pool=recorded.channels,
     ) if inputs.padded else None
-    context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh)
+    context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh,
+                         recorded.channels)
     proofs = prove_rows(recorded.references, context, progress=lambda items: progress_bar(
         items, desc="proving rows independent", enabled=progress))
     entries = [dataclasses.replace(entry, rows=proof)
                for entry, proof in zip(recorded.entries, proofs)]
     references = [dataclasses.replace(reference, entry=entry)
                   for reference, entry in zip(recorded.references, entries)]
-    return _Recorded(entries, references, recorded.notes + _dependent_rows_notes(entries),
-                     padding=padding)
+    return dataclasses.replace(recorded, entries=entries, references=references,
+                               notes=recorded.notes + _dependent_rows_notes(entries),
+                               padding=padding)
+
+
+def _pool_channels(recorded: _Recorded, inputs: _Inputs) -> _Recorded:
+    """The references' channel scales, with more draws where a batch is too small to show
+    them (``_channels.pool_channels``)."""
+    pool, draws = pool_channels(recorded.references, inputs.draw, inputs.flat_outputs)
+    return dataclasses.replace(recorded, channels=pool, draws=draws)
 
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
@@ -387,12 +412,14 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
         return recorded
     samples: list[GateSample | CalibrationSample] = [
         GateSample(index, ref.inputs, ref.outputs) for index, ref in enumerate(recorded.references)]
+    samples += recorded.draws
     samples += [CalibrationSample(index, sample, partial(inputs.flat_outputs, index, sample),
                                   f"--calibration {options.calibration}, {label}")
                 for index, sample, label in inputs.calibrating]
     gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
                                            options.precision, options.max_error or 0.0,
-                                           channels_last=channels_last_applies(model))
+                                           channels_last=channels_last_applies(model),
+                                           pool=recorded.channels)
     return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
                                precision=gated)
 

@@ -57,6 +57,7 @@ from ..format import MAX_ROW_DETAIL, PaddedAxis, Padding, RowProof, ShapeEntry, 
 from ..format import input_batch as _input_batch
 from ..runtime import (
     HALF_CEILING,
+    ChannelPool,
     cut_inputs,
     flatten,
     pad_inputs,
@@ -102,6 +103,8 @@ class RowContext:
     names: Sequence[str]
     padding: Padding | None
     fresh_inputs: Callable[[int, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+    #: Each output's channel scales over every reference (a few kept rows show none).
+    pool: ChannelPool | None = None
 
 
 def prove_rows(references: Sequence[Reference], context: RowContext,
@@ -122,7 +125,7 @@ def prove_rows(references: Sequence[Reference], context: RowContext,
         assert dims is not None
         fresh = list(context.fresh_inputs(index, reference.inputs))
         proofs[index] = _prove_entry(reference, dims, _trials(reference, fresh, context),
-                                     context.forward)
+                                     context)
     return proofs
 
 
@@ -148,7 +151,7 @@ def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str | 
 
 
 def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Trial],
-                 forward: Callable[..., Any]) -> RowProof:
+                 context: RowContext) -> RowProof:
     """Run every trial; the first kept row that moves beyond the bound decides. Where the
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
     says so."""
@@ -157,8 +160,9 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
         if trial.alone and skipped:
             continue
         try:
-            outputs = _run(forward, trial.inputs)
-            wanted = reference.outputs if trial.baseline is None else _run(forward, trial.baseline)
+            outputs = _run(context.forward, trial.inputs)
+            wanted = (reference.outputs if trial.baseline is None
+                      else _run(context.forward, trial.baseline))
         except Exception as exc:
             reason = f"the model fails when {trial.what}: {_describe(exc)}"
             if not trial.skippable:
@@ -166,7 +170,7 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             if trial.alone:
                 skipped = f"rows alone not compared ({reason})"
             continue
-        problem = _row_difference(reference, dims, trial, outputs, wanted)
+        problem = _row_difference(reference, dims, trial, outputs, wanted, context.pool)
         if problem is not None:
             return _verdict(False, problem)
     return _verdict(True, skipped)
@@ -281,9 +285,10 @@ def _alone_rows(batch: int) -> list[int]:
 
 def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
                     outputs: list[torch.Tensor], reference_outputs: Sequence[torch.Tensor],
-                    ) -> str | None:
+                    pool: ChannelPool | None = None) -> str | None:
     """What differs between the trial's kept rows and the rows they must equal (each output
-    along its batch dim, ``dims``), in words; None when every output agrees."""
+    along its batch dim, ``dims``, channels scaled over ``pool`` too), in words; None when
+    every output agrees."""
     names = list(reference.entry.outputs.leaf_names())
     batch = trial.inputs[0].shape[0]
     if len(outputs) != len(reference_outputs) or any(
@@ -298,14 +303,14 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
     if structure is not None:
         return f"when {trial.what}, {structure}: they are no row's own"
     noise = reference.entry.noise
-    for name, g, w in zip(names, got, want):
-        agreement = proof_agreement(g, w, noise)
+    for output, (name, g, w) in enumerate(zip(names, got, want)):
+        agreement = proof_agreement(g, w, noise, pool=pool, output=output)
         bound = proof_bound(noise)
         if not agreement.ok and trial.alone and w.dtype in HALF_CEILING:
             # another batch size runs other kernels: a half-precision output may round
             # differently by a few units of its last place
             bound = max(bound, HALF_CEILING[w.dtype])
-            agreement = proof_agreement(g, w, noise, bound=bound)
+            agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output)
         if not agreement.ok:
             change = (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
                       if agreement.max_rel < float("inf") else

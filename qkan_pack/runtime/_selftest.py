@@ -37,8 +37,8 @@ from ._progress import progress_bar
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["HALF_CEILING", "compare", "float64_noise", "proof_agreement", "proof_bound",
-           "spread_for", "structure_difference", "uninformative_outputs"]
+__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "ChannelPool", "compare", "float64_noise", "proof_agreement",
+           "proof_bound", "spread_for", "structure_difference", "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -71,7 +71,8 @@ class Agreement:
 
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
-            tolerance: Tolerance, *, channel_spread: float | None = None) -> Agreement:
+            tolerance: Tolerance, *, channel_spread: float | None = None,
+            pool: ChannelPool | None = None, first_output: int = 0) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
@@ -82,7 +83,10 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     wrong is a millionth of the output's scale, which any bound relative to the whole output
     accepts. The proofs and the precision gate, which decide what a user's outputs may lose,
     measure so, with the factor beyond which a channel could be wholly wrong within their
-    bound (``spread_for``).
+    bound (``spread_for``). A channel's scale is its largest magnitude over ``expected``
+    and, with ``pool``, over every float32 reference of that output the caller has seen
+    (``ChannelPool``; ``first_output``: the index of ``expected[0]`` among the model's
+    outputs): one row of a batch of one shows no channel's scale.
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -93,7 +97,7 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     if len(actual) != len(expected):
         return Agreement(inf, inf, False)
     worst_abs, worst_rel, ok = 0.0, 0.0, True
-    for got, want in zip(actual, expected, strict=True):
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True), first_output):
         got, want = got.detach().to("cpu"), want.detach().to("cpu")
         if got.shape != want.shape or got.dtype != want.dtype:
             return Agreement(float("inf"), float("inf"), False)
@@ -103,7 +107,8 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             continue
         got, want = got.double(), want.double()
         diff = (got - want).abs()
-        scale = channel_scales(want, channel_spread) if channel_spread else None
+        pooled = pool.of(index, want) if pool is not None else None
+        scale = channel_scales(want, channel_spread, pooled) if channel_spread else None
         if scale is None:
             scale = want.abs().max()
         largest = float(diff.max())
@@ -136,32 +141,93 @@ def spread_for(bound: float) -> float:
     return min(CHANNEL_SPREAD, 1 / bound) if bound > 0 else CHANNEL_SPREAD
 
 
-def channel_scales(want: torch.Tensor, spread: float) -> torch.Tensor | None:
+def channel_axes(tensor: torch.Tensor) -> list[int]:
+    """The axes whose entries are channels: the last and, at rank 3 or more, the second
+    (NCHW); none below rank 2."""
+    if tensor.dim() < 2:
+        return []
+    return sorted({tensor.dim() - 1, 1 if tensor.dim() >= 3 else tensor.dim() - 1})
+
+
+def channel_maxima(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    """Each channel's largest magnitude along ``axis``, kept broadcastable (float64)."""
+    others = [d for d in range(tensor.dim()) if d != axis]
+    return tensor.detach().to("cpu").double().abs().amax(dim=others, keepdim=True)
+
+
+#: What ``ChannelPool.of`` gives per channel axis: the pooled maxima (broadcastable against
+#: the output) and how many values per channel they were taken over.
+Pooled = dict[int, tuple[torch.Tensor, int]]
+
+
+class ChannelPool:
+    """Each float output's per-channel largest magnitudes over every float32 reference
+    ``add``ed (the references of all declared shapes, calibration samples, extra draws):
+    the scale a channel is measured against where one output alone has too few values per
+    channel (``CHANNEL_MIN_ROWS``: a batch of one). Channels are matched by output index,
+    rank, axis and size; a pool holds no outputs, only the maxima."""
+
+    def __init__(self) -> None:
+        self._maxima: dict[tuple[int, int, int, int], tuple[torch.Tensor, int]] = {}
+
+    def add(self, outputs: Sequence[torch.Tensor]) -> None:
+        """Fold one reference's flat outputs in."""
+        for index, leaf in enumerate(outputs):
+            if not leaf.is_floating_point() or not leaf.numel():
+                continue
+            for axis in channel_axes(leaf):
+                size = leaf.shape[axis]
+                key = (index, leaf.dim(), axis, size)
+                maxima = channel_maxima(leaf, axis).reshape(size)
+                if key in self._maxima:
+                    held, count = self._maxima[key]
+                    maxima, count = torch.maximum(held, maxima), count + leaf.numel() // size
+                else:
+                    count = leaf.numel() // size
+                self._maxima[key] = maxima, count
+
+    def of(self, index: int, want: torch.Tensor) -> Pooled:
+        """The pooled maxima for output ``index`` shaped like ``want``, by channel axis."""
+        found: Pooled = {}
+        for axis in channel_axes(want):
+            held = self._maxima.get((index, want.dim(), axis, want.shape[axis]))
+            if held is not None:
+                shape = [1] * want.dim()
+                shape[axis] = want.shape[axis]
+                found[axis] = held[0].reshape(shape), held[1]
+        return found
+
+    def short(self) -> bool:
+        """Whether some output's channels have fewer than ``CHANNEL_MIN_ROWS`` values each."""
+        return any(count < CHANNEL_MIN_ROWS for _, count in self._maxima.values())
+
+
+def channel_scales(want: torch.Tensor, spread: float,
+                   pooled: Pooled | None = None) -> torch.Tensor | None:
     """Each element's scale by its channel, for a float output of rank 2 or more: along the
-    last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude,
-    an element taking the smaller of its two, never below ``CHANNEL_FLOOR`` of the output's
-    largest; broadcastable against ``want``. None where along neither axis the channels'
-    scales differ by more than ``spread`` (one scale serves), or no axis has channels of
-    ``CHANNEL_MIN_ROWS`` values."""
-    if want.dim() < 2:
-        return None
-    magnitude = want.abs()
-    largest = magnitude.max()
-    if not largest > 0:  # NaN too
+    last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude
+    (over ``want`` and the ``pooled`` references of this output), an element taking the
+    smaller of its two, never below ``CHANNEL_FLOOR`` of the largest; broadcastable against
+    ``want``. None where along neither axis the channels' scales differ by more than
+    ``spread`` (one scale serves), or no axis has channels of ``CHANNEL_MIN_ROWS`` values."""
+    if want.dim() < 2 or not want.abs().max() > 0:  # NaN too
         return None
     scales = []
-    for axis in sorted({want.dim() - 1, 1 if want.dim() >= 3 else want.dim() - 1}):
+    for axis in channel_axes(want):
         size = want.shape[axis]
-        if size < 2 or want.numel() < CHANNEL_MIN_ROWS * size:
+        per_channel, count = channel_maxima(want, axis), want.numel() // size
+        if pooled and axis in pooled:
+            held, held_count = pooled[axis]
+            per_channel, count = torch.maximum(per_channel, held), max(count, held_count)
+        if size < 2 or count < CHANNEL_MIN_ROWS:
             continue
-        others = [d for d in range(want.dim()) if d != axis]
-        per_channel = magnitude.amax(dim=others, keepdim=True)
-        if per_channel.min() * spread < largest:
+        if per_channel.min() * spread < per_channel.max():
             scales.append(per_channel)
     if not scales:
         return None
     scale = scales[0] if len(scales) == 1 else torch.minimum(scales[0], scales[1])
-    return torch.clamp(scale, min=float(largest) * CHANNEL_FLOOR)
+    largest = max(float(s.max()) for s in scales)
+    return torch.clamp(scale, min=largest * CHANNEL_FLOOR)
 
 
 def _relative(diff: torch.Tensor, scale: torch.Tensor) -> float:
@@ -193,12 +259,15 @@ def proof_bound(noise: float | None) -> float:
 
 
 def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
-                    bound: float | None = None) -> Agreement:
-    """The one comparison of build's proofs: one output computed two ways, held to
-    ``proof_bound`` (or ``bound``), per channel where a channel could hide within it
-    (``compare(channel_spread=spread_for(bound))``)."""
+                    bound: float | None = None, pool: ChannelPool | None = None,
+                    output: int = 0) -> Agreement:
+    """The one comparison of build's proofs: one output (``output``, its index among the
+    model's) computed two ways, held to ``proof_bound`` (or ``bound``), per channel where a
+    channel could hide within it (``compare(channel_spread=spread_for(bound))``), channels
+    scaled over ``pool`` too."""
     bound = proof_bound(noise) if bound is None else bound
-    return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound))
+    return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound), pool=pool,
+                   first_output=output)
 
 
 class Uninformative(NamedTuple):

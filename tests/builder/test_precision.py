@@ -386,6 +386,19 @@ def test_the_gate_sees_small_columns_zeroed_beside_a_large_one(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("kind", "shapes"), [
+    ("small_columns", "1x8"), ("cancelled_column", "1x2"), ("cancelled_column", "3x2"),
+])
+def test_the_gate_sees_a_wrong_channel_at_a_batch_of_one(tmp_path: Path, kind: str,
+                                                         shapes: str) -> None:
+    """Adversarial pass F2: one row (up to three) shows no channel's scale, so a build
+    declared at batch 1 only measured against the whole output's and passed a column
+    bfloat16 zeroes. More draws of the entry give the channels their scales."""
+    with pytest.raises(PrecisionError):
+        _build(tmp_path, kind, shapes=shapes, config={"kind": kind}, precision="bf16")
+    assert not (tmp_path / kind).exists()
+
+
+@pytest.mark.parametrize(("kind", "shapes"), [
     ("small_channel_nchw", "1x3x8x8,4x3x8x8"),  # channels on dim 1
     ("cancelled_column", "1x2,8x2"),  # a column 150x smaller, within 1/max_error
 ])

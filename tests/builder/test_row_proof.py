@@ -46,6 +46,16 @@ def test_rows_that_see_each_other_are_recorded_dependent(tmp_path: Path, kind: s
                if e.inputs[0][1][0] == 1)
 
 
+def test_a_small_column_that_reads_the_batch_is_caught_at_a_batch_of_two(tmp_path: Path) -> None:
+    """Adversarial pass F2: a batch of two showed no column's scale, and against the whole
+    output's (1e7 larger) the small column's dependence on the other row was invisible."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "2x8", config={"kind": "small_column"}, output=tmp_path / "a",
+                       progress=False)
+    (proof,) = _rows(result.path)
+    assert proof is not None and not proof.independent, proof
+
+
 def test_a_dynamic_quantisation_caught_even_when_the_batch_max_stays(tmp_path: Path) -> None:
     """Zero padding leaves a batch maximum unchanged: the padding proof cannot see this
     model; the row proof runs rows alone and with other neighbours."""

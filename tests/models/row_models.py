@@ -252,6 +252,21 @@ class PlainAttributeMax(nn.Module):
         return self.linear(x / self.seen)
 
 
+class SmallColumnSeesTheBatch(nn.Module):
+    """A large column beside one 1e7 smaller that reads the batch's mean: compared with a
+    few rows' own scale only the small column shows the dependence, and one or two rows
+    show no column's scale (the row proof pools the references' channel scales)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        large = 1e5 * self.linear(x)
+        small = 1e-2 * (x[:, :1] + x.mean(0, keepdim=True)[:, :1])
+        return torch.cat([large, small], 1)
+
+
 class FixedTable(nn.Module):
     """Logits beside a fixed 8x3 table that merely has as many rows as the 8-row batch."""
 
@@ -290,5 +305,5 @@ def build_model(kind: str = "independent") -> nn.Module:
               "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
               "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
               "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
-              "calibrated_clip": CalibratedClip}
+              "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch}
     return models[kind]()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkan_pack.runtime import compare
+from qkan_pack.runtime import ChannelPool, compare
 
 TOL = (2e-3, 2e-4)
 
@@ -88,6 +88,24 @@ def test_per_channel_comparison_sees_a_small_wrong_column() -> None:
     assert compare([got], [want], (0.0, 1e-4)).ok  # a millionth of the whole output's scale
     agreement = compare([got], [want], (0.0, 1e-4), channel_spread=1e3)
     assert not agreement.ok and agreement.max_rel == pytest.approx(1.0)
+
+
+def test_a_pool_of_references_gives_one_row_its_channels_scales() -> None:
+    """Adversarial pass F2: one row shows no channel's scale; the references' pool does."""
+    rows = torch.randn(8, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    rows[:, 0] *= 1e6
+    pool = ChannelPool()
+    pool.add([torch.zeros(4), rows])  # output 1; output 0 has no channels
+    want = rows[:1].clone()
+    got = want.clone()
+    got[:, 1:] = 0
+    assert compare([got], [want], (0.0, 1e-4), channel_spread=1e3).ok
+    assert compare([got], [want], (0.0, 1e-4), channel_spread=1e3, pool=pool).ok  # output 0's
+    found = compare([got], [want], (0.0, 1e-4), channel_spread=1e3, pool=pool, first_output=1)
+    assert not found.ok and found.max_rel == pytest.approx(1.0)
+    noisy = want * (1 + 1e-7)
+    assert compare([noisy], [want], (0.0, 1e-6), channel_spread=1e3, pool=pool,
+                   first_output=1).ok
 
 
 def test_per_channel_comparison_leaves_similar_channels_and_single_rows_alone() -> None:
