@@ -57,6 +57,8 @@ INPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 OUTPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 #: Input files are read whole: refuse what no declared shape could need.
 MAX_INPUT_BYTES = 4 * 1024**3
+#: The keys of a serve request body (``POST /``), which a JSON input file may be.
+_REQUEST_KEYS = frozenset({"inputs", "encoding"})
 
 
 def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
@@ -71,7 +73,7 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
             name = names[0]  # the single positional input is ``x`` whatever forward calls it
         if name is not None and name not in names:
             raise _error(path, f"no input is named {name!r}; inputs are {', '.join(names)}"
-                               + (" (or x)" if len(names) == 1 else ""))
+                               + (" (or x)" if len(names) == 1 and names[0] != "x" else ""))
         found = _read(path, dtypes, name)
         if name is not None:
             here = {_one(found, name, path): found.get(name, next(iter(found.values())))}
@@ -86,6 +88,10 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
                 raise _error(path, f"holds {unknown}, which name no input; inputs are "
                                    f"{', '.join(names)}")
             here = found
+        twice = next((n for n in here if n in arrays), None)
+        if twice is not None:
+            raise _error(path, f"input {twice!r} is given twice (--input {sources[twice]} "
+                               "gives it too): give each input once")
         arrays.update(here)
         sources.update(dict.fromkeys(here, path))
     missing = [n for n in names if n not in arrays]
@@ -169,9 +175,12 @@ def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
     optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
     runs in predict too; anything else as it is. For a model with an input named
     ``inputs``, that key stays the input."""
-    if (not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes
-            or not set(data) <= {"inputs", "encoding"}):
+    if not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes:
         return data
+    unknown = sorted(set(data) - _REQUEST_KEYS)
+    if unknown:
+        raise _error(path, f'is a serve request (it has "inputs") with unknown key(s) '
+                           f"{unknown}; a request holds {sorted(_REQUEST_KEYS)} only")
     encoding = data.get("encoding", "list")
     if encoding != "list":
         raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '
@@ -221,6 +230,7 @@ def check_output(path: Path, artifact: Path | None = None) -> Path:
         raise _error(path, f"unknown output type {path.suffix or '(none)'}; use "
                            f"{', '.join(OUTPUT_SUFFIXES)}", option="--output")
     target = Path(os.path.realpath(path))
+    _refuse_dangling_link(path, target)
     refuse_unsafe_output(target)
     manifest = _peek_manifest(artifact) if artifact is not None else None
     if manifest is not None:
@@ -229,6 +239,21 @@ def check_output(path: Path, artifact: Path | None = None) -> Path:
         if problems and all(problems):
             raise _error(path, str(problems[0]), option="--output")
     return target
+
+
+def _refuse_dangling_link(path: Path, target: Path) -> None:
+    """``path``, or a folder on it, may be a symlink, written through, but not one to
+    nowhere where the write would need a folder made: predict creates the missing folders of
+    the path it is given, never those a symlink points to (``-o out.npy``, a link to
+    ``/missing/out.npy``, created ``/missing``; as root, anywhere)."""
+    if target.parent.is_dir():
+        return
+    link = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+    if link is not None:
+        raise _error(path, f"{link} is a symlink to {os.path.realpath(link)}, and "
+                           f"{target.parent} does not exist: predict creates the missing "
+                           "folders of the path it is given, never those a symlink points to; "
+                           f"create {target.parent} or choose another path", option="--output")
 
 
 def _peek_manifest(artifact: Path) -> Manifest | None:
@@ -283,7 +308,7 @@ def write_outputs(outputs: Mapping[str, Any], path: Path) -> tuple[Path, list[st
         data = save({k: t.contiguous().clone() for k, t in tensors.items()})
     else:
         data = _numpy_bytes({k: _numpy(t) for k, t in tensors.items()}, path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the path's own folders, no link's
     _replace(target, data)
     return path, notes
 

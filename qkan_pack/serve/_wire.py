@@ -50,6 +50,9 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 #: both hold an "e", which most bodies of numbers lack, and ``int in bytes`` is a bare memchr
 #: (a bytes needle costs ten times as much to look up), so that byte is looked for first.
 _E = ord("e")
+#: Characters of the longest JSON integer a 64-bit type holds (``-9223372036854775808``,
+#: ``18446744073709551615``): a longer one is beyond 64 bits.
+_INT_DIGITS = 20
 
 
 
@@ -149,9 +152,12 @@ def _refuse_lone_surrogates(value: Any, problem: str) -> None:
 
 
 def _int_or_float(text: str) -> int | float:
-    """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range), so
-    that ``fit`` refuses it naming the input (422), as it does ``1e400``: as a Python int it
-    would make an object array and a 400 that blames the body's layout."""
+    """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range),
+    as orjson reads such an integer, so that ``fit`` refuses it naming the input (422), as it
+    does ``1e400``. Past 20 digits it is read as a float without ``int``, which refuses a
+    text of more than 4,300 digits (a 400 for a body that is valid JSON)."""
+    if len(text) > _INT_DIGITS:
+        return float(text)
     value = int(text)
     return value if -2**63 <= value < 2**64 else float(text)
 
