@@ -317,8 +317,9 @@ class _Recorded:
     notes: list[str]
     padding: Padding | None = None
     precision: PrecisionPolicy | None = None
-    #: Each output's channel scales over the references and ``draws`` (``_pool_channels``).
-    channels: ChannelPool | None = None
+    #: Per entry, its outputs' channel scales over its reference and ``draws`` of it
+    #: (``_pool_channels``).
+    channels: tuple[ChannelPool, ...] = ()
     draws: tuple[GateSample, ...] = ()
 
 
@@ -363,7 +364,7 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
     padding = declare_padding(
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
-        pool=recorded.channels,
+        pools=recorded.channels,
     ) if inputs.padded else None
     context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh,
                          recorded.channels)
@@ -381,8 +382,9 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
 def _pool_channels(recorded: _Recorded, inputs: _Inputs) -> _Recorded:
     """The references' channel scales, with more draws where a batch is too small to show
     them (``_channels.pool_channels``)."""
-    pool, draws = pool_channels(recorded.references, inputs.draw, inputs.flat_outputs)
-    return dataclasses.replace(recorded, channels=pool, draws=draws)
+    pools, draws, notes = pool_channels(recorded.references, inputs.draw, inputs.flat_outputs)
+    return dataclasses.replace(recorded, channels=pools, draws=draws,
+                               notes=recorded.notes + notes)
 
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
@@ -419,7 +421,7 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
     gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
                                            options.precision, options.max_error or 0.0,
                                            channels_last=channels_last_applies(model),
-                                           pool=recorded.channels)
+                                           pools=recorded.channels)
     return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
                                precision=gated)
 

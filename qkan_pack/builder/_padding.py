@@ -65,9 +65,10 @@ def pad_names(pad: Mapping[str, PadValue], names: Sequence[str], call: str) -> d
 def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
                     references: Sequence[Reference], forward: Callable[..., Any],
                     progress: Callable[[Any], Any] = lambda items: items,
-                    pool: ChannelPool | None = None) -> Padding:
+                    pools: Sequence[ChannelPool] = ()) -> Padding:
     """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes
-    (channels scaled over ``pool`` too: a batch of one shows no channel's scale)."""
+    (each entry's channels scaled over its ``pools`` entry too: a batch of one shows no
+    channel's scale)."""
     by_name = {d.name: d for d in decls}
     for name, value in pad.items():
         _check_value(by_name[name], value)
@@ -78,7 +79,8 @@ def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
         raise PaddingError(problem="; ".join(problems))
     axes = tuple(_with_followers(axis, references, names, forward) for axis in axes)
     padding = Padding(values=dict(pad), axes=axes)
-    for reference in progress(references):
+    for index, reference in enumerate(progress(references)):
+        pool = pools[index] if pools else None
         for sizes in _trial_sizes(reference, references, padding, names):
             _prove(reference, sizes, padding, names, forward, pool)
     return padding
@@ -161,7 +163,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
     found = padded_agreement(
         lambda inputs, what, hint: _run(forward, inputs, label, what, hint=hint),
         reference.inputs, names, padding, sizes, proof_bound(reference.entry.noise),
-        leaf_names, pool=pool)
+        leaf_names, channels=pool if pool is not None else True)
     if found.ok:
         return
     axis = next(iter(sizes))

@@ -132,7 +132,7 @@ class CalibrationSample:
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                    samples: Sequence[GateSample | CalibrationSample], precision: str,
                    max_error: float, *, channels_last: bool = False,
-                   pool: ChannelPool | None = None
+                   pools: Sequence[ChannelPool] = ()
                    ) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
     """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
     return the policy to record, the entries with their figures, and notes. An explicit
@@ -141,7 +141,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     convolution), the channels-last layout is listed if the forward runs on channels-last
     inputs within ``max_error`` here, in float32 (``_channels_last_refusal``; a layout
     changes which kernel computes, not the arithmetic: every load gates the precision and
-    layout it captures in). ``pool``: each output's channel scales over every reference
+    layout it captures in). ``pools``: per entry, its outputs' channel scales
     (``output_errors``)."""
     _refuse_half_models(entries, precision)
     calibrated = any(isinstance(sample, CalibrationSample) for sample in samples)
@@ -156,7 +156,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     notes, allowed = [], ["fp32"]
     for candidate in candidates:
         per_entry, figures = _measure(forward, entries, samples, candidate, max_error,
-                                      pool=pool)
+                                      pools=pools)
         if figures and precision != AUTO_PRECISION:
             raise PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,
                                  figures=figures, hint=_build_hint(candidate, figures))
@@ -178,7 +178,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     default = "fp32" if precision == AUTO_PRECISION else precision
     layouts: tuple[str, ...] = (CONTIGUOUS,)
     if channels_last:
-        why = _channels_last_refusal(forward, entries, samples, max_error, pool)
+        why = _channels_last_refusal(forward, entries, samples, max_error, pools)
         if why is None:
             layouts = LAYOUTS
             notes.append("channels-last graphs are listed (the model has a 2-D convolution): "
@@ -193,7 +193,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
 
 def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                            samples: Sequence[GateSample | CalibrationSample],
-                           max_error: float, pool: ChannelPool | None) -> str | None:
+                           max_error: float, pools: Sequence[ChannelPool]) -> str | None:
     """Why this model cannot be served channels-last, in words (None: it can): its forward
     fails on channels-last inputs (a ``view`` of a convolution's output), or answers beyond
     ``max_error`` in float32, on the reference inputs (the calibration samples are for the
@@ -201,7 +201,7 @@ def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeE
     references = [sample for sample in samples if isinstance(sample, GateSample)]
     try:
         _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST,
-                              pool=pool)
+                              pools=pools)
     except QkanPackError:
         raise
     except Exception as exc:  # the model's own code, on tensors it was not written for
@@ -225,7 +225,7 @@ def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
 
 def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
              samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float,
-             layout: str = CONTIGUOUS, *, pool: ChannelPool | None = None
+             layout: str = CONTIGUOUS, *, pools: Sequence[ChannelPool] = ()
              ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
     """Per entry the worst output's error at ``precision`` in ``layout`` (None: not
     measurable here), and every (shape, output, error) beyond ``max_error``."""
@@ -240,6 +240,7 @@ def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         with torch.inference_mode():
             got = flatten(served(*sample.inputs))
         names = list(entry.outputs.leaf_names()) or ["output"]
+        pool = pools[sample.entry] if pools else None
         for name, error in zip(names, output_errors(got, sample.want, max_error, pool)):
             worst[sample.entry] = max(worst[sample.entry] or 0.0, _rounded(error))
             if error > max_error:

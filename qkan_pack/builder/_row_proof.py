@@ -103,8 +103,8 @@ class RowContext:
     names: Sequence[str]
     padding: Padding | None
     fresh_inputs: Callable[[int, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
-    #: Each output's channel scales over every reference (a few kept rows show none).
-    pool: ChannelPool | None = None
+    #: Per entry, its outputs' channel scales (a few kept rows show none).
+    pools: Sequence[ChannelPool] = ()
 
 
 def prove_rows(references: Sequence[Reference], context: RowContext,
@@ -125,7 +125,7 @@ def prove_rows(references: Sequence[Reference], context: RowContext,
         assert dims is not None
         fresh = list(context.fresh_inputs(index, reference.inputs))
         proofs[index] = _prove_entry(reference, dims, _trials(reference, fresh, context),
-                                     context)
+                                     context, context.pools[index] if context.pools else None)
     return proofs
 
 
@@ -151,7 +151,7 @@ def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str | 
 
 
 def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Trial],
-                 context: RowContext) -> RowProof:
+                 context: RowContext, pool: ChannelPool | None) -> RowProof:
     """Run every trial; the first kept row that moves beyond the bound decides. Where the
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
     says so."""
@@ -170,7 +170,7 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             if trial.alone:
                 skipped = f"rows alone not compared ({reason})"
             continue
-        problem = _row_difference(reference, dims, trial, outputs, wanted, context.pool)
+        problem = _row_difference(reference, dims, trial, outputs, wanted, pool)
         if problem is not None:
             return _verdict(False, problem)
     return _verdict(True, skipped)

@@ -41,6 +41,7 @@ from ..format import (
     parse_manifest,
 )
 from ..runtime import (
+    REQUEST_KEYS,
     check_int_range,
     describe_output,
     dtype_name,
@@ -57,8 +58,6 @@ INPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 OUTPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
 #: Input files are read whole: refuse what no declared shape could need.
 MAX_INPUT_BYTES = 4 * 1024**3
-#: The keys of a serve request body (``POST /``), which a JSON input file may be.
-_REQUEST_KEYS = frozenset({"inputs", "encoding"})
 
 
 def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
@@ -177,10 +176,10 @@ def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
     ``inputs``, that key stays the input."""
     if not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes:
         return data
-    unknown = sorted(set(data) - _REQUEST_KEYS)
+    unknown = sorted(set(data) - REQUEST_KEYS)
     if unknown:
         raise _error(path, f'is a serve request (it has "inputs") with unknown key(s) '
-                           f"{unknown}; a request holds {sorted(_REQUEST_KEYS)} only")
+                           f"{unknown}; a request holds {sorted(REQUEST_KEYS)} only")
     encoding = data.get("encoding", "list")
     if encoding != "list":
         raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '

@@ -27,8 +27,11 @@ from ..errors import InputError, MalformedRequestError
 from ..format import DTYPES, Signature
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["HOST_DTYPES", "check_finite", "check_int_range", "fit_numbers", "host_array",
-           "json_input", "numbers_array"]
+__all__ = ["HOST_DTYPES", "REQUEST_KEYS", "check_finite", "check_int_range", "fit_numbers",
+           "host_array", "json_input", "numbers_array"]
+
+#: The keys of serve's request body (``POST /``), which a ``predict`` JSON input file may be.
+REQUEST_KEYS = frozenset({"inputs", "encoding"})
 
 #: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
 HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")

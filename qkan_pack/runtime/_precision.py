@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ from ._selftest import ChannelPool, compare, spread_for
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["output_errors", "pooled_channels", "precision_key", "precision_scope",
+__all__ = ["output_errors", "precision_key", "precision_scope",
            "precision_unavailable", "served_forward"]
 
 #: Why a precision cannot run on a device type, whatever the device.
@@ -170,9 +170,9 @@ def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
     """Each output's largest difference from ``want`` as a share of its scale (``compare``'s
     ``max_rel``), per channel where a channel could be wholly wrong within ``max_error`` of
     the whole output's scale (a reduced precision that zeroes a small column beside a large
-    one is seen; ``pool``: the channels' scales over every reference, which a batch of one
-    alone does not show); infinite for NaN/inf, a changed non-float output, or another
-    structure."""
+    one is seen; ``pool``: the channels' scales over more rows of the same shape, which a
+    batch of one alone does not show); infinite for NaN/inf, a changed non-float output, or
+    another structure."""
     if len(got) != len(want):
         return [float("inf")] * max(len(want), 1)
     spread = spread_for(max_error)
@@ -180,13 +180,6 @@ def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
                     first_output=index).max_rel
             for index, (a, b) in enumerate(zip(got, want))]
 
-
-def pooled_channels(references: Iterable[Sequence[torch.Tensor]]) -> ChannelPool:
-    """A ``ChannelPool`` of every reference's outputs."""
-    pool = ChannelPool()
-    for outputs in references:
-        pool.add(outputs)
-    return pool
 
 
 def replay_tolerance(tolerance: Tolerance, precision: str) -> Tolerance:
@@ -341,10 +334,9 @@ def check_precision(record: PrecisionRecord, manifest: Manifest, device: torch.d
     max_error = record.max_error
     assert max_error is not None, "resolve_precision bounds every reduced precision"
     figures = []
-    pool = pooled_channels(want)
     for label, outputs, references, entry in zip(labels, got, want, manifest.shapes,
                                                  strict=True):
-        errors = output_errors(outputs, references, max_error, pool)
+        errors = output_errors(outputs, references, max_error)
         names = list(entry.outputs.leaf_names()) or ["output"]
         record.errors[label] = max(errors, default=0.0)
         record.build_errors[label] = entry.precision_error.get(record.of(label))

@@ -34,7 +34,7 @@ import orjson
 
 from ..errors import InputError, MalformedRequestError, ShapeSpecError
 from ..format import DTYPES, MAX_RANK, Signature, check_dtype
-from ..runtime import fit_numbers, host_array, numbers_array
+from ..runtime import REQUEST_KEYS, fit_numbers, host_array, numbers_array
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 ENCODINGS = ("list", "base64")
 _B64_KEYS = frozenset({"b64", "dtype", "shape"})
-_REQUEST_KEYS = frozenset({"inputs", "encoding"})
 #: One JSON string, quotes and escapes (``\"`` too) included: in a text orjson accepted, every
 #: ``"`` outside a string opens one, so successive matches are exactly the text's strings.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -72,9 +71,9 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     if not isinstance(request, dict) or "inputs" not in request:
         raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
                                     '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
-    if not request.keys() <= _REQUEST_KEYS:
-        unknown = sorted(set(request) - _REQUEST_KEYS)
-        raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(_REQUEST_KEYS)}")
+    if not request.keys() <= REQUEST_KEYS:
+        unknown = sorted(set(request) - REQUEST_KEYS)
+        raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
     encoding = request.get("encoding", "list")
     if encoding not in ENCODINGS:
         raise MalformedRequestError(f"encoding {encoding!r} is not one of {list(ENCODINGS)}")

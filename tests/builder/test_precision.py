@@ -398,6 +398,29 @@ def test_the_gate_sees_a_wrong_channel_at_a_batch_of_one(tmp_path: Path, kind: s
     assert not (tmp_path / kind).exists()
 
 
+@pytest.mark.parametrize("shapes", ["4x4,4x4096", "1x4,1x4096"])
+def test_a_longer_shape_does_not_loosen_a_shorter_ones_gate(tmp_path: Path, shapes: str) -> None:
+    """Re-audit N3: channel scales pooled over every shape held 4x4 to 4x4096's (1e6 times
+    larger) and passed a column bfloat16 gets half wrong; each shape's scales are its own."""
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "length", shapes=shapes, config={"kind": "length_cancel"},
+               precision="bf16")
+    assert {figure[0] for figure in info.value.figures} >= {shapes.split(",")[0]}
+
+
+def test_a_batch_of_one_the_model_runs_only_on_given_inputs_builds_and_says_so(
+        tmp_path: Path) -> None:
+    """Re-audit N1: the extra draws that show a batch of one's channel scales went through
+    the reference checks, so a model that takes the log of its (positive) inputs failed to
+    build at float32 with the user's own valid reference; the build now says the channels
+    are measured against the whole output instead."""
+    np.save(tmp_path / "in.npy", np.full((1, 4), 2.0, np.float32))
+    result = build(MODEL, "1x4", output=tmp_path / "logs", config={"kind": "log_features"},
+                   reference_inputs=tmp_path / "in.npy", progress=False)
+    assert any("measured against each output's whole scale" in note and "1x4" in note
+               for note in result.notes), result.notes
+
+
 @pytest.mark.parametrize(("kind", "shapes"), [
     ("small_channel_nchw", "1x3x8x8,4x3x8x8"),  # channels on dim 1
     ("cancelled_column", "1x2,8x2"),  # a column 150x smaller, within 1/max_error

@@ -56,6 +56,17 @@ def test_a_small_column_that_reads_the_batch_is_caught_at_a_batch_of_two(tmp_pat
     assert proof is not None and not proof.independent, proof
 
 
+def test_a_longer_shape_does_not_loosen_a_shorter_ones_proof(tmp_path: Path) -> None:
+    """Re-audit N2: channel scales pooled over every shape held 8x8 to 8x4096's (1e6 times
+    larger) and recorded a row that reads its neighbour independent; each shape's scales
+    are its own."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "8x8,8x4096", config={"kind": "length_leak"},
+                       output=tmp_path / "a", progress=False)
+    short, _ = _rows(result.path)
+    assert short is not None and not short.independent, short
+
+
 def test_a_dynamic_quantisation_caught_even_when_the_batch_max_stays(tmp_path: Path) -> None:
     """Zero padding leaves a batch maximum unchanged: the padding proof cannot see this
     model; the row proof runs rows alone and with other neighbours."""

@@ -267,6 +267,18 @@ class SmallColumnSeesTheBatch(nn.Module):
         return torch.cat([large, small], 1)
 
 
+class LengthScaledLeak(nn.Module):
+    """Rows of any length: a small column that reads the previous row, beside a column whose
+    scale grows with the length squared (1e5 L^2). At 8x4096 the large column is 1e6 times
+    its size at 8x8: scaled by the longer shape's channels, the short shape's leak hides."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        small = 0.05 * length * length + x[:, 0] + 0.05 * torch.roll(x[:, 0], 1, 0)
+        big = 1e5 * length * length * (1 + 0.001 * x.mean(1))
+        return torch.stack([small, big], 1)
+
+
 class FixedTable(nn.Module):
     """Logits beside a fixed 8x3 table that merely has as many rows as the 8-row batch."""
 
@@ -305,5 +317,6 @@ def build_model(kind: str = "independent") -> nn.Module:
               "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
               "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
               "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
-              "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch}
+              "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch,
+              "length_leak": LengthScaledLeak}
     return models[kind]()
