@@ -67,6 +67,22 @@ def test_a_longer_shape_does_not_loosen_a_shorter_ones_proof(tmp_path: Path) -> 
     assert short is not None and not short.independent, short
 
 
+def test_a_dependence_only_far_beyond_the_draws_needs_the_input_range(tmp_path: Path) -> None:
+    """A documented limit (docs/limits.md, docs/security.md): rows that interact only on
+    values far beyond the build's draws are proved independent, and a client sending such
+    values reaches another's batched reply. ``--input-range`` covering what clients send
+    is the remedy: the same model is then recorded dependent."""
+    plain = build(ROWS, "8x8", config={"kind": "far_threshold"}, output=tmp_path / "a",
+                  progress=False)
+    (seen,) = _rows(plain.path)
+    assert seen is not None and seen.independent  # the limit
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        ranged = build(ROWS, "8x8", config={"kind": "far_threshold"}, output=tmp_path / "b",
+                       input_range=(-100.0, 100.0), progress=False)
+    (proved,) = _rows(ranged.path)
+    assert proved is not None and not proved.independent, proved
+
+
 def test_a_dynamic_quantisation_caught_even_when_the_batch_max_stays(tmp_path: Path) -> None:
     """Zero padding leaves a batch maximum unchanged: the padding proof cannot see this
     model; the row proof runs rows alone and with other neighbours."""

@@ -279,6 +279,19 @@ class LengthScaledLeak(nn.Module):
         return torch.stack([small, big], 1)
 
 
+class FarThreshold(nn.Module):
+    """Rows that interact only when some row holds a value beyond 50: far outside what a
+    build draws by default (standard normals, and those sixteen times as large)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        return torch.where((x.abs().amax(dim=1) > 50).any(), y + x.abs().amax(), y)
+
+
 class FixedTable(nn.Module):
     """Logits beside a fixed 8x3 table that merely has as many rows as the 8-row batch."""
 
@@ -318,5 +331,5 @@ def build_model(kind: str = "independent") -> nn.Module:
               "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
               "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
               "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch,
-              "length_leak": LengthScaledLeak}
+              "length_leak": LengthScaledLeak, "far_threshold": FarThreshold}
     return models[kind]()
