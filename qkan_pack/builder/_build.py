@@ -317,10 +317,8 @@ class _Recorded:
     notes: list[str]
     padding: Padding | None = None
     precision: PrecisionPolicy | None = None
-    #: Per entry, its outputs' channel scales over its reference and ``draws`` of it
-    #: (``_pool_channels``).
+    #: Per entry, its outputs' channel scales (``_pool_channels``).
     channels: tuple[ChannelPool, ...] = ()
-    draws: tuple[GateSample, ...] = ()
 
 
 def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes],
@@ -364,7 +362,6 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
     padding = declare_padding(
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
-        pools=recorded.channels,
     ) if inputs.padded else None
     context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh,
                          recorded.channels)
@@ -382,9 +379,10 @@ def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Reco
 def _pool_channels(recorded: _Recorded, inputs: _Inputs) -> _Recorded:
     """The references' channel scales, with more draws where a batch is too small to show
     them (``_channels.pool_channels``)."""
-    pools, draws, notes = pool_channels(recorded.references, inputs.draw, inputs.flat_outputs)
-    return dataclasses.replace(recorded, channels=pools, draws=draws,
-                               notes=recorded.notes + notes)
+    calibration = [(index, sample) for index, sample, _ in inputs.calibrating]
+    pools, notes = pool_channels(recorded.references, calibration, inputs.draw,
+                                 inputs.flat_outputs)
+    return dataclasses.replace(recorded, channels=pools, notes=recorded.notes + notes)
 
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
@@ -414,7 +412,6 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
         return recorded
     samples: list[GateSample | CalibrationSample] = [
         GateSample(index, ref.inputs, ref.outputs) for index, ref in enumerate(recorded.references)]
-    samples += recorded.draws
     samples += [CalibrationSample(index, sample, partial(inputs.flat_outputs, index, sample),
                                   f"--calibration {options.calibration}, {label}")
                 for index, sample, label in inputs.calibrating]

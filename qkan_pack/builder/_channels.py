@@ -1,62 +1,80 @@
-"""The channel scales build's proofs and precision gate measure against.
+"""The channel scales build's row proof and precision gate measure a batch of 1-3 against.
 
-Why: the padding proof, the row proof and the precision gate hold each output channel (its
-last axis, and its second at rank 3 or more) to its own scale where channels' scales differ
-widely: beside a column 1e5 larger, a column that is wholly wrong is a share of the whole
-output's scale no bound sees. A channel's scale is its largest magnitude, and one row shows
-none (a logit near zero in a batch of one is no small channel): so each declared entry's
-scales are taken over its reference and, where that holds fewer than ``CHANNEL_MIN_ROWS``
-values per channel, over more draws of the same entry's inputs, which the gate measures
-too. Never over other entries: an output's scale may follow a dimension that differs
-between them (a sum over a longer sequence), and another entry's larger scale would hide
-this one's channel.
+Why: the row proof and the precision gate hold each output channel (its last axis, and
+its second at rank 3 or more) to its own scale where channels' scales differ widely: beside
+a column 1e5 larger, a column that is wholly wrong is a share of the whole output's scale no
+bound sees. A channel's scale is its largest magnitude, and one row shows none (a logit near
+zero in a batch of one is no small channel): where a compared output has fewer than
+``CHANNEL_MIN_ROWS`` values per channel, its scale is taken over more outputs of the same
+declared shape: its reference, its ``--calibration`` samples (the user's data) and, while
+those are too few, more draws of its inputs (within ``--input-range`` or from
+``example_input``). Never over other shapes' outputs, whose scale may follow a length that
+differs (``runtime.ChannelPool``). The padding proof compares calls cut to other sizes, so
+it has no such pool: it measures per channel where the cut call shows the scales itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from ..runtime import CHANNEL_MIN_ROWS, ChannelPool, describe
 from ._padding import Reference
-from ._precision import GateSample
 
 #: Internal to ``qkan_pack.builder``: the package exports nothing from this module.
 __all__: list[str] = []
 
+#: One ``--calibration`` sample: the entry it fits and its inputs (declared order).
+Calibration = tuple[int, list[torch.Tensor]]
 
-def pool_channels(references: Sequence[Reference],
+
+def pool_channels(references: Sequence[Reference], calibration: Sequence[Calibration],
                   draw: Callable[[int, int], list[torch.Tensor]],
                   outputs: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
-                  ) -> tuple[tuple[ChannelPool, ...], tuple[GateSample, ...], list[str]]:
-    """Per entry, its outputs' channel scales over its reference and, while some channel
-    has fewer than ``CHANNEL_MIN_ROWS`` values, over ``draw(entry, n)`` (n = 1, 2, ...) run
-    through ``outputs(entry, inputs)``; those draws as gate samples; and notes for the
-    entries whose draws the model cannot run (their channels are then measured against
-    each output's whole scale, as a reference alone allows)."""
-    pools, draws, notes = [], [], []
+                  ) -> tuple[tuple[ChannelPool, ...], list[str]]:
+    """Per entry, a pool of its outputs' channel scales: the reference's, the calibration
+    samples' (while short of ``CHANNEL_MIN_ROWS`` values per channel), then those of
+    ``draw(entry, n)`` (n = 1, 2, ...) run through ``outputs(entry, inputs)``; and notes
+    for the entries the pool stays short for (the model fails on the draws)."""
+    pools, notes = [], []
     for index, reference in enumerate(references):
         pool = ChannelPool()
         pool.add(reference.outputs)
+        for entry, sample in calibration:
+            if entry == index and pool.short():
+                _add_run(pool, partial(outputs, index, sample))
         for number in range(1, CHANNEL_MIN_ROWS):
             if not pool.short():
                 break
-            try:
-                drawn = draw(index, number)
-                flat = outputs(index, drawn)
-            except Exception as exc:  # the model's own code, on inputs it was not given
-                notes.append(_unmeasured(reference, exc))
+            problem = _add_run(pool, partial(_drawn, draw, outputs, index, number))
+            if problem is not None:
+                notes.append(_unmeasured(reference, problem))
                 break
-            pool.add(flat)
-            draws.append(GateSample(index, drawn, flat))
         pools.append(pool)
-    return tuple(pools), tuple(draws), notes
+    return tuple(pools), notes
 
 
-def _unmeasured(reference: Reference, exc: BaseException) -> str:
+def _drawn(draw: Callable[[int, int], list[torch.Tensor]],
+           outputs: Callable[[int, list[torch.Tensor]], list[torch.Tensor]], index: int,
+           number: int) -> list[torch.Tensor]:
+    return outputs(index, draw(index, number))
+
+
+def _add_run(pool: ChannelPool, run: Callable[[], list[torch.Tensor]]) -> str | None:
+    """Fold ``run()``'s outputs into ``pool``; why not, in words, where the model fails (a
+    calibration sample's failure is the precision gate's to report, by the file's name)."""
+    try:
+        pool.add(run())
+    except Exception as exc:  # the model's own code, on inputs it was not given
+        return describe(exc)
+    return None
+
+
+def _unmeasured(reference: Reference, problem: str) -> str:
     return (f"shape {reference.entry.label}: its outputs' channels are measured against each "
             f"output's whole scale, not their own: {CHANNEL_MIN_ROWS} rows show a channel's "
             f"scale, the shape has fewer, and the model fails on other inputs drawn for it "
-            f"({describe(exc)}); declare a batch of {CHANNEL_MIN_ROWS} or more to measure "
-            "them")
+            f"({problem}); declare a batch of {CHANNEL_MIN_ROWS} or more, give --calibration "
+            f"samples of it, or set --input-range (or example_input) to inputs it takes")

@@ -65,10 +65,9 @@ def pad_names(pad: Mapping[str, PadValue], names: Sequence[str], call: str) -> d
 def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
                     references: Sequence[Reference], forward: Callable[..., Any],
                     progress: Callable[[Any], Any] = lambda items: items,
-                    pools: Sequence[ChannelPool] = ()) -> Padding:
+                    pool: ChannelPool | None = None) -> Padding:
     """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes
-    (each entry's channels scaled over its ``pools`` entry too: a batch of one shows no
-    channel's scale)."""
+    (channels scaled over ``pool`` too: a batch of one shows no channel's scale)."""
     by_name = {d.name: d for d in decls}
     for name, value in pad.items():
         _check_value(by_name[name], value)
@@ -79,8 +78,7 @@ def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
         raise PaddingError(problem="; ".join(problems))
     axes = tuple(_with_followers(axis, references, names, forward) for axis in axes)
     padding = Padding(values=dict(pad), axes=axes)
-    for index, reference in enumerate(progress(references)):
-        pool = pools[index] if pools else None
+    for reference in progress(references):
         for sizes in _trial_sizes(reference, references, padding, names):
             _prove(reference, sizes, padding, names, forward, pool)
     return padding
@@ -163,7 +161,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
     found = padded_agreement(
         lambda inputs, what, hint: _run(forward, inputs, label, what, hint=hint),
         reference.inputs, names, padding, sizes, proof_bound(reference.entry.noise),
-        leaf_names, channels=pool if pool is not None else True)
+        leaf_names, pool=pool)
     if found.ok:
         return
     axis = next(iter(sizes))

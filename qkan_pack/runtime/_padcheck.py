@@ -74,16 +74,15 @@ class PaddedAgreement:
 
 def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[str],
                      padding: Padding, sizes: Mapping[PaddedAxis, int], bound: float,
-                     leaf_names: Sequence[str], *, channels: bool | ChannelPool = True
-                     ) -> PaddedAgreement:
+                     leaf_names: Sequence[str], *, per_channel: bool = True,
+                     pool: ChannelPool | None = None) -> PaddedAgreement:
     """Run ``inputs`` (an entry's, declared order) cut to ``sizes`` along their axes, and cut
     then padded back to the entry with ``padding``'s values; compare the second's outputs,
     sliced back along the dims that follow each axis, with the first's: per output channel
     where channels' scales differ widely (build's proof, on the build host's arithmetic), or
-    relative to each output (``channels=False``: a load on another device, whose
-    rounding follows the large channels' scale). ``channels`` a ``ChannelPool``: per
-    channel, each channel's scale over the entry's reference and draws too (a cut call of
-    one row shows none)."""
+    relative to each output (``per_channel=False``: a load on another device, whose
+    rounding follows the large channels' scale). ``pool``: the channels' scales over every
+    reference (a cut call of one row shows none)."""
     cut = cut_inputs(inputs, names, sizes)
     shown = sizes_text(sizes)
     want = run(cut, f"with {shown}", "")
@@ -95,8 +94,7 @@ def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[s
                                      sides=("padded and sliced back", "unpadded"))
     if structure is not None:
         return PaddedAgreement(structure, (), bound)
-    spread = spread_for(bound) if channels is not False else None
-    pool = channels if isinstance(channels, ChannelPool) else None
+    spread = spread_for(bound) if per_channel else None
     leaves = tuple(compare([g], [w], (0.0, bound), channel_spread=spread, pool=pool,
                            first_output=index)
                    for index, (g, w) in enumerate(zip(got, want)))
@@ -129,7 +127,7 @@ def check_padded_calls(run: Callable[[list[torch.Tensor], str], list[torch.Tenso
                        for leaf in entry.outputs.leaves())])
         leaf_names = list(entry.outputs.leaf_names())
         found = padded_agreement(partial(_labelled, run, label), inputs, names, padding,
-                                 sizes, bound, leaf_names, channels=False)
+                                 sizes, bound, leaf_names, per_channel=False)
         if not found.ok:
             raise _refusal(label, found, sizes, padding, leaf_names)
 

@@ -83,10 +83,11 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     wrong is a millionth of the output's scale, which any bound relative to the whole output
     accepts. The proofs and the precision gate, which decide what a user's outputs may lose,
     measure so, with the factor beyond which a channel could be wholly wrong within their
-    bound (``spread_for``). A channel's scale is its largest magnitude over ``expected``
-    and, with ``pool``, over every float32 reference of that output the caller has seen
+    bound (``spread_for``). A channel's scale is its largest magnitude over ``expected``;
+    where that holds fewer than ``CHANNEL_MIN_ROWS`` values per channel (one row shows no
+    channel's scale), over ``pool`` too: more float32 outputs of the same call's shape
     (``ChannelPool``; ``first_output``: the index of ``expected[0]`` among the model's
-    outputs): one row of a batch of one shows no channel's scale.
+    outputs).
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -161,11 +162,13 @@ Pooled = dict[int, tuple[torch.Tensor, int]]
 
 
 class ChannelPool:
-    """Each float output's per-channel largest magnitudes over every float32 reference
-    ``add``ed (the references of all declared shapes, calibration samples, extra draws):
-    the scale a channel is measured against where one output alone has too few values per
-    channel (``CHANNEL_MIN_ROWS``: a batch of one). Channels are matched by output index,
-    rank, axis and size; a pool holds no outputs, only the maxima."""
+    """Each float output's per-channel largest magnitudes over the float32 outputs ``add``ed
+    (one declared shape's: its reference, calibration samples, extra draws): the scale a
+    channel is measured against where the compared output alone has too few values per
+    channel (``CHANNEL_MIN_ROWS``: a batch of one). Never another shape's outputs, nor for
+    an output that shows its own scales: a larger scale from elsewhere (a longer sequence,
+    an outlier row) hides a channel. Channels are matched by output index, rank, axis and
+    size; a pool holds no outputs, only the maxima."""
 
     def __init__(self) -> None:
         self._maxima: dict[tuple[int, int, int, int], tuple[torch.Tensor, int]] = {}
@@ -206,7 +209,8 @@ def channel_scales(want: torch.Tensor, spread: float,
                    pooled: Pooled | None = None) -> torch.Tensor | None:
     """Each element's scale by its channel, for a float output of rank 2 or more: along the
     last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude
-    (over ``want`` and the ``pooled`` references of this output), an element taking the
+    (over ``want``, or where it has fewer than ``CHANNEL_MIN_ROWS`` values per channel, over
+    the ``pooled`` outputs of the same shape too), an element taking the
     smaller of its two, never below ``CHANNEL_FLOOR`` of the largest; broadcastable against
     ``want``. None where along neither axis the channels' scales differ by more than
     ``spread`` (one scale serves), or no axis has channels of ``CHANNEL_MIN_ROWS`` values."""
@@ -216,7 +220,7 @@ def channel_scales(want: torch.Tensor, spread: float,
     for axis in channel_axes(want):
         size = want.shape[axis]
         per_channel, count = channel_maxima(want, axis), want.numel() // size
-        if pooled and axis in pooled:
+        if count < CHANNEL_MIN_ROWS and pooled and axis in pooled:
             held, held_count = pooled[axis]
             per_channel, count = torch.maximum(per_channel, held), max(count, held_count)
         if size < 2 or count < CHANNEL_MIN_ROWS:

@@ -1,0 +1,62 @@
+"""Where a small output channel is measured on its own scale, the scale comes from the
+compared rows themselves, or for a batch of 1-3 from more outputs of the same shape (the
+user's calibration data first): never from another shape, an outlier row, or random draws
+gated as if they were data (adversarial passes after per-channel scales were pooled)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qkan_pack import PaddingError, PrecisionError, build, read_artifact
+
+from ..conftest import MODELS
+
+CHANNELS = MODELS / "channel_models.py"
+
+
+def test_a_padded_length_that_leaks_into_a_small_column_is_refused(tmp_path: Path) -> None:
+    """The full length's channel scale (1e6 times a cut call's) hid the leak."""
+    with pytest.raises(PaddingError):
+        build(CHANNELS, "2x2048,2x4096", config={"kind": "padded_length_leak"},
+              pad={"x": 0.0}, output=tmp_path / "a", progress=False)
+    assert not (tmp_path / "a").exists()
+
+
+def test_one_outlier_row_does_not_make_a_neighbour_reader_independent(tmp_path: Path) -> None:
+    """The reference batch's scale (one row of 1e6) held every trial's kept rows to it."""
+    rows = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    rows[7, 0] = 1e6
+    np.save(tmp_path / "rows.npy", rows)
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(CHANNELS, "8x4", config={"kind": "neighbour_reader"},
+                       reference_inputs=tmp_path / "rows.npy", output=tmp_path / "a",
+                       progress=False)
+    (entry,) = read_artifact(result.path).manifest.shapes
+    assert entry.rows is not None and not entry.rows.independent, entry.rows
+
+
+def test_calibration_data_set_a_batch_of_ones_channel_scales(tmp_path: Path) -> None:
+    """Random draws (x0 ~ N(0, 1)) showed column 0 a scale the data (x0 ~ 1e-3) never
+    reach, which hid bfloat16 zeroing it; four calibration rows of the data come first."""
+    np.save(tmp_path / "ref.npy", np.array([[0.0013, 0.5, 0.2, 0.1]], np.float32))
+    samples = {f"x.{i}": np.array([[v, 0.3, 0.3, 0.3]], np.float32)
+               for i, v in enumerate((0.0013, -0.0021, 0.0007, 0.0032))}
+    np.savez(tmp_path / "calibration.npz", **samples)
+    with pytest.raises(PrecisionError):
+        build(CHANNELS, "1x4", config={"kind": "small_feature"}, precision="bf16",
+              reference_inputs=tmp_path / "ref.npy", calibration=tmp_path / "calibration.npz",
+              output=tmp_path / "a", progress=False)
+
+
+def test_draws_set_scales_but_are_not_gated_as_data(tmp_path: Path) -> None:
+    """A draw of random features took a price model past float16's range and refused a
+    float16 build the data keep within it."""
+    np.save(tmp_path / "ref.npy", np.array([[0.3, 0.5, 0.2, 0.6]], np.float32))
+    result = build(CHANNELS, "1x4", config={"kind": "price"}, precision="fp16",
+                   reference_inputs=tmp_path / "ref.npy", output=tmp_path / "a",
+                   progress=False)
+    assert result.manifest.precision is not None
+    assert result.manifest.precision.allowed == ("fp32", "fp16")

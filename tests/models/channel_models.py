@@ -1,0 +1,69 @@
+"""Models whose outputs hold a small channel beside one far larger, each built so that only
+measuring the small channel on its own scale (over the right rows) sees what is wrong:
+a padded length that leaks into it, a row that reads its neighbour, bfloat16 cancelling
+it, or outputs in the tens of thousands that a reduced precision keeps."""
+
+import torch
+from torch import nn
+
+
+class PaddedLengthLeak(nn.Module):
+    """x: (B, L) with 0 as padding; n is a row's unpadded length. Column 0 is 0.05 n^2 plus
+    5e-5 L (the padded length leaks in), column 1 1e3 n^2: at the full length the large
+    column is 1e6 times its size at a cut one, so the full length's scale hides the leak."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = (x != 0).sum(1).to(x.dtype)
+        small = 0.05 * n * n + 5e-5 * x.shape[1]
+        big = 1e3 * n * n * (1 + 0.001 * x.sum(1) / n.clamp(min=1))
+        return torch.stack([small, big], 1)
+
+
+class NeighbourReader(nn.Module):
+    """Column 0 reads the previous row's second feature; column 1 is 1e8. One reference row
+    a million times larger than the rest would set column 0's scale for every compared row."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        previous = torch.cat([torch.zeros_like(x[:1, 1]), x[:-1, 1]])
+        small = x[:, 0] + 0.05 * previous
+        big = 1e8 * (1 + 0.001 * x[:, 2:].mean(1))
+        return torch.stack([small, big], 1)
+
+
+class SmallFeature(nn.Module):
+    """Column 0 is 100 x0 computed as (100 + 100 x0) - 100, which bfloat16 rounds to 0 for
+    the small x0 of real data; column 1 is 1e5. Random draws of larger x0 show column 0 at
+    a scale the real data never reach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.Linear(1, 2)
+        with torch.no_grad():
+            self.h.weight[:] = torch.tensor([[0.0], [100.0]])
+            self.h.bias[:] = 100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.h(x[:, :1]).float()
+        return torch.stack([h[:, 1] - h[:, 0], 1e5 * (1 + 0.001 * x[:, 1])], 1)
+
+
+class Price(nn.Module):
+    """Outputs in the tens of thousands for features in [0, 1] (float16 keeps them); random
+    normal features take them past float16's 65504."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.uniform_(0, 1)
+            self.linear.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * 5e4
+
+
+def build_model(kind: str) -> nn.Module:
+    models = {"padded_length_leak": PaddedLengthLeak, "neighbour_reader": NeighbourReader,
+              "small_feature": SmallFeature, "price": Price}
+    return models[kind]()
