@@ -30,7 +30,6 @@ from ..format import (
     format_shape,
 )
 from ..runtime import (
-    ChannelPool,
     cut_inputs,
     flatten,
     padded_agreement,
@@ -64,10 +63,8 @@ def pad_names(pad: Mapping[str, PadValue], names: Sequence[str], call: str) -> d
 
 def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
                     references: Sequence[Reference], forward: Callable[..., Any],
-                    progress: Callable[[Any], Any] = lambda items: items,
-                    pool: ChannelPool | None = None) -> Padding:
-    """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes
-    (channels scaled over ``pool`` too: a batch of one shows no channel's scale)."""
+                    progress: Callable[[Any], Any] = lambda items: items) -> Padding:
+    """The proven ``Padding`` of a build, or ``PaddingError`` saying what padding changes."""
     by_name = {d.name: d for d in decls}
     for name, value in pad.items():
         _check_value(by_name[name], value)
@@ -80,7 +77,7 @@ def declare_padding(pad: Mapping[str, PadValue], decls: Sequence[InputDecl],
     padding = Padding(values=dict(pad), axes=axes)
     for reference in progress(references):
         for sizes in _trial_sizes(reference, references, padding, names):
-            _prove(reference, sizes, padding, names, forward, pool)
+            _prove(reference, sizes, padding, names, forward)
     return padding
 
 
@@ -152,7 +149,7 @@ def _trial_sizes(reference: Reference, references: Sequence[Reference], padding:
 
 
 def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Padding,
-           names: Sequence[str], forward: Callable[..., Any], pool: ChannelPool | None) -> None:
+           names: Sequence[str], forward: Callable[..., Any]) -> None:
     """Outputs of the cut inputs, and of the cut inputs padded back to the entry then sliced,
     must agree within the entry's noise bound (``runtime.padded_agreement``, which the load
     self-test runs too)."""
@@ -161,7 +158,7 @@ def _prove(reference: Reference, sizes: Mapping[PaddedAxis, int], padding: Paddi
     found = padded_agreement(
         lambda inputs, what, hint: _run(forward, inputs, label, what, hint=hint),
         reference.inputs, names, padding, sizes, proof_bound(reference.entry.noise),
-        leaf_names, pool=pool)
+        leaf_names)
     if found.ok:
         return
     axis = next(iter(sizes))

@@ -29,7 +29,6 @@ from ..format import Manifest, PaddedAxis, Padding
 from ._selftest import (
     HALF_CEILING,
     Agreement,
-    ChannelPool,
     compare,
     proof_bound,
     spread_for,
@@ -74,15 +73,13 @@ class PaddedAgreement:
 
 def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[str],
                      padding: Padding, sizes: Mapping[PaddedAxis, int], bound: float,
-                     leaf_names: Sequence[str], *, per_channel: bool = True,
-                     pool: ChannelPool | None = None) -> PaddedAgreement:
+                     leaf_names: Sequence[str], *, per_channel: bool = True) -> PaddedAgreement:
     """Run ``inputs`` (an entry's, declared order) cut to ``sizes`` along their axes, and cut
     then padded back to the entry with ``padding``'s values; compare the second's outputs,
     sliced back along the dims that follow each axis, with the first's: per output channel
     where channels' scales differ widely (build's proof, on the build host's arithmetic), or
     relative to each output (``per_channel=False``: a load on another device, whose
-    rounding follows the large channels' scale). ``pool``: the channels' scales over every
-    reference (a cut call of one row shows none)."""
+    rounding follows the large channels' scale)."""
     cut = cut_inputs(inputs, names, sizes)
     shown = sizes_text(sizes)
     want = run(cut, f"with {shown}", "")
@@ -95,9 +92,8 @@ def padded_agreement(run: Run, inputs: Sequence[torch.Tensor], names: Sequence[s
     if structure is not None:
         return PaddedAgreement(structure, (), bound)
     spread = spread_for(bound) if per_channel else None
-    leaves = tuple(compare([g], [w], (0.0, bound), channel_spread=spread, pool=pool,
-                           first_output=index)
-                   for index, (g, w) in enumerate(zip(got, want)))
+    leaves = tuple(compare([g], [w], (0.0, bound), channel_spread=spread)
+                   for g, w in zip(got, want))
     return PaddedAgreement(None, leaves, bound)
 
 
