@@ -74,7 +74,7 @@ def _add_run(pool: ChannelPool, run: Callable[[], list[torch.Tensor]]) -> str | 
 
 def _unmeasured(reference: Reference, problem: str) -> str:
     return (f"shape {reference.entry.label}: its outputs' channels are measured against each "
-            f"output's whole scale, not their own: {CHANNEL_MIN_ROWS} rows show a channel's "
-            f"scale, the shape has fewer, and the model fails on other inputs drawn for it "
-            f"({problem}); declare a batch of {CHANNEL_MIN_ROWS} or more, give --calibration "
-            f"samples of it, or set --input-range (or example_input) to inputs it takes")
+            f"output's whole scale, not their own: {CHANNEL_MIN_ROWS} values show a channel's "
+            f"scale, an output of this shape holds fewer per channel, and the model fails on "
+            f"other inputs drawn for it ({problem}); set --input-range (or example_input) to "
+            "inputs it takes, or with --precision give --calibration samples of this shape")

@@ -162,47 +162,60 @@ Pooled = dict[int, tuple[torch.Tensor, int]]
 
 
 class ChannelPool:
-    """Each float output's per-channel largest magnitudes over the float32 outputs ``add``ed
-    (one declared shape's: its reference, calibration samples, extra draws): the scale a
-    channel is measured against where the compared output alone has too few values per
-    channel (``CHANNEL_MIN_ROWS``: a batch of one). Never another shape's outputs, nor for
-    an output that shows its own scales: a larger scale from elsewhere (a longer sequence,
-    an outlier row) hides a channel. Channels are matched by output index, rank, axis and
-    size; a pool holds no outputs, only the maxima."""
+    """Each float output's channel scales over the float32 outputs ``add``ed (one declared
+    shape's: its reference, calibration samples, extra draws): what a channel is measured
+    against where the compared output alone has too few values per channel
+    (``CHANNEL_MIN_ROWS``: a batch of one). A channel's pooled scale is an upper quartile of
+    its rows' largest magnitudes, not their maximum: one outlier row (a user's reference
+    holding a value 1e6 times the rest) must not set every compared row's scale. Never
+    another shape's outputs, nor for an output that shows its own scales: a larger scale
+    from elsewhere (a longer sequence) hides a channel. Channels are matched by output
+    index, rank, axis and size; a pool holds each row's per-channel maxima, not outputs."""
 
     def __init__(self) -> None:
-        self._maxima: dict[tuple[int, int, int, int], tuple[torch.Tensor, int]] = {}
+        self._rows: dict[tuple[int, int, int, int], tuple[list[torch.Tensor], int]] = {}
 
     def add(self, outputs: Sequence[torch.Tensor]) -> None:
-        """Fold one reference's flat outputs in."""
+        """Fold one run's flat outputs in."""
         for index, leaf in enumerate(outputs):
             if not leaf.is_floating_point() or not leaf.numel():
                 continue
             for axis in channel_axes(leaf):
                 size = leaf.shape[axis]
                 key = (index, leaf.dim(), axis, size)
-                maxima = channel_maxima(leaf, axis).reshape(size)
-                if key in self._maxima:
-                    held, count = self._maxima[key]
-                    maxima, count = torch.maximum(held, maxima), count + leaf.numel() // size
-                else:
-                    count = leaf.numel() // size
-                self._maxima[key] = maxima, count
+                rows, count = self._rows.get(key, ([], 0))
+                rows.append(_row_maxima(leaf, axis))
+                self._rows[key] = rows, count + leaf.numel() // size
 
     def of(self, index: int, want: torch.Tensor) -> Pooled:
-        """The pooled maxima for output ``index`` shaped like ``want``, by channel axis."""
+        """The pooled scales for output ``index`` shaped like ``want``, by channel axis."""
         found: Pooled = {}
         for axis in channel_axes(want):
-            held = self._maxima.get((index, want.dim(), axis, want.shape[axis]))
+            held = self._rows.get((index, want.dim(), axis, want.shape[axis]))
             if held is not None:
                 shape = [1] * want.dim()
                 shape[axis] = want.shape[axis]
-                found[axis] = held[0].reshape(shape), held[1]
+                scales = torch.quantile(torch.cat(held[0]), POOL_QUANTILE, dim=0,
+                                        interpolation="lower")
+                found[axis] = scales.reshape(shape), held[1]
         return found
 
     def short(self) -> bool:
         """Whether some output's channels have fewer than ``CHANNEL_MIN_ROWS`` values each."""
-        return any(count < CHANNEL_MIN_ROWS for _, count in self._maxima.values())
+        return any(count < CHANNEL_MIN_ROWS for _, count in self._rows.values())
+
+
+#: ``ChannelPool``'s scale of a channel: this quantile of its rows' largest magnitudes (the
+#: lower one: of four rows the second largest, of eight the third).
+POOL_QUANTILE = 0.75
+
+
+def _row_maxima(leaf: torch.Tensor, axis: int) -> torch.Tensor:
+    """Each row's (first dim's) largest magnitude per channel along ``axis``: (rows, size)."""
+    magnitude = leaf.detach().to("cpu").double().abs()
+    others = [d for d in range(1, leaf.dim()) if d != axis]
+    per_row = magnitude.amax(dim=others) if others else magnitude
+    return per_row.reshape(leaf.shape[0], leaf.shape[axis])
 
 
 def channel_scales(want: torch.Tensor, spread: float,
