@@ -257,22 +257,23 @@ class _Inputs:
         hook that repeats one sample would make the proof's runs change nothing) at random
         within each input's range. Never the user's ``--reference-inputs``, which hold one
         batch per shape."""
-        seed = (self.sources.seed + FRESH_SEED_OFFSET + index) % 2**63
-        shape_map = self.declared.per_shape[index]
-        drawn = list(reference_inputs(shape_map, self.decls, seed, self.sources.hook,
-                                      self.model_path).values())
+        seed = self.sources.seed + FRESH_SEED_OFFSET + index
+        drawn = self._drawn(index, seed, self.sources.hook)
         if any(torch.equal(a, b) for a, b in zip(drawn, reference)):
-            drawn = list(reference_inputs(shape_map, self.decls, seed, None,
-                                          self.model_path).values())
+            drawn = self._drawn(index, seed, None)
         return drawn
 
     def draw(self, index: int, draw: int) -> list[torch.Tensor]:
         """Draw number ``draw`` (1, 2, ...) of entry ``index``'s inputs (declared order) beyond
         its reference: the ``example_input`` hook's with another seed, else at random within
         each input's range (``_pool_channels``: rows that show each channel's scale)."""
-        seed = (self.sources.seed + CHANNEL_SEED_OFFSET * draw + index) % 2**63
-        return list(reference_inputs(self.declared.per_shape[index], self.decls, seed,
-                                     self.sources.hook, self.model_path).values())
+        return self._drawn(index, self.sources.seed + CHANNEL_SEED_OFFSET * draw + index,
+                           self.sources.hook)
+
+    def _drawn(self, index: int, seed: int, hook: Any) -> list[torch.Tensor]:
+        """Entry ``index``'s inputs (declared order) from ``hook`` or at random, at ``seed``."""
+        return list(reference_inputs(self.declared.per_shape[index], self.decls, seed % 2**63,
+                                     hook, self.model_path).values())
 
     def run(self, index: int, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The model's float32 outputs on entry ``index``'s ``inputs`` (``run_reference``'s

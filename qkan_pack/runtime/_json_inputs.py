@@ -93,7 +93,7 @@ def _integers_only(value: Any, depth: int) -> bool:
     leaves = value
     for _ in range(depth - 1):
         leaves = chain.from_iterable(leaves)
-    return set(map(type, leaves)) == {int}
+    return all(type(leaf) is int for leaf in leaves)
 
 
 def _refuse_beyond_64_bits(array: np.ndarray, where: str) -> None:

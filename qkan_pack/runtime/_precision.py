@@ -51,8 +51,8 @@ from ._selftest import ChannelPool, compare, spread_for
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["output_errors", "precision_key", "precision_scope",
-           "precision_unavailable", "served_forward"]
+__all__ = ["output_errors", "precision_key", "precision_scope", "precision_unavailable",
+           "served_forward"]
 
 #: Why a precision cannot run on a device type, whatever the device.
 _UNAVAILABLE_ON_CPU = {
@@ -179,7 +179,6 @@ def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
     return [compare([a], [b], (0.0, 0.0), channel_spread=spread, pool=pool,
                     first_output=index).max_rel
             for index, (a, b) in enumerate(zip(got, want))]
-
 
 
 def replay_tolerance(tolerance: Tolerance, precision: str) -> Tolerance:

@@ -37,8 +37,9 @@ from ._progress import progress_bar
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "ChannelPool", "compare", "float64_noise", "proof_agreement",
-           "proof_bound", "spread_for", "structure_difference", "uninformative_outputs"]
+__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "ChannelPool", "compare", "float64_noise",
+           "proof_agreement", "proof_bound", "spread_for", "structure_difference",
+           "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
