@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -202,17 +202,17 @@ def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelS
 
 
 @contextlib.contextmanager
-def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[dict[str, int]]:
+def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[KernelUse]:
     """Point Triton at a private copy of the shipped kernels for the duration of a load.
 
-    Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
-    Triton wrote while loading (kernels it did not find in the shipped set), counted from
-    new or rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig``
-    and, when the set's record vouches for this host's Triton, skips hashing itself
+    Yields a ``KernelUse`` filled on exit: how many cache entries were shipped, and the
+    kernels Triton compiled while loading (not found in the shipped set), read from new or
+    rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig`` and, when
+    the set's record vouches for this host's Triton, skips hashing itself
     (``_triton_compat``).
     """
     prefix = kernel_set.directory + "/"
-    counts = {"shipped": 0, "compiled": 0}
+    counts = KernelUse()
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
         root = Path(private)
         for name, data in artifact.files.items():
@@ -223,14 +223,30 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                     data = _relocate_group(data, _CACHE_PLACEHOLDER, private, where=name)
                 destination.write_bytes(data)
         before = _group_stamps(root)
-        counts["shipped"] = len(before)
+        counts.shipped = len(before)
         with _triton_cache_dir(private), _libcuda_hint(), \
                 vouched_triton_key(_key_record(artifact, kernel_set)):
             try:
                 yield counts
             finally:
                 after = _group_stamps(root)
-                counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+                counts.compiled = sorted(_kernel_name(k) for k, v in after.items()
+                                         if before.get(k) != v)
+
+
+@dataclass
+class KernelUse:
+    """What a load took from a shipped kernel set: ``shipped`` cache entries, and the names
+    of the kernels it ``compiled`` because the set lacked them (what a stale set misses)."""
+
+    shipped: int = 0
+    compiled: list[str] = field(default_factory=list)
+
+
+def _kernel_name(group_index: str) -> str:
+    """``<hash>/__grp__<kernel>.json`` -> ``<kernel>``: the name Triton compiled it under."""
+    name = group_index.rsplit("/", 1)[-1].removeprefix(_GROUP_PREFIX)
+    return name.removesuffix(".json")
 
 
 def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict[str, Any] | None:

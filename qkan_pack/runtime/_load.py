@@ -239,10 +239,12 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
         with report.stage("kernel cache"):
             counts = stack.enter_context(shipped_kernels(artifact, kernel_set))
         yield
-    report.kernel_cache += f" ({counts['shipped']} shipped, {counts['compiled']} compiled here)"
-    if counts["compiled"]:
-        report.warn(f"{counts['compiled']} kernel(s) were not in the shipped set and were "
-                    "compiled at load; re-run `qkan-pack warm` for this host")
+    compiled = counts.compiled
+    report.kernel_cache += f" ({counts.shipped} shipped, {len(compiled)} compiled here)"
+    if compiled:
+        named = ", ".join(compiled[:5]) + (f" and {len(compiled) - 5} more" if len(compiled) > 5 else "")
+        report.warn(f"{len(compiled)} kernel(s) were not in the shipped set and were compiled "
+                    f"at load ({named}); re-run `qkan-pack warm` for this host")
 
 
 def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,
