@@ -155,8 +155,14 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     measured: dict[str, list[float | None]] = {}
     notes, allowed = [], ["fp32"]
     for candidate in candidates:
-        per_entry, figures = _measure(forward, entries, samples, candidate, max_error,
-                                      pools=pools)
+        try:
+            per_entry, figures = _measure(forward, entries, samples, candidate, max_error,
+                                          pools=pools)
+        except PrecisionError as exc:  # the forward cannot run in it here
+            if precision != AUTO_PRECISION:
+                raise
+            notes.append(f"--precision auto: {candidate} left out ({exc})")
+            continue
         if figures and precision != AUTO_PRECISION:
             raise PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,
                                  figures=figures, hint=_build_hint(candidate, figures))
@@ -202,10 +208,10 @@ def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeE
     try:
         _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST,
                               pools=pools)
-    except QkanPackError:
-        raise
-    except Exception as exc:  # the model's own code, on tensors it was not written for
-        return f"the forward fails on channels-last inputs ({describe(exc)})"
+    except PrecisionError as exc:
+        if exc.problem is None:
+            raise
+        return exc.problem
     if figures:
         return str(PrecisionError(precision="fp32 channels-last", device=BUILD_HOST,
                                   max_error=max_error, figures=figures))
@@ -237,8 +243,7 @@ def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     beyond: dict[tuple[str, str], float] = {}
     for sample in samples:
         entry = entries[sample.entry]
-        with torch.inference_mode():
-            got = flatten(served(*sample.inputs))
+        got = _run_served(served, sample.inputs, precision, layout, max_error)
         names = list(entry.outputs.leaf_names()) or ["output"]
         pool = pools[sample.entry] if pools else None
         for name, error in zip(names, output_errors(got, sample.want, max_error, pool)):
@@ -247,6 +252,25 @@ def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                 key = (entry.label, name)
                 beyond[key] = max(beyond.get(key, 0.0), error)
     return worst, [(shape, name, error) for (shape, name), error in beyond.items()]
+
+
+def _run_served(served: Callable[..., Any], inputs: Sequence[torch.Tensor], precision: str,
+                layout: str, max_error: float) -> list[torch.Tensor]:
+    """The served forward's flat outputs; a forward that fails in ``precision`` or
+    ``layout`` (an op without a float16 kernel on this CPU, a ``view`` of a channels-last
+    tensor) is a ``PrecisionError`` that says so, which ``auto`` leaves out."""
+    try:
+        with torch.inference_mode():
+            return flatten(served(*inputs))
+    except QkanPackError:
+        raise
+    except Exception as exc:  # the model's own code, under autocast or in another layout
+        where = ("on channels-last inputs" if layout == CHANNELS_LAST
+                 else f"under {precision} on the build host")
+        raise PrecisionError(precision=precision, device=BUILD_HOST, max_error=max_error,
+                             problem=f"the forward fails {where} ({describe(exc)})",
+                             hint="choose another --precision (bf16 keeps float32's range), "
+                                  "or keep fp32; nothing was written") from exc
 
 
 def _rounded(error: float) -> float:

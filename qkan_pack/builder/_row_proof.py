@@ -34,10 +34,13 @@ follows the batch, with what they must be:
 The other inputs are a fresh draw (the ``example_input`` hook with another seed, or at random
 where the hook gives the same inputs again: a hook that repeats one sample would make every
 run above change nothing). Each kept row must agree within the entry's noise bound
-(``runtime.proof_agreement``, per channel where channels' scales differ widely); a row run
-alone, through other kernels, within the rounding of a half-precision output where it has
-one. The verdict, with what showed a dependence, is recorded per entry
-(``format.RowProof``); serve batches requests only into entries proved independent.
+(``runtime.proof_agreement``, per channel where channels' scales differ widely, and where
+the batch size is unchanged, so the same kernels compute each row, each value within the
+bound of its own magnitude too: a channel whose rows are a million apart would otherwise
+hide a leak into its small rows); a row run alone, through other kernels, within the
+rounding of a half-precision output where it has one. The verdict, with what showed a
+dependence, is recorded per entry (``format.RowProof``); serve batches requests only into
+entries proved independent.
 
 What it cannot do: see a dependence the model shows only on inputs unlike the draws (the
 reference inputs' own distribution: ``--input-range``, ``example_input``), or one smaller
@@ -303,14 +306,18 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
     if structure is not None:
         return f"when {trial.what}, {structure}: they are no row's own"
     noise = reference.entry.noise
+    # the same batch size runs the same kernels: each kept value is held to its own
+    # magnitude too, which a channel's rows far apart in size would otherwise hide
+    same = not trial.alone
     for output, (name, g, w) in enumerate(zip(names, got, want)):
-        agreement = proof_agreement(g, w, noise, pool=pool, output=output)
+        agreement = proof_agreement(g, w, noise, pool=pool, output=output, same_kernels=same)
         bound = proof_bound(noise)
         if not agreement.ok and trial.alone and w.dtype in HALF_CEILING:
             # another batch size runs other kernels: a half-precision output may round
             # differently by a few units of its last place
             bound = max(bound, HALF_CEILING[w.dtype])
-            agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output)
+            agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output,
+                                        same_kernels=same)
         if not agreement.ok:
             change = (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
                       if agreement.max_rel < float("inf") else

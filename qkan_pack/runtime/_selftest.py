@@ -73,7 +73,8 @@ class Agreement:
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             tolerance: Tolerance, *, channel_spread: float | None = None,
-            pool: ChannelPool | None = None, first_output: int = 0) -> Agreement:
+            pool: ChannelPool | None = None, first_output: int = 0,
+            own_values: bool = False) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
@@ -89,6 +90,11 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     channel's scale), over ``pool`` too: more float32 outputs of the same call's shape
     (``ChannelPool``; ``first_output``: the index of ``expected[0]`` among the model's
     outputs).
+
+    ``own_values``: each value is also held to its own magnitude, never below ``OWN_FLOOR``
+    of its scale: where the rows of one channel are a million apart, the channel's scale
+    hides a change in the small rows (for two runs of the same arithmetic, which agree to
+    the last bit but for what changed).
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -113,6 +119,8 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
         scale = channel_scales(want, channel_spread, pooled) if channel_spread else None
         if scale is None:
             scale = want.abs().max()
+        if own_values:
+            scale = torch.minimum(scale, torch.maximum(want.abs(), scale * OWN_FLOOR))
         largest = float(diff.max())
         if math.isnan(largest) or bool(torch.isnan(scale).any()):  # max() would drop a NaN
             worst_abs, worst_rel, ok = inf, inf, False
@@ -189,16 +197,17 @@ class ChannelPool:
                 self._rows[key] = rows, count + leaf.numel() // size
 
     def of(self, index: int, want: torch.Tensor) -> Pooled:
-        """The pooled scales for output ``index`` shaped like ``want``, by channel axis."""
+        """The pooled scales for output ``index`` shaped like ``want``, by channel axis:
+        only along the axes where ``want`` holds fewer than ``CHANNEL_MIN_ROWS`` values per
+        channel (elsewhere its own values give the scales, and nothing is pooled)."""
         found: Pooled = {}
         for axis in channel_axes(want):
-            held = self._rows.get((index, want.dim(), axis, want.shape[axis]))
-            if held is not None:
+            size = want.shape[axis]
+            held = self._rows.get((index, want.dim(), axis, size))
+            if held is not None and want.numel() // size < CHANNEL_MIN_ROWS:
                 shape = [1] * want.dim()
-                shape[axis] = want.shape[axis]
-                scales = torch.quantile(torch.cat(held[0]), POOL_QUANTILE, dim=0,
-                                        interpolation="lower")
-                found[axis] = scales.reshape(shape), held[1]
+                shape[axis] = size
+                found[axis] = _lower_quantile(torch.cat(held[0])).reshape(shape), held[1]
         return found
 
     def short(self) -> bool:
@@ -209,6 +218,14 @@ class ChannelPool:
 #: ``ChannelPool``'s scale of a channel: this quantile of its rows' largest magnitudes (the
 #: lower one: of four rows the second largest, of eight the third).
 POOL_QUANTILE = 0.75
+
+
+def _lower_quantile(rows: torch.Tensor) -> torch.Tensor:
+    """Each column's ``POOL_QUANTILE`` quantile over the rows, the lower one (what
+    ``torch.quantile(interpolation="lower")`` gives, without its limit of 2**24 rows: a
+    flattened 4096x4096 image's pixels are as many)."""
+    rank = math.floor(POOL_QUANTILE * (rows.shape[0] - 1)) + 1
+    return torch.kthvalue(rows, rank, dim=0).values
 
 
 def _row_maxima(leaf: torch.Tensor, axis: int) -> torch.Tensor:
@@ -222,12 +239,15 @@ def _row_maxima(leaf: torch.Tensor, axis: int) -> torch.Tensor:
 def channel_scales(want: torch.Tensor, spread: float,
                    pooled: Pooled | None = None) -> torch.Tensor | None:
     """Each element's scale by its channel, for a float output of rank 2 or more: along the
-    last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude
-    (over ``want``, or where it has fewer than ``CHANNEL_MIN_ROWS`` values per channel, over
-    the ``pooled`` outputs of the same shape too), an element taking the
-    smaller of its two, never below ``CHANNEL_FLOOR`` of the largest; broadcastable against
-    ``want``. None where along neither axis the channels' scales differ by more than
-    ``spread`` (one scale serves), or no axis has channels of ``CHANNEL_MIN_ROWS`` values."""
+    last axis and, at rank 3 or more, the second (NCHW), a channel more than ``spread``
+    below the largest is held to its own largest magnitude (over ``want``, or where it has
+    fewer than ``CHANNEL_MIN_ROWS`` values per channel, over the ``pooled`` outputs of the
+    same shape too), every other channel to the largest channel's (a channel 4x smaller
+    cannot hide in the bound: holding it to itself would only refuse a reduced precision's
+    errors, which are a share of the whole output's magnitude); an element takes the smaller
+    of its two, never below ``CHANNEL_FLOOR`` of the largest; broadcastable against ``want``.
+    None where along neither axis the channels' scales differ by more than ``spread`` (one
+    scale serves), or no axis has channels of ``CHANNEL_MIN_ROWS`` values."""
     if want.dim() < 2 or not want.abs().max() > 0:  # NaN too
         return None
     scales = []
@@ -239,13 +259,19 @@ def channel_scales(want: torch.Tensor, spread: float,
             per_channel, count = torch.maximum(per_channel, held), max(count, held_count)
         if size < 2 or count < CHANNEL_MIN_ROWS:
             continue
-        if per_channel.min() * spread < per_channel.max():
-            scales.append(per_channel)
+        top = per_channel.max()
+        if per_channel.min() * spread < top:
+            scales.append(torch.where(per_channel * spread < top, per_channel, top))
     if not scales:
         return None
     scale = scales[0] if len(scales) == 1 else torch.minimum(scales[0], scales[1])
     largest = max(float(s.max()) for s in scales)
     return torch.clamp(scale, min=largest * CHANNEL_FLOOR)
+
+
+#: ``compare(own_values=True)``: a value is never held to less than this share of its
+#: scale (a zero, or a value that cancels, rounds like the rest of its channel).
+OWN_FLOOR = 1e-4
 
 
 def _relative(diff: torch.Tensor, scale: torch.Tensor) -> float:
@@ -278,14 +304,16 @@ def proof_bound(noise: float | None) -> float:
 
 def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
                     bound: float | None = None, pool: ChannelPool | None = None,
-                    output: int = 0) -> Agreement:
+                    output: int = 0, same_kernels: bool = False) -> Agreement:
     """The one comparison of build's proofs: one output (``output``, its index among the
     model's) computed two ways, held to ``proof_bound`` (or ``bound``), per channel where a
     channel could hide within it (``compare(channel_spread=spread_for(bound))``), channels
-    scaled over ``pool`` too."""
+    scaled over ``pool`` too; where both ways ran the same kernels (``same_kernels``: the
+    same batch size, so a value's own arithmetic is unchanged), each value to its own
+    magnitude as well (``compare(own_values=True)``)."""
     bound = proof_bound(noise) if bound is None else bound
     return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound), pool=pool,
-                   first_output=output)
+                   first_output=output, own_values=same_kernels)
 
 
 class Uninformative(NamedTuple):

@@ -59,6 +59,22 @@ def test_the_gate_refuses_float16_overflow_with_the_figures_and_writes_nothing(
     assert not (tmp_path / "fp16").exists()
 
 
+def test_a_forward_that_fails_in_a_precision_is_left_out_by_auto_and_refused_by_name(
+        tmp_path: Path) -> None:
+    """Fifth pass M2: the HQKAN GPT's float16 forward raised on the CPU (no ComplexHalf
+    exp) and the whole build failed with "unexpected NotImplementedError"."""
+    config = {"kind": "no_float16_kernel"}
+    result = _build(tmp_path, "auto", precision="auto", config=config)
+    assert result.manifest.precision.allowed == ("fp32", "tf32", "bf16")
+    (note,) = [n for n in result.notes if "fp16 left out" in n]
+    assert "the forward fails under fp16 on the build host (NotImplementedError" in note
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "fp16", precision="fp16", config=config)
+    assert info.value.precision == "fp16" and info.value.problem is not None
+    assert "ComplexHalf" in str(info.value) and "nothing was written" in str(info.value)
+    assert not (tmp_path / "fp16").exists()
+
+
 def test_the_gate_accepts_the_same_model_in_bfloat16_and_records_its_error(
         tmp_path: Path) -> None:
     result = _build(tmp_path, "bf16", shapes="1x8,4x8", precision="bf16")

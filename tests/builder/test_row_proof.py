@@ -197,6 +197,20 @@ def test_rows_that_read_other_rows_or_outputs_of_no_row_are_dependent(
     assert re.search(why, batched[0].detail), batched[0].detail
 
 
+def test_rows_whose_rounding_follows_the_neighbours_are_not_proved_independent(
+        tmp_path: Path) -> None:
+    """A row's values are held to their own magnitude where the neighbours changed (the
+    fifth pass's leak into small rows of a wide channel hid in the channel's scale): a model
+    whose arithmetic for a row follows its neighbours (experts run on the rows routed to
+    them) rounds its small values differently, and is served request by request."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "1x8,64x8", config={"kind": "gathered_moe"},
+                       output=tmp_path / "a", progress=False)
+    proof = _rows(result.path)[1]
+    assert proof is not None and not proof.independent
+    assert "replaced by other inputs" in proof.detail, proof.detail
+
+
 def test_a_repeated_example_input_does_not_make_the_proof_vacuous(tmp_path: Path) -> None:
     """The hook repeats one sample: other inputs are drawn at random instead, and the
     batch-max quantisation shows."""

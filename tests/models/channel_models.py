@@ -63,7 +63,34 @@ class Price(nn.Module):
         return self.linear(x) * 5e4
 
 
+class ZeroColumn(nn.Module):
+    """An ordinary MLP regressor with a ninth output column that is always 0 (a reserved
+    target, a ReLU unit dead on these inputs): the zero channel is far below the others,
+    which must not put the others, 4-15x below the largest, on their own scales."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.net(x)
+        return torch.cat([y, torch.zeros_like(y[:, :1])], 1)
+
+
+class GatedNeighbour(nn.Module):
+    """Column 0 is 1e6 x0 where x2 > 0, else x0, plus 0.05 times the previous row's x1;
+    column 1 is x3. Drawn rows of both kinds put column 0's scale at 1e6 in every compared
+    set, where a leak into the small rows is below any bound relative to the channel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        previous = torch.cat([torch.zeros_like(x[:1, 1]), x[:-1, 1]])
+        gated = torch.where(x[:, 2] > 0, 1e6 * x[:, 0], x[:, 0]) + 0.05 * previous
+        return torch.stack([gated, x[:, 3]], 1)
+
+
 def build_model(kind: str) -> nn.Module:
     models = {"padded_length_leak": PaddedLengthLeak, "neighbour_reader": NeighbourReader,
-              "small_feature": SmallFeature, "price": Price}
+              "small_feature": SmallFeature, "price": Price, "zero_column": ZeroColumn,
+              "gated_neighbour": GatedNeighbour}
     return models[kind]()

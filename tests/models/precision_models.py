@@ -166,8 +166,25 @@ class ViewAfterConv(nn.Module):
         return self.head(y.view(y.shape[0], -1))
 
 
+class NoFloat16Kernel(nn.Module):
+    """A layer whose next op has no float16 kernel on the build host (as complex ``exp`` in
+    ComplexHalf has none on a CPU): under float16 autocast the forward raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.dtype == torch.float16:
+            raise NotImplementedError('"exp_vml_cpu" not implemented for \'ComplexHalf\'')
+        return y.float()
+
+
 def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     torch.manual_seed(0)
+    if kind == "no_float16_kernel":
+        return NoFloat16Kernel()
     if kind in ("resnet", "resnet_features"):
         return TinyResNet(features=kind == "resnet_features")
     if kind == "view_after_conv":

@@ -22,11 +22,28 @@ class BalancedMoE(nn.Module):
         self.experts = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # every expert runs on the whole batch (a row's arithmetic never follows its
+        # neighbours): only the capacity makes one row's answer depend on the others
         choice = self.router(x).argmax(-1)
         capacity = max(1, int(2.0 * x.shape[0] / len(self.experts)))
         out = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
-            rows = (choice == index).nonzero().flatten()[:capacity]
+            mine = choice == index
+            kept = mine & (torch.cumsum(mine.long(), 0) <= capacity)
+            out = torch.where(kept[:, None], expert(x), out)
+        return out
+
+
+class GatheredMoE(BalancedMoE):
+    """Top-1 mixture of 8 experts without a capacity, each expert run on the rows routed to
+    it (gathered): the answers are the rows' own, but an expert's batch size, and with it
+    the rounding of its matrix product, follows the neighbours."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            rows = (choice == index).nonzero().flatten()
             out[rows] = expert(x[rows])
         return out
 
@@ -329,6 +346,7 @@ def build_model(kind: str = "independent") -> nn.Module:
               "running_max": RunningMax, "observer": ObserverLeftOn,
               "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
               "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
+              "gathered_moe": GatheredMoE,
               "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
               "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch,
               "length_leak": LengthScaledLeak, "far_threshold": FarThreshold}
