@@ -161,7 +161,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
         except PrecisionError as exc:  # the forward cannot run in it here
             if precision != AUTO_PRECISION:
                 raise
-            notes.append(f"--precision auto: {candidate} left out ({exc})")
+            notes.append(f"--precision auto: {candidate} left out ({exc.problem or exc})")
             continue
         if figures and precision != AUTO_PRECISION:
             raise PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,

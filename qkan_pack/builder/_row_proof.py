@@ -18,6 +18,9 @@ follows the batch, with what they must be:
   the others replaced by other inputs, then the other way round. Any two rows differ in some
   bit, so for every pair of rows there is a run in which the first is kept and the second is
   replaced: whichever row a row reads, some run changes it (2 x log2(batch) runs);
+- **other rows kept**: the fresh draw's even (then odd) rows kept beside the reference's,
+  compared with the fresh draw's own run (a leak shows only in a row whose value is small
+  beside it, and a small batch of references may hold none);
 - **widened neighbours**: the first half kept, the rest other inputs sixteen times as large,
   then as small (a batch-wide scale with a floor moves only for values beyond the draws);
 - **copies**: the first half of the rows, the rest copies of the first row (how serve fills a
@@ -159,13 +162,18 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
     says so."""
     skipped = ""
+    baselines: dict[int, list[torch.Tensor]] = {}  # by the baseline's identity: run once
     for trial in trials:
         if trial.alone and skipped:
             continue
         try:
             outputs = _run(context.forward, trial.inputs)
-            wanted = (reference.outputs if trial.baseline is None
-                      else _run(context.forward, trial.baseline))
+            if trial.baseline is None:
+                wanted = list(reference.outputs)
+            else:
+                key = id(trial.baseline)
+                wanted = baselines.get(key) or baselines.setdefault(
+                    key, _run(context.forward, trial.baseline))
         except Exception as exc:
             reason = f"the model fails when {trial.what}: {_describe(exc)}"
             if not trial.skippable:
@@ -186,6 +194,7 @@ def _trials(reference: Reference, fresh: Sequence[torch.Tensor],
     inputs = reference.inputs
     batch = inputs[0].shape[0]
     trials = _neighbour_trials(inputs, fresh, batch)
+    trials += _fresh_kept_trials(inputs, fresh, batch)
     trials += _scaled_neighbour_trials(inputs, fresh, batch)
     trials += _copy_trials(inputs, batch)
     trials += _mixed_length_trials(inputs, batch, context)
@@ -248,6 +257,26 @@ def _neighbour_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tens
             trials.append(_Trial(mixed, kept, kept,
                                  f"the rows whose index has bit {bit} {'set' if side == 0 else 'clear'}"
                                  " are replaced by other inputs"))
+    return trials
+
+
+def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+                       batch: int) -> list[_Trial]:
+    """The other way round, for the lowest bit: ``fresh``'s even (then odd) rows kept beside
+    the reference's, compared with ``fresh``'s own run. A row reads a leak within float32's
+    resolution of its own value only where that value is small: at a batch of two or three
+    the reference's rows alone may all be large ones."""
+    index, baseline = torch.arange(batch), list(fresh)  # one baseline: run once
+    trials = []
+    for side, parity in ((0, "even"), (1, "odd")):
+        keep = index % 2 == side
+        kept = index[keep].tolist()
+        if len(kept) == batch:
+            continue
+        mixed = [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), other, t)
+                 for t, other in zip(inputs, fresh)]
+        trials.append(_Trial(mixed, kept, kept, f"the {parity} rows of other inputs run beside "
+                             "the reference's rows", baseline=baseline))
     return trials
 
 

@@ -218,10 +218,12 @@ def _host_tensor(value: Any) -> torch.Tensor:
     return tensor.detach().cpu()
 
 
-def check_output(path: Path, artifact: Path | None = None) -> Path:
+def check_output(path: Path, artifact: Path | None = None, sources: Sequence[Path] = ()
+                 ) -> Path:
     """Where ``-o`` writes (symlinks followed, as the write would), refused before the load
-    when predict cannot or must not write there: an unknown type, or a path inside an
-    artifact (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow). Given
+    when predict cannot or must not write there: an unknown type, one of the ``sources`` it
+    reads its inputs from (the outputs would replace them), or a path inside an artifact
+    (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow). Given
     the ``artifact`` directory, also when its manifest shows that no declared entry's outputs
     fit the file (``output_problem``: several outputs to ``.npy``, a name ``.npz`` cannot
     hold), rather than after the load and the forward."""
@@ -230,6 +232,9 @@ def check_output(path: Path, artifact: Path | None = None) -> Path:
                            f"{', '.join(OUTPUT_SUFFIXES)}", option="--output")
     target = Path(os.path.realpath(path))
     _refuse_dangling_link(path, target)
+    if any(Path(os.path.realpath(source)) == target for source in sources):
+        raise _error(path, "is also an --input file: writing the outputs there would replace "
+                           "the inputs; choose another -o", option="--output")
     refuse_unsafe_output(target)
     manifest = _peek_manifest(artifact) if artifact is not None else None
     if manifest is not None:

@@ -59,6 +59,17 @@ def test_an_output_inside_an_artifact_is_refused_before_the_load(artifact: Path,
     read_artifact(artifact)  # still verifies
 
 
+def test_an_output_that_is_an_input_file_is_refused_before_the_load(artifact: Path,
+                                                                     tmp_path: Path) -> None:
+    """Sixth pass L4: `predict --input x.npy -o x.npy` replaced the inputs with the outputs."""
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    before = (tmp_path / "x.npy").read_bytes()
+    done = run("predict", artifact, "--input", tmp_path / "x.npy", "-o", tmp_path / "x.npy")
+    assert done.exit_code == 1, done.output
+    assert "is also an --input file" in done.output
+    assert (tmp_path / "x.npy").read_bytes() == before
+
+
 def test_a_symlink_into_an_artifact_is_refused_too(artifact: Path, tmp_path: Path) -> None:
     """The write follows symlinks, so the refusal looks where the path resolves."""
     link = tmp_path / "out.json"
