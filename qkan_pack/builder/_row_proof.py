@@ -168,12 +168,11 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             continue
         try:
             outputs = _run(context.forward, trial.inputs)
-            if trial.baseline is None:
-                wanted = list(reference.outputs)
-            else:
-                key = id(trial.baseline)
-                wanted = baselines.get(key) or baselines.setdefault(
-                    key, _run(context.forward, trial.baseline))
+            wanted: Sequence[torch.Tensor] = reference.outputs
+            if trial.baseline is not None:
+                if id(trial.baseline) not in baselines:
+                    baselines[id(trial.baseline)] = _run(context.forward, trial.baseline)
+                wanted = baselines[id(trial.baseline)]
         except Exception as exc:
             reason = f"the model fails when {trial.what}: {_describe(exc)}"
             if not trial.skippable:
@@ -252,12 +251,19 @@ def _neighbour_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tens
             kept = index[keep].tolist()
             if not kept or len(kept) == batch:
                 continue
-            mixed = [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), t, other)
-                     for t, other in zip(inputs, fresh)]
+            mixed = _rows_from(keep, inputs, fresh)
             trials.append(_Trial(mixed, kept, kept,
                                  f"the rows whose index has bit {bit} {'set' if side == 0 else 'clear'}"
                                  " are replaced by other inputs"))
     return trials
+
+
+def _rows_from(keep: torch.Tensor, kept: Sequence[torch.Tensor],
+               others: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each input's batch with the rows where ``keep`` is true from ``kept``, the rest from
+    ``others``."""
+    return [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), t, other)
+            for t, other in zip(kept, others)]
 
 
 def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
@@ -273,8 +279,7 @@ def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Ten
         kept = index[keep].tolist()
         if len(kept) == batch:
             continue
-        mixed = [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), other, t)
-                 for t, other in zip(inputs, fresh)]
+        mixed = _rows_from(keep, fresh, inputs)
         trials.append(_Trial(mixed, kept, kept, f"the {parity} rows of other inputs run beside "
                              "the reference's rows", baseline=baseline))
     return trials
@@ -301,7 +306,7 @@ def _mixed_length_trials(inputs: Sequence[torch.Tensor], batch: int,
     short = pad_inputs(cut_inputs(inputs, names, sizes), inputs, names, padding)
     even = torch.arange(batch) % 2 == 0
     rows = torch.arange(batch)
-    mixed = [torch.where(even.view(-1, *[1] * (s.dim() - 1)), s, t) for s, t in zip(short, inputs)]
+    mixed = _rows_from(even, short, inputs)
     what = "the even rows are cut to half their length and padded, beside full-length rows"
     return [_Trial(mixed, rows[even].tolist(), rows[even].tolist(), what, baseline=list(short)),
             _Trial(mixed, rows[~even].tolist(), rows[~even].tolist(), what)]
