@@ -39,6 +39,7 @@ from ..format import (
     PrecisionPolicy,
     ShapeEntry,
     check_range,
+    input_batch,
     parse_shapes,
     with_batch_sizes,
 )
@@ -52,6 +53,7 @@ from ..runtime import (
     describe_output,
     entry_function,
     flatten,
+    float64_forward,
     float64_noise,
     import_model_source,
     load_strict,
@@ -134,7 +136,7 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
     recorded = _pool_channels(_record_references(user, inputs, files, options), inputs)
     check_labels_fit(metadata.class_labels, recorded.entries)
     _check_stateless(recorded, inputs, user.model)
-    recorded = _prove(recorded, inputs, options.progress)
+    recorded = _prove(recorded, inputs, user.model, options.progress)
     recorded = _gate_precision(recorded, inputs, options, user.model)
     return _write(_Built(user, metadata, inputs, recorded, files), options)
 
@@ -356,18 +358,24 @@ def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes
     return _Recorded(entries, references, notes)
 
 
-def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Recorded:
+def _prove(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module,
+           progress: bool | None) -> _Recorded:
     """Prove what serving relies on: with ``--pad``, that padding leaves the outputs
     unchanged (``_padding``, else ``PaddingError``); for each entry with a batch axis, whether
-    its rows are independent (``_row_proof``: serve batches only those)."""
+    its rows are independent (``_row_proof``: serve batches only those; rows alone are
+    compared in float64 too, with a float64 copy of ``model`` freed afterwards)."""
     padding = declare_padding(
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
     ) if inputs.padded else None
-    context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh,
-                         recorded.channels)
+    declared = inputs.declared
+    batched = any((input_batch(r.entry) or 0) >= 2 for r in recorded.references)
+    context = RowContext(inputs.forward, declared.names, padding, inputs.fresh,
+                         recorded.channels,
+                         float64_forward(model, declared.names, declared.call) if batched else None)
     proofs = prove_rows(recorded.references, context, progress=lambda items: progress_bar(
         items, desc="proving rows independent", enabled=progress))
+    del context
     entries = [dataclasses.replace(entry, rows=proof)
                for entry, proof in zip(recorded.entries, proofs)]
     references = [dataclasses.replace(reference, entry=entry)

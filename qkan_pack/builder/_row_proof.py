@@ -33,6 +33,13 @@ follows the batch, with what they must be:
 - **alone**: a sample of rows, each run as a batch of one. Outputs that do not come out with
   one row then (a fixed table that merely has as many rows as the batch) are no row's own.
   A model that cannot run a batch of one at all skips these runs, and the verdict says so.
+  The same rows alone are run again with the model in float64 beside the whole batch in
+  float64 (``RowContext.wide_forward``), where the model computes in float64 throughout
+  (``runtime.float64_throughout``): another batch size runs other kernels, so in
+  float32 a row alone can only be held to its channel's scale, which a channel whose rows
+  are a million apart lifts above any change of its small rows; in float64 both runs agree
+  far below float32's rounding, and each value is held to its own magnitude. This is the
+  one run that sees a term only the batch's size or its other rows switch on.
 
 The other inputs are a fresh draw (the ``example_input`` hook with another seed, or at random
 where the hook gives the same inputs again: a hook that repeats one sample would make every
@@ -41,13 +48,16 @@ run above change nothing). Each kept row must agree within the entry's noise bou
 the batch size is unchanged, so the same kernels compute each row, each value within the
 bound of its own magnitude too: a channel whose rows are a million apart would otherwise
 hide a leak into its small rows); a row run alone, through other kernels, within the
-rounding of a half-precision output where it has one. The verdict, with what showed a
+rounding of a half-precision output where it has one, and in float64 each value within the
+bound of its own magnitude. The verdict, with what showed a
 dependence, is recorded per entry (``format.RowProof``); serve batches requests only into
 entries proved independent.
 
 What it cannot do: see a dependence the model shows only on inputs unlike the draws (the
 reference inputs' own distribution: ``--input-range``, ``example_input``), or one smaller
-than the model's rounding noise.
+than the model's rounding noise; where the model does not compute in float64 throughout
+(QKAN's solvers work in complex64), a term that only a row alone switches off is measured
+against its channel's scale.
 """
 
 from __future__ import annotations
@@ -63,9 +73,11 @@ from ..format import MAX_ROW_DETAIL, PaddedAxis, Padding, RowProof, ShapeEntry, 
 from ..format import input_batch as _input_batch
 from ..runtime import (
     HALF_CEILING,
+    Agreement,
     ChannelPool,
     cut_inputs,
     flatten,
+    float64_throughout,
     pad_inputs,
     proof_agreement,
     proof_bound,
@@ -111,6 +123,9 @@ class RowContext:
     fresh_inputs: Callable[[int, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
     #: Per entry, its outputs' channel scales (a few kept rows show none).
     pools: Sequence[ChannelPool] = ()
+    #: The model in float64, bound like ``forward`` (``runtime.float64_forward``); None where
+    #: it cannot be made: rows alone are then compared in float32 only.
+    wide_forward: Callable[..., Any] | None = None
 
 
 def prove_rows(references: Sequence[Reference], context: RowContext,
@@ -183,7 +198,50 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
         problem = _row_difference(reference, dims, trial, outputs, wanted, pool)
         if problem is not None:
             return _verdict(False, problem)
+    if not skipped and context.wide_forward is not None:
+        problem = _wide_alone_difference(reference, dims, context.wide_forward, pool)
+        if problem is not None:
+            return _verdict(False, problem)
     return _verdict(True, skipped)
+
+
+def _wide_alone_difference(reference: Reference, dims: Sequence[int],
+                           wide_forward: Callable[..., Any],
+                           pool: ChannelPool | None) -> str | None:
+    """The rows alone in float64 against the whole batch in float64, each value held to its
+    own magnitude (``proof_agreement(same_kernels=True)``: float64's rounding across batch
+    sizes is far below the bound), in words; None when they agree, or where the model is
+    not float64 throughout or fails so (``float64_throughout``: the float32 runs have
+    decided then). Only outputs that are float64 in both runs are compared."""
+    batched = float64_throughout(wide_forward, reference.inputs)
+    if batched is None:
+        return None
+    names = list(reference.entry.outputs.leaf_names())
+    for row in _alone_rows(reference.inputs[0].shape[0]):
+        alone = float64_throughout(wide_forward, [t[row:row + 1] for t in reference.inputs])
+        if alone is None or len(alone) != len(batched):
+            continue
+        for output, (name, got, whole, dim) in enumerate(zip(names, alone, batched, dims)):
+            if got.dtype != torch.float64 or whole.dtype != torch.float64 or (
+                    got.dim() <= dim or got.shape[dim] != 1):
+                continue
+            want = whole.narrow(dim, row, 1)
+            if got.shape != want.shape:
+                continue
+            agreement = proof_agreement(got, want, reference.entry.noise, pool=pool,
+                                        output=output, same_kernels=True)
+            if not agreement.ok:
+                return (f"when row {row} runs alone (a batch of one) in float64, {name} "
+                        f"changes {_change(agreement, proof_bound(reference.entry.noise))}: "
+                        "each row's answer depends on the batch it runs in")
+    return None
+
+
+def _change(agreement: Agreement, bound: float) -> str:
+    """How far a kept row moved, in words."""
+    return (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
+            if agreement.max_rel < float("inf") else
+            f"by {agreement.max_abs:.3g} where the reference batch gave zeros or NaN")
 
 
 def _trials(reference: Reference, fresh: Sequence[torch.Tensor],
@@ -353,11 +411,9 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
             agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output,
                                         same_kernels=same)
         if not agreement.ok:
-            change = (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
-                      if agreement.max_rel < float("inf") else
-                      f"by {agreement.max_abs:.3g} where the reference batch gave zeros or NaN")
-            return (f"when {trial.what}, {name} of the kept rows changes {change}: each "
-                    "row's answer depends on the rows batched with it")
+            return (f"when {trial.what}, {name} of the kept rows changes "
+                    f"{_change(agreement, bound)}: each row's answer depends on the rows "
+                    "batched with it")
     return None
 
 

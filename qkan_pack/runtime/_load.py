@@ -35,6 +35,7 @@ from ._capture import capture_session
 from ._compat import check_compatibility
 from ._compiled import CompiledLoad, serve_compiled
 from ._device import ContextStart, resolve_device
+from ._float64 import float64_forward, float64_outputs
 from ._kernels import PROCESS_CACHES, PrecompiledExport, matching_set, shipped_kernels
 from ._layout import to_channels_last
 from ._options import (
@@ -61,8 +62,6 @@ from ._selftest import (
     ReferencePolicy,
     check_outputs,
     check_reference,
-    float64_forward,
-    float64_outputs,
     uninformative_outputs,
 )
 from ._source import (

@@ -21,23 +21,18 @@ band and signatures are the defence against those.
 
 from __future__ import annotations
 
-import copy
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..errors import SelfTestError
-from ._calling import bind_forward
 from ._options import Tolerance
-from ._progress import progress_bar
-from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "ChannelPool", "compare", "float64_noise",
+__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "Agreement", "ChannelPool", "compare",
            "proof_agreement", "proof_bound", "spread_for", "structure_difference",
            "uninformative_outputs"]
 
@@ -359,61 +354,6 @@ def noise_tolerance(noise: float | None, ceiling: Tolerance) -> Tolerance:
         return ceiling
     bound = max(NOISE_FLOOR, NOISE_FACTOR * noise)
     return min(ceiling[0], bound), min(ceiling[1], bound)
-
-
-def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
-                  samples: Sequence[Sequence[torch.Tensor]],
-                  outputs: Sequence[Sequence[torch.Tensor]], *,
-                  progress: bool | None = False) -> list[float | None]:
-    """Per sample: how far ``outputs`` (the model's float32 outputs on it, flat) are from a
-    float64 copy of the model on the same inputs, as a share of each output's scale
-    (``compare``'s ``max_rel``), rounded to two digits. None where that cannot be measured:
-    the copy or its forward fails (an op without float64, float32 state outside parameters
-    and buffers), a floating output is computed in float32 even there (a constant float32
-    output, the same in both runs, is skipped), or a non-float output differs. The copy is
-    freed before returning; ``progress`` as ``progress_bar``'s."""
-    forward = float64_forward(model, names, call)
-    if forward is None:
-        return [None] * len(samples)
-    noises: list[float | None] = []
-    try:
-        for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
-                                           desc="reference noise (float64)",
-                                           total=len(samples), enabled=progress):
-            wide = float64_outputs(forward, inputs)
-            noise = None if wide is None else deviation(narrow, wide)
-            noises.append(None if noise is None else float(f"{noise:.2g}"))
-    finally:
-        del forward
-    return noises
-
-
-def float64_forward(model: torch.nn.Module, names: Sequence[str],
-                    call: str) -> Callable[..., Any] | None:
-    """A float64 copy of ``model``, bound like its forward; None when it cannot be made."""
-    try:
-        # eval() again after the cast: modules that fold weights into eval-time caches
-        # (QKAN) rebuild them from the float64 parameters
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            wide = copy.deepcopy(model).double().train(model.training)
-    except Exception:
-        return None
-    return bind_forward(wide, names, call)
-
-
-def float64_outputs(forward: Callable[..., Any],
-                    inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-    """The float64 copy's flat outputs on ``inputs`` (floating inputs widened); None when
-    its forward fails."""
-    widened = [t.double() if t.is_floating_point() else t for t in inputs]
-    try:
-        # the float32 run already showed the model code's warnings; this is a measurement
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return flatten(forward(*widened))
-    except Exception:
-        return None
 
 
 def deviation(narrow: Sequence[torch.Tensor], wide: Sequence[torch.Tensor]) -> float | None:

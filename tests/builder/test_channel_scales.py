@@ -94,3 +94,20 @@ def test_a_leak_into_small_rows_of_a_wide_channel_is_seen(tmp_path: Path, batch:
                        seed=seed, output=tmp_path / "a", progress=False)
     (entry,) = read_artifact(result.path).manifest.shapes
     assert entry.rows is not None and not entry.rows.independent, entry.rows
+
+
+@pytest.mark.parametrize(("kind", "batch", "seed"), [
+    ("gated_other_rows", 8, 2), ("gated_other_rows", 3, 2), ("gated_other_rows", 3, 3),
+    ("gated_batch_size", 2, 0), ("gated_batch_size", 3, 1)])
+def test_a_term_only_a_row_alone_switches_off_is_seen_in_a_wide_channel(
+        tmp_path: Path, kind: str, batch: int, seed: int) -> None:
+    """Sixth pass H2: a row alone runs other kernels, so in float32 it was held to its
+    channel's scale only, and a channel whose rows are 1e6 apart hid a term of 0.1 that other
+    rows (or the batch's size) switch on: serve answered a client differently beside
+    others. Rows alone are compared in float64 too, each value to its own magnitude."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(CHANNELS, f"1x4,{batch}x4", config={"kind": kind}, seed=seed,
+                       output=tmp_path / "a", progress=False)
+    entry = read_artifact(result.path).manifest.shapes[1]
+    assert entry.rows is not None and not entry.rows.independent, entry.rows
+    assert "in float64" in entry.rows.detail

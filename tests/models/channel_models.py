@@ -85,12 +85,36 @@ class GatedNeighbour(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         previous = torch.cat([torch.zeros_like(x[:1, 1]), x[:-1, 1]])
-        gated = torch.where(x[:, 2] > 0, 1e6 * x[:, 0], x[:, 0]) + 0.05 * previous
-        return torch.stack([gated, x[:, 3]], 1)
+        return torch.stack([_gated(x) + 0.05 * previous, x[:, 3]], 1)
+
+
+def _gated(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x[:, 2] > 0, 1e6 * x[:, 0], x[:, 0])
+
+
+class GatedOtherRows(nn.Module):
+    """Column 0 is the gated head plus 0.1 where some other row of the batch has |x1| > 0.3;
+    column 1 is x3. In a batch of N(0, 1) rows replacing neighbours by other draws almost
+    never switches the term off: only a row alone does, through other kernels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = (x[:, 1].abs() > 0.3).float()
+        others = wide.sum() - wide
+        return torch.stack([_gated(x) + 0.1 * (others > 0).float(), x[:, 3]], 1)
+
+
+class GatedBatchSize(nn.Module):
+    """Column 0 is the gated head plus 0.1 whenever the batch has more than one row; column
+    1 is x3: a row's answer depends on whether serve batched it, and only a row alone shows
+    it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([_gated(x) + 0.1 * float(x.shape[0] > 1), x[:, 3]], 1)
 
 
 def build_model(kind: str) -> nn.Module:
     models = {"padded_length_leak": PaddedLengthLeak, "neighbour_reader": NeighbourReader,
               "small_feature": SmallFeature, "price": Price, "zero_column": ZeroColumn,
-              "gated_neighbour": GatedNeighbour}
+              "gated_neighbour": GatedNeighbour, "gated_other_rows": GatedOtherRows,
+              "gated_batch_size": GatedBatchSize}
     return models[kind]()

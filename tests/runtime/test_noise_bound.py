@@ -22,6 +22,7 @@ from qkan_pack import Predictor, SelfTestError, build
 from qkan_pack.builder import write_artifact
 from qkan_pack.format import MANIFEST_NAME, WEIGHTS_NAME
 from qkan_pack.runtime import read_artifact
+from qkan_pack.runtime._float64 import float64_noise
 from qkan_pack.runtime._selftest import (
     FLOAT64_FLOOR,
     FLOAT64_MARGIN,
@@ -30,7 +31,6 @@ from qkan_pack.runtime._selftest import (
     NOISE_FLOOR,
     ReferencePolicy,
     check_reference,
-    float64_noise,
     noise_tolerance,
 )
 
