@@ -36,6 +36,19 @@ def stamps(root):
                 shutil.copy(path, target)
     return found
 kernels._group_stamps = stamps
+# the autotuning choices in the load's private inductor directory as it closes: the shipped
+# ones restored there, and any the load wrote itself (a name the shipped set lacks)
+import os
+import qkan_pack.runtime._compiled as compiled_mode
+clears, clear = [], compiled_mode._clear_inductor_caches
+def listing():
+    clears.append(1)
+    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))
+    if len(clears) == 2 and root.is_dir():
+        for path in sorted(root.rglob("*.best_config")):
+            print("best_config at close:", path.relative_to(root).as_posix(), path.stat().st_size)
+    clear()
+compiled_mode._clear_inductor_caches = listing
 predictor = Predictor.load(sys.argv[1], device="cuda", compiled="shipped")
 print(predictor.report.compiled)
 print(predictor.report.kernel_cache)
@@ -50,6 +63,9 @@ def main() -> None:
     result = warm(path, "cuda", compiled=True)
     print("warm:", result.compiled, result.files, "files")
     artifact = read_artifact(path)
+    for name in sorted(artifact.files):
+        if name.endswith(".best_config"):
+            print("shipped best_config:", name)
     for name, data in artifact.files.items():
         if KERNEL in name and not name.endswith(".cubin"):
             target = OUT / "shipped" / name.replace("/", "__")
@@ -68,6 +84,10 @@ def main() -> None:
                                                "num_ctas", "debug", "sanitize_overflow",
                                                "enable_fp_fusion", "launch_cooperative_grid")}
             print(side, meta.name, json.dumps(keep, default=str)[:1500])
+        # the specialisation (which arguments are 16-divisible or 1) is in the TTIR signature
+        for ttir in sorted((OUT / side).glob(f"*{KERNEL}.ttir")) if (OUT / side).is_dir() else []:
+            line = next((ln for ln in ttir.read_text().splitlines() if "tt.func" in ln), "")
+            print(side, ttir.name[:12], line.strip()[:1200])
 
 
 if __name__ == "__main__":
