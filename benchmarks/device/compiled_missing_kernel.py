@@ -7,6 +7,7 @@ Run by benchmarks/device/compiled-missing-kernel.sh. Files: $OUT/r/pz/{shipped,f
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,27 @@ def stamps(root):
                 shutil.copy(path, target)
     return found
 kernels._group_stamps = stamps
+# who compiles the kernel in this process, with which specialisation (inductor compiles in
+# this process: TORCHINDUCTOR_COMPILE_THREADS=1 in the environment)
+import traceback
+import triton
+import triton.compiler.compiler as triton_compiler
+original_compile = triton_compiler.compile
+def compile_seen(src, *args, **kwargs):
+    name = getattr(getattr(src, "fn", None), "__name__", "") or str(getattr(src, "name", ""))
+    if kernel in name or kernel in str(getattr(src, "src", ""))[:5000]:
+        print("COMPILE", name, "signature", getattr(src, "signature", None))
+        print("  constexprs", getattr(src, "constexprs", getattr(src, "constants", None)))
+        print("  attrs", getattr(src, "attrs", None))
+        print("  options", {k: v for k, v in (kwargs.get("options") or {}).items()
+                            if k in ("debug", "sanitize_overflow", "num_warps")})
+        frames = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+                  for f in traceback.extract_stack()[:-1]
+                  if "qkan" in f.filename or "_inductor" in f.filename or "<string>" in f.filename]
+        print("  stack", " <- ".join(reversed(frames[-14:])))
+    return original_compile(src, *args, **kwargs)
+triton_compiler.compile = compile_seen
+triton.compile = compile_seen
 # the autotuning choices in the load's private inductor directory as it closes: the shipped
 # ones restored there, and any the load wrote itself (a name the shipped set lacks)
 import os
@@ -73,10 +95,10 @@ def main() -> None:
             target.write_bytes(data)
     scratch = Path(tempfile.mkdtemp())
     env = {**os.environ, "TRITON_CACHE_DIR": str(scratch / "t"),
-           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "i")}
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "i"), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", FRESH, str(path), str(OUT / "fresh"), KERNEL],
                           env=env, capture_output=True, text=True, check=False)
-    print(done.stdout, done.stderr[-2000:])
+    print(done.stdout, done.stderr[-3000:])
     for side in ("shipped", "fresh"):
         for meta in sorted((OUT / side).glob(f"*{KERNEL}.json")) if (OUT / side).is_dir() else []:
             record = json.loads(meta.read_text())
@@ -87,7 +109,7 @@ def main() -> None:
         # the specialisation (which arguments are 16-divisible or 1) is in the TTIR signature
         for ttir in sorted((OUT / side).glob(f"*{KERNEL}.ttir")) if (OUT / side).is_dir() else []:
             line = next((ln for ln in ttir.read_text().splitlines() if "tt.func" in ln), "")
-            print(side, ttir.name[:12], line.strip()[:1200])
+            print(side, ttir.name[:12], re.sub(r'loc\([^)]*\)|\(#loc\)', "", line.strip())[-1500:])
 
 
 if __name__ == "__main__":

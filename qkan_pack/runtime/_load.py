@@ -238,7 +238,7 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
         with report.stage("kernel cache"):
             counts = stack.enter_context(shipped_kernels(artifact, kernel_set))
         yield
-    compiled = counts.compiled
+    compiled, report.kernels_compiled = counts.compiled, counts.files
     report.kernel_cache += f" ({counts.shipped} shipped, {len(compiled)} compiled here)"
     if compiled:
         named = ", ".join(compiled[:5]) + (f" and {len(compiled) - 5} more" if len(compiled) > 5 else "")
