@@ -36,8 +36,10 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
     (``compare``'s ``max_rel``), rounded to two digits. None where that cannot be measured:
     the copy or its forward fails (an op without float64, float32 state outside parameters
     and buffers), a floating output is computed in float32 even there (a constant float32
-    output, the same in both runs, is skipped), or a non-float output differs. The copy is
-    freed before returning; ``progress`` as ``progress_bar``'s."""
+    output, the same in both runs, is skipped), none is left to compare, a non-float output
+    differs, or the copy narrows to float32 somewhere (``_Narrowing``) and agrees exactly
+    (``x.float()`` first in forward: both runs are float32). The copy is freed before
+    returning; ``progress`` as ``progress_bar``'s."""
     forward = float64_forward(model, names, call)
     if forward is None:
         return [None] * len(samples)
@@ -46,8 +48,12 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
         for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
                                            desc="reference noise (float64)",
                                            total=len(samples), enabled=progress):
-            wide = float64_outputs(forward, inputs)
+            watch = _Narrowing()
+            with watch:
+                wide = float64_outputs(forward, inputs)
             noise = None if wide is None else deviation(narrow, wide)
+            if noise == 0 and watch.found is not None:
+                noise = None  # float32 throughout where it matters: nothing was measured
             noises.append(None if noise is None else float(f"{noise:.2g}"))
     finally:
         del forward

@@ -254,3 +254,24 @@ def test_a_model_whose_answers_follow_earlier_calls_is_refused(tmp_path: Path, k
               input_range=range_)
     assert info.value.changed
     assert not (tmp_path / kind).exists()
+
+
+@pytest.mark.parametrize(("kind", "shapes"), [("cast_everything", "1x64,8x64"),
+                                              ("half_logits", "1x64,8x64")])
+def test_a_float64_copy_that_stays_narrow_records_no_noise(tmp_path: Path, kind: str,
+                                                            shapes: str) -> None:
+    """Seventh pass M1: a model casting every operand to float32 (or returning bfloat16)
+    computes so in its float64 copy too; both runs agreed exactly and the noise was recorded
+    as 0, the proofs' and the load's tightest bound. Nothing was measured: None."""
+    result = build(MODELS / "narrow_models.py", shapes, config={"kind": kind},
+                   output=tmp_path / "a", progress=False)
+    assert [entry.noise for entry in read_artifact(result.path).manifest.shapes] == [None, None]
+
+
+def test_a_long_float32_dot_product_is_not_recorded_dependent(tmp_path: Path) -> None:
+    """Seventh pass M1: with its noise recorded as 0, a row alone (other kernels over 65,536
+    products) moved by 2e-6 of the scale, beyond the 1e-6 floor: a false "dependent"."""
+    result = build(MODELS / "narrow_models.py", "1x65536,8x65536",
+                   config={"kind": "cast_everything", "features": 65536},
+                   output=tmp_path / "a", progress=False)
+    assert _rows(result.path) == [None, RowProof(True)]
