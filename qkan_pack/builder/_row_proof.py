@@ -48,8 +48,10 @@ run above change nothing). Each kept row must agree within the entry's noise bou
 the batch size is unchanged, so the same kernels compute each row, each value within the
 bound of its own magnitude too: a channel whose rows are a million apart would otherwise
 hide a leak into its small rows); a row run alone, through other kernels, within the
-rounding of a half-precision output where it has one, and in float64 each value within the
-bound of its own magnitude. The verdict, with what showed a
+rounding of a half-precision output where it has one, held to that output's largest
+magnitude over the batch (other kernels round each value by float32's resolution of the terms
+it sums, which a small value's need not be), and in float64 each value within the bound of
+its own magnitude. The verdict, with what showed a
 dependence, is recorded per entry (``format.RowProof``); serve batches requests only into
 entries proved independent.
 
@@ -390,7 +392,7 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
             leaf.dim() <= dim or leaf.shape[dim] != batch for leaf, dim in zip(outputs, dims)):
         shapes = ", ".join("x".join(map(str, leaf.shape)) or "a scalar" for leaf in outputs)
         return (f"when {trial.what}, the outputs ({shapes}) do not follow its {batch} "
-                "row(s): they are no row's own")
+                f"row(s): they are no row's own{_squeezed(outputs, reference_outputs)}")
     kept, wanted = torch.tensor(trial.kept), torch.tensor(trial.wanted)
     got = [leaf.index_select(dim, kept) for leaf, dim in zip(outputs, dims)]
     want = [leaf.index_select(dim, wanted) for leaf, dim in zip(reference_outputs, dims)]
@@ -399,22 +401,45 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
         return f"when {trial.what}, {structure}: they are no row's own"
     noise = reference.entry.noise
     # the same batch size runs the same kernels: each kept value is held to its own
-    # magnitude too, which a channel's rows far apart in size would otherwise hide
+    # magnitude too, which a channel's rows far apart in size would otherwise hide. Another
+    # batch size's kernels round a value by float32's resolution of the terms it sums, of
+    # the whole output's size (a ReLU channel active in few rows is small, its terms are
+    # not): a row alone is held to the largest magnitude of that output over the batch
+    # here, and each of its values to its own magnitude in float64 (``_wide_alone_difference``)
     same = not trial.alone
     for output, (name, g, w) in enumerate(zip(names, got, want)):
-        agreement = proof_agreement(g, w, noise, pool=pool, output=output, same_kernels=same)
+        whole = None if same else _largest(reference_outputs[output])
+        agreement = proof_agreement(g, w, noise, pool=pool, output=output, same_kernels=same,
+                                    whole=whole)
         bound = proof_bound(noise)
         if not agreement.ok and trial.alone and w.dtype in HALF_CEILING:
             # another batch size runs other kernels: a half-precision output may round
             # differently by a few units of its last place
             bound = max(bound, HALF_CEILING[w.dtype])
             agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output,
-                                        same_kernels=same)
+                                        same_kernels=same, whole=whole)
         if not agreement.ok:
             return (f"when {trial.what}, {name} of the kept rows changes "
                     f"{_change(agreement, bound)}: each row's answer depends on the rows "
                     "batched with it")
     return None
+
+
+def _squeezed(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> str:
+    """The fix, where an output has fewer dimensions than in the batch (``.squeeze()`` on a
+    (B, 1) head drops the batch dimension too at a batch of one)."""
+    if len(outputs) == len(reference) and any(
+            got.dim() < want.dim() for got, want in zip(outputs, reference)):
+        return (" (an output loses a dimension at a batch of one, as `.squeeze()` on a (B, 1) "
+                "output does; `.squeeze(-1)` keeps the batch dimension)")
+    return ""
+
+
+def _largest(leaf: torch.Tensor) -> float | None:
+    """A float output's largest magnitude (None for another dtype, compared exactly)."""
+    if not leaf.is_floating_point() or not leaf.numel():
+        return None
+    return float(leaf.detach().double().abs().max())
 
 
 def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -94,19 +94,32 @@ _PRECISION = {torch.float64: 64, torch.complex128: 64, torch.float32: 32, torch.
               torch.float16: 16, torch.bfloat16: 16, torch.complex32: 16}
 
 
+#: ``_Narrowing(widen=True)``: a cast of a 64-bit value to these computes in the other instead.
+_WIDENED = {torch.float32: torch.float64, torch.float16: torch.float64,
+            torch.bfloat16: torch.float64, torch.complex64: torch.complex128,
+            torch.complex32: torch.complex128}
+
+
 # torch leaves TorchDispatchMode's __init_subclass__ and __init__ unannotated
 class _Narrowing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the first op that computes below the precision of its inputs (a cast to
     ``complex64``, a copy into a float32 buffer). Constants made in float32 and used
-    beside float64 values narrow nothing: the same constant rounds alike in every run."""
+    beside float64 values narrow nothing: the same constant rounds alike in every run.
+    With ``widen``, a cast of a float64 (complex128) value to a narrower dtype (``x.float()``
+    to accept any input, ``.to(torch.bfloat16)`` on the way out, a rotary table's
+    ``.float()``) casts to float64 (complex128) instead, and only what still narrows is
+    recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, widen: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.found: str | None = None
+        self.widen = widen
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.widen and func is torch.ops.aten._to_copy.default:
+            kwargs = _widened_cast(args, kwargs)
         result = func(*args, **kwargs)
         if self.found is None:
             widest = max((_PRECISION.get(t.dtype, 0) for t in _tensors((args, kwargs))),
@@ -116,6 +129,16 @@ class _Narrowing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if narrowest < widest:
                 self.found = func._schema.name
         return result
+
+
+def _widened_cast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``aten._to_copy``'s keywords with a narrowing target dtype of a 64-bit source widened
+    (``_WIDENED``)."""
+    source, target = args[0] if args else None, kwargs.get("dtype")
+    if (isinstance(source, torch.Tensor) and _PRECISION.get(source.dtype) == 64
+            and target in _WIDENED):
+        return {**kwargs, "dtype": _WIDENED[target]}
+    return kwargs
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -131,9 +154,10 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 def float64_throughout(forward: Callable[..., Any],
                        inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-    """``float64_outputs``, where no op of the run computes below float64 (``_Narrowing``);
-    None otherwise, or where the forward fails."""
-    watch = _Narrowing()
+    """``float64_outputs``, with the model's casts of float64 values to narrower dtypes made
+    float64 too, where no op of the run then computes below float64 (``_Narrowing``); None
+    otherwise, or where the forward fails (code that needs the narrower dtype)."""
+    watch = _Narrowing(widen=True)
     with watch:
         outputs = float64_outputs(forward, inputs)
     return outputs if watch.found is None else None

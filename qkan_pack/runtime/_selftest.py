@@ -69,7 +69,7 @@ class Agreement:
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             tolerance: Tolerance, *, channel_spread: float | None = None,
             pool: ChannelPool | None = None, first_output: int = 0,
-            own_values: bool = False) -> Agreement:
+            own_values: bool = False, scales: Sequence[float] | None = None) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
@@ -90,6 +90,9 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     of its scale: where the rows of one channel are a million apart, the channel's scale
     hides a change in the small rows (for two runs of the same arithmetic, which agree to
     the last bit but for what changed).
+
+    ``scales``: each output's scale, where it is not ``expected``'s own largest magnitude
+    (a row run alone is measured on its batch's).
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -113,7 +116,8 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
         pooled = pool.of(index, want) if pool is not None else None
         scale = channel_scales(want, channel_spread, pooled) if channel_spread else None
         if scale is None:
-            scale = want.abs().max()
+            scale = (want.abs().max() if scales is None
+                     else torch.tensor(scales[index - first_output], dtype=torch.float64))
         if own_values:
             scale = torch.minimum(scale, torch.maximum(want.abs(), scale * OWN_FLOOR))
         largest = float(diff.max())
@@ -299,14 +303,18 @@ def proof_bound(noise: float | None) -> float:
 
 def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
                     bound: float | None = None, pool: ChannelPool | None = None,
-                    output: int = 0, same_kernels: bool = False) -> Agreement:
+                    output: int = 0, same_kernels: bool = False,
+                    whole: float | None = None) -> Agreement:
     """The one comparison of build's proofs: one output (``output``, its index among the
     model's) computed two ways, held to ``proof_bound`` (or ``bound``), per channel where a
     channel could hide within it (``compare(channel_spread=spread_for(bound))``), channels
     scaled over ``pool`` too; where both ways ran the same kernels (``same_kernels``: the
     same batch size, so a value's own arithmetic is unchanged), each value to its own
-    magnitude as well (``compare(own_values=True)``)."""
+    magnitude as well (``compare(own_values=True)``); given ``whole``, to that one scale
+    instead (a row alone, through other kernels: its batch's largest magnitude)."""
     bound = proof_bound(noise) if bound is None else bound
+    if whole is not None:
+        return compare([got], [want], (0.0, bound), scales=[whole])
     return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound), pool=pool,
                    first_output=output, own_values=same_kernels)
 

@@ -275,3 +275,14 @@ def test_a_long_float32_dot_product_is_not_recorded_dependent(tmp_path: Path) ->
                    config={"kind": "cast_everything", "features": 65536},
                    output=tmp_path / "a", progress=False)
     assert _rows(result.path) == [None, RowProof(True)]
+
+
+def test_a_squeezed_head_says_how_to_keep_its_batch_dimension(tmp_path: Path) -> None:
+    """Seventh pass L2: `.squeeze()` on a (B, 1) head gives a scalar at a batch of one; the
+    verdict (dependent: serve cannot slice it) now names the fix."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "1x8,8x8", config={"kind": "squeezed"}, output=tmp_path / "a",
+                       progress=False)
+    proof = _rows(result.path)[1]
+    assert proof is not None and not proof.independent
+    assert "`.squeeze(-1)` keeps the batch dimension" in proof.detail, proof.detail

@@ -112,9 +112,33 @@ class GatedBatchSize(nn.Module):
         return torch.stack([_gated(x) + 0.1 * float(x.shape[0] > 1), x[:, 3]], 1)
 
 
-def build_model(kind: str) -> nn.Module:
+def relu_features(width: int = 512) -> nn.Module:
+    """A feature extractor returning post-ReLU features: a channel active in few rows is
+    small where it is active, though its terms are of the whole output's size."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 1024), nn.GELU(), nn.Linear(1024, width), nn.ReLU())
+
+
+class Cast(nn.Module):
+    """``model`` with its input taken as float32 whatever it is (``x.float()``, to accept any
+    dtype), or its output returned in bfloat16 (half the bytes on the wire)."""
+
+    def __init__(self, model: nn.Module, where: str) -> None:
+        super().__init__()
+        self.model, self.where = model, where
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "input":
+            return self.model(x.float())
+        return self.model(x).to(torch.bfloat16)
+
+
+def build_model(kind: str, cast: str = "") -> nn.Module:
+    if cast:
+        return Cast(build_model(kind), cast)
     models = {"padded_length_leak": PaddedLengthLeak, "neighbour_reader": NeighbourReader,
               "small_feature": SmallFeature, "price": Price, "zero_column": ZeroColumn,
               "gated_neighbour": GatedNeighbour, "gated_other_rows": GatedOtherRows,
               "gated_batch_size": GatedBatchSize}
-    return models[kind]()
+    return relu_features() if kind == "relu_features" else models[kind]()
+

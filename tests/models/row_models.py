@@ -335,10 +335,24 @@ class ExtraOutputInBatches(nn.Module):
         return {"logits": y, "probs": y.softmax(-1)}
 
 
+class SqueezedHead(nn.Module):
+    """A regression head of one output ending in ``.squeeze()``: (B,) at a batch of B, a
+    scalar at a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).squeeze()
+
+
 def build_model(kind: str = "independent") -> nn.Module:
     torch.manual_seed(0)
     if kind == "independent":
         return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
+    if kind == "squeezed":
+        return SqueezedHead()
     models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
               "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
               "fixed_batch": FixedBatch, "leaky": LeakyScale, "longest_row": LongestRowMean,

@@ -1,5 +1,6 @@
-"""The model in float64 (``runtime._float64``): a run counts as float64 throughout only where
-no op computes below its inputs' precision."""
+"""The model in float64 (``runtime._float64``): in the row proof's float64 runs, a cast of a
+float64 value to a narrower dtype stays float64, and a run that still narrows otherwise (a
+copy into a float32 buffer) counts as not float64 throughout."""
 
 from __future__ import annotations
 
@@ -9,31 +10,34 @@ from torch import nn
 from qkan_pack.runtime._float64 import float64_forward, float64_throughout
 
 
-class _Cast(nn.Module):
-    """A linear layer whose product runs in ``dtype`` whatever the parameters' dtype."""
+class _Narrow(nn.Module):
+    """A linear layer whose product runs narrower than its parameters: by a cast to ``how``
+    (a dtype), or by a copy into a float32 buffer (``how`` None)."""
 
-    def __init__(self, dtype: torch.dtype | None) -> None:
+    def __init__(self, how: torch.dtype | None) -> None:
         super().__init__()
-        self.linear, self.dtype = nn.Linear(4, 3), dtype
+        self.linear, self.how = nn.Linear(4, 3), how
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dtype is None:
-            return self.linear(x) * torch.tensor(0.5)  # a float32 constant narrows nothing
-        narrow = nn.functional.linear(x.to(self.dtype), self.linear.weight.to(self.dtype))
-        return narrow.real.double() if narrow.is_complex() else narrow.double()
+        if self.how is None:
+            buffer = torch.empty(x.shape, dtype=torch.float32)
+            x = buffer.copy_(x)
+            return nn.functional.linear(x, self.linear.weight.float()) * torch.tensor(0.5)
+        narrow = nn.functional.linear(x.to(self.how), self.linear.weight.to(self.how))
+        return narrow.real if narrow.is_complex() else narrow
 
 
-def _throughout(dtype: torch.dtype | None) -> list[torch.Tensor] | None:
-    forward = float64_forward(_Cast(dtype), ["x"], "positional")
+def _throughout(how: torch.dtype | None) -> list[torch.Tensor] | None:
+    forward = float64_forward(_Narrow(how), ["x"], "positional")
     assert forward is not None
     return float64_throughout(forward, [torch.randn(2, 4)])
 
 
-def test_a_float64_run_is_kept() -> None:
-    outputs = _throughout(None)
-    assert outputs is not None and outputs[0].dtype == torch.float64
+def test_casts_of_float64_values_stay_float64() -> None:
+    for how in (torch.float32, torch.bfloat16, torch.complex64):
+        outputs = _throughout(how)
+        assert outputs is not None and outputs[0].dtype == torch.float64, how
 
 
-def test_a_run_that_narrows_to_float32_or_complex64_is_not() -> None:
-    assert _throughout(torch.float32) is None
-    assert _throughout(torch.complex64) is None
+def test_a_copy_into_a_float32_buffer_is_not_float64_throughout() -> None:
+    assert _throughout(None) is None
