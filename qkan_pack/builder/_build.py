@@ -82,7 +82,7 @@ from ._inputs import (
     integer_ranges,
     reference_inputs,
 )
-from ._labels import check_labels_fit, checked_class_labels
+from ._labels import check_labels_fit, checked_class_labels, unread_labels_notes
 from ._options import BuildOptions
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
@@ -134,6 +134,7 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
     inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
     recorded = _pool_channels(_record_references(user, inputs, files, options), inputs)
+    recorded = dataclasses.replace(recorded, notes=recorded.notes + unread_labels_notes(user.model))
     check_labels_fit(metadata.class_labels, recorded.entries)
     _check_stateless(recorded, inputs, user.model)
     recorded = _prove(recorded, inputs, user.model, options.progress)
