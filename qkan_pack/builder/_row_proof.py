@@ -147,8 +147,10 @@ def prove_rows(references: Sequence[Reference], context: RowContext,
             continue
         assert dims is not None
         fresh = list(context.fresh_inputs(index, reference.inputs))
+        wide = _wide_batches(reference.inputs, fresh, context.wide_forward)
         proofs[index] = _prove_entry(reference, dims, _trials(reference, fresh, context),
-                                     context, context.pools[index] if context.pools else None)
+                                     context, context.pools[index] if context.pools else None,
+                                     wide)
     return proofs
 
 
@@ -173,11 +175,39 @@ def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str | 
     return [follows[leaf] for leaf in range(len(names))]
 
 
+@dataclass(frozen=True)
+class _WideBatch:
+    """One batch (the reference's, or the fresh draw's: ``what`` its rows are, in words) and
+    the model's float64 outputs on it."""
+
+    inputs: Sequence[torch.Tensor]
+    outputs: list[torch.Tensor]
+    what: str
+
+
+def _wide_batches(reference: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+                  wide_forward: Callable[..., Any] | None) -> list[_WideBatch]:
+    """The reference batch and the fresh draw run in float64, where the model is float64
+    throughout (``float64_throughout``); none otherwise (rows alone are then compared in
+    float32 only)."""
+    if wide_forward is None:
+        return []
+    batches = []
+    for inputs, what in ((reference, "row {row}"), (fresh, "row {row} of other inputs")):
+        outputs = float64_throughout(wide_forward, inputs)
+        if outputs is None:
+            return []
+        batches.append(_WideBatch(inputs, outputs, what))
+    return batches
+
+
 def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Trial],
-                 context: RowContext, pool: ChannelPool | None) -> RowProof:
+                 context: RowContext, pool: ChannelPool | None,
+                 wide: Sequence[_WideBatch] = ()) -> RowProof:
     """Run every trial; the first kept row that moves beyond the bound decides. Where the
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
-    says so."""
+    says so. ``wide``: the batches whose rows alone are compared in float64 too (then a row
+    alone in float32 is held to its output's largest magnitude only)."""
     skipped = ""
     baselines: dict[int, list[torch.Tensor]] = {}  # by the baseline's identity: run once
     for trial in trials:
@@ -197,30 +227,30 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             if trial.alone:
                 skipped = f"rows alone not compared ({reason})"
             continue
-        problem = _row_difference(reference, dims, trial, outputs, wanted, pool)
+        problem = _row_difference(reference, dims, trial, outputs, wanted, pool,
+                                  wide_checked=bool(wide))
         if problem is not None:
             return _verdict(False, problem)
     if not skipped and context.wide_forward is not None:
-        problem = _wide_alone_difference(reference, dims, context.wide_forward, pool)
-        if problem is not None:
-            return _verdict(False, problem)
+        for batch in wide:
+            problem = _wide_alone_difference(reference, dims, context.wide_forward, batch, pool)
+            if problem is not None:
+                return _verdict(False, problem)
     return _verdict(True, skipped)
 
 
 def _wide_alone_difference(reference: Reference, dims: Sequence[int],
-                           wide_forward: Callable[..., Any],
+                           wide_forward: Callable[..., Any], batch: _WideBatch,
                            pool: ChannelPool | None) -> str | None:
-    """The rows alone in float64 against the whole batch in float64, each value held to its
-    own magnitude (``proof_agreement(same_kernels=True)``: float64's rounding across batch
-    sizes is far below the bound), in words; None when they agree, or where the model is
-    not float64 throughout or fails so (``float64_throughout``: the float32 runs have
-    decided then). Only outputs that are float64 in both runs are compared."""
-    batched = float64_throughout(wide_forward, reference.inputs)
-    if batched is None:
-        return None
+    """The batch's rows alone in float64 against the whole batch in float64, each value held
+    to its own magnitude (``proof_agreement(same_kernels=True)``: float64's rounding across
+    batch sizes is far below the bound), in words; None when they agree. A row the float64
+    model fails alone on, or computes below float64, is left to the float32 runs. Only
+    outputs that are float64 in both runs are compared."""
+    batched = batch.outputs
     names = list(reference.entry.outputs.leaf_names())
-    for row in _alone_rows(reference.inputs[0].shape[0]):
-        alone = float64_throughout(wide_forward, [t[row:row + 1] for t in reference.inputs])
+    for row in _alone_rows(batch.inputs[0].shape[0]):
+        alone = float64_throughout(wide_forward, [t[row:row + 1] for t in batch.inputs])
         if alone is None or len(alone) != len(batched):
             continue
         for output, (name, got, whole, dim) in enumerate(zip(names, alone, batched, dims)):
@@ -233,7 +263,8 @@ def _wide_alone_difference(reference: Reference, dims: Sequence[int],
             agreement = proof_agreement(got, want, reference.entry.noise, pool=pool,
                                         output=output, same_kernels=True)
             if not agreement.ok:
-                return (f"when row {row} runs alone (a batch of one) in float64, {name} "
+                return (f"when {batch.what.format(row=row)} runs alone (a batch of one) in "
+                        f"float64, {name} "
                         f"changes {_change(agreement, proof_bound(reference.entry.noise))}: "
                         "each row's answer depends on the batch it runs in")
     return None
@@ -250,17 +281,27 @@ def _trials(reference: Reference, fresh: Sequence[torch.Tensor],
             context: RowContext) -> list[_Trial]:
     """Every run the proof makes of one entry, in the order it makes them (the cheap and
     telling first)."""
-    inputs = reference.inputs
+    inputs, fresh = reference.inputs, list(fresh)  # one fresh baseline: run once
     batch = inputs[0].shape[0]
     trials = _neighbour_trials(inputs, fresh, batch)
     trials += _fresh_kept_trials(inputs, fresh, batch)
     trials += _scaled_neighbour_trials(inputs, fresh, batch)
     trials += _copy_trials(inputs, batch)
     trials += _mixed_length_trials(inputs, batch, context)
-    trials += [_Trial([t[row:row + 1] for t in inputs], [0], [row],
-                      f"row {row} runs alone (a batch of one)", alone=True)
-               for row in _alone_rows(batch)]
-    return trials
+    return trials + _alone_trials(inputs, fresh, batch)
+
+
+def _alone_trials(inputs: Sequence[torch.Tensor], fresh: list[torch.Tensor],
+                  batch: int) -> list[_Trial]:
+    """A sample of rows each run as a batch of one, the reference's and then the fresh
+    draw's (compared with its own run): a term only a row alone switches off shows in a
+    small value, and at a batch of two or three the reference's rows may all be large."""
+    rows = _alone_rows(batch)
+    trials = [_Trial([t[row:row + 1] for t in inputs], [0], [row],
+                     f"row {row} runs alone (a batch of one)", alone=True) for row in rows]
+    return trials + [_Trial([t[row:row + 1] for t in fresh], [0], [row],
+                            f"row {row} of other inputs runs alone (a batch of one)",
+                            baseline=fresh, alone=True) for row in rows]
 
 
 #: Neighbours' float inputs are also tried this many times as large and as small: a batch-wide
@@ -326,13 +367,13 @@ def _rows_from(keep: torch.Tensor, kept: Sequence[torch.Tensor],
             for t, other in zip(kept, others)]
 
 
-def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: list[torch.Tensor],
                        batch: int) -> list[_Trial]:
     """The other way round, for the lowest bit: ``fresh``'s even (then odd) rows kept beside
     the reference's, compared with ``fresh``'s own run. A row reads a leak within float32's
     resolution of its own value only where that value is small: at a batch of two or three
     the reference's rows alone may all be large ones."""
-    index, baseline = torch.arange(batch), list(fresh)  # one baseline: run once
+    index, baseline = torch.arange(batch), fresh  # the baseline run once, by its identity
     trials = []
     for side, parity in ((0, "even"), (1, "odd")):
         keep = index % 2 == side
@@ -382,9 +423,10 @@ def _alone_rows(batch: int) -> list[int]:
 
 def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
                     outputs: list[torch.Tensor], reference_outputs: Sequence[torch.Tensor],
-                    pool: ChannelPool | None = None) -> str | None:
+                    pool: ChannelPool | None = None, *, wide_checked: bool = False) -> str | None:
     """What differs between the trial's kept rows and the rows they must equal (each output
-    along its batch dim, ``dims``, channels scaled over ``pool`` too), in words; None when
+    along its batch dim, ``dims``, channels scaled over ``pool`` too; ``wide_checked``: rows
+    alone are compared in float64 as well), in words; None when
     every output agrees."""
     names = list(reference.entry.outputs.leaf_names())
     batch = trial.inputs[0].shape[0]
@@ -404,11 +446,12 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
     # magnitude too, which a channel's rows far apart in size would otherwise hide. Another
     # batch size's kernels round a value by float32's resolution of the terms it sums, of
     # the whole output's size (a ReLU channel active in few rows is small, its terms are
-    # not): a row alone is held to the largest magnitude of that output over the batch
-    # here, and each of its values to its own magnitude in float64 (``_wide_alone_difference``)
+    # not): where its values are each held to their own magnitude in float64
+    # (``_wide_alone_difference``), a row alone is held here to the largest magnitude of
+    # that output over the batch; elsewhere per channel, as the other trials are
     same = not trial.alone
     for output, (name, g, w) in enumerate(zip(names, got, want)):
-        whole = None if same else _largest(reference_outputs[output])
+        whole = _largest(reference_outputs[output]) if trial.alone and wide_checked else None
         agreement = proof_agreement(g, w, noise, pool=pool, output=output, same_kernels=same,
                                     whole=whole)
         bound = proof_bound(noise)

@@ -4,6 +4,7 @@ a padded length that leaks into it, a row that reads its neighbour, bfloat16 can
 it, or outputs in the tens of thousands that a reduced precision keeps."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -93,23 +94,41 @@ def _gated(x: torch.Tensor) -> torch.Tensor:
 
 
 class GatedOtherRows(nn.Module):
-    """Column 0 is the gated head plus 0.1 where some other row of the batch has |x1| > 0.3;
-    column 1 is x3. In a batch of N(0, 1) rows replacing neighbours by other draws almost
-    never switches the term off: only a row alone does, through other kernels."""
+    """Column 0 is the gated head plus ``term`` where some other row of the batch has
+    |x1| > 0.3; column 1 is x3. In a batch of N(0, 1) rows replacing neighbours by other
+    draws almost never switches the term off: only a row alone does, through other kernels."""
+
+    def __init__(self, term: float = 0.1) -> None:
+        super().__init__()
+        self.term = term
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = (x[:, 1].abs() > 0.3).float()
         others = wide.sum() - wide
-        return torch.stack([_gated(x) + 0.1 * (others > 0).float(), x[:, 3]], 1)
+        return torch.stack([_gated(x) + self.term * (others > 0).float(), x[:, 3]], 1)
 
 
-class GatedBatchSize(nn.Module):
-    """Column 0 is the gated head plus 0.1 whenever the batch has more than one row; column
-    1 is x3: a row's answer depends on whether serve batched it, and only a row alone shows
-    it."""
+class GatedBatchSize(GatedOtherRows):
+    """Column 0 is the gated head plus ``term`` whenever the batch has more than one row;
+    column 1 is x3: a row's answer depends on whether serve batched it, and only a row alone
+    shows it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([_gated(x) + 0.1 * float(x.shape[0] > 1), x[:, 3]], 1)
+        return torch.stack([_gated(x) + self.term * float(x.shape[0] > 1), x[:, 3]], 1)
+
+
+class PlainProjection(nn.Module):
+    """A fixed projection kept as a plain float32 attribute (no parameter or buffer: the
+    float64 copy cannot run); column 0 is 1e5 times one head, column 1 another head plus
+    0.1 when the batch has other rows (a term only a row alone switches off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.projection = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.projection)
+        return torch.stack([1e5 * h[:, 0], h[:, 1] + 0.1 * float(x.shape[0] > 1)], 1)
 
 
 def relu_features(width: int = 512) -> nn.Module:
@@ -133,12 +152,13 @@ class Cast(nn.Module):
         return self.model(x).to(torch.bfloat16)
 
 
-def build_model(kind: str, cast: str = "") -> nn.Module:
+def build_model(kind: str, cast: str = "", term: float = 0.1) -> nn.Module:
     if cast:
-        return Cast(build_model(kind), cast)
+        return Cast(build_model(kind, term=term), cast)
+    if kind in ("gated_other_rows", "gated_batch_size"):
+        return GatedOtherRows(term) if kind == "gated_other_rows" else GatedBatchSize(term)
     models = {"padded_length_leak": PaddedLengthLeak, "neighbour_reader": NeighbourReader,
               "small_feature": SmallFeature, "price": Price, "zero_column": ZeroColumn,
-              "gated_neighbour": GatedNeighbour, "gated_other_rows": GatedOtherRows,
-              "gated_batch_size": GatedBatchSize}
+              "gated_neighbour": GatedNeighbour, "plain_projection": PlainProjection}
     return relu_features() if kind == "relu_features" else models[kind]()
 
