@@ -36,10 +36,11 @@ follows the batch, with what they must be:
   The same rows alone are run again with the model in float64 beside the whole batch in
   float64 (``RowContext.wide_forward``), where the model computes in float64 throughout
   (``runtime.float64_throughout``): another batch size runs other kernels, so in
-  float32 a row alone can only be held to its channel's scale, which a channel whose rows
-  are a million apart lifts above any change of its small rows; in float64 both runs agree
-  far below float32's rounding, and each value is held to its own magnitude. This is the
-  one run that sees a term only the batch's size or its other rows switch on.
+  float32 a row alone can only be held to a scale larger than its small values (its
+  output's largest, or per channel where no float64 run is made); in float64 both runs
+  agree to ~1e-13, and each value is held to ``WIDE_BOUND`` of its own magnitude. This is
+  the one run that sees a term only the batch's size or its other rows switch on. The
+  fresh draw's rows run alone as well as the reference's.
 
 The other inputs are a fresh draw (the ``example_input`` hook with another seed, or at random
 where the hook gives the same inputs again: a hook that repeats one sample would make every
@@ -58,8 +59,8 @@ entries proved independent.
 What it cannot do: see a dependence the model shows only on inputs unlike the draws (the
 reference inputs' own distribution: ``--input-range``, ``example_input``), or one smaller
 than the model's rounding noise; where the model does not compute in float64 throughout
-(QKAN's solvers work in complex64), a term that only a row alone switches off is measured
-against its channel's scale.
+(QKAN's solvers mix complex64 buffers in), a term that only a row alone switches off is
+measured against its channel's scale in float32 only.
 """
 
 from __future__ import annotations

@@ -48,11 +48,9 @@ def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
         for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
                                            desc="reference noise (float64)",
                                            total=len(samples), enabled=progress):
-            watch = _Narrowing()
-            with watch:
-                wide = float64_outputs(forward, inputs)
+            wide, narrowed = _watched_outputs(forward, inputs, widen=False)
             noise = None if wide is None else deviation(narrow, wide)
-            if noise == 0 and watch.found is not None:
+            if noise == 0 and narrowed:
                 noise = None  # float32 throughout where it matters: nothing was measured
             noises.append(None if noise is None else float(f"{noise:.2g}"))
     finally:
@@ -157,7 +155,14 @@ def float64_throughout(forward: Callable[..., Any],
     """``float64_outputs``, with the model's casts of float64 values to narrower dtypes made
     float64 too, where no op of the run then computes below float64 (``_Narrowing``); None
     otherwise, or where the forward fails (code that needs the narrower dtype)."""
-    watch = _Narrowing(widen=True)
+    outputs, narrowed = _watched_outputs(forward, inputs, widen=True)
+    return None if narrowed else outputs
+
+
+def _watched_outputs(forward: Callable[..., Any], inputs: Sequence[torch.Tensor], *,
+                     widen: bool) -> tuple[list[torch.Tensor] | None, bool]:
+    """``float64_outputs`` under ``_Narrowing(widen)``, and whether some op narrowed."""
+    watch = _Narrowing(widen=widen)
     with watch:
         outputs = float64_outputs(forward, inputs)
-    return outputs if watch.found is None else None
+    return outputs, watch.found is not None
