@@ -110,14 +110,31 @@ class _Trial:
     wanted: list[int]
     what: str
     baseline: list[torch.Tensor] | None = None
-    alone: bool = False
+    #: A row run alone: which float64 batch holds it (``_wide_batches``' order: 0 the
+    #: reference's, 1 the fresh draw's) and its row there.
+    alone_of: tuple[int, int] | None = None
     #: Inputs the model may refuse (values beyond what it was built for): failing proves
     #: nothing either way, and the trial is skipped.
     may_fail: bool = False
 
     @property
+    def alone(self) -> bool:
+        return self.alone_of is not None
+
+    @property
     def skippable(self) -> bool:
         return self.alone or self.may_fail
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """A kept row that moved: what, in words; which output; and whether the move was within
+    the entry's own float32 rounding noise (then, for a row run alone, the float64 run of it
+    decides)."""
+
+    text: str
+    output: int
+    within_noise: bool
 
 
 @dataclass(frozen=True)
@@ -220,8 +237,11 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
     """Run every trial; the first kept row that moves beyond the bound decides. Where the
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
     says so. ``wide``: the batches whose rows alone are compared in float64 too (then a row
-    alone in float32 is held to its output's largest magnitude only)."""
+    alone in float32 is held to its output's largest magnitude only, and one that moves no
+    more than the model's own float32 rounding is left to its float64 run: a chaotic model's
+    rounding can exceed the proof's bound)."""
     skipped = ""
+    deferred: list[tuple[_Trial, _Moved]] = []
     baselines: dict[int, list[torch.Tensor]] = {}  # by the baseline's identity: run once
     for trial in trials:
         if trial.alone and skipped:
@@ -240,28 +260,51 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             if trial.alone:
                 skipped = f"rows alone not compared ({reason})"
             continue
-        problem = _row_difference(reference, dims, trial, outputs, wanted, pool,
-                                  wide_checked=bool(wide))
-        if problem is not None:
-            return _verdict(False, problem + (_FLOAT32_ONLY if trial.alone and not wide else ""))
+        moved = _row_difference(reference, dims, trial, outputs, wanted, pool,
+                                wide_checked=bool(wide))
+        if moved is None:
+            continue
+        if trial.alone and wide and moved.within_noise:
+            deferred.append((trial, moved))
+            continue
+        return _verdict(False, moved.text + (_FLOAT32_ONLY if trial.alone and not wide else ""))
+    compared: set[tuple[int, int, int]] = set()
     if not skipped and context.wide_forward is not None:
-        for batch in wide:
-            problem = _wide_alone_difference(reference, dims, context.wide_forward, batch, pool)
+        for index, batch in enumerate(wide):
+            problem, seen = _wide_alone_difference(reference, dims, context.wide_forward,
+                                                   batch, pool)
             if problem is not None:
                 return _verdict(False, problem)
-    return _verdict(True, skipped)
+            compared |= {(index, row, output) for row, output in seen}
+    return _deferred_verdict(deferred, compared, reference.entry.noise) or _verdict(True, skipped)
+
+
+def _deferred_verdict(deferred: Sequence[tuple[_Trial, _Moved]],
+                      compared: set[tuple[int, int, int]], noise: float | None) -> RowProof | None:
+    """The verdict on rows alone whose float32 runs moved within the model's own rounding:
+    dependent where no float64 run compared one of them, else independent, saying so; None
+    where there were none."""
+    if not deferred:
+        return None
+    for trial, moved in deferred:
+        assert trial.alone_of is not None
+        if (*trial.alone_of, moved.output) not in compared:
+            return _verdict(False, f"{moved.text}, and no float64 run compared it")
+    return _verdict(True, f"rows alone differ in float32 within the model's own rounding "
+                          f"(noise {noise:.2g}); in float64 they agree")
 
 
 def _wide_alone_difference(reference: Reference, dims: Sequence[int],
                            wide_forward: Callable[..., Any], batch: _WideBatch,
-                           pool: ChannelPool | None) -> str | None:
+                           pool: ChannelPool | None) -> tuple[str | None, set[tuple[int, int]]]:
     """The batch's rows alone in float64 against the whole batch in float64, each value held
     to ``WIDE_BOUND`` of its own magnitude (``proof_agreement(same_kernels=True)``), in
-    words; None when they agree. A row the float64
+    words (None when they agree), and the (row, output) pairs compared. A row the float64
     model fails alone on, or computes below float64, is left to the float32 runs. Only
     outputs that are float64 in both runs are compared."""
     batched = batch.outputs
     names = list(reference.entry.outputs.leaf_names())
+    compared: set[tuple[int, int]] = set()
     for row in _alone_rows(batch.inputs[0].shape[0]):
         alone = float64_throughout(wide_forward, [t[row:row + 1] for t in batch.inputs])
         if alone is None or len(alone) != len(batched):
@@ -278,8 +321,9 @@ def _wide_alone_difference(reference: Reference, dims: Sequence[int],
             if not agreement.ok:
                 return (f"when {batch.what.format(row=row)} runs alone (a batch of one) in "
                         f"float64, {name} changes {_change(agreement, WIDE_BOUND)}: "
-                        "each row's answer depends on the batch it runs in")
-    return None
+                        "each row's answer depends on the batch it runs in"), compared
+            compared.add((row, output))
+    return None, compared
 
 
 def _change(agreement: Agreement, bound: float) -> str:
@@ -310,10 +354,11 @@ def _alone_trials(inputs: Sequence[torch.Tensor], fresh: list[torch.Tensor],
     small value, and at a batch of two or three the reference's rows may all be large."""
     rows = _alone_rows(batch)
     trials = [_Trial([t[row:row + 1] for t in inputs], [0], [row],
-                     f"row {row} runs alone (a batch of one)", alone=True) for row in rows]
+                     f"row {row} runs alone (a batch of one)", alone_of=(0, row))
+              for row in rows]
     return trials + [_Trial([t[row:row + 1] for t in fresh], [0], [row],
                             f"row {row} of other inputs runs alone (a batch of one)",
-                            baseline=fresh, alone=True) for row in rows]
+                            baseline=fresh, alone_of=(1, row)) for row in rows]
 
 
 #: Neighbours' float inputs are also tried this many times as large and as small: a batch-wide
@@ -435,24 +480,26 @@ def _alone_rows(batch: int) -> list[int]:
 
 def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
                     outputs: list[torch.Tensor], reference_outputs: Sequence[torch.Tensor],
-                    pool: ChannelPool | None = None, *, wide_checked: bool = False) -> str | None:
+                    pool: ChannelPool | None = None, *, wide_checked: bool = False,
+                    ) -> _Moved | None:
     """What differs between the trial's kept rows and the rows they must equal (each output
     along its batch dim, ``dims``, channels scaled over ``pool`` too; ``wide_checked``: rows
-    alone are compared in float64 as well), in words; None when
-    every output agrees."""
+    alone are compared in float64 as well); None when every output agrees."""
     names = list(reference.entry.outputs.leaf_names())
     batch = trial.inputs[0].shape[0]
     if len(outputs) != len(reference_outputs) or any(
             leaf.dim() <= dim or leaf.shape[dim] != batch for leaf, dim in zip(outputs, dims)):
         shapes = ", ".join("x".join(map(str, leaf.shape)) or "a scalar" for leaf in outputs)
-        return (f"when {trial.what}, the outputs ({shapes}) do not follow its {batch} "
-                f"row(s): they are no row's own{_squeezed(outputs, reference_outputs)}")
+        return _Moved(f"when {trial.what}, the outputs ({shapes}) do not follow its {batch} "
+                      f"row(s): they are no row's own{_squeezed(outputs, reference_outputs)}",
+                      0, within_noise=False)
     kept, wanted = torch.tensor(trial.kept), torch.tensor(trial.wanted)
     got = [leaf.index_select(dim, kept) for leaf, dim in zip(outputs, dims)]
     want = [leaf.index_select(dim, wanted) for leaf, dim in zip(reference_outputs, dims)]
     structure = structure_difference(got, want, names, sides=("then", "in the reference batch"))
     if structure is not None:
-        return f"when {trial.what}, {structure}: they are no row's own"
+        return _Moved(f"when {trial.what}, {structure}: they are no row's own", 0,
+                      within_noise=False)
     noise = reference.entry.noise
     # the same batch size runs the same kernels: each kept value is held to its own
     # magnitude too, which a channel's rows far apart in size would otherwise hide. Another
@@ -474,10 +521,22 @@ def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
             agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output,
                                         same_kernels=same, whole=whole)
         if not agreement.ok:
-            return (f"when {trial.what}, {name} of the kept rows changes "
-                    f"{_change(agreement, bound)}: each row's answer depends on the rows "
-                    "batched with it")
+            return _moved(trial, name, output, agreement, bound, noise)
     return None
+
+
+def _moved(trial: _Trial, name: str, output: int, agreement: Agreement, bound: float,
+           noise: float | None) -> _Moved:
+    """A kept value beyond the bound, in words: a row alone that moved no more than the
+    model's own float32 rounding (``noise``) is not shown to depend on other rows, only not
+    proved independent, and its words say so."""
+    change = _change(agreement, bound)
+    if trial.alone and noise is not None and agreement.max_rel <= noise:
+        return _Moved(f"when {trial.what}, {name} changes {change}, within the model's own "
+                      f"float32 rounding (noise {noise:.2g}): not proved independent",
+                      output, within_noise=True)
+    return _Moved(f"when {trial.what}, {name} of the kept rows changes {change}: each row's "
+                  "answer depends on the rows batched with it", output, within_noise=False)
 
 
 def _squeezed(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> str:

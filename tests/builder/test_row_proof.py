@@ -286,3 +286,32 @@ def test_a_squeezed_head_says_how_to_keep_its_batch_dimension(tmp_path: Path) ->
     proof = _rows(result.path)[1]
     assert proof is not None and not proof.independent
     assert "`.squeeze(-1)` keeps the batch dimension" in proof.detail, proof.detail
+
+
+def test_rows_alone_within_a_chaotic_models_own_rounding_are_left_to_float64(
+        tmp_path: Path) -> None:
+    """Ninth pass L1: a deep tanh MLP's float32 rounding (noise ~4e-4) exceeds the proof's
+    1e-4 bound, so its rows alone in float32 moved past it and the model was recorded
+    dependent, the verdict blaming the other rows. Where its float64 runs of rows alone
+    agree, they decide, and the verdict says what the float32 runs showed."""
+    result = build(ROWS, "1x8,32x8", config={"kind": "chaotic"}, output=tmp_path / "a",
+                   progress=False)
+    entry = result.manifest.shapes[1]
+    proof = _rows(result.path)[1]
+    assert entry.noise is not None and entry.noise > 1e-4, entry.noise
+    assert proof is not None and proof.independent, proof
+    assert "within the model's own rounding" in proof.detail, proof.detail
+
+
+def test_rows_alone_within_rounding_but_float32_only_are_not_blamed_on_other_rows(
+        tmp_path: Path) -> None:
+    """Ninth pass L1, where no float64 run compares rows alone: still not proved (serve
+    answers request by request), and the verdict names the model's rounding, not the rows
+    batched with it."""
+    with pytest.warns(UserWarning, match="rows are not independent"):
+        result = build(ROWS, "1x8,32x8", config={"kind": "chaotic_narrowed"},
+                       output=tmp_path / "a", progress=False)
+    proof = _rows(result.path)[1]
+    assert proof is not None and not proof.independent, proof
+    assert "within the model's own float32 rounding" in proof.detail, proof.detail
+    assert "depends on the rows batched" not in proof.detail, proof.detail

@@ -347,12 +347,43 @@ class SqueezedHead(nn.Module):
         return self.linear(x).squeeze()
 
 
+class ChaoticTanh(nn.Module):
+    """Row-independent, but numerically chaotic: a deep tanh MLP initialised as PyTorch's
+    docs suggest for tanh (``xavier_normal_`` with gain 5/3, zero biases), whose float32
+    rounding grows with depth past the row proof's bound (ninth adversarial pass, L1).
+    ``narrowed``: the result passes through a float32 tensor made in forward, so its float64
+    copy is not float64 throughout and rows alone are compared in float32 only (its noise is
+    still measured: everything before that copy ran in float64)."""
+
+    def __init__(self, depth: int = 64, width: int = 256, narrowed: bool = False) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(FEATURES, width), nn.Tanh()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(width, width), nn.Tanh()]
+        self.layers = nn.Sequential(*layers, nn.Linear(width, 4))
+        for layer in self.layers:
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_normal_(layer.weight, gain=nn.init.calculate_gain("tanh"))
+                nn.init.zeros_(layer.bias)
+        self.narrowed = narrowed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers(x)
+        if not self.narrowed:
+            return y
+        out = torch.zeros(y.shape)
+        out.copy_(y)
+        return out.to(x.dtype)
+
+
 def build_model(kind: str = "independent") -> nn.Module:
     torch.manual_seed(0)
     if kind == "independent":
         return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
     if kind == "squeezed":
         return SqueezedHead()
+    if kind in ("chaotic", "chaotic_narrowed"):
+        return ChaoticTanh(narrowed=kind == "chaotic_narrowed").eval()
     models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
               "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
               "fixed_batch": FixedBatch, "leaky": LeakyScale, "longest_row": LongestRowMean,
