@@ -544,12 +544,24 @@ class InputError(QkanPackError, ValueError):
         if self.largest_batch is not None:
             return f"split the batch: the largest declared is {self.largest_batch}"
         fix = f"declare its shape at build: {self._declare()}"
+        if self.given and self._lacks_batch_dim():
+            one = "x".join(map(str, (1, *next(iter(self.given.values())))))
+            fix = (f"add the batch dimension (one row is a batch of one: {one}, [[...]] in "
+                   f"JSON, x[None] in Python); or {fix}")
         if self.pad_inputs:
             positional = self.given is not None and len(self.given) == 1 and not self.by_name
             pads = " ".join(f"--pad {'x' if positional else name}=0" for name in self.pad_inputs)
             fix += (f"; or let smaller calls be padded: build with {pads} (0: the value padded "
                     "positions take; build proves the model ignores them, or refuses)")
         return fix
+
+    def _lacks_batch_dim(self) -> bool:
+        """Whether the call is a declared signature's row without its batch dimension (one
+        row sent as ``[1, 2, 3, 4]`` where the artifact takes ``Nx4``)."""
+        assert self.given is not None
+        return any(signature.keys() == self.given.keys() and all(
+            tuple(signature[n][0][1:]) == shape and len(signature[n][0]) == len(shape) + 1
+            for n, shape in self.given.items()) for signature in self.accepted)
 
     def _declare(self) -> str:
         """The build option declaring the accepted shapes and the given one."""

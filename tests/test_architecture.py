@@ -55,6 +55,8 @@ PUBLIC = {
         "ARRAY_SUFFIXES", "read_array_file", "cpu_model",
         "PaddedAgreement", "cut_inputs", "padded_agreement", "sizes_text", "values_text",
         "proof_agreement", "proof_bound", "check_int_range", "HALF_CEILING", "pad_inputs",
+        "CHANNEL_MIN_ROWS", "ChannelPool", "REQUEST_KEYS", "Agreement", "float64_forward",
+        "float64_outputs", "float64_throughout", "kernel_name",
         "leaf_names_of", "spread_for",
         "PLAN_FILE", "PrecompiledExport", "precompiled_dir", "process_environment",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",

@@ -175,7 +175,9 @@ def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (["build", MLP, "--shapes", "1x2", "--pad", "y"],
-     "--pad: 'y': write NAME=VALUE with a number or true/false as VALUE (input_ids=0)"),
+     "--pad: 'y': write NAME=VALUE with a number or true/false as VALUE (NAME=0)"),
+    (["build", MLP, "--shapes", "1x2", "--pad", "x=inf"],  # the example is the input given
+     "--pad: 'x=inf': write NAME=VALUE with a number or true/false as VALUE (x=0)"),
     (["build", MLP, "--shapes", "1x2", "--pad", "1y=0"], "--pad: '1y=0': write NAME=VALUE"),
     (["build", MLP, "--shapes", "1x2", "--pad", "x=null"], "--pad: 'x=null': write NAME=VALUE"),
     (["build", MLP, "--shapes", "1x2", "--pad", "x=0", "--pad", " x=1"],
@@ -646,17 +648,20 @@ def test_usage_errors_show_the_commands_own_usage(tmp_path: Path, args: list[str
      {"type": "ModelSourceError", "stage": None}),
     (["build", PLAIN, "--shapes", "1x2", "--pad", "y=0"], 2, {"type": "ShapeSpecError"}),
     (["build", PLAIN, "--shapes", "1x2", "--bogus"], 2, {"type": "NoSuchOption"}),
-    (["inspect", "MISSING"], 1, {"type": "ArtifactError"}),
+    (["inspect", "MISSING"], 1, {"type": "ArtifactError", "path": "MISSING"}),
     (["verify", "MISSING", "--device", "gpu"], 2,
      {"type": "DeviceError", "requested": "gpu", "usage": True}),
-    (["warm", "MISSING", "--device", "cpu", "--precision", "auto"], 1, {"type": "ArtifactError"}),
-    (["bench", "MISSING"], 1, {"type": "ArtifactError"}),
+    (["warm", "MISSING", "--device", "cpu", "--precision", "auto"], 1,
+     {"type": "ArtifactError", "path": "MISSING"}),
+    (["bench", "MISSING"], 1, {"type": "ArtifactError", "path": "MISSING"}),
 ])
 def test_json_commands_print_one_document_on_failure_too(tmp_path: Path, args: list[str],
                                                          exit_code: int, error: dict) -> None:
     """With --json a failure printed nothing on stdout: a script's json.load raised instead of
-    reading the error. The exit status and the stderr line are unchanged."""
+    reading the error. The exit status and the stderr line are unchanged; an artifact that
+    is not there is named in the error's ``path`` (it was null)."""
     args = [str(tmp_path / "absent") if a == "MISSING" else a for a in args]
+    error = {k: str(tmp_path / "absent") if v == "MISSING" else v for k, v in error.items()}
     done = run(*args, "--json")
     assert done.exit_code == exit_code, done.output
     document = json.loads(done.stdout)

@@ -39,10 +39,12 @@ from ..format import (
     PrecisionPolicy,
     ShapeEntry,
     check_range,
+    input_batch,
     parse_shapes,
     with_batch_sizes,
 )
 from ..runtime import (
+    ChannelPool,
     accepts_device,
     bind_forward,
     call_factory,
@@ -51,6 +53,7 @@ from ..runtime import (
     describe_output,
     entry_function,
     flatten,
+    float64_forward,
     float64_noise,
     import_model_source,
     load_strict,
@@ -60,6 +63,7 @@ from ..runtime import (
     referenced_modules,
     resolve_output_classes,
 )
+from ._channels import pool_channels
 from ._checks import (
     Recipe,
     ReferenceRun,
@@ -78,7 +82,7 @@ from ._inputs import (
     integer_ranges,
     reference_inputs,
 )
-from ._labels import check_labels_fit, checked_class_labels
+from ._labels import check_labels_fit, checked_class_labels, unread_labels_notes
 from ._options import BuildOptions
 from ._packages import model_packages
 from ._padding import Reference, declare_padding, pad_names
@@ -129,10 +133,11 @@ def build(model_path: str | Path, shapes: ShapesArg, *, options: BuildOptions | 
                                    class_labels=checked_class_labels(user.model))
     inputs = _declare_inputs(user, shapes, options, model_path)
     files = {**user.sources, WEIGHTS_NAME: weights_bytes(user.model, user.tied)}
-    recorded = _record_references(user, inputs, files, options)
+    recorded = _pool_channels(_record_references(user, inputs, files, options), inputs)
+    recorded = dataclasses.replace(recorded, notes=recorded.notes + unread_labels_notes(user.model))
     check_labels_fit(metadata.class_labels, recorded.entries)
     _check_stateless(recorded, inputs, user.model)
-    recorded = _prove(recorded, inputs, options.progress)
+    recorded = _prove(recorded, inputs, user.model, options.progress)
     recorded = _gate_precision(recorded, inputs, options, user.model)
     return _write(_Built(user, metadata, inputs, recorded, files), options)
 
@@ -221,6 +226,8 @@ class _Sources:
 #: the entry's index), far from any seed a reference of this build used. Its low 32 bits
 #: matter: torch's CPU generator seeds from them (2**62 would draw the references again).
 FRESH_SEED_OFFSET = 0x9E3779B97F4A7C15 % 2**63
+#: ... and those of the draws that show each output channel's scale (``_Inputs.draw``).
+CHANNEL_SEED_OFFSET = 0x632BE59BD9B4E019 % 2**63
 
 
 @dataclass(frozen=True)
@@ -253,14 +260,23 @@ class _Inputs:
         hook that repeats one sample would make the proof's runs change nothing) at random
         within each input's range. Never the user's ``--reference-inputs``, which hold one
         batch per shape."""
-        seed = (self.sources.seed + FRESH_SEED_OFFSET + index) % 2**63
-        shape_map = self.declared.per_shape[index]
-        drawn = list(reference_inputs(shape_map, self.decls, seed, self.sources.hook,
-                                      self.model_path).values())
+        seed = self.sources.seed + FRESH_SEED_OFFSET + index
+        drawn = self._drawn(index, seed, self.sources.hook)
         if any(torch.equal(a, b) for a, b in zip(drawn, reference)):
-            drawn = list(reference_inputs(shape_map, self.decls, seed, None,
-                                          self.model_path).values())
+            drawn = self._drawn(index, seed, None)
         return drawn
+
+    def draw(self, index: int, draw: int) -> list[torch.Tensor]:
+        """Draw number ``draw`` (1, 2, ...) of entry ``index``'s inputs (declared order) beyond
+        its reference: the ``example_input`` hook's with another seed, else at random within
+        each input's range (``_pool_channels``: rows that show each channel's scale)."""
+        return self._drawn(index, self.sources.seed + CHANNEL_SEED_OFFSET * draw + index,
+                           self.sources.hook)
+
+    def _drawn(self, index: int, seed: int, hook: Any) -> list[torch.Tensor]:
+        """Entry ``index``'s inputs (declared order) from ``hook`` or at random, at ``seed``."""
+        return list(reference_inputs(self.declared.per_shape[index], self.decls, seed % 2**63,
+                                     hook, self.model_path).values())
 
     def run(self, index: int, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The model's float32 outputs on entry ``index``'s ``inputs`` (``run_reference``'s
@@ -305,6 +321,8 @@ class _Recorded:
     notes: list[str]
     padding: Padding | None = None
     precision: PrecisionPolicy | None = None
+    #: Per entry, its outputs' channel scales (``_pool_channels``).
+    channels: tuple[ChannelPool, ...] = ()
 
 
 def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes],
@@ -341,23 +359,40 @@ def _record_references(user: _UserModel, inputs: _Inputs, files: dict[str, bytes
     return _Recorded(entries, references, notes)
 
 
-def _prove(recorded: _Recorded, inputs: _Inputs, progress: bool | None) -> _Recorded:
+def _prove(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module,
+           progress: bool | None) -> _Recorded:
     """Prove what serving relies on: with ``--pad``, that padding leaves the outputs
     unchanged (``_padding``, else ``PaddingError``); for each entry with a batch axis, whether
-    its rows are independent (``_row_proof``: serve batches only those)."""
+    its rows are independent (``_row_proof``: serve batches only those; rows alone are
+    compared in float64 too, with a float64 copy of ``model`` freed afterwards)."""
     padding = declare_padding(
         inputs.padded, inputs.decls, recorded.references, inputs.forward,
         progress=lambda items: progress_bar(items, desc="proving padding", enabled=progress),
     ) if inputs.padded else None
-    context = RowContext(inputs.forward, inputs.declared.names, padding, inputs.fresh)
+    declared = inputs.declared
+    batched = any((input_batch(r.entry) or 0) >= 2 for r in recorded.references)
+    context = RowContext(inputs.forward, declared.names, padding, inputs.fresh,
+                         recorded.channels,
+                         float64_forward(model, declared.names, declared.call) if batched else None)
     proofs = prove_rows(recorded.references, context, progress=lambda items: progress_bar(
         items, desc="proving rows independent", enabled=progress))
+    del context
     entries = [dataclasses.replace(entry, rows=proof)
                for entry, proof in zip(recorded.entries, proofs)]
     references = [dataclasses.replace(reference, entry=entry)
                   for reference, entry in zip(recorded.references, entries)]
-    return _Recorded(entries, references, recorded.notes + _dependent_rows_notes(entries),
-                     padding=padding)
+    return dataclasses.replace(recorded, entries=entries, references=references,
+                               notes=recorded.notes + _dependent_rows_notes(entries),
+                               padding=padding)
+
+
+def _pool_channels(recorded: _Recorded, inputs: _Inputs) -> _Recorded:
+    """The references' channel scales, with more draws where a batch is too small to show
+    them (``_channels.pool_channels``)."""
+    calibration = [(index, sample) for index, sample, _ in inputs.calibrating]
+    pools, notes = pool_channels(recorded.references, calibration, inputs.draw,
+                                 inputs.flat_outputs)
+    return dataclasses.replace(recorded, channels=pools, notes=recorded.notes + notes)
 
 
 def _check_stateless(recorded: _Recorded, inputs: _Inputs, model: torch.nn.Module) -> None:
@@ -392,7 +427,8 @@ def _gate_precision(recorded: _Recorded, inputs: _Inputs, options: BuildOptions,
                 for index, sample, label in inputs.calibrating]
     gated, entries, notes = gate_precision(inputs.forward, recorded.entries, samples,
                                            options.precision, options.max_error or 0.0,
-                                           channels_last=channels_last_applies(model))
+                                           channels_last=channels_last_applies(model),
+                                           pools=recorded.channels)
     return dataclasses.replace(recorded, entries=entries, notes=recorded.notes + notes,
                                precision=gated)
 

@@ -36,6 +36,20 @@ def class_labels_of(model: torch.nn.Module) -> tuple[str, ...]:
     return tuple(ordered)
 
 
+def unread_labels_notes(model: torch.nn.Module) -> list[str]:
+    """Said at build when ``config.id2label`` is there but not read: its keys are not the
+    class indices 0..N-1 (transformers makes them so; a hand-made config may not)."""
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    if not isinstance(id2label, Mapping) or not id2label:
+        return []
+    if set(id2label) == set(range(len(id2label))):
+        return []
+    keys = ", ".join(repr(key) for key in list(id2label)[:5])
+    return [f"{SOURCE} is not recorded as class labels: its keys ({keys}"
+            f"{', ...' if len(id2label) > 5 else ''}) are not the class indices 0.."
+            f"{len(id2label) - 1}; key it by the integer index of each class"]
+
+
 def checked_class_labels(model: torch.nn.Module) -> tuple[str, ...]:
     """``class_labels_of``, checked as every metadata text is (``format.check_class_labels``)
     before the model runs: a manifest the reader refuses is never written. Labels that alone

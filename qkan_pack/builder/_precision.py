@@ -43,6 +43,7 @@ from ..format import (
     geometric_mean,
 )
 from ..runtime import (
+    ChannelPool,
     Predictor,
     describe,
     flatten,
@@ -130,7 +131,8 @@ class CalibrationSample:
 
 def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                    samples: Sequence[GateSample | CalibrationSample], precision: str,
-                   max_error: float, *, channels_last: bool = False
+                   max_error: float, *, channels_last: bool = False,
+                   pools: Sequence[ChannelPool] = ()
                    ) -> tuple[PrecisionPolicy, list[ShapeEntry], list[str]]:
     """Measure ``precision`` (or, for ``auto``, each reduced precision) on ``samples``;
     return the policy to record, the entries with their figures, and notes. An explicit
@@ -139,7 +141,8 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     convolution), the channels-last layout is listed if the forward runs on channels-last
     inputs within ``max_error`` here, in float32 (``_channels_last_refusal``; a layout
     changes which kernel computes, not the arithmetic: every load gates the precision and
-    layout it captures in)."""
+    layout it captures in). ``pools``: per entry, its outputs' channel scales
+    (``output_errors``)."""
     _refuse_half_models(entries, precision)
     calibrated = any(isinstance(sample, CalibrationSample) for sample in samples)
     if precision == "tf32" and calibrated:
@@ -152,7 +155,14 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     measured: dict[str, list[float | None]] = {}
     notes, allowed = [], ["fp32"]
     for candidate in candidates:
-        per_entry, figures = _measure(forward, entries, samples, candidate, max_error)
+        try:
+            per_entry, figures = _measure(forward, entries, samples, candidate, max_error,
+                                          pools=pools)
+        except PrecisionError as exc:  # the forward cannot run in it here
+            if precision != AUTO_PRECISION:
+                raise
+            notes.append(f"--precision auto: {candidate} left out ({exc.problem or exc})")
+            continue
         if figures and precision != AUTO_PRECISION:
             raise PrecisionError(precision=candidate, device=BUILD_HOST, max_error=max_error,
                                  figures=figures, hint=_build_hint(candidate, figures))
@@ -174,7 +184,7 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     default = "fp32" if precision == AUTO_PRECISION else precision
     layouts: tuple[str, ...] = (CONTIGUOUS,)
     if channels_last:
-        why = _channels_last_refusal(forward, entries, samples, max_error)
+        why = _channels_last_refusal(forward, entries, samples, max_error, pools)
         if why is None:
             layouts = LAYOUTS
             notes.append("channels-last graphs are listed (the model has a 2-D convolution): "
@@ -189,18 +199,19 @@ def gate_precision(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
 
 def _channels_last_refusal(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
                            samples: Sequence[GateSample | CalibrationSample],
-                           max_error: float) -> str | None:
+                           max_error: float, pools: Sequence[ChannelPool]) -> str | None:
     """Why this model cannot be served channels-last, in words (None: it can): its forward
     fails on channels-last inputs (a ``view`` of a convolution's output), or answers beyond
     ``max_error`` in float32, on the reference inputs (the calibration samples are for the
     precisions' range; a layout moves no value)."""
     references = [sample for sample in samples if isinstance(sample, GateSample)]
     try:
-        _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST)
-    except QkanPackError:
-        raise
-    except Exception as exc:  # the model's own code, on tensors it was not written for
-        return f"the forward fails on channels-last inputs ({describe(exc)})"
+        _, figures = _measure(forward, entries, references, "fp32", max_error, CHANNELS_LAST,
+                              pools=pools)
+    except PrecisionError as exc:
+        if exc.problem is None:
+            raise
+        return exc.problem
     if figures:
         return str(PrecisionError(precision="fp32 channels-last", device=BUILD_HOST,
                                   max_error=max_error, figures=figures))
@@ -220,7 +231,8 @@ def _refuse_half_models(entries: Sequence[ShapeEntry], precision: str) -> None:
 
 def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
              samples: Sequence[GateSample | CalibrationSample], precision: str, max_error: float,
-             layout: str = CONTIGUOUS) -> tuple[list[float | None], list[tuple[str, str, float]]]:
+             layout: str = CONTIGUOUS, *, pools: Sequence[ChannelPool] = ()
+             ) -> tuple[list[float | None], list[tuple[str, str, float]]]:
     """Per entry the worst output's error at ``precision`` in ``layout`` (None: not
     measurable here), and every (shape, output, error) beyond ``max_error``."""
     device = torch.device("cpu")
@@ -231,15 +243,34 @@ def _measure(forward: Callable[..., Any], entries: Sequence[ShapeEntry],
     beyond: dict[tuple[str, str], float] = {}
     for sample in samples:
         entry = entries[sample.entry]
-        with torch.inference_mode():
-            got = flatten(served(*sample.inputs))
+        got = _run_served(served, sample.inputs, precision, layout, max_error)
         names = list(entry.outputs.leaf_names()) or ["output"]
-        for name, error in zip(names, output_errors(got, sample.want, max_error)):
+        pool = pools[sample.entry] if pools else None
+        for name, error in zip(names, output_errors(got, sample.want, max_error, pool)):
             worst[sample.entry] = max(worst[sample.entry] or 0.0, _rounded(error))
             if error > max_error:
                 key = (entry.label, name)
                 beyond[key] = max(beyond.get(key, 0.0), error)
     return worst, [(shape, name, error) for (shape, name), error in beyond.items()]
+
+
+def _run_served(served: Callable[..., Any], inputs: Sequence[torch.Tensor], precision: str,
+                layout: str, max_error: float) -> list[torch.Tensor]:
+    """The served forward's flat outputs; a forward that fails in ``precision`` or
+    ``layout`` (an op without a float16 kernel on this CPU, a ``view`` of a channels-last
+    tensor) is a ``PrecisionError`` that says so, which ``auto`` leaves out."""
+    try:
+        with torch.inference_mode():
+            return flatten(served(*inputs))
+    except QkanPackError:
+        raise
+    except Exception as exc:  # the model's own code, under autocast or in another layout
+        where = ("on channels-last inputs" if layout == CHANNELS_LAST
+                 else f"under {precision} on the build host")
+        raise PrecisionError(precision=precision, device=BUILD_HOST, max_error=max_error,
+                             problem=f"the forward fails {where} ({describe(exc)})",
+                             hint="choose another --precision (bf16 keeps float32's range), "
+                                  "or keep fp32; nothing was written") from exc
 
 
 def _rounded(error: float) -> float:

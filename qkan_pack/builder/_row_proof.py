@@ -18,6 +18,9 @@ follows the batch, with what they must be:
   the others replaced by other inputs, then the other way round. Any two rows differ in some
   bit, so for every pair of rows there is a run in which the first is kept and the second is
   replaced: whichever row a row reads, some run changes it (2 x log2(batch) runs);
+- **other rows kept**: the fresh draw's even (then odd) rows kept beside the reference's,
+  compared with the fresh draw's own run (a leak shows only in a row whose value is small
+  beside it, and a small batch of references may hold none);
 - **widened neighbours**: the first half kept, the rest other inputs sixteen times as large,
   then as small (a batch-wide scale with a floor moves only for values beyond the draws);
 - **copies**: the first half of the rows, the rest copies of the first row (how serve fills a
@@ -30,18 +33,34 @@ follows the batch, with what they must be:
 - **alone**: a sample of rows, each run as a batch of one. Outputs that do not come out with
   one row then (a fixed table that merely has as many rows as the batch) are no row's own.
   A model that cannot run a batch of one at all skips these runs, and the verdict says so.
+  The same rows alone are run again with the model in float64 beside the whole batch in
+  float64 (``RowContext.wide_forward``), where the model computes in float64 throughout
+  (``runtime.float64_throughout``): another batch size runs other kernels, so in
+  float32 a row alone can only be held to a scale larger than its small values (its
+  output's largest, or per channel where no float64 run is made); in float64 both runs
+  agree to ~1e-13, and each value is held to ``WIDE_BOUND`` of its own magnitude. This is
+  the one run that sees a term only the batch's size or its other rows switch on. The
+  fresh draw's rows run alone as well as the reference's.
 
 The other inputs are a fresh draw (the ``example_input`` hook with another seed, or at random
 where the hook gives the same inputs again: a hook that repeats one sample would make every
 run above change nothing). Each kept row must agree within the entry's noise bound
-(``runtime.proof_agreement``, per channel where channels' scales differ widely); a row run
-alone, through other kernels, within the rounding of a half-precision output where it has
-one. The verdict, with what showed a dependence, is recorded per entry
-(``format.RowProof``); serve batches requests only into entries proved independent.
+(``runtime.proof_agreement``, per channel where channels' scales differ widely, and where
+the batch size is unchanged, so the same kernels compute each row, each value within the
+bound of its own magnitude too: a channel whose rows are a million apart would otherwise
+hide a leak into its small rows); a row run alone, through other kernels, within the
+rounding of a half-precision output where it has one, held to that output's largest
+magnitude over the batch (other kernels round each value by float32's resolution of the terms
+it sums, which a small value's need not be), and in float64 each value within the bound of
+its own magnitude. The verdict, with what showed a
+dependence, is recorded per entry (``format.RowProof``); serve batches requests only into
+entries proved independent.
 
 What it cannot do: see a dependence the model shows only on inputs unlike the draws (the
 reference inputs' own distribution: ``--input-range``, ``example_input``), or one smaller
-than the model's rounding noise.
+than the model's rounding noise; where the model does not compute in float64 throughout
+(QKAN's solvers mix complex64 buffers in), a term that only a row alone switches off is
+measured against its channel's scale in float32 only.
 """
 
 from __future__ import annotations
@@ -57,8 +76,11 @@ from ..format import MAX_ROW_DETAIL, PaddedAxis, Padding, RowProof, ShapeEntry, 
 from ..format import input_batch as _input_batch
 from ..runtime import (
     HALF_CEILING,
+    Agreement,
+    ChannelPool,
     cut_inputs,
     flatten,
+    float64_throughout,
     pad_inputs,
     proof_agreement,
     proof_bound,
@@ -69,6 +91,11 @@ from ._padding import Reference
 #: The most rows run alone per entry (evenly spaced, the first and last among them): each is
 #: one more forward, and a dependence on the batch shows in every row it touches.
 ALONE_ROWS = 8
+#: A row alone in float64 may differ from its batch's float64 run by this share of each
+#: value's own magnitude (never below ``OWN_FLOOR`` of its channel's scale): float64 runs of a
+#: row-independent model at two batch sizes differ by ~1e-13 of it (transformers, CNNs,
+#: RNNs), while a term only a row alone switches off, 1% beside a value of 1e6, is 1e-8.
+WIDE_BOUND = 1e-9
 
 
 @dataclass(frozen=True)
@@ -83,14 +110,31 @@ class _Trial:
     wanted: list[int]
     what: str
     baseline: list[torch.Tensor] | None = None
-    alone: bool = False
+    #: A row run alone: which float64 batch holds it (``_wide_batches``' order: 0 the
+    #: reference's, 1 the fresh draw's) and its row there.
+    alone_of: tuple[int, int] | None = None
     #: Inputs the model may refuse (values beyond what it was built for): failing proves
     #: nothing either way, and the trial is skipped.
     may_fail: bool = False
 
     @property
+    def alone(self) -> bool:
+        return self.alone_of is not None
+
+    @property
     def skippable(self) -> bool:
         return self.alone or self.may_fail
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """A kept row that moved: what, in words; which output; and whether the move was within
+    the entry's own float32 rounding noise (then, for a row run alone, the float64 run of it
+    decides)."""
+
+    text: str
+    output: int
+    within_noise: bool
 
 
 @dataclass(frozen=True)
@@ -102,6 +146,11 @@ class RowContext:
     names: Sequence[str]
     padding: Padding | None
     fresh_inputs: Callable[[int, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+    #: Per entry, its outputs' channel scales (a few kept rows show none).
+    pools: Sequence[ChannelPool] = ()
+    #: The model in float64, bound like ``forward`` (``runtime.float64_forward``); None where
+    #: it cannot be made: rows alone are then compared in float32 only.
+    wide_forward: Callable[..., Any] | None = None
 
 
 def prove_rows(references: Sequence[Reference], context: RowContext,
@@ -121,8 +170,10 @@ def prove_rows(references: Sequence[Reference], context: RowContext,
             continue
         assert dims is not None
         fresh = list(context.fresh_inputs(index, reference.inputs))
+        wide = _wide_batches(reference.inputs, fresh, context.wide_forward)
         proofs[index] = _prove_entry(reference, dims, _trials(reference, fresh, context),
-                                     context.forward)
+                                     context, context.pools[index] if context.pools else None,
+                                     wide)
     return proofs
 
 
@@ -147,18 +198,61 @@ def batch_dims(entry: ShapeEntry, padding: Padding | None) -> list[int] | str | 
     return [follows[leaf] for leaf in range(len(names))]
 
 
+#: Said with a verdict a row alone gave where no float64 comparison ran: float32 rounding
+#: of a small channel's large terms can look like a dependence there.
+_FLOAT32_ONLY = (" (compared in float32 only: the model does not run in float64 throughout, "
+                 "which a tensor kept as a plain attribute rather than a registered buffer "
+                 "prevents)")
+
+
+@dataclass(frozen=True)
+class _WideBatch:
+    """One batch (the reference's, or the fresh draw's: ``what`` its rows are, in words) and
+    the model's float64 outputs on it."""
+
+    inputs: Sequence[torch.Tensor]
+    outputs: list[torch.Tensor]
+    what: str
+
+
+def _wide_batches(reference: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+                  wide_forward: Callable[..., Any] | None) -> list[_WideBatch]:
+    """The reference batch and the fresh draw run in float64, where the model is float64
+    throughout (``float64_throughout``); none otherwise (rows alone are then compared in
+    float32 only)."""
+    if wide_forward is None:
+        return []
+    batches = []
+    for inputs, what in ((reference, "row {row}"), (fresh, "row {row} of other inputs")):
+        outputs = float64_throughout(wide_forward, inputs)
+        if outputs is None:
+            return []
+        batches.append(_WideBatch(inputs, outputs, what))
+    return batches
+
+
 def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Trial],
-                 forward: Callable[..., Any]) -> RowProof:
+                 context: RowContext, pool: ChannelPool | None,
+                 wide: Sequence[_WideBatch] = ()) -> RowProof:
     """Run every trial; the first kept row that moves beyond the bound decides. Where the
     model cannot run a batch of one, the rows-alone trials are skipped, and the verdict
-    says so."""
+    says so. ``wide``: the batches whose rows alone are compared in float64 too (then a row
+    alone in float32 is held to its output's largest magnitude only, and one that moves no
+    more than the model's own float32 rounding is left to its float64 run: a chaotic model's
+    rounding can exceed the proof's bound)."""
     skipped = ""
+    deferred: list[tuple[_Trial, _Moved]] = []
+    baselines: dict[int, list[torch.Tensor]] = {}  # by the baseline's identity: run once
     for trial in trials:
         if trial.alone and skipped:
             continue
         try:
-            outputs = _run(forward, trial.inputs)
-            wanted = reference.outputs if trial.baseline is None else _run(forward, trial.baseline)
+            outputs = _run(context.forward, trial.inputs)
+            wanted: Sequence[torch.Tensor] = reference.outputs
+            if trial.baseline is not None:
+                if id(trial.baseline) not in baselines:
+                    baselines[id(trial.baseline)] = _run(context.forward, trial.baseline)
+                wanted = baselines[id(trial.baseline)]
         except Exception as exc:
             reason = f"the model fails when {trial.what}: {_describe(exc)}"
             if not trial.skippable:
@@ -166,26 +260,105 @@ def _prove_entry(reference: Reference, dims: Sequence[int], trials: Sequence[_Tr
             if trial.alone:
                 skipped = f"rows alone not compared ({reason})"
             continue
-        problem = _row_difference(reference, dims, trial, outputs, wanted)
-        if problem is not None:
-            return _verdict(False, problem)
-    return _verdict(True, skipped)
+        moved = _row_difference(reference, dims, trial, outputs, wanted, pool,
+                                wide_checked=bool(wide))
+        if moved is None:
+            continue
+        if trial.alone and wide and moved.within_noise:
+            deferred.append((trial, moved))
+            continue
+        return _verdict(False, moved.text + (_FLOAT32_ONLY if trial.alone and not wide else ""))
+    compared: set[tuple[int, int, int]] = set()
+    if not skipped and context.wide_forward is not None:
+        for index, batch in enumerate(wide):
+            problem, seen = _wide_alone_difference(reference, dims, context.wide_forward,
+                                                   batch, pool)
+            if problem is not None:
+                return _verdict(False, problem)
+            compared |= {(index, row, output) for row, output in seen}
+    return _deferred_verdict(deferred, compared, reference.entry.noise) or _verdict(True, skipped)
+
+
+def _deferred_verdict(deferred: Sequence[tuple[_Trial, _Moved]],
+                      compared: set[tuple[int, int, int]], noise: float | None) -> RowProof | None:
+    """The verdict on rows alone whose float32 runs moved within the model's own rounding:
+    dependent where no float64 run compared one of them, else independent, saying so; None
+    where there were none."""
+    if not deferred:
+        return None
+    for trial, moved in deferred:
+        assert trial.alone_of is not None
+        if (*trial.alone_of, moved.output) not in compared:
+            return _verdict(False, f"{moved.text}, and no float64 run compared it")
+    return _verdict(True, f"rows alone differ in float32 within the model's own rounding "
+                          f"(noise {noise:.2g}); in float64 they agree")
+
+
+def _wide_alone_difference(reference: Reference, dims: Sequence[int],
+                           wide_forward: Callable[..., Any], batch: _WideBatch,
+                           pool: ChannelPool | None) -> tuple[str | None, set[tuple[int, int]]]:
+    """The batch's rows alone in float64 against the whole batch in float64, each value held
+    to ``WIDE_BOUND`` of its own magnitude (``proof_agreement(same_kernels=True)``), in
+    words (None when they agree), and the (row, output) pairs compared. A row the float64
+    model fails alone on, or computes below float64, is left to the float32 runs. Only
+    outputs that are float64 in both runs are compared."""
+    batched = batch.outputs
+    names = list(reference.entry.outputs.leaf_names())
+    compared: set[tuple[int, int]] = set()
+    for row in _alone_rows(batch.inputs[0].shape[0]):
+        alone = float64_throughout(wide_forward, [t[row:row + 1] for t in batch.inputs])
+        if alone is None or len(alone) != len(batched):
+            continue
+        for output, (name, got, whole, dim) in enumerate(zip(names, alone, batched, dims)):
+            if got.dtype != torch.float64 or whole.dtype != torch.float64 or (
+                    got.dim() <= dim or got.shape[dim] != 1):
+                continue
+            want = whole.narrow(dim, row, 1)
+            if got.shape != want.shape:
+                continue
+            agreement = proof_agreement(got, want, reference.entry.noise, bound=WIDE_BOUND,
+                                        pool=pool, output=output, same_kernels=True)
+            if not agreement.ok:
+                return (f"when {batch.what.format(row=row)} runs alone (a batch of one) in "
+                        f"float64, {name} changes {_change(agreement, WIDE_BOUND)}: "
+                        "each row's answer depends on the batch it runs in"), compared
+            compared.add((row, output))
+    return None, compared
+
+
+def _change(agreement: Agreement, bound: float) -> str:
+    """How far a kept row moved, in words."""
+    return (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
+            if agreement.max_rel < float("inf") else
+            f"by {agreement.max_abs:.3g} where the reference batch gave zeros or NaN")
 
 
 def _trials(reference: Reference, fresh: Sequence[torch.Tensor],
             context: RowContext) -> list[_Trial]:
     """Every run the proof makes of one entry, in the order it makes them (the cheap and
     telling first)."""
-    inputs = reference.inputs
+    inputs, fresh = reference.inputs, list(fresh)  # one fresh baseline: run once
     batch = inputs[0].shape[0]
     trials = _neighbour_trials(inputs, fresh, batch)
+    trials += _fresh_kept_trials(inputs, fresh, batch)
     trials += _scaled_neighbour_trials(inputs, fresh, batch)
     trials += _copy_trials(inputs, batch)
     trials += _mixed_length_trials(inputs, batch, context)
-    trials += [_Trial([t[row:row + 1] for t in inputs], [0], [row],
-                      f"row {row} runs alone (a batch of one)", alone=True)
-               for row in _alone_rows(batch)]
-    return trials
+    return trials + _alone_trials(inputs, fresh, batch)
+
+
+def _alone_trials(inputs: Sequence[torch.Tensor], fresh: list[torch.Tensor],
+                  batch: int) -> list[_Trial]:
+    """A sample of rows each run as a batch of one, the reference's and then the fresh
+    draw's (compared with its own run): a term only a row alone switches off shows in a
+    small value, and at a batch of two or three the reference's rows may all be large."""
+    rows = _alone_rows(batch)
+    trials = [_Trial([t[row:row + 1] for t in inputs], [0], [row],
+                     f"row {row} runs alone (a batch of one)", alone_of=(0, row))
+              for row in rows]
+    return trials + [_Trial([t[row:row + 1] for t in fresh], [0], [row],
+                            f"row {row} of other inputs runs alone (a batch of one)",
+                            baseline=fresh, alone_of=(1, row)) for row in rows]
 
 
 #: Neighbours' float inputs are also tried this many times as large and as small: a batch-wide
@@ -236,11 +409,37 @@ def _neighbour_trials(inputs: Sequence[torch.Tensor], fresh: Sequence[torch.Tens
             kept = index[keep].tolist()
             if not kept or len(kept) == batch:
                 continue
-            mixed = [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), t, other)
-                     for t, other in zip(inputs, fresh)]
+            mixed = _rows_from(keep, inputs, fresh)
             trials.append(_Trial(mixed, kept, kept,
                                  f"the rows whose index has bit {bit} {'set' if side == 0 else 'clear'}"
                                  " are replaced by other inputs"))
+    return trials
+
+
+def _rows_from(keep: torch.Tensor, kept: Sequence[torch.Tensor],
+               others: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each input's batch with the rows where ``keep`` is true from ``kept``, the rest from
+    ``others``."""
+    return [torch.where(keep.view(-1, *[1] * (t.dim() - 1)), t, other)
+            for t, other in zip(kept, others)]
+
+
+def _fresh_kept_trials(inputs: Sequence[torch.Tensor], fresh: list[torch.Tensor],
+                       batch: int) -> list[_Trial]:
+    """The other way round, for the lowest bit: ``fresh``'s even (then odd) rows kept beside
+    the reference's, compared with ``fresh``'s own run. A row reads a leak within float32's
+    resolution of its own value only where that value is small: at a batch of two or three
+    the reference's rows alone may all be large ones."""
+    index, baseline = torch.arange(batch), fresh  # the baseline run once, by its identity
+    trials = []
+    for side, parity in ((0, "even"), (1, "odd")):
+        keep = index % 2 == side
+        kept = index[keep].tolist()
+        if len(kept) == batch:
+            continue
+        mixed = _rows_from(keep, fresh, inputs)
+        trials.append(_Trial(mixed, kept, kept, f"the {parity} rows of other inputs run beside "
+                             "the reference's rows", baseline=baseline))
     return trials
 
 
@@ -265,7 +464,7 @@ def _mixed_length_trials(inputs: Sequence[torch.Tensor], batch: int,
     short = pad_inputs(cut_inputs(inputs, names, sizes), inputs, names, padding)
     even = torch.arange(batch) % 2 == 0
     rows = torch.arange(batch)
-    mixed = [torch.where(even.view(-1, *[1] * (s.dim() - 1)), s, t) for s, t in zip(short, inputs)]
+    mixed = _rows_from(even, short, inputs)
     what = "the even rows are cut to half their length and padded, beside full-length rows"
     return [_Trial(mixed, rows[even].tolist(), rows[even].tolist(), what, baseline=list(short)),
             _Trial(mixed, rows[~even].tolist(), rows[~even].tolist(), what)]
@@ -281,38 +480,80 @@ def _alone_rows(batch: int) -> list[int]:
 
 def _row_difference(reference: Reference, dims: Sequence[int], trial: _Trial,
                     outputs: list[torch.Tensor], reference_outputs: Sequence[torch.Tensor],
-                    ) -> str | None:
+                    pool: ChannelPool | None = None, *, wide_checked: bool = False,
+                    ) -> _Moved | None:
     """What differs between the trial's kept rows and the rows they must equal (each output
-    along its batch dim, ``dims``), in words; None when every output agrees."""
+    along its batch dim, ``dims``, channels scaled over ``pool`` too; ``wide_checked``: rows
+    alone are compared in float64 as well); None when every output agrees."""
     names = list(reference.entry.outputs.leaf_names())
     batch = trial.inputs[0].shape[0]
     if len(outputs) != len(reference_outputs) or any(
             leaf.dim() <= dim or leaf.shape[dim] != batch for leaf, dim in zip(outputs, dims)):
         shapes = ", ".join("x".join(map(str, leaf.shape)) or "a scalar" for leaf in outputs)
-        return (f"when {trial.what}, the outputs ({shapes}) do not follow its {batch} "
-                "row(s): they are no row's own")
+        return _Moved(f"when {trial.what}, the outputs ({shapes}) do not follow its {batch} "
+                      f"row(s): they are no row's own{_squeezed(outputs, reference_outputs)}",
+                      0, within_noise=False)
     kept, wanted = torch.tensor(trial.kept), torch.tensor(trial.wanted)
     got = [leaf.index_select(dim, kept) for leaf, dim in zip(outputs, dims)]
     want = [leaf.index_select(dim, wanted) for leaf, dim in zip(reference_outputs, dims)]
     structure = structure_difference(got, want, names, sides=("then", "in the reference batch"))
     if structure is not None:
-        return f"when {trial.what}, {structure}: they are no row's own"
+        return _Moved(f"when {trial.what}, {structure}: they are no row's own", 0,
+                      within_noise=False)
     noise = reference.entry.noise
-    for name, g, w in zip(names, got, want):
-        agreement = proof_agreement(g, w, noise)
+    # the same batch size runs the same kernels: each kept value is held to its own
+    # magnitude too, which a channel's rows far apart in size would otherwise hide. Another
+    # batch size's kernels round a value by float32's resolution of the terms it sums, of
+    # the whole output's size (a ReLU channel active in few rows is small, its terms are
+    # not): where its values are each held to their own magnitude in float64
+    # (``_wide_alone_difference``), a row alone is held here to the largest magnitude of
+    # that output over the batch; elsewhere per channel, as the other trials are
+    same = not trial.alone
+    for output, (name, g, w) in enumerate(zip(names, got, want)):
+        whole = _largest(reference_outputs[output]) if trial.alone and wide_checked else None
+        agreement = proof_agreement(g, w, noise, pool=pool, output=output, same_kernels=same,
+                                    whole=whole)
         bound = proof_bound(noise)
         if not agreement.ok and trial.alone and w.dtype in HALF_CEILING:
             # another batch size runs other kernels: a half-precision output may round
             # differently by a few units of its last place
             bound = max(bound, HALF_CEILING[w.dtype])
-            agreement = proof_agreement(g, w, noise, bound=bound)
+            agreement = proof_agreement(g, w, noise, bound=bound, pool=pool, output=output,
+                                        same_kernels=same, whole=whole)
         if not agreement.ok:
-            change = (f"by {agreement.max_rel:.3g} of its scale (bound {bound:.2g})"
-                      if agreement.max_rel < float("inf") else
-                      f"by {agreement.max_abs:.3g} where the reference batch gave zeros or NaN")
-            return (f"when {trial.what}, {name} of the kept rows changes {change}: each "
-                    "row's answer depends on the rows batched with it")
+            return _moved(trial, name, output, agreement, bound, noise)
     return None
+
+
+def _moved(trial: _Trial, name: str, output: int, agreement: Agreement, bound: float,
+           noise: float | None) -> _Moved:
+    """A kept value beyond the bound, in words: a row alone that moved no more than the
+    model's own float32 rounding (``noise``) is not shown to depend on other rows, only not
+    proved independent, and its words say so."""
+    change = _change(agreement, bound)
+    if trial.alone and noise is not None and agreement.max_rel <= noise:
+        return _Moved(f"when {trial.what}, {name} changes {change}, within the model's own "
+                      f"float32 rounding (noise {noise:.2g}): not proved independent",
+                      output, within_noise=True)
+    return _Moved(f"when {trial.what}, {name} of the kept rows changes {change}: each row's "
+                  "answer depends on the rows batched with it", output, within_noise=False)
+
+
+def _squeezed(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> str:
+    """The fix, where an output has fewer dimensions than in the batch (``.squeeze()`` on a
+    (B, 1) head drops the batch dimension too at a batch of one)."""
+    if len(outputs) == len(reference) and any(
+            got.dim() < want.dim() for got, want in zip(outputs, reference)):
+        return (" (an output loses a dimension at a batch of one, as `.squeeze()` on a (B, 1) "
+                "output does; `.squeeze(-1)` keeps the batch dimension)")
+    return ""
+
+
+def _largest(leaf: torch.Tensor) -> float | None:
+    """A float output's largest magnitude (None for another dtype, compared exactly)."""
+    if not leaf.is_floating_point() or not leaf.numel():
+        return None
+    return float(leaf.detach().double().abs().max())
 
 
 def _run(forward: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -45,6 +45,7 @@ from ..runtime import (
     collect_kernel_cache,
     inductor_file,
     kernel_key,
+    kernel_name,
     precompiled_dir,
     read_artifact,
     resolve_device,
@@ -69,6 +70,8 @@ class WarmResult:
     #: With ``compiled``: "precompiled graphs" (with their forms, as the probe load reported
     #: them), or why there are none (then inductor's cache).
     compiled: str | None = None
+    #: Kernels the fresh-process probe compiled although the set was used, added to it.
+    added: tuple[str, ...] = ()
 
 
 def check_warm_device(device: str) -> torch.device:
@@ -130,7 +133,7 @@ def warm(path: str | os.PathLike[str], device: str = "cuda", *,
         result = _store(root, artifact, key, details, shipped)
         if compiled:
             result = _probe_precompiled(root, target, key, details, config_overrides or {},
-                                        result)
+                                        shipped, result)
         return dataclasses.replace(result, precision=choice)
 
 
@@ -173,10 +176,15 @@ def _compile_kernels(root: Path, target: torch.device, key: str, details: Mappin
 
 _PROBE = """
 import json, sys
+from pathlib import Path
 from qkan_pack import Predictor
 predictor = Predictor.load(sys.argv[1], device=sys.argv[2], compiled="shipped",
                            config_overrides=json.loads(sys.argv[3]))
 print(predictor.report.compiled)
+for name, data in predictor.report.kernels_compiled.items():
+    destination = Path(sys.argv[4], name)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.write_bytes(data)
 sys.exit(0 if predictor.report.compiled.startswith("precompiled") else 3)
 """
 #: A probe load that takes longer is taken as failing (warm holds the writer lock meanwhile).
@@ -184,31 +192,35 @@ PROBE_TIMEOUT_S = 900
 
 
 def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapping[str, str],
-                       overrides: Mapping[str, object], stored: WarmResult) -> WarmResult:
+                       overrides: Mapping[str, object], shipped: Mapping[str, bytes],
+                       stored: WarmResult) -> WarmResult:
     """Load the warmed artifact in a fresh process as a GPU host would (``compiled=
-    "shipped"``). Precompiled graphs that fail there, or crash it, are replaced by inductor's
-    cache (torch.compile at load), the reason recorded in the set's details."""
+    "shipped"``). Kernels it still compiled join the set (``_complete``). Precompiled graphs
+    that fail there, or crash it, are replaced by inductor's cache (torch.compile at load),
+    the reason recorded in the set's details."""
     if "precompiled" not in details:
         return dataclasses.replace(stored, compiled="no precompiled graphs ("
                                    + details.get("precompiled_refused", "none made") + ")")
-    try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(target),
-                                json.dumps(dict(overrides))],
-                               capture_output=True, text=True, check=False,
-                               env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-                               timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        reason = f"a fresh process loading them took over {PROBE_TIMEOUT_S} s"
-    else:
-        if probe.returncode == 0:  # its report's line ends with the graphs' forms
-            said = (probe.stdout.strip() or "no output").splitlines()[-1]
-            forms = said.partition("; ")[2]
-            return dataclasses.replace(stored, compiled="precompiled graphs"
-                                       + (f" ({forms})" if forms else ""))
-        # exit 3: it loaded and said why not on stdout; else its error or crash is on stderr
-        said = ((probe.stdout if probe.returncode == 3 else probe.stderr).strip()
-                or "no output").splitlines()[-1]
-        reason = f"a fresh process loading them exited with {probe.returncode}: {said}"
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-probe-") as compiled_there:
+        try:
+            probe = subprocess.run([sys.executable, "-c", _PROBE, str(root), str(target),
+                                    json.dumps(dict(overrides)), compiled_there],
+                                   capture_output=True, text=True, check=False,
+                                   env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                                   timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            reason = f"a fresh process loading them took over {PROBE_TIMEOUT_S} s"
+        else:
+            if probe.returncode == 0:  # its report's line ends with the graphs' forms
+                said = (probe.stdout.strip() or "no output").splitlines()[-1]
+                forms = said.partition("; ")[2]
+                compiled = "precompiled graphs" + (f" ({forms})" if forms else "")
+                return _complete(root, key, details, shipped, Path(compiled_there),
+                                 dataclasses.replace(stored, compiled=compiled))
+            # exit 3: it loaded and said why not on stdout; else its error or crash on stderr
+            said = ((probe.stdout if probe.returncode == 3 else probe.stderr).strip()
+                    or "no output").splitlines()[-1]
+            reason = f"a fresh process loading them exited with {probe.returncode}: {said}"
     reason = reason[:500]
     details = {k: v for k, v in details.items() if k != "precompiled"}
     details, shipped = _compile_kernels(root, target, key, details, overrides, True,
@@ -216,6 +228,20 @@ def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapp
     details["precompiled_refused"] = reason
     result = _store(root, read_artifact(root), key, details, shipped)
     return dataclasses.replace(result, compiled=f"no precompiled graphs ({reason})")
+
+
+def _complete(root: Path, key: str, details: Mapping[str, str], shipped: Mapping[str, bytes],
+              compiled_there: Path, stored: WarmResult) -> WarmResult:
+    """The set with the kernels the probe compiled added (``KernelUse.files``: their cache
+    files, group indexes relocatable), stored again; ``stored`` when it compiled none."""
+    added = {path.relative_to(compiled_there).as_posix(): path.read_bytes()
+             for path in sorted(compiled_there.rglob("*")) if path.is_file()}
+    if not added:
+        return stored
+    names = sorted(filter(None, map(kernel_name, added)))
+    files = {**shipped, **{f"{KERNELS_DIR}/{key}/{name}": data for name, data in added.items()}}
+    result = _store(root, read_artifact(root), key, details, files)
+    return dataclasses.replace(result, compiled=stored.compiled, added=tuple(names))
 
 
 def _inductor_bytes(path: Path, root: Path) -> bytes:

@@ -64,7 +64,7 @@ def pad_values(items: Sequence[str]) -> dict[str, Any]:
     """Repeated ``NAME=VALUE``: VALUE as JSON (``0``, ``0.0``, ``true``)."""
     return _key_values(items, valid_key=str.isidentifier, read=_json_value, twice="{key!r}",
                        expected="write NAME=VALUE with a number or true/false as VALUE "
-                                "(input_ids=0)")
+                                "({example}=0)")
 
 
 def label_pairs(items: Sequence[str]) -> dict[str, str]:
@@ -84,15 +84,17 @@ def _json_value(text: str) -> Any:
 def _key_values(items: Sequence[str], *, valid_key: Callable[[str], bool],
                 read: Callable[[str], Any], expected: str, twice: str) -> dict[str, Any]:
     """Repeated ``KEY=VALUE`` items as a mapping; an item without ``=``, with a key
-    ``valid_key`` refuses or a value ``read`` gives None for is refused with ``expected``,
-    a key given twice with ``twice`` (``{key!r}`` formatted in)."""
+    ``valid_key`` refuses or a value ``read`` gives None for is refused with ``expected``
+    (``{example}`` formatted in: the item's own key where it is a valid one, else NAME), a
+    key given twice with ``twice`` (``{key!r}`` formatted in)."""
     pairs: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
         value = read(text) if sep else None
         if value is None or not valid_key(key):
-            raise ShapeSpecError(f"{item!r}: {expected}")
+            example = key if sep and valid_key(key) else "NAME"
+            raise ShapeSpecError(f"{item!r}: {expected.format(example=example)}")
         if key in pairs:
             raise ShapeSpecError(f"{twice.format(key=key)} is given twice")
         pairs[key] = value

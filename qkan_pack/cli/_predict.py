@@ -73,7 +73,7 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
         if output.suffix not in OUTPUT_SUFFIXES:
             raise click.BadParameter(f"{output}: write {', '.join(OUTPUT_SUFFIXES)}",
                                      param_hint="--output")
-        check_output(output, directory)
+        check_output(output, directory, [path for _, path in inputs])
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
                         trusted_keys=keys, precision=precision, layout=layout,

@@ -41,6 +41,7 @@ def warm(directory: Path, device: str, compiled: bool, precision: str | None,
     if as_json:
         emit({"path": str(result.path), "key": result.key, "files": result.files,
               "bytes": result.bytes, "digest": result.digest, "compiled": result.compiled,
+              "added": list(result.added),
               "precision": None if result.precision is None
               else precision_choice_to_dict(result.precision)})
 
@@ -67,6 +68,9 @@ def warm_and_report(directory: Path, device: str, *, compiled: bool = False,
             f"{result.key} in {result.path}", err=as_json)
     if result.compiled is not None:
         say(f"compiled mode: {result.compiled}", err=as_json)
+    if result.added:
+        say(f"added {len(result.added)} kernel(s) a fresh load still compiled: "
+            f"{', '.join(result.added)}", err=as_json)
     say(f"digest {result.digest}", err=as_json)
     return result
 

@@ -41,6 +41,7 @@ from ..format import (
     parse_manifest,
 )
 from ..runtime import (
+    REQUEST_KEYS,
     check_int_range,
     describe_output,
     dtype_name,
@@ -71,7 +72,7 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
             name = names[0]  # the single positional input is ``x`` whatever forward calls it
         if name is not None and name not in names:
             raise _error(path, f"no input is named {name!r}; inputs are {', '.join(names)}"
-                               + (" (or x)" if len(names) == 1 else ""))
+                               + (" (or x)" if len(names) == 1 and names[0] != "x" else ""))
         found = _read(path, dtypes, name)
         if name is not None:
             here = {_one(found, name, path): found.get(name, next(iter(found.values())))}
@@ -86,6 +87,10 @@ def read_inputs(given: Sequence[tuple[str | None, Path]], names: Sequence[str],
                 raise _error(path, f"holds {unknown}, which name no input; inputs are "
                                    f"{', '.join(names)}")
             here = found
+        twice = next((n for n in here if n in arrays), None)
+        if twice is not None:
+            raise _error(path, f"input {twice!r} is given twice (--input {sources[twice]} "
+                               "gives it too): give each input once")
         arrays.update(here)
         sources.update(dict.fromkeys(here, path))
     missing = [n for n in names if n not in arrays]
@@ -169,9 +174,12 @@ def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
     optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
     runs in predict too; anything else as it is. For a model with an input named
     ``inputs``, that key stays the input."""
-    if (not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes
-            or not set(data) <= {"inputs", "encoding"}):
+    if not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes:
         return data
+    unknown = sorted(set(data) - REQUEST_KEYS)
+    if unknown:
+        raise _error(path, f'is a serve request (it has "inputs") with unknown key(s) '
+                           f"{unknown}; a request holds {sorted(REQUEST_KEYS)} only")
     encoding = data.get("encoding", "list")
     if encoding != "list":
         raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '
@@ -210,10 +218,12 @@ def _host_tensor(value: Any) -> torch.Tensor:
     return tensor.detach().cpu()
 
 
-def check_output(path: Path, artifact: Path | None = None) -> Path:
+def check_output(path: Path, artifact: Path | None = None, sources: Sequence[Path] = ()
+                 ) -> Path:
     """Where ``-o`` writes (symlinks followed, as the write would), refused before the load
-    when predict cannot or must not write there: an unknown type, or a path inside an
-    artifact (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow). Given
+    when predict cannot or must not write there: an unknown type, one of the ``sources`` it
+    reads its inputs from (the outputs would replace them), or a path inside an artifact
+    (``runtime.refuse_unsafe_output``, the rule build, warm and sign follow). Given
     the ``artifact`` directory, also when its manifest shows that no declared entry's outputs
     fit the file (``output_problem``: several outputs to ``.npy``, a name ``.npz`` cannot
     hold), rather than after the load and the forward."""
@@ -221,6 +231,10 @@ def check_output(path: Path, artifact: Path | None = None) -> Path:
         raise _error(path, f"unknown output type {path.suffix or '(none)'}; use "
                            f"{', '.join(OUTPUT_SUFFIXES)}", option="--output")
     target = Path(os.path.realpath(path))
+    _refuse_dangling_link(path, target)
+    if any(Path(os.path.realpath(source)) == target for source in sources):
+        raise _error(path, "is also an --input file: writing the outputs there would replace "
+                           "the inputs; choose another -o", option="--output")
     refuse_unsafe_output(target)
     manifest = _peek_manifest(artifact) if artifact is not None else None
     if manifest is not None:
@@ -229,6 +243,21 @@ def check_output(path: Path, artifact: Path | None = None) -> Path:
         if problems and all(problems):
             raise _error(path, str(problems[0]), option="--output")
     return target
+
+
+def _refuse_dangling_link(path: Path, target: Path) -> None:
+    """``path``, or a folder on it, may be a symlink, written through, but not one to
+    nowhere where the write would need a folder made: predict creates the missing folders of
+    the path it is given, never those a symlink points to (``-o out.npy``, a link to
+    ``/missing/out.npy``, created ``/missing``; as root, anywhere)."""
+    if target.parent.is_dir():
+        return
+    link = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+    if link is not None:
+        raise _error(path, f"{link} is a symlink to {os.path.realpath(link)}, and "
+                           f"{target.parent} does not exist: predict creates the missing "
+                           "folders of the path it is given, never those a symlink points to; "
+                           f"create {target.parent} or choose another path", option="--output")
 
 
 def _peek_manifest(artifact: Path) -> Manifest | None:
@@ -283,7 +312,7 @@ def write_outputs(outputs: Mapping[str, Any], path: Path) -> tuple[Path, list[st
         data = save({k: t.contiguous().clone() for k, t in tensors.items()})
     else:
         data = _numpy_bytes({k: _numpy(t) for k, t in tensors.items()}, path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the path's own folders, no link's
     _replace(target, data)
     return path, notes
 

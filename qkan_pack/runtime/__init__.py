@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the names resolved on first use, as type checkers see them
     from ._capture import *  # noqa: F403
     from ._compat import *  # noqa: F403
     from ._device import *  # noqa: F403
+    from ._float64 import *  # noqa: F403
     from ._json_inputs import *  # noqa: F403
     from ._layout import *  # noqa: F403
     from ._load import *  # noqa: F403
@@ -66,7 +67,8 @@ _ALONE = module_exports(__name__, ["._json_inputs"])
 #: Modules that need torch: imported together on the first use of any of their names (a
 #: load imports all of them anyway).
 _ON_FIRST_USE = module_exports(__name__, [
-    "._array_files", "._calling", "._capture", "._compat", "._device", "._layout", "._load", "._padcheck",
+    "._array_files", "._calling", "._capture", "._compat", "._device", "._float64", "._layout",
+    "._load", "._padcheck",
     "._precision", "._predictor", "._progress", "._report", "._selftest", "._timing", "._tree",
     "._weights"])
 

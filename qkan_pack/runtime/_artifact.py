@@ -142,17 +142,19 @@ def _artifact_root(path: str | os.PathLike[str]) -> Path:
     try:
         info = root.lstat()
     except FileNotFoundError:
-        raise ArtifactError(f"no artifact at {root}: the directory does not exist") from None
+        raise ArtifactError(f"no artifact at {root}: the directory does not exist",
+                            path=str(root)) from None
     except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {root}: {exc.strerror}") from None
+        raise ArtifactError(f"cannot read artifact {root}: {exc.strerror}", path=str(root)) from None
     if stat.S_ISLNK(info.st_mode):
-        raise ArtifactError(f"artifact path {root} is a symlink; pass the real directory")
+        raise ArtifactError(f"artifact path {root} is a symlink; pass the real directory",
+                            path=str(root))
     if not stat.S_ISDIR(info.st_mode):
-        raise ArtifactError(f"artifact path {root} is not a directory")
+        raise ArtifactError(f"artifact path {root} is not a directory", path=str(root))
     if not (root / MANIFEST_NAME).exists() and not (root / MANIFEST_NAME).is_symlink():
         raise ArtifactError(
-            f"{root} has no {MANIFEST_NAME}: not an artifact, or a build that did not finish"
-        )
+            f"{root} has no {MANIFEST_NAME}: not an artifact, or a build that did not finish",
+            path=str(root))
     return root
 
 
@@ -162,12 +164,12 @@ def _check_layout(root: Path, manifest: Manifest) -> None:
     extra = sorted(found - listed)
     missing = sorted(listed - found)
     if missing:
-        raise ArtifactError(f"artifact {root} is missing listed files: {', '.join(missing)}")
+        raise ArtifactError(f"artifact {root} is missing listed files: {', '.join(missing)}",
+                            path=str(root))
     if extra:
         raise ArtifactError(
             f"artifact {root} holds files its manifest does not list: {', '.join(extra)}; "
-            "an artifact is never edited by hand: rebuild it"
-        )
+            "an artifact is never edited by hand: rebuild it", path=str(root))
 
 
 def _walk(root: Path) -> Iterator[str]:
@@ -180,14 +182,14 @@ def _walk(root: Path) -> Iterator[str]:
             if entry.is_symlink():
                 raise ArtifactError(
                     f"artifact {root} contains a symlink at {relative}; symlinks are refused "
-                    "because they can point outside the artifact"
-                )
+                    "because they can point outside the artifact", path=entry.path)
             if entry.is_dir(follow_symlinks=False):
                 stack.append(Path(entry.path))
             elif entry.is_file(follow_symlinks=False):
                 yield relative
             else:
-                raise ArtifactError(f"artifact {root} contains a special file at {relative}")
+                raise ArtifactError(f"artifact {root} contains a special file at {relative}",
+                                    path=entry.path)
 
 
 def _entries(folder: Path) -> list[os.DirEntry[str]]:

@@ -27,14 +27,17 @@ from ..errors import InputError, MalformedRequestError
 from ..format import DTYPES, Signature
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["HOST_DTYPES", "check_finite", "check_int_range", "fit_numbers", "host_array",
-           "json_input", "numbers_array"]
+__all__ = ["HOST_DTYPES", "REQUEST_KEYS", "check_finite", "check_int_range", "fit_numbers",
+           "host_array", "json_input", "numbers_array"]
+
+#: The keys of serve's request body (``POST /``), which a ``predict`` JSON input file may be.
+REQUEST_KEYS = frozenset({"inputs", "encoding"})
 
 #: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
 HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
                for name, spec in DTYPES.items()}
 _BF16_EXPONENT = np.uint16(0x7F80)
-_SENT = {"b": "booleans", "i": "integers", "u": "integers", "f": "floats"}
+_SENT = {"b": "booleans", "i": "integers", "u": "integers", "O": "integers", "f": "floats"}
 _BOOLEANS = frozenset({bool, np.bool_})
 
 
@@ -70,7 +73,27 @@ def numbers_array(value: Any, where: str, *, may_hold_booleans: bool = True) -> 
         raise InputError(f"{where} mixes true/false with numbers: a bool input takes true "
                          "and false only, any other input numbers only (1 and 0, not true "
                          "and false)")
+    if array.dtype.kind == "f" and array.size and _integers_only(value, array.ndim):
+        return np.asarray(value, dtype=object)
     return array
+
+
+def _integers_only(value: Any, depth: int) -> bool:
+    """Whether ``value`` (lists nested ``depth`` deep, read by numpy as float64) holds
+    integers only: numpy reads integers that no one 64-bit type holds together (``[-1,
+    2**63]``: int64 beside uint64) as float64, which rounds them (``2**64 - 1`` reads as
+    ``2**64``), so they are kept exact, as Python ints (``fit_numbers`` converts them for a
+    float input and names the exact one outside an integer input's range). A request of
+    floats pays one look at its first value."""
+    first = value
+    for _ in range(depth):
+        first = first[0]
+    if type(first) is not int:
+        return False
+    leaves = value
+    for _ in range(depth - 1):
+        leaves = chain.from_iterable(leaves)
+    return all(type(leaf) is int for leaf in leaves)
 
 
 def _refuse_beyond_64_bits(array: np.ndarray, where: str) -> None:
@@ -107,8 +130,17 @@ def _holds_booleans(value: Any, depth: int) -> bool:
 def fit_numbers(array: np.ndarray, name: str, want: str,
                 accepted: Sequence[Signature] = ()) -> np.ndarray:
     """JSON numbers -> ``want``: ints and floats for float inputs, ints in range for integer
-    inputs, booleans for bool inputs; bfloat16 comes back as its raw bits."""
+    inputs, booleans for bool inputs; bfloat16 comes back as its raw bits. No values
+    (``[[]]``, which numpy reads as float64) take any dtype: the shape check then says what
+    the input's shape must be."""
+    if array.size == 0:
+        return array.astype(HOST_DTYPES[want])
     kind = array.dtype.kind
+    if kind == "O":  # integers beyond one 64-bit type (numbers_array), each exact
+        if DTYPES[want].is_float:
+            array, kind = array.astype(np.float64), "f"
+        elif DTYPES[want].kind == "int":
+            return check_int_range(array, name, want, accepted)
     if DTYPES[want].is_float and kind in "iuf":
         if want != "bfloat16":
             return array

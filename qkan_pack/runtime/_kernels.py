@@ -21,8 +21,8 @@ import platform
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from ._triton_compat import cache_dir_from_environment, unsupported_triton, vouc
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["PLAN_FILE", "TRITON_CACHE_ENV", "PrecompiledExport", "collect_kernel_cache",
-           "inductor_file", "kernel_key", "precompiled_dir", "process_environment"]
+           "inductor_file", "kernel_key", "kernel_name", "precompiled_dir",
+           "process_environment"]
 
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -140,10 +141,12 @@ def kernel_key(device_index: int = 0) -> tuple[str, dict[str, str]]:
     return key.replace("+", "_"), details
 
 
-def collect_kernel_cache(cache: Path) -> dict[str, bytes]:
-    """Every finished cache file, with group indexes made relocatable."""
+def collect_kernel_cache(cache: Path, entries: Iterable[str] | None = None) -> dict[str, bytes]:
+    """Every finished cache file (or those of the ``entries``: top-level directories, one per
+    compiled kernel), with group indexes made relocatable."""
     collected = {}
-    for file in sorted(cache.rglob("*")):
+    roots = [cache] if entries is None else [cache / entry for entry in sorted(set(entries))]
+    for file in sorted(f for root in roots for f in root.rglob("*")):
         if not file.is_file() or file.name.endswith(_SKIPPED_SUFFIXES) or ".tmp" in file.name:
             continue
         data = file.read_bytes()
@@ -203,17 +206,17 @@ def matching_set(artifact: VerifiedArtifact, device_index: int) -> tuple[KernelS
 
 
 @contextlib.contextmanager
-def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[dict[str, int]]:
+def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterator[KernelUse]:
     """Point Triton at a private copy of the shipped kernels for the duration of a load.
 
-    Yields counters filled on exit: ``shipped`` cache entries, and ``compiled``: entries
-    Triton wrote while loading (kernels it did not find in the shipped set), counted from
-    new or rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig``
-    and, when the set's record vouches for this host's Triton, skips hashing itself
+    Yields a ``KernelUse`` filled on exit: how many cache entries were shipped, and the
+    kernels Triton compiled while loading (not found in the shipped set), read from new or
+    rewritten group indexes. Meanwhile Triton finds libcuda without ``ldconfig`` and, when
+    the set's record vouches for this host's Triton, skips hashing itself
     (``_triton_compat``).
     """
     prefix = kernel_set.directory + "/"
-    counts = {"shipped": 0, "compiled": 0}
+    counts = KernelUse()
     with PROCESS_CACHES, tempfile.TemporaryDirectory(prefix="qkan-pack-kernels-") as private:
         root = Path(private)
         for name, data in artifact.files.items():
@@ -224,14 +227,47 @@ def shipped_kernels(artifact: VerifiedArtifact, kernel_set: KernelSet) -> Iterat
                     data = _relocate_group(data, _CACHE_PLACEHOLDER, private, where=name)
                 destination.write_bytes(data)
         before = _group_stamps(root)
-        counts["shipped"] = len(before)
+        counts.shipped = len(before)
         with _triton_cache_dir(private), _libcuda_hint(), \
                 vouched_triton_key(_key_record(artifact, kernel_set)):
             try:
                 yield counts
             finally:
                 after = _group_stamps(root)
-                counts["compiled"] = sum(1 for k, v in after.items() if before.get(k) != v)
+                changed = [k for k, v in after.items() if before.get(k) != v]
+                counts.compiled = sorted(filter(None, map(kernel_name, changed)))
+                counts.files = _shippable(root, changed)
+
+
+def _shippable(root: Path, group_indexes: Iterable[str]) -> dict[str, bytes]:
+    """The cache files of the kernels whose group indexes are named, as a set ships them;
+    none where one is not a relocatable index (the load goes on: only warm ships them)."""
+    try:
+        return collect_kernel_cache(root, (index.split("/")[0] for index in group_indexes))
+    except KernelCacheError:
+        return {}
+
+
+@dataclass
+class KernelUse:
+    """What a load took from a shipped kernel set: ``shipped`` cache entries, and the names
+    of the kernels it ``compiled`` because the set lacked them (what a stale set misses),
+    with their cache ``files`` as a set ships them: ``warm`` adds what its fresh-process
+    probe compiled (a fresh process loading precompiled graphs has compiled a Triton kernel
+    the graphs call under a cache key the process that made them never wrote)."""
+
+    shipped: int = 0
+    compiled: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def kernel_name(group_index: str) -> str | None:
+    """``<hash>/__grp__<kernel>.json`` -> ``<kernel>``: the name Triton compiled it under
+    (None for a path that is no group index)."""
+    if not group_index.rsplit("/", 1)[-1].startswith(_GROUP_PREFIX):
+        return None
+    name = group_index.rsplit("/", 1)[-1].removeprefix(_GROUP_PREFIX)
+    return name.removesuffix(".json")
 
 
 def _key_record(artifact: VerifiedArtifact, kernel_set: KernelSet) -> dict[str, Any] | None:

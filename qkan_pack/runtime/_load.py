@@ -35,6 +35,7 @@ from ._capture import capture_session
 from ._compat import check_compatibility
 from ._compiled import CompiledLoad, serve_compiled
 from ._device import ContextStart, resolve_device
+from ._float64 import float64_forward, float64_outputs
 from ._kernels import PROCESS_CACHES, PrecompiledExport, matching_set, shipped_kernels
 from ._layout import to_channels_last
 from ._options import (
@@ -61,8 +62,6 @@ from ._selftest import (
     ReferencePolicy,
     check_outputs,
     check_reference,
-    float64_forward,
-    float64_outputs,
     uninformative_outputs,
 )
 from ._source import (
@@ -239,10 +238,12 @@ def _kernel_cache(artifact: VerifiedArtifact, target: torch.device, kernels: str
         with report.stage("kernel cache"):
             counts = stack.enter_context(shipped_kernels(artifact, kernel_set))
         yield
-    report.kernel_cache += f" ({counts['shipped']} shipped, {counts['compiled']} compiled here)"
-    if counts["compiled"]:
-        report.warn(f"{counts['compiled']} kernel(s) were not in the shipped set and were "
-                    "compiled at load; re-run `qkan-pack warm` for this host")
+    compiled, report.kernels_compiled = counts.compiled, counts.files
+    report.kernel_cache += f" ({counts.shipped} shipped, {len(compiled)} compiled here)"
+    if compiled:
+        named = ", ".join(compiled[:5]) + (f" and {len(compiled) - 5} more" if len(compiled) > 5 else "")
+        report.warn(f"{len(compiled)} kernel(s) were not in the shipped set and were compiled "
+                    f"at load ({named}); re-run `qkan-pack warm` for this host")
 
 
 def _prepare(artifact: VerifiedArtifact, target: torch.device, report: LoadReport,

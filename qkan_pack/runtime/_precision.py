@@ -47,7 +47,7 @@ from ._compat import cpu_model
 from ._layout import layout_forward
 from ._options import Tolerance
 from ._report import PrecisionRecord
-from ._selftest import compare, spread_for
+from ._selftest import ChannelPool, compare, spread_for
 from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
@@ -165,16 +165,20 @@ def precision_scope(precision: str, device: torch.device) -> Iterator[None]:
 
 
 def output_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                  max_error: float = DEFAULT_MAX_ERROR) -> list[float]:
+                  max_error: float = DEFAULT_MAX_ERROR,
+                  pool: ChannelPool | None = None) -> list[float]:
     """Each output's largest difference from ``want`` as a share of its scale (``compare``'s
     ``max_rel``), per channel where a channel could be wholly wrong within ``max_error`` of
     the whole output's scale (a reduced precision that zeroes a small column beside a large
-    one is seen); infinite for NaN/inf, a changed non-float output, or another structure."""
+    one is seen; ``pool``: the channels' scales over more rows of the same shape, which a
+    batch of one alone does not show); infinite for NaN/inf, a changed non-float output, or
+    another structure."""
     if len(got) != len(want):
         return [float("inf")] * max(len(want), 1)
     spread = spread_for(max_error)
-    return [compare([a], [b], (0.0, 0.0), channel_spread=spread).max_rel
-            for a, b in zip(got, want)]
+    return [compare([a], [b], (0.0, 0.0), channel_spread=spread, pool=pool,
+                    first_output=index).max_rel
+            for index, (a, b) in enumerate(zip(got, want))]
 
 
 def replay_tolerance(tolerance: Tolerance, precision: str) -> Tolerance:

@@ -474,7 +474,8 @@ class AotiGraph:
         self.loader = loader
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        return self.loader.boxed_run(list(args))
+        outputs: list[torch.Tensor] = self.loader.boxed_run(list(args))
+        return outputs
 
 
 def _callable(data: bytes) -> Callable[..., Any]:

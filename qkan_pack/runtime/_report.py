@@ -122,6 +122,9 @@ class LoadReport:
     load_to_ready_seconds: float = 0.0
     pool_bytes: int = 0
     kernel_cache: str = "not used"
+    #: The cache files of kernels compiled at load although a shipped set was used
+    #: (``KernelUse.files``), as a set ships them: what ``warm`` adds to the set.
+    kernels_compiled: dict[str, bytes] = field(default_factory=dict, repr=False)
     compiled: str = "off"
     #: Declared padding (``build --pad``): the pad values and each axis with its sizes.
     padding: list[str] = field(default_factory=list)
@@ -130,7 +133,11 @@ class LoadReport:
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as JSON-ready data (the compiled kernels' bytes left out: the
+        ``kernel_cache`` line and the warning name them)."""
+        data = asdict(self)
+        del data["kernels_compiled"]
+        return data
 
     def warn(self, message: str) -> None:
         """Record a warning in the report and emit it as a Python warning."""

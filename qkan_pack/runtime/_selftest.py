@@ -21,24 +21,20 @@ band and signatures are the defence against those.
 
 from __future__ import annotations
 
-import copy
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..errors import SelfTestError
-from ._calling import bind_forward
 from ._options import Tolerance
-from ._progress import progress_bar
-from ._tree import flatten
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["HALF_CEILING", "compare", "float64_noise", "proof_agreement", "proof_bound",
-           "spread_for", "structure_difference", "uninformative_outputs"]
+__all__ = ["CHANNEL_MIN_ROWS", "HALF_CEILING", "Agreement", "ChannelPool", "compare",
+           "proof_agreement", "proof_bound", "spread_for", "structure_difference",
+           "uninformative_outputs"]
 
 
 #: A sound model's outputs stay within this many times the build's float32 rounding noise
@@ -71,7 +67,9 @@ class Agreement:
 
 
 def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
-            tolerance: Tolerance, *, channel_spread: float | None = None) -> Agreement:
+            tolerance: Tolerance, *, channel_spread: float | None = None,
+            pool: ChannelPool | None = None, first_output: int = 0,
+            own_values: bool = False, scales: Sequence[float] | None = None) -> Agreement:
     """Every element within ``rtol * |expected| + atol * scale``, ``scale`` being the largest
     magnitude of that output: the check means the same for logits of 1e2 and for an
     untrained network's outputs of 1e-12 (an absolute atol would be blind to the latter).
@@ -82,7 +80,19 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     wrong is a millionth of the output's scale, which any bound relative to the whole output
     accepts. The proofs and the precision gate, which decide what a user's outputs may lose,
     measure so, with the factor beyond which a channel could be wholly wrong within their
-    bound (``spread_for``).
+    bound (``spread_for``). A channel's scale is its largest magnitude over ``expected``;
+    where that holds fewer than ``CHANNEL_MIN_ROWS`` values per channel (one row shows no
+    channel's scale), over ``pool`` too: more float32 outputs of the same call's shape
+    (``ChannelPool``; ``first_output``: the index of ``expected[0]`` among the model's
+    outputs).
+
+    ``own_values``: each value is also held to its own magnitude, never below ``OWN_FLOOR``
+    of its scale: where the rows of one channel are a million apart, the channel's scale
+    hides a change in the small rows (for two runs of the same arithmetic, which agree to
+    the last bit but for what changed).
+
+    ``scales``: each output's scale, where it is not ``expected``'s own largest magnitude
+    (a row run alone is measured on its batch's).
 
     A different number of outputs (a config override can change it), a shape or dtype
     difference, any difference in a non-float leaf, or a NaN on either side, is infinitely
@@ -93,7 +103,7 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
     if len(actual) != len(expected):
         return Agreement(inf, inf, False)
     worst_abs, worst_rel, ok = 0.0, 0.0, True
-    for got, want in zip(actual, expected, strict=True):
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True), first_output):
         got, want = got.detach().to("cpu"), want.detach().to("cpu")
         if got.shape != want.shape or got.dtype != want.dtype:
             return Agreement(float("inf"), float("inf"), False)
@@ -103,9 +113,13 @@ def compare(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
             continue
         got, want = got.double(), want.double()
         diff = (got - want).abs()
-        scale = channel_scales(want, channel_spread) if channel_spread else None
+        pooled = pool.of(index, want) if pool is not None else None
+        scale = channel_scales(want, channel_spread, pooled) if channel_spread else None
         if scale is None:
-            scale = want.abs().max()
+            scale = (want.abs().max() if scales is None
+                     else torch.tensor(scales[index - first_output], dtype=torch.float64))
+        if own_values:
+            scale = torch.minimum(scale, torch.maximum(want.abs(), scale * OWN_FLOOR))
         largest = float(diff.max())
         if math.isnan(largest) or bool(torch.isnan(scale).any()):  # max() would drop a NaN
             worst_abs, worst_rel, ok = inf, inf, False
@@ -136,32 +150,127 @@ def spread_for(bound: float) -> float:
     return min(CHANNEL_SPREAD, 1 / bound) if bound > 0 else CHANNEL_SPREAD
 
 
-def channel_scales(want: torch.Tensor, spread: float) -> torch.Tensor | None:
+def channel_axes(tensor: torch.Tensor) -> list[int]:
+    """The axes whose entries are channels: the last and, at rank 3 or more, the second
+    (NCHW); none below rank 2."""
+    if tensor.dim() < 2:
+        return []
+    return sorted({tensor.dim() - 1, 1 if tensor.dim() >= 3 else tensor.dim() - 1})
+
+
+def channel_maxima(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    """Each channel's largest magnitude along ``axis``, kept broadcastable (float64)."""
+    others = [d for d in range(tensor.dim()) if d != axis]
+    return tensor.detach().to("cpu").double().abs().amax(dim=others, keepdim=True)
+
+
+#: What ``ChannelPool.of`` gives per channel axis: the pooled maxima (broadcastable against
+#: the output) and how many values per channel they were taken over.
+Pooled = dict[int, tuple[torch.Tensor, int]]
+
+
+class ChannelPool:
+    """Each float output's channel scales over the float32 outputs ``add``ed (one declared
+    shape's: its reference, calibration samples, extra draws): what a channel is measured
+    against where the compared output alone has too few values per channel
+    (``CHANNEL_MIN_ROWS``: a batch of one). A channel's pooled scale is an upper quartile of
+    its rows' largest magnitudes, not their maximum: one outlier row (a user's reference
+    holding a value 1e6 times the rest) must not set every compared row's scale. Never
+    another shape's outputs, nor for an output that shows its own scales: a larger scale
+    from elsewhere (a longer sequence) hides a channel. Channels are matched by output
+    index, rank, axis and size; a pool holds each row's per-channel maxima, not outputs."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[int, int, int, int], tuple[list[torch.Tensor], int]] = {}
+
+    def add(self, outputs: Sequence[torch.Tensor]) -> None:
+        """Fold one run's flat outputs in."""
+        for index, leaf in enumerate(outputs):
+            if not leaf.is_floating_point() or not leaf.numel():
+                continue
+            for axis in channel_axes(leaf):
+                size = leaf.shape[axis]
+                key = (index, leaf.dim(), axis, size)
+                rows, count = self._rows.get(key, ([], 0))
+                rows.append(_row_maxima(leaf, axis))
+                self._rows[key] = rows, count + leaf.numel() // size
+
+    def of(self, index: int, want: torch.Tensor) -> Pooled:
+        """The pooled scales for output ``index`` shaped like ``want``, by channel axis:
+        only along the axes where ``want`` holds fewer than ``CHANNEL_MIN_ROWS`` values per
+        channel (elsewhere its own values give the scales, and nothing is pooled)."""
+        found: Pooled = {}
+        for axis in channel_axes(want):
+            size = want.shape[axis]
+            held = self._rows.get((index, want.dim(), axis, size))
+            if held is not None and want.numel() // size < CHANNEL_MIN_ROWS:
+                shape = [1] * want.dim()
+                shape[axis] = size
+                found[axis] = _lower_quantile(torch.cat(held[0])).reshape(shape), held[1]
+        return found
+
+    def short(self) -> bool:
+        """Whether some output's channels have fewer than ``CHANNEL_MIN_ROWS`` values each."""
+        return any(count < CHANNEL_MIN_ROWS for _, count in self._rows.values())
+
+
+#: ``ChannelPool``'s scale of a channel: this quantile of its rows' largest magnitudes (the
+#: lower one: of four rows the second largest, of eight the third).
+POOL_QUANTILE = 0.75
+
+
+def _lower_quantile(rows: torch.Tensor) -> torch.Tensor:
+    """Each column's ``POOL_QUANTILE`` quantile over the rows, the lower one (what
+    ``torch.quantile(interpolation="lower")`` gives, without its limit of 2**24 rows: a
+    flattened 4096x4096 image's pixels are as many)."""
+    rank = math.floor(POOL_QUANTILE * (rows.shape[0] - 1)) + 1
+    return torch.kthvalue(rows, rank, dim=0).values
+
+
+def _row_maxima(leaf: torch.Tensor, axis: int) -> torch.Tensor:
+    """Each row's (first dim's) largest magnitude per channel along ``axis``: (rows, size)."""
+    magnitude = leaf.detach().to("cpu").double().abs()
+    others = [d for d in range(1, leaf.dim()) if d != axis]
+    per_row = magnitude.amax(dim=others) if others else magnitude
+    return per_row.reshape(leaf.shape[0], leaf.shape[axis])
+
+
+def channel_scales(want: torch.Tensor, spread: float,
+                   pooled: Pooled | None = None) -> torch.Tensor | None:
     """Each element's scale by its channel, for a float output of rank 2 or more: along the
-    last axis and, at rank 3 or more, the second (NCHW), each channel's largest magnitude,
-    an element taking the smaller of its two, never below ``CHANNEL_FLOOR`` of the output's
-    largest; broadcastable against ``want``. None where along neither axis the channels'
-    scales differ by more than ``spread`` (one scale serves), or no axis has channels of
-    ``CHANNEL_MIN_ROWS`` values."""
-    if want.dim() < 2:
-        return None
-    magnitude = want.abs()
-    largest = magnitude.max()
-    if not largest > 0:  # NaN too
+    last axis and, at rank 3 or more, the second (NCHW), a channel more than ``spread``
+    below the largest is held to its own largest magnitude (over ``want``, or where it has
+    fewer than ``CHANNEL_MIN_ROWS`` values per channel, over the ``pooled`` outputs of the
+    same shape too), every other channel to the largest channel's (a channel 4x smaller
+    cannot hide in the bound: holding it to itself would only refuse a reduced precision's
+    errors, which are a share of the whole output's magnitude); an element takes the smaller
+    of its two, never below ``CHANNEL_FLOOR`` of the largest; broadcastable against ``want``.
+    None where along neither axis the channels' scales differ by more than ``spread`` (one
+    scale serves), or no axis has channels of ``CHANNEL_MIN_ROWS`` values."""
+    if want.dim() < 2 or not want.abs().max() > 0:  # NaN too
         return None
     scales = []
-    for axis in sorted({want.dim() - 1, 1 if want.dim() >= 3 else want.dim() - 1}):
+    for axis in channel_axes(want):
         size = want.shape[axis]
-        if size < 2 or want.numel() < CHANNEL_MIN_ROWS * size:
+        per_channel, count = channel_maxima(want, axis), want.numel() // size
+        if count < CHANNEL_MIN_ROWS and pooled and axis in pooled:
+            held, held_count = pooled[axis]
+            per_channel, count = torch.maximum(per_channel, held), max(count, held_count)
+        if size < 2 or count < CHANNEL_MIN_ROWS:
             continue
-        others = [d for d in range(want.dim()) if d != axis]
-        per_channel = magnitude.amax(dim=others, keepdim=True)
-        if per_channel.min() * spread < largest:
-            scales.append(per_channel)
+        top = per_channel.max()
+        if per_channel.min() * spread < top:
+            scales.append(torch.where(per_channel * spread < top, per_channel, top))
     if not scales:
         return None
     scale = scales[0] if len(scales) == 1 else torch.minimum(scales[0], scales[1])
-    return torch.clamp(scale, min=float(largest) * CHANNEL_FLOOR)
+    largest = max(float(s.max()) for s in scales)
+    return torch.clamp(scale, min=largest * CHANNEL_FLOOR)
+
+
+#: ``compare(own_values=True)``: a value is never held to less than this share of its
+#: scale (a zero, or a value that cancels, rounds like the rest of its channel).
+OWN_FLOOR = 1e-4
 
 
 def _relative(diff: torch.Tensor, scale: torch.Tensor) -> float:
@@ -193,12 +302,21 @@ def proof_bound(noise: float | None) -> float:
 
 
 def proof_agreement(got: torch.Tensor, want: torch.Tensor, noise: float | None, *,
-                    bound: float | None = None) -> Agreement:
-    """The one comparison of build's proofs: one output computed two ways, held to
-    ``proof_bound`` (or ``bound``), per channel where a channel could hide within it
-    (``compare(channel_spread=spread_for(bound))``)."""
+                    bound: float | None = None, pool: ChannelPool | None = None,
+                    output: int = 0, same_kernels: bool = False,
+                    whole: float | None = None) -> Agreement:
+    """The one comparison of build's proofs: one output (``output``, its index among the
+    model's) computed two ways, held to ``proof_bound`` (or ``bound``), per channel where a
+    channel could hide within it (``compare(channel_spread=spread_for(bound))``), channels
+    scaled over ``pool`` too; where both ways ran the same kernels (``same_kernels``: the
+    same batch size, so a value's own arithmetic is unchanged), each value to its own
+    magnitude as well (``compare(own_values=True)``); given ``whole``, to that one scale
+    instead (a row alone, through other kernels: its batch's largest magnitude)."""
     bound = proof_bound(noise) if bound is None else bound
-    return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound))
+    if whole is not None:
+        return compare([got], [want], (0.0, bound), scales=[whole])
+    return compare([got], [want], (0.0, bound), channel_spread=spread_for(bound), pool=pool,
+                   first_output=output, own_values=same_kernels)
 
 
 class Uninformative(NamedTuple):
@@ -246,66 +364,13 @@ def noise_tolerance(noise: float | None, ceiling: Tolerance) -> Tolerance:
     return min(ceiling[0], bound), min(ceiling[1], bound)
 
 
-def float64_noise(model: torch.nn.Module, names: Sequence[str], call: str,
-                  samples: Sequence[Sequence[torch.Tensor]],
-                  outputs: Sequence[Sequence[torch.Tensor]], *,
-                  progress: bool | None = False) -> list[float | None]:
-    """Per sample: how far ``outputs`` (the model's float32 outputs on it, flat) are from a
-    float64 copy of the model on the same inputs, as a share of each output's scale
-    (``compare``'s ``max_rel``), rounded to two digits. None where that cannot be measured:
-    the copy or its forward fails (an op without float64, float32 state outside parameters
-    and buffers), a floating output is computed in float32 even there (a constant float32
-    output, the same in both runs, is skipped), or a non-float output differs. The copy is
-    freed before returning; ``progress`` as ``progress_bar``'s."""
-    forward = float64_forward(model, names, call)
-    if forward is None:
-        return [None] * len(samples)
-    noises: list[float | None] = []
-    try:
-        for inputs, narrow in progress_bar(zip(samples, outputs, strict=True),
-                                           desc="reference noise (float64)",
-                                           total=len(samples), enabled=progress):
-            wide = float64_outputs(forward, inputs)
-            noise = None if wide is None else deviation(narrow, wide)
-            noises.append(None if noise is None else float(f"{noise:.2g}"))
-    finally:
-        del forward
-    return noises
-
-
-def float64_forward(model: torch.nn.Module, names: Sequence[str],
-                    call: str) -> Callable[..., Any] | None:
-    """A float64 copy of ``model``, bound like its forward; None when it cannot be made."""
-    try:
-        # eval() again after the cast: modules that fold weights into eval-time caches
-        # (QKAN) rebuild them from the float64 parameters
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            wide = copy.deepcopy(model).double().train(model.training)
-    except Exception:
-        return None
-    return bind_forward(wide, names, call)
-
-
-def float64_outputs(forward: Callable[..., Any],
-                    inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-    """The float64 copy's flat outputs on ``inputs`` (floating inputs widened); None when
-    its forward fails."""
-    widened = [t.double() if t.is_floating_point() else t for t in inputs]
-    try:
-        # the float32 run already showed the model code's warnings; this is a measurement
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return flatten(forward(*widened))
-    except Exception:
-        return None
-
-
 def deviation(narrow: Sequence[torch.Tensor], wide: Sequence[torch.Tensor]) -> float | None:
     """How far ``narrow`` outputs are from the float64 ones, as a share of each output's
     scale (``compare``'s ``max_rel``); None when that means nothing: a different number
     of outputs, a floating output the float64 copy still computes in another dtype (unless
-    it is the same constant in both), or a non-float output that differs."""
+    it is the same constant in both), no floating output left to compare (a model that
+    casts every output to float32 or bfloat16 returns them so in float64 too: its noise is
+    unknown, not zero), or a non-float output that differs."""
     if len(wide) != len(narrow):
         return None
     pairs = []
@@ -315,6 +380,8 @@ def deviation(narrow: Sequence[torch.Tensor], wide: Sequence[torch.Tensor]) -> f
                 return None  # computed in float32 even here: no float64 to measure against
             continue  # a constant (``torch.zeros(2)``, a placeholder loss): nothing to measure
         pairs.append((a.double() if a.is_floating_point() else a, b))
+    if not any(b.is_floating_point() for _, b in pairs):
+        return None
     found = compare([a for a, _ in pairs], [b for _, b in pairs], (0.0, 0.0)).max_rel
     return found if found < float("inf") else None
 
@@ -383,7 +450,9 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
     distance from float64 (``noise``) whatever this device's summation order or precision,
     an edited one does not. Float32 outputs stay within ``ceiling``; half-precision ones
     (whose own rounding exceeds it) within ``half_ceiling``. Where no float64 copy runs
-    here, ``ceiling`` decides, with a warning.
+    here, ``ceiling`` decides, with a warning. Where the noise was not measured, each
+    output is held to its own dtype's bound: ``half_ceiling`` for a half-precision one,
+    ``ceiling`` for the rest.
     """
     compared = "outputs on this host and the build-time references"
     ceiling, hint = policy.ceiling, policy.hint
@@ -399,6 +468,8 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
         return ReferenceCheck(agreement.max_abs, tight)
     half = half_ceiling(got)
     within_ceiling = compare(got, want, ceiling).ok
+    if noise is None and half is not None and _each_within(got, want, ceiling, half):
+        return ReferenceCheck(agreement.max_abs, (0.0, half))
     if noise is None or (half is None and not within_ceiling):
         raise SelfTestError(shape=label, compared=compared, max_abs=agreement.max_abs,
                             max_rel=agreement.max_rel, tolerance=ceiling, hint=hint)
@@ -425,6 +496,15 @@ def check_reference(label: str, got: Sequence[torch.Tensor], want: Sequence[torc
     raise SelfTestError(
         shape=label, compared=compared, max_abs=agreement.max_abs, max_rel=agreement.max_rel,
         tolerance=(0.0, bound), hint=_float64_hint(noise, found, bound, limit, half, wide))
+
+
+def _each_within(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                 ceiling: Tolerance, half: float) -> bool:
+    """Whether each output keeps its own dtype's bound, where the noise was not measured:
+    a half-precision output within ``half`` of its scale (another device's float32 moves a
+    value across a rounding boundary), every other output within the fixed ``ceiling``."""
+    return all(compare([g], [w], (0.0, half) if g.dtype in HALF_CEILING else ceiling).ok
+               for g, w in zip(got, want, strict=True))
 
 
 def _float32_within(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],

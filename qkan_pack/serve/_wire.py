@@ -34,7 +34,7 @@ import orjson
 
 from ..errors import InputError, MalformedRequestError, ShapeSpecError
 from ..format import DTYPES, MAX_RANK, Signature, check_dtype
-from ..runtime import fit_numbers, host_array, numbers_array
+from ..runtime import REQUEST_KEYS, fit_numbers, host_array, numbers_array
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 ENCODINGS = ("list", "base64")
 _B64_KEYS = frozenset({"b64", "dtype", "shape"})
-_REQUEST_KEYS = frozenset({"inputs", "encoding"})
 #: One JSON string, quotes and escapes (``\"`` too) included: in a text orjson accepted, every
 #: ``"`` outside a string opens one, so successive matches are exactly the text's strings.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -50,6 +49,9 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 #: both hold an "e", which most bodies of numbers lack, and ``int in bytes`` is a bare memchr
 #: (a bytes needle costs ten times as much to look up), so that byte is looked for first.
 _E = ord("e")
+#: Characters of the longest JSON integer a 64-bit type holds (``-9223372036854775808``,
+#: ``18446744073709551615``): a longer one is beyond 64 bits.
+_INT_DIGITS = 20
 
 
 
@@ -69,9 +71,9 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     if not isinstance(request, dict) or "inputs" not in request:
         raise MalformedRequestError('request must be a JSON object with "inputs", e.g. '
                                     '{"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}')
-    if not request.keys() <= _REQUEST_KEYS:
-        unknown = sorted(set(request) - _REQUEST_KEYS)
-        raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(_REQUEST_KEYS)}")
+    if not request.keys() <= REQUEST_KEYS:
+        unknown = sorted(set(request) - REQUEST_KEYS)
+        raise MalformedRequestError(f"unknown request key(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
     encoding = request.get("encoding", "list")
     if encoding not in ENCODINGS:
         raise MalformedRequestError(f"encoding {encoding!r} is not one of {list(ENCODINGS)}")
@@ -125,17 +127,36 @@ def _refuse_duplicate_keys(body: bytes) -> None:
 
 def _lenient(body: bytes, problem: str, hint: str) -> Any:
     try:
-        return json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
+        value = json.loads(body, object_pairs_hook=_unique_keys, parse_int=_int_or_float)
     except MalformedRequestError:
         raise
     except (ValueError, TypeError, RecursionError):
         raise MalformedRequestError(f"request body is not valid JSON ({problem}){hint}") from None
+    _refuse_lone_surrogates(value, problem)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any, problem: str) -> None:
+    """The standard library reads ``"\\udc80"`` (a valid JSON escape) as a lone surrogate,
+    which no UTF-8 text holds: a string echoed back (a request's ``id``) would then fail the
+    reply's encoder after the model ran. orjson refused the body for it; so is it here, a
+    400 (encoding the value again is the one check that sees every string, keys too)."""
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:  # orjson.JSONEncodeError
+        if "surrogate" in str(exc):
+            raise MalformedRequestError(f"request body is not valid JSON text ({problem}): a "
+                                        "string holds a lone surrogate escape (\\ud800-\\udfff "
+                                        "without its pair), which UTF-8 cannot encode") from None
 
 
 def _int_or_float(text: str) -> int | float:
-    """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range), so
-    that ``fit`` refuses it naming the input (422), as it does ``1e400``: as a Python int it
-    would make an object array and a 400 that blames the body's layout."""
+    """A JSON integer; beyond 64 bits, the float it rounds to (``inf`` past float's range),
+    as orjson reads such an integer, so that ``fit`` refuses it naming the input (422), as it
+    does ``1e400``. Past 20 digits it is read as a float without ``int``, which refuses a
+    text of more than 4,300 digits (a 400 for a body that is valid JSON)."""
+    if len(text) > _INT_DIGITS:
+        return float(text)
     value = int(text)
     return value if -2**63 <= value < 2**64 else float(text)
 

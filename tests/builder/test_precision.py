@@ -59,6 +59,23 @@ def test_the_gate_refuses_float16_overflow_with_the_figures_and_writes_nothing(
     assert not (tmp_path / "fp16").exists()
 
 
+def test_a_forward_that_fails_in_a_precision_is_left_out_by_auto_and_refused_by_name(
+        tmp_path: Path) -> None:
+    """Fifth pass M2: the HQKAN GPT's float16 forward raised on the CPU (no ComplexHalf
+    exp) and the whole build failed with "unexpected NotImplementedError"."""
+    config = {"kind": "no_float16_kernel"}
+    result = _build(tmp_path, "auto", precision="auto", config=config)
+    assert result.manifest.precision.allowed == ("fp32", "tf32", "bf16")
+    (note,) = [n for n in result.notes if "fp16 left out" in n]
+    assert "the forward fails under fp16 on the build host (NotImplementedError" in note
+    assert "nothing was written" not in note  # it was (sixth pass L2)
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "fp16", precision="fp16", config=config)
+    assert info.value.precision == "fp16" and info.value.problem is not None
+    assert "ComplexHalf" in str(info.value) and "nothing was written" in str(info.value)
+    assert not (tmp_path / "fp16").exists()
+
+
 def test_the_gate_accepts_the_same_model_in_bfloat16_and_records_its_error(
         tmp_path: Path) -> None:
     result = _build(tmp_path, "bf16", shapes="1x8,4x8", precision="bf16")
@@ -383,6 +400,42 @@ def test_the_gate_sees_small_columns_zeroed_beside_a_large_one(tmp_path: Path) -
                precision="bf16")
     assert info.value.measured >= 0.5
     assert not (tmp_path / "columns").exists()
+
+
+@pytest.mark.parametrize(("kind", "shapes"), [
+    ("small_columns", "1x8"), ("cancelled_column", "1x2"), ("cancelled_column", "3x2"),
+])
+def test_the_gate_sees_a_wrong_channel_at_a_batch_of_one(tmp_path: Path, kind: str,
+                                                         shapes: str) -> None:
+    """Adversarial pass F2: one row (up to three) shows no channel's scale, so a build
+    declared at batch 1 only measured against the whole output's and passed a column
+    bfloat16 zeroes. More draws of the entry give the channels their scales."""
+    with pytest.raises(PrecisionError):
+        _build(tmp_path, kind, shapes=shapes, config={"kind": kind}, precision="bf16")
+    assert not (tmp_path / kind).exists()
+
+
+@pytest.mark.parametrize("shapes", ["4x4,4x4096", "1x4,1x4096"])
+def test_a_longer_shape_does_not_loosen_a_shorter_ones_gate(tmp_path: Path, shapes: str) -> None:
+    """Re-audit N3: channel scales pooled over every shape held 4x4 to 4x4096's (1e6 times
+    larger) and passed a column bfloat16 gets half wrong; each shape's scales are its own."""
+    with pytest.raises(PrecisionError) as info:
+        _build(tmp_path, "length", shapes=shapes, config={"kind": "length_cancel"},
+               precision="bf16")
+    assert {figure[0] for figure in info.value.figures} >= {shapes.split(",")[0]}
+
+
+def test_a_batch_of_one_the_model_runs_only_on_given_inputs_builds_and_says_so(
+        tmp_path: Path) -> None:
+    """Re-audit N1: the extra draws that show a batch of one's channel scales went through
+    the reference checks, so a model that takes the log of its (positive) inputs failed to
+    build at float32 with the user's own valid reference; the build now says the channels
+    are measured against the whole output instead."""
+    np.save(tmp_path / "in.npy", np.full((1, 4), 2.0, np.float32))
+    result = build(MODEL, "1x4", output=tmp_path / "logs", config={"kind": "log_features"},
+                   reference_inputs=tmp_path / "in.npy", progress=False)
+    assert any("measured against each output's whole scale" in note and "1x4" in note
+               for note in result.notes), result.notes
 
 
 @pytest.mark.parametrize(("kind", "shapes"), [

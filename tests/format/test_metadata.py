@@ -227,3 +227,14 @@ def test_inspect_shows_metadata_and_its_json_carries_the_schema(tmp_path: Path) 
     data = json.loads(CliRunner().invoke(cli, ["inspect", str(path), "--json"]).output)
     assert data["schema"]["inputs"][0]["shapes"] == [[2, 2]]
     assert data["manifest"]["metadata"]["labels"] == {"team": "search"}
+
+
+@pytest.mark.parametrize("keys", ["mixed", "negative"])
+def test_an_id2label_keyed_otherwise_than_by_index_is_named_not_dropped_silently(
+        tmp_path: Path, keys: str) -> None:
+    """Seventh pass L3: labels keyed otherwise than 0..N-1 were dropped at exit 0 without a
+    word; the build says why the artifact has no class labels."""
+    with pytest.warns(UserWarning, match="not the class indices 0..2"):
+        result = build(MODELS / "labelled.py", "1x2", output=tmp_path / "a", progress=False,
+                       entry="build_keyed", config={"keys": keys})
+    assert result.manifest.metadata.class_labels == ()

@@ -25,3 +25,11 @@ def build_model(kind: str = "good", outputs: int = 0) -> torch.nn.Module:
     model = torch.nn.Linear(2, outputs or len(LABELS[kind]))
     model.config = SimpleNamespace(id2label=dict(enumerate(LABELS[kind])))
     return model
+
+
+def build_keyed(keys: str) -> torch.nn.Module:
+    """Three classes whose ``id2label`` keys are not 0..2 (a hand-made config)."""
+    model = build_model("good")
+    model.config.id2label = ({"0": "cat", "x": "dog", 2: "bird"} if keys == "mixed"
+                             else {-1: "cat", 1: "dog", 2: "bird"})
+    return model

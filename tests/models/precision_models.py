@@ -123,6 +123,35 @@ class TinyResNet(nn.Module):
         return {"logits": logits, "features": feature_map} if self.features else logits
 
 
+class LengthScaledCancel(nn.Module):
+    """Rows of any length: a small column computed as the difference of two large matmul
+    outputs (bfloat16 cancels it) beside one growing with the length squared (1e5 L^2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.Linear(1, 2, bias=False)
+        with torch.no_grad():
+            self.h.weight[0, 0], self.h.weight[1, 0] = 1000.0, 1010.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        h = self.h(x[:, :1]).float()
+        small = (h[:, 1] - h[:, 0]) + 0.05 * length * length
+        big = 1e5 * length * length * (1 + 0.001 * x.mean(1))
+        return torch.stack([small, big], 1)
+
+
+class LogFeatures(nn.Module):
+    """Takes the log of its inputs: random normal draws make NaN; real data is positive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.log(x))
+
+
 class ViewAfterConv(nn.Module):
     """A convolution's output flattened with ``view``: fine on a contiguous tensor, an error
     on a channels-last one (its channels are no longer the outermost of C, H, W)."""
@@ -137,8 +166,25 @@ class ViewAfterConv(nn.Module):
         return self.head(y.view(y.shape[0], -1))
 
 
+class NoFloat16Kernel(nn.Module):
+    """A layer whose next op has no float16 kernel on the build host (as complex ``exp`` in
+    ComplexHalf has none on a CPU): under float16 autocast the forward raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.dtype == torch.float16:
+            raise NotImplementedError('"exp_vml_cpu" not implemented for \'ComplexHalf\'')
+        return y.float()
+
+
 def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
     torch.manual_seed(0)
+    if kind == "no_float16_kernel":
+        return NoFloat16Kernel()
     if kind in ("resnet", "resnet_features"):
         return TinyResNet(features=kind == "resnet_features")
     if kind == "view_after_conv":
@@ -158,4 +204,8 @@ def build_model(kind: str = "overflow", scale: float = 1e6) -> nn.Module:
         return SmallChannelNCHW()
     if kind == "cancelled_column":
         return CancelledColumn()
+    if kind == "length_cancel":
+        return LengthScaledCancel()
+    if kind == "log_features":
+        return LogFeatures()
     raise ValueError(f"unknown kind {kind!r}")

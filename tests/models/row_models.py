@@ -22,11 +22,28 @@ class BalancedMoE(nn.Module):
         self.experts = nn.ModuleList(nn.Linear(FEATURES, FEATURES) for _ in range(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # every expert runs on the whole batch (a row's arithmetic never follows its
+        # neighbours): only the capacity makes one row's answer depend on the others
         choice = self.router(x).argmax(-1)
         capacity = max(1, int(2.0 * x.shape[0] / len(self.experts)))
         out = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
-            rows = (choice == index).nonzero().flatten()[:capacity]
+            mine = choice == index
+            kept = mine & (torch.cumsum(mine.long(), 0) <= capacity)
+            out = torch.where(kept[:, None], expert(x), out)
+        return out
+
+
+class GatheredMoE(BalancedMoE):
+    """Top-1 mixture of 8 experts without a capacity, each expert run on the rows routed to
+    it (gathered): the answers are the rows' own, but an expert's batch size, and with it
+    the rounding of its matrix product, follows the neighbours."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            rows = (choice == index).nonzero().flatten()
             out[rows] = expert(x[rows])
         return out
 
@@ -252,6 +269,46 @@ class PlainAttributeMax(nn.Module):
         return self.linear(x / self.seen)
 
 
+class SmallColumnSeesTheBatch(nn.Module):
+    """A large column beside one 1e7 smaller that reads the batch's mean: compared with a
+    few rows' own scale only the small column shows the dependence, and one or two rows
+    show no column's scale (the row proof pools the references' channel scales)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        large = 1e5 * self.linear(x)
+        small = 1e-2 * (x[:, :1] + x.mean(0, keepdim=True)[:, :1])
+        return torch.cat([large, small], 1)
+
+
+class LengthScaledLeak(nn.Module):
+    """Rows of any length: a small column that reads the previous row, beside a column whose
+    scale grows with the length squared (1e5 L^2). At 8x4096 the large column is 1e6 times
+    its size at 8x8: scaled by the longer shape's channels, the short shape's leak hides."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        small = 0.05 * length * length + x[:, 0] + 0.05 * torch.roll(x[:, 0], 1, 0)
+        big = 1e5 * length * length * (1 + 0.001 * x.mean(1))
+        return torch.stack([small, big], 1)
+
+
+class FarThreshold(nn.Module):
+    """Rows that interact only when some row holds a value beyond 50: far outside what a
+    build draws by default (standard normals, and those sixteen times as large)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        return torch.where((x.abs().amax(dim=1) > 50).any(), y + x.abs().amax(), y)
+
+
 class FixedTable(nn.Module):
     """Logits beside a fixed 8x3 table that merely has as many rows as the 8-row batch."""
 
@@ -278,10 +335,55 @@ class ExtraOutputInBatches(nn.Module):
         return {"logits": y, "probs": y.softmax(-1)}
 
 
+class SqueezedHead(nn.Module):
+    """A regression head of one output ending in ``.squeeze()``: (B,) at a batch of B, a
+    scalar at a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).squeeze()
+
+
+class ChaoticTanh(nn.Module):
+    """Row-independent, but numerically chaotic: a deep tanh MLP initialised as PyTorch's
+    docs suggest for tanh (``xavier_normal_`` with gain 5/3, zero biases), whose float32
+    rounding grows with depth past the row proof's bound (ninth adversarial pass, L1).
+    ``narrowed``: the result passes through a float32 tensor made in forward, so its float64
+    copy is not float64 throughout and rows alone are compared in float32 only (its noise is
+    still measured: everything before that copy ran in float64)."""
+
+    def __init__(self, depth: int = 64, width: int = 256, narrowed: bool = False) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(FEATURES, width), nn.Tanh()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(width, width), nn.Tanh()]
+        self.layers = nn.Sequential(*layers, nn.Linear(width, 4))
+        for layer in self.layers:
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_normal_(layer.weight, gain=nn.init.calculate_gain("tanh"))
+                nn.init.zeros_(layer.bias)
+        self.narrowed = narrowed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers(x)
+        if not self.narrowed:
+            return y
+        out = torch.zeros(y.shape)
+        out.copy_(y)
+        return out.to(x.dtype)
+
+
 def build_model(kind: str = "independent") -> nn.Module:
     torch.manual_seed(0)
     if kind == "independent":
         return nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, 3))
+    if kind == "squeezed":
+        return SqueezedHead()
+    if kind in ("chaotic", "chaotic_narrowed"):
+        return ChaoticTanh(narrowed=kind == "chaotic_narrowed").eval()
     models = {"int8": DynamicInt8, "moe": CapacityMoE, "batch_max": BatchMax,
               "train_norm": TrainModeNorm, "batch_softmax": BatchSoftmax,
               "fixed_batch": FixedBatch, "leaky": LeakyScale, "longest_row": LongestRowMean,
@@ -289,6 +391,8 @@ def build_model(kind: str = "independent") -> nn.Module:
               "running_max": RunningMax, "observer": ObserverLeftOn,
               "attribute_max": PlainAttributeMax, "fixed_table": FixedTable,
               "extra_output": ExtraOutputInBatches, "balanced_moe": BalancedMoE,
+              "gathered_moe": GatheredMoE,
               "floored_scale": FlooredScale, "state_at_one_row": StateAtOneRow,
-              "calibrated_clip": CalibratedClip}
+              "calibrated_clip": CalibratedClip, "small_column": SmallColumnSeesTheBatch,
+              "length_leak": LengthScaledLeak, "far_threshold": FarThreshold}
     return models[kind]()

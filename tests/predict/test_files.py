@@ -59,6 +59,17 @@ def test_an_output_inside_an_artifact_is_refused_before_the_load(artifact: Path,
     read_artifact(artifact)  # still verifies
 
 
+def test_an_output_that_is_an_input_file_is_refused_before_the_load(artifact: Path,
+                                                                     tmp_path: Path) -> None:
+    """Sixth pass L4: `predict --input x.npy -o x.npy` replaced the inputs with the outputs."""
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    before = (tmp_path / "x.npy").read_bytes()
+    done = run("predict", artifact, "--input", tmp_path / "x.npy", "-o", tmp_path / "x.npy")
+    assert done.exit_code == 1, done.output
+    assert "is also an --input file" in done.output
+    assert (tmp_path / "x.npy").read_bytes() == before
+
+
 def test_a_symlink_into_an_artifact_is_refused_too(artifact: Path, tmp_path: Path) -> None:
     """The write follows symlinks, so the refusal looks where the path resolves."""
     link = tmp_path / "out.json"
@@ -66,6 +77,29 @@ def test_a_symlink_into_an_artifact_is_refused_too(artifact: Path, tmp_path: Pat
     with pytest.raises(ArtifactError, match="lies inside the artifact"):
         write_outputs({"output": np.ones(2, np.float32)}, link)
     read_artifact(artifact)
+
+
+@pytest.mark.parametrize("link_to", ["missing/out.npy", "missing/deeper/out.npy"])
+def test_a_symlink_to_a_missing_folder_is_refused_and_nothing_is_created(
+        tmp_path: Path, link_to: str) -> None:
+    """``-o dang.npy``, a symlink to ``/nonexistent/zz``, wrote through it and created
+    ``/nonexistent`` (as root, anywhere): predict creates only the folders of the path it
+    is given."""
+    link = tmp_path / "dang.npy"
+    os.symlink(tmp_path / link_to, link)
+    folder = tmp_path / "folder"
+    os.symlink(tmp_path / "gone", folder)
+    for path in (link, folder / "out.npy", folder / "sub" / "out.npy"):
+        with pytest.raises(InputFileError, match=r"is a symlink to .* does not exist: predict "
+                                                 r"creates the missing folders of the path"):
+            write_outputs({"output": np.ones(2, np.float32)}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dang.npy", "folder"]
+    (tmp_path / "there").mkdir()
+    os.symlink(tmp_path / "there", tmp_path / "linked")
+    written = [write_outputs({"output": np.ones(2, np.float32)}, path)[0]
+               for path in (tmp_path / "linked" / "new" / "out.npy", tmp_path / "a" / "b.npy")]
+    assert [np.load(path).tolist() for path in written] == [[1.0, 1.0]] * 2
+    assert (tmp_path / "there" / "new" / "out.npy").is_file()
 
 
 # -- JSON inputs: serve's strict reading -----------------------------------------------------
@@ -112,7 +146,8 @@ def test_json_booleans_mixed_with_numbers_are_refused(tmp_path: Path, value: Any
     ([[0.5, 1]], "float16"), ([[1.5, 3e38]], "bfloat16"), ([[1.5, -2]], "bfloat16"),
     ([[2**63]], "int64"), ([[2**64]], "int64"), ([[-1]], "uint8"), ([[True, False]], "bool"),
     ([[1, 2**64 - 1]], "int64"), ([[1, 2**63]], "int64"), ([[-(2**63) - 1]], "int64"),
-    ([[10**20]], "float32"),
+    ([[10**20]], "float32"), ([[-1, 2**64 - 1]], "float32"), ([[-1, 2**64 - 1]], "bfloat16"),
+    ([[-1, 2**63]], "bool"), ([[]], "int64"), ([[]], "bool"), ([], "float32"),
 ])
 def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
                                                    dtype: str) -> None:
@@ -139,13 +174,14 @@ def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
 
 
 @pytest.mark.parametrize(("value", "dtype", "shown"), [
-    ([1, 2**64 - 1], "int64", "1.84467e+19"), ([-1, 2**64 - 1], "int32", "1.84467e+19"),
-    ([[0.5], [-3e9]], "int32", "-3e+09"),
+    ([1, 2**64 - 1], "int64", "18446744073709551615"),
+    ([-1, 2**64 - 1], "int32", "18446744073709551615"), ([[0.5], [-3e9]], "int32", "-3e+09"),
 ])
 def test_integers_beyond_the_range_read_as_floats_are_said_to_be_outside_it(
         tmp_path: Path, value: Any, dtype: str, shown: str) -> None:
     """`[1, 18446744073709551615]` (numpy reads int64 beside uint64 as float64) for an int
-    input was said to hold floats; it holds a number outside the input's range."""
+    input was said to hold floats; it holds a number outside the input's range, named
+    exactly (float64 had rounded it to 1.84467e+19, 2**64)."""
     with pytest.raises(InputFileError) as caught:
         read_inputs([(None, _json_file(tmp_path, value))], ["ids"], {"ids": dtype})
     assert caught.value.problem.startswith(f"input 'ids' holds {shown}, outside the {dtype} "
@@ -155,7 +191,8 @@ def test_integers_beyond_the_range_read_as_floats_are_said_to_be_outside_it(
 
 
 @pytest.mark.parametrize(("value", "shown"), [
-    ([[1, 2**63]], "9.22337e+18"), ([[2**63]], "9223372036854775808"),
+    ([[1, 2**63]], "9223372036854775808"), ([[2**63]], "9223372036854775808"),
+    ([[-5, 2**63 + 1]], "9223372036854775809"),
     ([[1, 10**20]], "100000000000000000000"), ([[-(2**63) - 1]], "-9223372036854775809"),
     ([[10**400]], "100000000000000000000000... (401 digits)"),
 ])
@@ -186,6 +223,64 @@ def test_a_serve_request_body_is_read_as_its_inputs(tmp_path: Path, request_body
     single = read_inputs([(None, _json_file(tmp_path, {"inputs": [[1, 2]]}))], ["x"],
                          {"x": "float32"})
     assert single["x"].tolist() == [[1.0, 2.0]]
+
+
+@pytest.mark.parametrize(("extra", "unknown"), [
+    ({"outputs": ["x"]}, "['outputs']"), ({"x": [[1, 2]]}, "['x']"),
+    ({"encoding": "list", "id": 1, "x": 2}, "['id', 'x']"),
+])
+def test_a_serve_request_with_unknown_keys_names_them(tmp_path: Path, extra: dict,
+                                                      unknown: str) -> None:
+    """A body with a key serve's ``POST /`` refuses was read as arrays by name and refused
+    as holding no numbers; it is a request, and its unknown keys are named as serve names
+    them."""
+    body = {"inputs": {"x": [[1, 2]]}, **extra}
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([(None, _json_file(tmp_path, body))], ["x"], {"x": "float32"})
+    assert caught.value.problem == (f'is a serve request (it has "inputs") with unknown key(s) '
+                                    f"{unknown}; a request holds ['encoding', 'inputs'] only")
+
+
+def test_an_input_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    """``--input in.json --input x=in.json`` was accepted, one of them silently ignored."""
+    first = _json_file(tmp_path, [[1, 2]])
+    second = tmp_path / "other.json"
+    second.write_text('{"a": [[0.5, 1.5, 2.5]], "b": [[3, 4]]}')
+    for given, names in [([(None, first), ("x", first)], ["x"]),
+                         ([("b", first), (None, second)], ["a", "b"])]:
+        with pytest.raises(InputFileError) as caught:
+            read_inputs(given, names, {"x": "int64", "a": "float32", "b": "int64"})
+        twice = "x" if names == ["x"] else "b"
+        assert caught.value.problem == (f"input {twice!r} is given twice (--input {first} "
+                                        "gives it too): give each input once")
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    (["x"], "no input is named 'y'; inputs are x"),
+    (["ids"], "no input is named 'y'; inputs are ids (or x)"),
+    (["a", "b"], "no input is named 'y'; inputs are a, b"),
+])
+def test_an_unknown_input_name_lists_the_inputs(tmp_path: Path, names: list[str],
+                                                said: str) -> None:
+    """A model whose one input is x was said to take "x (or x)"."""
+    with pytest.raises(InputFileError) as caught:
+        read_inputs([("y", _json_file(tmp_path, [[1, 2]]))], names,
+                    dict.fromkeys(names, "float32"))
+    assert caught.value.problem == said
+
+
+def test_an_empty_row_for_an_integer_input_is_refused_for_its_shape(multi: Path,
+                                                                    tmp_path: Path) -> None:
+    """``{"b": [[]]}`` for an int64 input was said to hold floats (numpy reads an empty list
+    as float64): it holds no values, so it is its shape that no declared one accepts."""
+    read = read_inputs([(None, _json_file(tmp_path, {"a": [[]], "b": [[]]}))], ["a", "b"],
+                       {"a": "float32", "b": "int64"})
+    assert read["b"].dtype == np.int64 and read["b"].shape == (1, 0)
+    body = _json_file(tmp_path, {"a": [[0.5, 1.5, 2.5]], "b": [[]]})
+    done = run("predict", multi, "--input", body)
+    assert done.exit_code == 1, done.output
+    assert done.output.endswith("input shape 1x3, 1x0 is not in the manifest; accepted: "
+                                "a: 1x3 float32, b: 1x2 int64\n"), done.output
 
 
 def test_a_serve_request_predict_cannot_read_says_what_it_reads(tmp_path: Path) -> None:

@@ -163,8 +163,40 @@ def test_shipped_kernels_are_private_and_scoped(with_kernels: Path,
         assert (private / "abc" / "k.cubin").read_bytes() == b"\x7fELF fake cubin"
     assert os.environ[TRITON_CACHE_ENV] == "/users/own/cache"
     assert not private.exists()
-    assert counts == {"shipped": 1, "compiled": 0}
+    assert (counts.shipped, counts.compiled) == (1, [])
     assert read_artifact(with_kernels).digest == artifact.digest  # nothing written back
+
+
+def test_a_kernel_compiled_during_the_load_is_named(with_kernels: Path) -> None:
+    """A kernel Triton compiles inside the scope (the set lacked it) is counted by name, and
+    one it rewrote as well: the warning then says which kernels a stale set misses."""
+    artifact = read_artifact(with_kernels)
+    with shipped_kernels(artifact, artifact.manifest.kernels[0]) as counts:
+        private = Path(os.environ[TRITON_CACHE_ENV])
+        (private / "def").mkdir()
+        (private / "def" / "__grp__triton_poi_fused_add_0.json").write_text("{}")
+        rewritten = private / "abc" / "__grp__k.json"
+        stat = rewritten.stat()
+        os.utime(rewritten, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert (counts.shipped, counts.compiled) == (1, ["k", "triton_poi_fused_add_0"])
+
+
+def test_the_files_of_a_kernel_compiled_during_the_load_are_kept_as_a_set_ships_them(
+        with_kernels: Path) -> None:
+    """``KernelUse.files``: the cache files of each kernel compiled in the scope, group
+    indexes relocatable (what warm adds after its fresh-process probe), none of the shipped
+    ones left unchanged; the report's JSON form leaves the bytes out."""
+    artifact = read_artifact(with_kernels)
+    with shipped_kernels(artifact, artifact.manifest.kernels[0]) as counts:
+        private = Path(os.environ[TRITON_CACHE_ENV])
+        (private / "def").mkdir()
+        (private / "def" / "m.cubin").write_bytes(b"\x7fELF another")
+        (private / "def" / "__grp__m.json").write_bytes(_group(str(private)).replace(
+            b"abc/k", b"def/m"))
+    assert counts.compiled == ["m"]
+    assert sorted(counts.files) == ["def/__grp__m.json", "def/m.cubin"]
+    assert json.loads(counts.files["def/__grp__m.json"])["child_paths"]["k.cubin"] == \
+        f"{_CACHE_PLACEHOLDER}/def/m.cubin"
 
 
 def test_loads_with_shipped_kernels_in_two_threads_take_turns(with_kernels: Path) -> None:

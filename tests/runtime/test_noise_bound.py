@@ -22,6 +22,7 @@ from qkan_pack import Predictor, SelfTestError, build
 from qkan_pack.builder import write_artifact
 from qkan_pack.format import MANIFEST_NAME, WEIGHTS_NAME
 from qkan_pack.runtime import read_artifact
+from qkan_pack.runtime._float64 import float64_noise
 from qkan_pack.runtime._selftest import (
     FLOAT64_FLOOR,
     FLOAT64_MARGIN,
@@ -30,7 +31,6 @@ from qkan_pack.runtime._selftest import (
     NOISE_FLOOR,
     ReferencePolicy,
     check_reference,
-    float64_noise,
     noise_tolerance,
 )
 
@@ -333,3 +333,22 @@ def test_a_re_hashed_reference_device_cannot_widen_a_cpu_load(tmp_path: Path) ->
         write_artifact(tmp_path / device, claimed, files)
         with pytest.raises(SelfTestError):
             Predictor.load(tmp_path / device, device="cpu", progress=False)
+
+
+def test_half_precision_outputs_without_a_measured_noise_keep_their_own_ceiling() -> None:
+    """Seventh pass M1: a float32 build whose outputs are bfloat16 records no noise (its
+    float64 copy returns bfloat16 too); another device's float32 moves a logit one bfloat16
+    step, far beyond the fixed ceiling, and the load refused the model it was built from."""
+    torch.manual_seed(0)
+    truth = torch.randn(4, 10, dtype=torch.float64)
+    want, got = _half(truth), _half(_near(truth, 3e-3))
+    assert not torch.equal(got, want)
+    check = check_reference("4x10", [got], [want], noise=None, policy=POLICY,
+                            device_float64=lambda: None)
+    assert check.tolerance == (0.0, HALF_CEILING[torch.bfloat16])
+    with pytest.raises(SelfTestError):  # a 10% edit is beyond four bfloat16 steps
+        check_reference("4x10", [_half(truth * 1.1)], [want], noise=None, policy=POLICY,
+                        device_float64=lambda: None)
+    with pytest.raises(SelfTestError):  # a float32 output beside it keeps the fixed ceiling
+        check_reference("4x10", [got, _near(truth, 1e-2).float()], [want, truth.float()],
+                        noise=None, policy=POLICY, device_float64=lambda: None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkan_pack.runtime import compare
+from qkan_pack.runtime import ChannelPool, compare
+from qkan_pack.runtime._selftest import POOL_QUANTILE
 
 TOL = (2e-3, 2e-4)
 
@@ -90,6 +91,24 @@ def test_per_channel_comparison_sees_a_small_wrong_column() -> None:
     assert not agreement.ok and agreement.max_rel == pytest.approx(1.0)
 
 
+def test_a_pool_of_references_gives_one_row_its_channels_scales() -> None:
+    """Adversarial pass F2: one row shows no channel's scale; the references' pool does."""
+    rows = torch.randn(8, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    rows[:, 0] *= 1e6
+    pool = ChannelPool()
+    pool.add([torch.zeros(4), rows])  # output 1; output 0 has no channels
+    want = rows[:1].clone()
+    got = want.clone()
+    got[:, 1:] = 0
+    assert compare([got], [want], (0.0, 1e-4), channel_spread=1e3).ok
+    assert compare([got], [want], (0.0, 1e-4), channel_spread=1e3, pool=pool).ok  # output 0's
+    found = compare([got], [want], (0.0, 1e-4), channel_spread=1e3, pool=pool, first_output=1)
+    assert not found.ok and found.max_rel == pytest.approx(1.0)
+    noisy = want * (1 + 1e-7)
+    assert compare([noisy], [want], (0.0, 1e-6), channel_spread=1e3, pool=pool,
+                   first_output=1).ok
+
+
 def test_per_channel_comparison_leaves_similar_channels_and_single_rows_alone() -> None:
     """Channels within 1e3 of each other share one scale; a batch of one has no channel
     scale (a logit near zero in one row is no small channel)."""
@@ -99,3 +118,34 @@ def test_per_channel_comparison_leaves_similar_channels_and_single_rows_alone() 
     rows = torch.randn(16, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     noisy = rows * (1 + 1e-7)
     assert compare([noisy], [rows], (0.0, 1e-6), channel_spread=1e3).ok
+
+
+def test_a_pool_is_quantiled_only_where_the_output_is_short_and_past_two_to_the_24_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fifth pass M3: ``torch.quantile`` refuses more than 2**24 rows, and every gated
+    comparison took the pool's quantile, used or not: an output of 2**24 + 8 rows (a
+    flattened 4096x4096 image's pixels and more) failed its bf16 build."""
+    from qkan_pack.runtime import _selftest
+
+    rows = torch.randn(2**24 + 8, 1, dtype=torch.float64).abs()
+    assert _selftest._lower_quantile(rows).shape == (1,)
+    small = torch.rand(37, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert torch.equal(_selftest._lower_quantile(small),
+                       torch.quantile(small, POOL_QUANTILE, dim=0, interpolation="lower"))
+    pool = ChannelPool()
+    pool.add([small])
+    monkeypatch.setattr(_selftest, "_lower_quantile", lambda rows: pytest.fail("pooled"))
+    assert compare([small], [small], (0.0, 1e-6), channel_spread=1e3, pool=pool).ok
+
+
+def test_only_channels_beyond_the_spread_are_held_to_their_own_scale() -> None:
+    """Fifth pass M1: one all-zero column put every column on its own scale, and a reduced
+    precision's ordinary error on a column 4x below the largest was refused; a column more
+    than the spread below the largest is still held to itself."""
+    want = torch.tensor([[0.4, 0.1, 2e-4, 0.0]] * 4, dtype=torch.float64)
+    got = want + torch.tensor([0.0, 2e-3, 0.0, 0.0], dtype=torch.float64)  # 0.5% of 0.4
+    assert compare([got], [want], (0.0, 1e-2), channel_spread=100).ok
+    lost = want.clone()
+    lost[:, 2] = 0  # the small column wholly wrong
+    found = compare([lost], [want], (0.0, 1e-2), channel_spread=100)
+    assert not found.ok and found.max_rel == pytest.approx(1.0)

@@ -51,6 +51,15 @@ def test_a_shape_nothing_declared_holds_names_only_the_shapes_to_declare(mlp: Pa
     assert error.pad_inputs == () and error.largest_batch is None
 
 
+def test_a_row_without_its_batch_dimension_is_told_to_add_it(mlp: Path) -> None:
+    """Fifth pass L2: one row sent without its batch dimension was told to declare a rank-1
+    shape (``--shapes 2x2,8x2,2``) only."""
+    error = refusal(mlp, np.zeros(2, np.float32))
+    assert ("; to run it, add the batch dimension (one row is a batch of one: 1x2, [[...]] in "
+            "JSON, x[None] in Python); or declare its shape at build: --shapes 2x2,8x2,2"
+            in str(error)), str(error)
+
+
 def test_named_inputs_are_declared_with_input_options(tmp_path: Path) -> None:
     path = build(MODELS / "multi_io.py", [{"a": (1, 3), "b": (1, 2)}, {"a": (4, 3), "b": (4, 2)}],
                  dtype={"a": "float32", "b": "int64"}, output=tmp_path / "m", progress=False).path

@@ -164,6 +164,14 @@ def test_a_colon_inside_a_string_is_not_a_duplicate_key(manifest: Any) -> None:
     assert parsed.id == "a:b" and parsed.inputs["x"].array.tolist() == [[1, 2]]
 
 
+def test_a_lone_surrogate_in_the_id_is_refused_before_the_model_runs(manifest: Any) -> None:
+    """Adversarial pass F1: the id is echoed in the reply, whose encoder failed on it (500)."""
+    body = (b'{"id": "\\udc80", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", '
+            b'"data": [1, 2]}]}')
+    with pytest.raises(MalformedRequestError, match="lone surrogate"):
+        _oip(manifest).parse_http(body, None)
+
+
 INTEGER_INPUTS = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64"}
 TYPED_INPUTS = {**INTEGER_INPUTS, "flag": "bool"}
 

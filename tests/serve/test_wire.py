@@ -26,6 +26,7 @@ pytestmark = pytest.mark.serve
     (b'{"inputs": [[1e308, 0.2]]}', "'x'"), (b'{"inputs": {"y": [[0.1, NaN]]}}', "'y'"),
     (b'{"inputs": [[1' + b"0" * 400 + b', 0.2]]}', "'x'"),  # audit: an int was a 400
     (b'{"inputs": [[-1' + b"0" * 40 + b', 0.2]]}', "'x'"),  # fits 64-bit float, not float32
+    (b'{"inputs": [[' + b"1" * 5000 + b', 0.2]]}', "'x'"),  # past int()'s digits: was a 400
 ])
 def test_non_finite_inputs_are_a_422_naming_the_input(body: bytes, where: str) -> None:
     from qkan_pack.serve import fit, parse_request
@@ -127,6 +128,26 @@ def test_a_duplicate_key_is_refused_wherever_it_is(body: bytes) -> None:
 
     with pytest.raises(MalformedRequestError, match="duplicate JSON key"):
         decode_body(body)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id": "\\udc80", "inputs": [[0.1, 0.2]]}',
+    b'{"inputs": {"\\ud800": [[0.1]]}}',
+    b'{"inputs": [[0.1, 0.2]], "other": ["ok", "\\udfff\\u0041"], "x": NaN}',
+])
+def test_a_lone_surrogate_escape_is_a_400(body: bytes) -> None:
+    """Adversarial pass F1: orjson refuses ``"\\udc80"``, the lenient re-read took it, and
+    the reply's encoder then failed on the echoed ``id`` (a 500 after the model ran)."""
+    from qkan_pack.serve._wire import decode_body
+
+    with pytest.raises(MalformedRequestError, match="lone surrogate"):
+        decode_body(body)
+
+
+def test_a_surrogate_pair_escape_is_text() -> None:
+    from qkan_pack.serve._wire import decode_body
+
+    assert decode_body(b'{"id": "\\ud83d\\ude00", "x": NaN}')["id"] == "\U0001f600"
 
 
 @pytest.mark.parametrize("body", [
@@ -764,6 +785,20 @@ def test_a_body_with_transfer_encoding_is_counted_even_beside_a_small_content_le
     chunked = [(b"transfer-encoding", b"chunked")]
     assert asyncio.run(read_limited(request(chunked, [b"he", b"", b"llo"]), 5)) == b"hello"
     assert asyncio.run(read_limited(request(chunked, [b"he", b"llo!"]), 5)) is None
+
+
+@pytest.mark.parametrize("ids", [[[]], []])
+def test_an_empty_integer_input_is_refused_for_its_shape(multi_server: Any, ids: list) -> None:
+    """``[[]]`` for an int64 input was said to hold floats (numpy reads an empty list as
+    float64): it holds no values, and its shape is what no declared shape accepts."""
+    from qkan_pack.serve._wire import given_from_python
+
+    given = {"a": given_from_python([[0.1, 0.2, 0.3]], "a"), "b": given_from_python(ids, "b")}
+    with pytest.raises(InputError) as caught:
+        asyncio.run(multi_server.core.infer(given))
+    said = str(caught.value)
+    assert said.startswith("input shape 1x3, ") and "is not accepted" in said, said
+    assert "accepted: a: 1x3 float32, b: 1x4 int64" in said and "floats" not in said
 
 
 def test_a_shape_serve_cannot_route_is_a_422_ending_with_the_fix(multi_server: Any) -> None:
