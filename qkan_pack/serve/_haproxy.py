@@ -110,7 +110,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
-from ._ray_compat import GRPC_APPLICATION_ENV
+from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers
 from ._routes import (
     DEFAULTS_FILE,
     ROOT_FILE,
@@ -119,7 +119,6 @@ from ._routes import (
     publish_routes,
     read_admission,
 )
-from ._uvicorn_compat import replies_whole_here
 from ._workdir import record_process
 
 HEADER_TIMEOUT_S = 10
@@ -221,7 +220,7 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
             admission: IngressAdmission | None = None, replica_host: str | None = None,
             token_sha256: str | None = None,
             versions_admission: Mapping[str, tuple[int, int, int]] | None = None,
-            routing: str | None = None, grpc_over_http: bool = False) -> str:
+            routing: str | None = None) -> str:
     """Ray's generated config with loopback-only side ports, JSON error files, buffered
     (hence retryable) requests, a request timeout, liveness replies without text and, given
     ``admission``, bounded admission to each replica; given ``replica_host`` (where local
@@ -232,20 +231,17 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     repository's routes (``model_routes``), each version's backend bounded by its own
     admission (``versions_admission``: by route prefix, ``_routes.read_admission``) and
     each model's default version as the router chose it (files in ``routing``), gRPC
-    calls that name no application sent to the repository's router; with
-    ``grpc_over_http``, gRPC calls passed on to the replicas' HTTP servers
-    (``grpc_to_http_servers``) (idempotent: a rewritten config rewrites to itself)."""
+    calls that name no application sent to the repository's router (idempotent: a
+    rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
     unavailable = _unavailable_socket(error_dir)
     prefixes = _backend_prefixes(config)
     by_backend = {name: IngressAdmission(*bounds) for name, prefix in prefixes.items()
                   if (bounds := (versions_admission or {}).get(prefix)) is not None}
-    routes = model_routes(prefixes, _replica_servers(config), routing)
-    lines = _rewrite_sections(config.split("\n"), admission, replica_host, refusals,
-                              unavailable, by_backend, routes)
-    if grpc_over_http and not routes:  # a repository's calls go to its router, by name
-        lines = grpc_to_http_servers(lines)
-    config = "\n".join(lines)
+    config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
+                                         unavailable, by_backend,
+                                         model_routes(prefixes, _replica_servers(config),
+                                                      routing)))
     if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
     if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
@@ -367,83 +363,6 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                     f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")
         out.append(line)
     return out
-
-
-#: The health check of a gRPC backend whose servers are the replicas' HTTP servers: the
-#: HTTP backends' own (Ray's template), in place of its HTTP/2 ``tcp-check`` lines.
-_HTTP_CHECK = ("    option httpchk GET /-/healthz", "    http-check expect status 200")
-
-
-def grpc_to_http_servers(lines: list[str]) -> list[str]:
-    """Each app's gRPC backend (``grpc-<app>``) with its replicas' HTTP servers (those of
-    ``http-<app>``, by server name) in place of their gRPC servers, spoken to in HTTP/1.1
-    (no ``proto h2``) and checked as the HTTP backend checks them: HAProxy then passes each
-    gRPC call on as an HTTP request, which the replica answers on uvicorn's HTTP path
-    (``_grpc_http``), far cheaper per call than grpc's asyncio server. A backend whose
-    servers are not all found is left as Ray wrote it. (Not for a model repository: its
-    calls reach a version through its router, which reads the model's name in the
-    message.)"""
-    http = _server_addresses(lines, "http-")
-    out, section, rewrite = [], "", False
-    for line in lines:
-        if line and not line[0].isspace():
-            section = line.strip()
-            app = section.removeprefix("backend grpc-") if section.startswith(
-                "backend grpc-") else None
-            rewrite = app is not None and _all_found(lines, section, http.get(app, {}))
-            out.append(line)
-            continue
-        if rewrite:
-            line_or_none = _grpc_line_over_http(line, http[app or ""])
-            if line_or_none is None:
-                continue
-            out.extend(line_or_none)
-            continue
-        out.append(line)
-    return out
-
-
-def _grpc_line_over_http(line: str, addresses: Mapping[str, str]) -> list[str] | None:
-    """One line of a gRPC backend rewritten for its replicas' HTTP servers (None: dropped)."""
-    stripped = line.strip()
-    if stripped == "option tcp-check":
-        return list(_HTTP_CHECK)
-    if stripped.startswith("tcp-check "):
-        return None
-    server = re.match(r"(\s*server (\S+) )\S+( .*)?$", line)
-    if server and not re.search(r"\sbackup(\s|$)", line):
-        rest = re.sub(r"\s+proto h2\b", "", server[3] or "")
-        return [f"{server[1]}{addresses[server[2]]}{rest}"]
-    return [line]
-
-
-def _server_addresses(lines: list[str], prefix: str) -> dict[str, dict[str, str]]:
-    """Per app, its replica servers' addresses in the backend ``<prefix><app>``, by name."""
-    found: dict[str, dict[str, str]] = {}
-    app = None
-    for line in lines:
-        if line and not line[0].isspace():
-            head = line.strip()
-            app = head.removeprefix(f"backend {prefix}") if head.startswith(
-                f"backend {prefix}") else None
-            continue
-        server = re.match(r"\s*server (\S+) (\S+)", line)
-        if app is not None and server and not re.search(r"\sbackup(\s|$)", line):
-            found.setdefault(app, {})[server[1]] = server[2]
-    return found
-
-
-def _all_found(lines: list[str], section: str, addresses: Mapping[str, str]) -> bool:
-    """Every replica server of ``section`` has an HTTP address (and there is one)."""
-    names, inside = [], False
-    for line in lines:
-        if line and not line[0].isspace():
-            inside = line.strip() == section
-            continue
-        server = re.match(r"\s*server (\S+) \S+", line)
-        if inside and server and not re.search(r"\sbackup(\s|$)", line):
-            names.append(server[1])
-    return bool(names) and all(name in addresses for name in names)
 
 
 def _backend_prefixes(config: str) -> dict[str, str]:
@@ -613,14 +532,6 @@ def real_haproxy() -> str | None:
         return None
 
 
-def grpc_over_http_here() -> bool:
-    """Whether gRPC calls go to the replicas' HTTP servers (``grpc_to_http_servers``): one
-    artifact's serve (a model repository's calls go to its router, which the environment
-    of its Ray processes names: ``GRPC_APPLICATION_ENV``), whose replicas' uvicorn can
-    write trailers (``_uvicorn_compat``)."""
-    return GRPC_APPLICATION_ENV not in os.environ and replies_whole_here()
-
-
 def _error_dir(workdir: Path) -> Path:
     return workdir / "errors"
 
@@ -632,12 +543,11 @@ def main(argv: list[str]) -> None:
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
         publish_routes(workdir, None)  # HAProxy refuses an ACL whose file is missing
-        config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
-                                  int(timeout_s), admission,
-                                  None if replica_host == "-" else replica_host,
-                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
-                                  str(Path(workdir).resolve()),
-                                  grpc_over_http=grpc_over_http_here()))
+        text = rewrite(config.read_text(), str(_error_dir(Path(workdir))), int(timeout_s),
+                       admission, None if replica_host == "-" else replica_host,
+                       os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
+                       str(Path(workdir).resolve()))
+        config.write_text(grpc_to_http_servers(text) if grpc_over_http_here() else text)
     record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 

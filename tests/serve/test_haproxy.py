@@ -32,6 +32,7 @@ from qkan_pack.serve._haproxy import (
     rewrite,
     timeout_response,
 )
+from qkan_pack.serve._haproxy_grpc import grpc_to_http_servers
 
 from ._server import free_port, strict_json
 
@@ -172,7 +173,7 @@ def test_grpc_calls_are_passed_on_to_the_replicas_http_servers() -> None:
     """gRPC at full speed (issue 43): each replica's gRPC server (Ray's grpc.aio) is swapped
     for its HTTP server, spoken to in HTTP/1.1 and checked as the HTTP backend checks it;
     Ray's own fallback proxy keeps HTTP/2; the rewrite rewrites to itself."""
-    out = rewrite("\n".join(_GRPC_CONFIG), "/E", 7, grpc_over_http=True)
+    out = grpc_to_http_servers(rewrite("\n".join(_GRPC_CONFIG), "/E", 7))
     backend = _section(out, "backend grpc-qkan-pack")
     servers = [line.split()[:3] for line in backend if line.strip().startswith("server SERVE")]
     assert servers == [["server", "SERVE_REPLICA_a", "127.0.0.1:30000"],
@@ -182,17 +183,14 @@ def test_grpc_calls_are_passed_on_to_the_replicas_http_servers() -> None:
     assert "    http-check expect status 200" in backend
     fallback = _section(out, "backend grpc_fallback_backend")
     assert any("127.0.0.1:23151 proto h2" in line for line in fallback), fallback
-    assert rewrite(out, "/E", 7, grpc_over_http=True) == out
-    # without it (a replica whose uvicorn cannot write trailers), Ray's gRPC servers stay
-    kept = _section(rewrite("\n".join(_GRPC_CONFIG), "/E", 7), "backend grpc-qkan-pack")
-    assert any("127.0.0.1:40000 proto h2" in line for line in kept), kept
+    assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
 
 
 def test_a_grpc_backend_with_a_replica_the_http_backend_lacks_is_left_to_rays_servers() -> None:
     """A replica not (yet) in the HTTP backend has no HTTP server to send its calls to: the
     whole gRPC backend stays as Ray wrote it rather than losing that replica."""
     config = [line for line in _GRPC_CONFIG if "127.0.0.1:30001" not in line]
-    out = rewrite("\n".join(config), "/E", 7, grpc_over_http=True)
+    out = grpc_to_http_servers(rewrite("\n".join(config), "/E", 7))
     backend = _section(out, "backend grpc-qkan-pack")
     assert any("127.0.0.1:40000 proto h2" in line for line in backend), backend
     assert "    option tcp-check" in backend
@@ -775,10 +773,12 @@ def test_grpc_goes_to_http_servers_only_for_one_artifact(monkeypatch: pytest.Mon
     """A model repository's gRPC calls name their model only inside the message: they keep
     going to its router over Ray's gRPC servers, whatever its backends look like (at start
     the router is its only application, named as one artifact's is)."""
-    from qkan_pack.serve._haproxy import grpc_over_http_here
+    from qkan_pack.serve._haproxy_grpc import grpc_over_http_here
     from qkan_pack.serve._ray_compat import GRPC_APPLICATION_ENV
 
+    from qkan_pack.serve._uvicorn_compat import replies_whole_here
+
     monkeypatch.delenv(GRPC_APPLICATION_ENV, raising=False)
-    assert grpc_over_http_here()
+    assert grpc_over_http_here() == replies_whole_here()
     monkeypatch.setenv(GRPC_APPLICATION_ENV, "qkan-pack")
     assert not grpc_over_http_here()
