@@ -775,7 +775,6 @@ def test_grpc_goes_to_http_servers_only_for_one_artifact(monkeypatch: pytest.Mon
     the router is its only application, named as one artifact's is)."""
     from qkan_pack.serve._haproxy_grpc import grpc_over_http_here
     from qkan_pack.serve._ray_compat import GRPC_APPLICATION_ENV
-
     from qkan_pack.serve._uvicorn_compat import replies_whole_here
 
     monkeypatch.delenv(GRPC_APPLICATION_ENV, raising=False)
