@@ -216,6 +216,7 @@ class ArtifactServer:
         self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan),
                              version=options.model_version)
         self._grpc: GrpcApi | None = None
+        self._grpc_on = options.grpc  # without --grpc-port, a gRPC-like request is HTTP's
         self._token_sha256 = options.limits.token_sha256
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self._metrics_info = replica_info(predictor, self.oip, self._replica,
@@ -273,7 +274,7 @@ class ArtifactServer:
         return exposition([*merge(parts), scrape_family(answered, failed)])
 
     async def __call__(self, request: Request) -> Response:
-        if is_grpc_call(request.scope):  # HAProxy passes gRPC calls on as HTTP/1.1
+        if self._grpc_on and is_grpc_call(request.scope):  # HAProxy passes them on as HTTP/1.1
             return await answer_over_http(self.grpc, request,
                                           grpc_message_limit(self.http.limits))
         return await self.http.handle(request)
