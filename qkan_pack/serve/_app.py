@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
 from ..format import MODEL_NAME, check_device_text
+from ._auth import app_checks_tokens_of
 from ._cluster import load_failed, this_node
+from ._grpc_http import answer_over_http, grpc_message_limit, is_grpc_call
 from ._haproxy_admin import ingress_counts
 from ._http import HttpApi, HttpLimits, forwarded_request, json_response
 from ._metrics import (
@@ -214,6 +216,7 @@ class ArtifactServer:
         self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan),
                              version=options.model_version)
         self._grpc: GrpcApi | None = None
+        self._grpc_on = options.grpc  # without --grpc-port, a gRPC-like request is HTTP's
         self._token_sha256 = options.limits.token_sha256
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self._metrics_info = replica_info(predictor, self.oip, self._replica,
@@ -223,6 +226,7 @@ class ArtifactServer:
                             aliases=json_routes(self.oip) if options.model_version else ())
         if options.grpc:
             _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
+            app_checks_tokens_of(is_grpc_call)  # over HTTP: GrpcApi checks their token
 
     @property
     def predictor(self) -> Any:
@@ -270,6 +274,9 @@ class ArtifactServer:
         return exposition([*merge(parts), scrape_family(answered, failed)])
 
     async def __call__(self, request: Request) -> Response:
+        if self._grpc_on and is_grpc_call(request.scope):  # HAProxy passes them on as HTTP/1.1
+            return await answer_over_http(self.grpc, request,
+                                          grpc_message_limit(self.http.limits))
         return await self.http.handle(request)
 
     async def forward_http(self, method: str, path: str, headers: list[tuple[bytes, bytes]],

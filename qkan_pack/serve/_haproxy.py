@@ -110,6 +110,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
+from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers
 from ._routes import (
     DEFAULTS_FILE,
     ROOT_FILE,
@@ -542,11 +543,11 @@ def main(argv: list[str]) -> None:
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
         publish_routes(workdir, None)  # HAProxy refuses an ACL whose file is missing
-        config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
-                                  int(timeout_s), admission,
-                                  None if replica_host == "-" else replica_host,
-                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
-                                  str(Path(workdir).resolve())))
+        text = rewrite(config.read_text(), str(_error_dir(Path(workdir))), int(timeout_s),
+                       admission, None if replica_host == "-" else replica_host,
+                       os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
+                       str(Path(workdir).resolve()))
+        config.write_text(grpc_to_http_servers(text) if grpc_over_http_here() else text)
     record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 
