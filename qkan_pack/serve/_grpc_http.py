@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._inflate import COMPRESSIONS, inflate
+from ._oip_grpc import ForwardedCall
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 GRPC_PREFIX = "/inference.GRPCInferenceService/"
 #: A reply header naming the trailers to write after its body (never sent as a header).
 TRAILERS_HEADER = b"x-qkan-pack-trailers"
-#: gRPC's status codes by name, as the wire carries them.
-STATUS = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "NOT_FOUND": 5,
-          "RESOURCE_EXHAUSTED": 8, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
-          "UNAUTHENTICATED": 16}
 #: Room for a gRPC message's fields around its tensors (names, shapes, parameters).
 GRPC_MESSAGE_SLACK = 64 * 1024
 #: Request headers that are HTTP's, not the call's metadata.
@@ -63,26 +60,6 @@ def is_grpc_call(scope: Mapping[str, Any]) -> bool:
                for name, value in scope["headers"])
 
 
-class HeaderCall:
-    """The call's context as ``GrpcApi`` uses it: its metadata from the request's headers,
-    and the status the answer sets."""
-
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        self.metadata = tuple((k.decode("latin-1"), v.decode("latin-1"))
-                              for k, v in headers if k not in _NOT_METADATA)
-        self.code: Any = None
-        self.details = ""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.metadata
-
-    def set_code(self, code: Any) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
-
 async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Response:
     """One gRPC call as an HTTP/1.1 request: unframe its message (inflating one sent
     compressed), answer it with ``api`` (``GrpcApi.answer``, token check included), and
@@ -103,7 +80,8 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
         message = message_type.FromString(payload)
     except Exception as exc:  # protobuf's DecodeError
         return failed("INVALID_ARGUMENT", f"the {rpc}Request message does not parse: {exc}")
-    call = HeaderCall(headers)
+    call = ForwardedCall(tuple((k.decode("latin-1"), v.decode("latin-1"))
+                               for k, v in headers if k not in _NOT_METADATA))
     reply = await api.answer(rpc, message, call)
     status = getattr(call.code, "name", None) or "OK"
     if status != "OK":
@@ -113,7 +91,10 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
 
 def failed(status: str, details: str) -> Response:
     """A trailers-only reply: the call's status and message as headers, no body."""
-    return _grpc_reply(b"", [(b"grpc-status", str(STATUS.get(status, 2)).encode()),
+    import grpc
+
+    code = getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN).value[0]
+    return _grpc_reply(b"", [(b"grpc-status", str(code).encode()),
                              (b"grpc-message", _percent(details))])
 
 

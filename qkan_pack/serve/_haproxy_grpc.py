@@ -36,14 +36,14 @@ def grpc_to_http_servers(config: str) -> str:
     calls reach a version through its router, which reads the model's name in the
     message.)"""
     lines = config.split("\n")
-    http = _server_addresses(lines, "http-")
-    out, section, rewrite = [], "", False
+    http, grpc = server_addresses(lines, "http-"), server_addresses(lines, "grpc-")
+    out, rewrite = [], False
     for line in lines:
         if line and not line[0].isspace():
-            section = line.strip()
-            app = section.removeprefix("backend grpc-") if section.startswith(
-                "backend grpc-") else None
-            rewrite = app is not None and _all_found(lines, section, http.get(app, {}))
+            head = line.strip()
+            app = head.removeprefix("backend grpc-") if head.startswith("backend grpc-") else None
+            rewrite = app is not None and bool(grpc.get(app)) and grpc[app].keys() <= http.get(
+                app, {}).keys()
             out.append(line)
             continue
         if rewrite:
@@ -70,8 +70,9 @@ def _grpc_line_over_http(line: str, addresses: Mapping[str, str]) -> list[str] |
     return [line]
 
 
-def _server_addresses(lines: list[str], prefix: str) -> dict[str, dict[str, str]]:
-    """Per app, its replica servers' addresses in the backend ``<prefix><app>``, by name."""
+def server_addresses(lines: list[str], prefix: str = "") -> dict[str, dict[str, str]]:
+    """Per backend named ``<prefix><name>``, its replica servers' addresses (not its
+    backups) by server name, keyed by ``<name>``."""
     found: dict[str, dict[str, str]] = {}
     app = None
     for line in lines:
@@ -84,16 +85,3 @@ def _server_addresses(lines: list[str], prefix: str) -> dict[str, dict[str, str]
         if app is not None and server and not re.search(r"\sbackup(\s|$)", line):
             found.setdefault(app, {})[server[1]] = server[2]
     return found
-
-
-def _all_found(lines: list[str], section: str, addresses: Mapping[str, str]) -> bool:
-    """Every replica server of ``section`` has an HTTP address (and there is one)."""
-    names, inside = [], False
-    for line in lines:
-        if line and not line[0].isspace():
-            inside = line.strip() == section
-            continue
-        server = re.match(r"\s*server (\S+) \S+", line)
-        if inside and server and not re.search(r"\sbackup(\s|$)", line):
-            names.append(server[1])
-    return bool(names) and all(name in addresses for name in names)
