@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ServeError
 from ..format import MODEL_NAME, check_device_text
+from ._auth import app_checks_tokens_of
 from ._cluster import load_failed, this_node
+from ._grpc_http import answer_over_http, grpc_message_limit, is_grpc_call
 from ._haproxy_admin import ingress_counts
 from ._http import HttpApi, HttpLimits, forwarded_request, json_response
 from ._metrics import (
@@ -214,6 +216,8 @@ class ArtifactServer:
         self.oip = oip_model(predictor.manifest, options.model_name, batched=bool(plan),
                              version=options.model_version)
         self._grpc: GrpcApi | None = None
+        self._grpc_http: GrpcApi | None = None
+        self._grpc_on = options.grpc  # without --grpc-port, a gRPC-like request is HTTP's
         self._token_sha256 = options.limits.token_sha256
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self._metrics_info = replica_info(predictor, self.oip, self._replica,
@@ -223,6 +227,7 @@ class ArtifactServer:
                             aliases=json_routes(self.oip) if options.model_version else ())
         if options.grpc:
             _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
+            app_checks_tokens_of(is_grpc_call)  # over HTTP: GrpcApi checks their token
 
     @property
     def predictor(self) -> Any:
@@ -270,6 +275,9 @@ class ArtifactServer:
         return exposition([*merge(parts), scrape_family(answered, failed)])
 
     async def __call__(self, request: Request) -> Response:
+        if self._grpc_on and is_grpc_call(request.scope):  # HAProxy passes them on as HTTP/1.1
+            return await answer_over_http(self.grpc_over_http, request,
+                                          grpc_message_limit(self.http.limits))
         return await self.http.handle(request)
 
     async def forward_http(self, method: str, path: str, headers: list[tuple[bytes, bytes]],
@@ -301,6 +309,21 @@ class ArtifactServer:
                                  infer=functools.partial(self.core.infer, paced=True),
                                  answered=functools.partial(self.core.stats.answered, "oip-grpc"))
         return self._grpc
+
+    @property
+    def grpc_over_http(self) -> GrpcApi:
+        """The same RPCs for calls HAProxy passes on as HTTP/1.1 (``_grpc_http``). Their rows
+        arrive as HTTP rows do, so they are not paced (``_gather``): holding a group open for
+        the next one cost about 45 µs of a replica's time per call in process (stub replay, 32
+        clients; ``benchmarks/results/2026-12-07_cpu_grpc-over-http1-pacing.txt``)."""
+        if self._grpc_http is None:
+            from ._oip_grpc import GrpcApi
+
+            self._grpc_http = GrpcApi(self.oip, self.core, self._token_sha256,
+                                      self.http.admission, self.http.limits.retry_after_s,
+                                      answered=functools.partial(self.core.stats.answered,
+                                                                 "oip-grpc"))
+        return self._grpc_http
 
 
 add_rpc_methods(ArtifactServer)  # Ray Serve calls the method named after each RPC

@@ -140,6 +140,20 @@ def check_digest(value: str) -> str:
     return value
 
 
+#: Which requests this process's app checks the token of itself: gRPC calls over HTTP, in
+#: an ``ArtifactServer`` (``_grpc_http.is_grpc_call``). The gate passes them on, so that a
+#: call without the token gets the protocol's ``UNAUTHENTICATED``, counted as the replica
+#: counts it. A replica process holds one app; any other (a repository's router, the no-op)
+#: sets none and the gate answers every request.
+_checked_by_app: Callable[[Scope], bool] = lambda scope: False  # noqa: E731
+
+
+def app_checks_tokens_of(requests: Callable[[Scope], bool]) -> None:
+    """Say that this process's app checks the token of ``requests`` itself."""
+    global _checked_by_app
+    _checked_by_app = requests
+
+
 class TokenGate:
     """ASGI middleware in front of each HTTP server Ray Serve starts for the serve (its
     proxies, each replica's direct ingress): a request without the token gets the JSON 401
@@ -159,7 +173,7 @@ class TokenGate:
         path = scope.get("path", "")[len(scope.get("root_path", "")):]
         if kind == "http" and path == LIVENESS_PATH:
             await self.app(scope, receive, _status_only(send))
-        elif bearer_matches(authorization(scope), self.token_sha256):
+        elif bearer_matches(authorization(scope), self.token_sha256) or _checked_by_app(scope):
             await self.app(scope, receive, send)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation

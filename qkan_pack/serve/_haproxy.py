@@ -110,6 +110,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
+from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers, server_addresses
 from ._routes import (
     DEFAULTS_FILE,
     ROOT_FILE,
@@ -371,16 +372,8 @@ def _backend_prefixes(config: str) -> dict[str, str]:
 
 def _replica_servers(config: str) -> dict[str, list[str]]:
     """Each backend's replica servers (not its backups), by backend name."""
-    servers: dict[str, list[str]] = {}
-    backend = None
-    for line in config.split("\n"):
-        if line and not line[0].isspace():
-            backend = line.split()[1] if line.startswith("backend ") else None
-            continue
-        found = re.match(r"\s*server (\S+) \S+", line)
-        if backend is not None and found and not re.search(r"\sbackup(\s|$)", line):
-            servers.setdefault(backend, []).append(found[1])
-    return servers
+    return {backend: list(servers)
+            for backend, servers in server_addresses(config.split("\n")).items()}
 
 
 def _router_backend(protocol: str) -> str:
@@ -542,11 +535,11 @@ def main(argv: list[str]) -> None:
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
         publish_routes(workdir, None)  # HAProxy refuses an ACL whose file is missing
-        config.write_text(rewrite(config.read_text(), str(_error_dir(Path(workdir))),
-                                  int(timeout_s), admission,
-                                  None if replica_host == "-" else replica_host,
-                                  os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
-                                  str(Path(workdir).resolve())))
+        text = rewrite(config.read_text(), str(_error_dir(Path(workdir))), int(timeout_s),
+                       admission, None if replica_host == "-" else replica_host,
+                       os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
+                       str(Path(workdir).resolve()))
+        config.write_text(grpc_to_http_servers(text) if grpc_over_http_here() else text)
     record_process(Path(workdir), os.getpid())  # HAProxy's id and start time, once it execs
     os.execv(real, [real, *args])
 

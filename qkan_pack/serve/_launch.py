@@ -38,6 +38,7 @@ from ._auth import check_token, gate_env, token_digest
 from ._bind import check_port_free
 from ._cluster import PROXY_LOCATION, check_joinable, job_runtime_env
 from ._deploy import DEPLOY_POLL_S, app_state, last_line, wait_running
+from ._grpc_http import grpc_message_limit
 from ._haproxy import IngressAdmission, install_wrapper, real_haproxy, request_timeout_s
 from ._http import HttpLimits
 from ._placement import fit_resources
@@ -472,17 +473,6 @@ class _RaySession:
                     ray.shutdown()
         finally:
             stop_recorded_processes(self.workdir)
-
-
-#: Room for a gRPC message's fields around its tensors (names, shapes, parameters).
-GRPC_MESSAGE_SLACK = 64 * 1024
-
-
-def grpc_message_limit(limits: HttpLimits) -> int:
-    """The largest gRPC message Ray's gRPC servers take (and send): ``--max-body-mb`` as for
-    HTTP bodies, with room for the message's fields. gRPC reads a whole message before any
-    method runs, token check included, so the bound must be the server's own."""
-    return limits.max_body_bytes + GRPC_MESSAGE_SLACK
 
 
 def grpc_options(listen: Listen) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._supported import UVICORN
+from ._grpc_http import TRAILERS_HEADER
 
 #: uvicorn releases whose ``RequestResponseCycle.send`` this was written against (stated in
 #: ``_supported``; the ``serve`` extra declares the same range).
@@ -40,6 +41,9 @@ SUPPORTED = UVICORN
 #: Marks a protocol class whose ``send`` already holds reply heads.
 _MARK = "_qkan_pack_whole_replies"
 _HELD = "_qkan_pack_held_head"
+_TRAILERS = "_qkan_pack_trailers"
+#: How uvicorn ends a chunked body: the last chunk, then no trailers.
+_LAST_CHUNK = b"0\r\n\r\n"
 
 
 class _HeldWrites:
@@ -62,12 +66,16 @@ class _HeadFirst:
     that raised sends nothing and the head stays held (uvicorn then closes the connection:
     an empty reply, which HAProxy may retry, rather than headers without their body)."""
 
-    def __init__(self, transport: Any, head: list[bytes]) -> None:
+    def __init__(self, transport: Any, head: list[bytes], trailers: bytes | None = None) -> None:
         self._transport = transport
         self._head: list[bytes] | None = head
+        self._trailers = trailers
 
     def write(self, data: bytes) -> None:
         head, self._head = self._head, None
+        if self._trailers is not None and data.endswith(_LAST_CHUNK):
+            data = data[:-2] + self._trailers + b"\r\n\r\n"  # after the last chunk's line
+            self._trailers = None
         self._transport.write(b"".join((*head, data)) if head else data)
 
     def close(self) -> None:
@@ -97,6 +105,7 @@ def _holding_heads(send: Send) -> Send:
     @functools.wraps(send)
     async def send_whole(self: Any, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start" and not self.response_started:
+            message = _trailers_taken(self, message)
             transport, held = self.transport, _HeldWrites(self.transport)
             self.transport = held
             try:
@@ -107,10 +116,11 @@ def _holding_heads(send: Send) -> Send:
                 setattr(self, _HELD, held.chunks)
             return
         head = self.__dict__.pop(_HELD, None)
-        if head is None:
+        trailers = None if message.get("more_body") else self.__dict__.pop(_TRAILERS, None)
+        if head is None and trailers is None:
             await send(self, message)
             return
-        transport, joined = self.transport, _HeadFirst(self.transport, head)
+        transport, joined = self.transport, _HeadFirst(self.transport, head or [], trailers)
         self.transport = joined
         try:
             await send(self, message)
@@ -126,9 +136,33 @@ def _holding_heads(send: Send) -> Send:
     return send_whole
 
 
+def _trailers_taken(cycle: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """A reply head naming trailers (``_grpc_http.TRAILERS_HEADER``: a gRPC call's status)
+    without that header and its length, so that uvicorn sends the body chunked; the
+    trailers are kept on ``cycle`` for its last chunk. Any other head as it is."""
+    headers = message.get("headers") or ()
+    trailers = [value for name, value in headers if name.lower() == TRAILERS_HEADER]
+    if not trailers:
+        return message
+    setattr(cycle, _TRAILERS, b"\r\n".join(trailers))
+    kept = [(name, value) for name, value in headers
+            if name.lower() not in (TRAILERS_HEADER, b"content-length")]
+    return {**message, "headers": kept}
+
+
 def write_replies_whole() -> list[str]:
     """Make this process's uvicorn write each reply in one piece (idempotent). Returns why
     an installed protocol class was left alone, one line each (nothing when all changed)."""
+    return _each_cycle(change=True)
+
+
+def replies_whole_here() -> bool:
+    """Whether ``write_replies_whole`` changes every installed protocol class here (what a
+    replica with this uvicorn then does, trailers included), changing nothing."""
+    return not _each_cycle(change=False)
+
+
+def _each_cycle(change: bool) -> list[str]:
     release = unsupported_uvicorn()
     if release is not None:
         return [release]
@@ -142,7 +176,7 @@ def write_replies_whole() -> list[str]:
         problem = _unexpected(cycle)
         if problem:
             skipped.append(f"{module_name}: {problem}")
-        elif cycle is not None and not getattr(cycle, _MARK, False):
+        elif change and cycle is not None and not getattr(cycle, _MARK, False):
             cycle.send = _holding_heads(cycle.send)
             setattr(cycle, _MARK, True)
     return skipped

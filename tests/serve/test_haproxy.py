@@ -32,6 +32,7 @@ from qkan_pack.serve._haproxy import (
     rewrite,
     timeout_response,
 )
+from qkan_pack.serve._haproxy_grpc import grpc_to_http_servers
 
 from ._server import free_port, strict_json
 
@@ -141,6 +142,58 @@ def test_the_retry_policy_outlasts_a_dead_replica_whatever_the_template_says() -
     assert rewrite(out, "/E", 7) == out
     bare = rewrite("defaults\n    mode http", "/E", 7).split("\n")
     assert all(bare.count(line) == 1 for line in policy)
+
+
+#: Ray 2.60's backends for one application with gRPC on, reduced to what the rewrite reads.
+_GRPC_CONFIG = [
+    "defaults", "    mode http",
+    "frontend http_frontend", "    bind *:8000", "    use_backend http-qkan-pack if is_app",
+    "backend http-qkan-pack", "    option httpchk GET /-/healthz",
+    "    http-check expect status 200",
+    "    server SERVE_REPLICA_a 127.0.0.1:30000 check", "    server SERVE_REPLICA_b 127.0.0.1:30001 check",
+    "frontend grpc_frontend", "    bind 127.0.0.1:9000 proto h2",
+    "    default_backend grpc-qkan-pack",
+    "backend grpc_fallback_backend", "    option tcp-check", "    tcp-check connect",
+    "    server SERVE_PROXY_ACTOR-fallback 127.0.0.1:23151 proto h2 check",
+    "backend grpc-qkan-pack", "    option tcp-check", "    tcp-check connect",
+    "    tcp-check send-binary 505249", "    tcp-check expect binary 7375",
+    "    server SERVE_REPLICA_a 127.0.0.1:40000 proto h2 check",
+    "    server SERVE_REPLICA_b 127.0.0.1:40001 proto h2 check"]
+
+
+def _section(config: str, name: str) -> list[str]:
+    lines = config.split("\n")
+    start = lines.index(name) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i] and not lines[i][0].isspace()),
+               len(lines))
+    return lines[start:end]
+
+
+def test_grpc_calls_are_passed_on_to_the_replicas_http_servers() -> None:
+    """gRPC at full speed (issue 43): each replica's gRPC server (Ray's grpc.aio) is swapped
+    for its HTTP server, spoken to in HTTP/1.1 and checked as the HTTP backend checks it;
+    Ray's own fallback proxy keeps HTTP/2; the rewrite rewrites to itself."""
+    out = grpc_to_http_servers(rewrite("\n".join(_GRPC_CONFIG), "/E", 7))
+    backend = _section(out, "backend grpc-qkan-pack")
+    servers = [line.split()[:3] for line in backend if line.strip().startswith("server SERVE")]
+    assert servers == [["server", "SERVE_REPLICA_a", "127.0.0.1:30000"],
+                       ["server", "SERVE_REPLICA_b", "127.0.0.1:30001"]], backend
+    assert not [line for line in backend if "proto h2" in line or "tcp-check" in line], backend
+    assert "    option httpchk GET /-/healthz" in backend
+    assert "    http-check expect status 200" in backend
+    fallback = _section(out, "backend grpc_fallback_backend")
+    assert any("127.0.0.1:23151 proto h2" in line for line in fallback), fallback
+    assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
+
+
+def test_a_grpc_backend_with_a_replica_the_http_backend_lacks_is_left_to_rays_servers() -> None:
+    """A replica not (yet) in the HTTP backend has no HTTP server to send its calls to: the
+    whole gRPC backend stays as Ray wrote it rather than losing that replica."""
+    config = [line for line in _GRPC_CONFIG if "127.0.0.1:30001" not in line]
+    out = grpc_to_http_servers(rewrite("\n".join(config), "/E", 7))
+    backend = _section(out, "backend grpc-qkan-pack")
+    assert any("127.0.0.1:40000 proto h2" in line for line in backend), backend
+    assert "    option tcp-check" in backend
 
 
 def test_a_specific_host_addresses_local_replicas_where_they_bind() -> None:
@@ -714,3 +767,17 @@ def test_the_only_replica_dying_under_a_kept_alive_client_gives_a_json_503(
     finally:
         replica.release.set()
         replica.kill()
+
+
+def test_grpc_goes_to_http_servers_only_for_one_artifact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model repository's gRPC calls name their model only inside the message: they keep
+    going to its router over Ray's gRPC servers, whatever its backends look like (at start
+    the router is its only application, named as one artifact's is)."""
+    from qkan_pack.serve._haproxy_grpc import grpc_over_http_here
+    from qkan_pack.serve._ray_compat import GRPC_APPLICATION_ENV
+    from qkan_pack.serve._uvicorn_compat import replies_whole_here
+
+    monkeypatch.delenv(GRPC_APPLICATION_ENV, raising=False)
+    assert grpc_over_http_here() == replies_whole_here()
+    monkeypatch.setenv(GRPC_APPLICATION_ENV, "qkan-pack")
+    assert not grpc_over_http_here()

@@ -193,3 +193,39 @@ def test_a_uvicorn_outside_the_supported_releases_is_left_alone(
     said = write_replies_whole()
     assert said == [f"uvicorn 1.2.0 is outside the supported range {SUPPORTED}; replies are "
                     "written as uvicorn writes them"]
+
+
+@pytest.mark.parametrize("http", _http_kinds())
+def test_a_reply_naming_trailers_ends_its_chunked_body_with_them(http: str) -> None:
+    """gRPC over HTTP/1.1 (``_grpc_http``): the status of a call goes in trailers after a
+    chunked body, which uvicorn cannot send; the reply names them in a header that never
+    leaves, its length is dropped, and the last chunk carries them. The connection stays
+    usable."""
+    from qkan_pack.serve._grpc_http import TRAILERS_HEADER
+
+    async def scenario() -> tuple[bytes, bytes]:
+        async def app(scope: dict, receive: Callable, send: Callable) -> None:
+            await receive()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/grpc"),
+                                    (b"content-length", b"5"),
+                                    (TRAILERS_HEADER, b"grpc-status: 0")]})
+            await send({"type": "http.response.body", "body": b"hello"})
+
+        async def client(port: int) -> tuple[bytes, bytes]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(REQUEST)
+            first = await asyncio.wait_for(reader.readuntil(b"grpc-status: 0\r\n\r\n"), 5)
+            writer.write(REQUEST)
+            second = await asyncio.wait_for(reader.readuntil(b"grpc-status: 0\r\n\r\n"), 5)
+            writer.close()
+            return first, second
+
+        return await _with_server(http, app, client)
+
+    for reply in asyncio.run(scenario()):
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n"), reply
+        assert b"transfer-encoding: chunked" in head.lower(), reply
+        assert b"content-length" not in head.lower() and TRAILERS_HEADER not in head.lower()
+        assert body == b"5\r\nhello\r\n0\r\ngrpc-status: 0\r\n\r\n", reply
