@@ -80,13 +80,25 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
         message = message_type.FromString(payload)
     except Exception as exc:  # protobuf's DecodeError
         return failed("INVALID_ARGUMENT", f"the {rpc}Request message does not parse: {exc}")
-    call = ForwardedCall(tuple((k.decode("latin-1"), v.decode("latin-1"))
-                               for k, v in headers if k not in _NOT_METADATA))
-    reply = await api.answer(rpc, message, call)
+    call = _HeaderCall(headers)
+    reply = await api.answer(rpc, message, call, payload)
     status = getattr(call.code, "name", None) or "OK"
     if status != "OK":
         return failed(status, call.details)
-    return _reply(reply.SerializeToString())
+    return _reply(reply if type(reply) is bytes else reply.SerializeToString())
+
+
+class _HeaderCall(ForwardedCall):
+    """A call's context whose metadata (the request's headers but HTTP's own) is decoded
+    only when asked for: the token check asks, and only when serve has a token."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(())
+        self.headers = headers
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return tuple((k.decode("latin-1"), v.decode("latin-1"))
+                     for k, v in self.headers if k not in _NOT_METADATA)
 
 
 def failed(status: str, details: str) -> Response:
@@ -107,8 +119,7 @@ def _grpc_reply(body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
     from ._http import raw_response
 
     reply = raw_response(200, body)
-    reply.raw_headers[1] = (b"content-type", b"application/grpc")
-    reply.raw_headers += headers
+    reply.raw_headers[1:] = [(b"content-type", b"application/grpc"), *headers]
     return reply
 
 

@@ -26,7 +26,7 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._inflate import COMPRESSIONS, inflate
 from ._offload import WireHelper
-from ._oip import BINARY_HEADER, InferRequest, OipModel
+from ._oip import BINARY_HEADER, OipModel
 from ._stats import outcome_of
 from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
 
@@ -376,10 +376,11 @@ class HttpApi:
             if not isinstance(body, bytes):
                 return body
         try:
-            parsed: InferRequest
-            if json_bytes(body, header_length) >= INLINE_PARSE_BYTES:
+            split = None if header_length is None else header_count(header_length)
+            parsed = self.oip.planned(body, split)  # a kept header: nothing to parse
+            if parsed is None and json_bytes(body, split) >= INLINE_PARSE_BYTES:
                 parsed = await self._helper.parse_infer(self.oip, body, header_length)
-            else:
+            elif parsed is None:
                 parsed = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
@@ -456,11 +457,10 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
         chunks.append(chunk)
 
 
-def json_bytes(body: bytes, header_length: str | None) -> int:
+def json_bytes(body: bytes, split: int | None) -> int:
     """How much of an ``infer`` body is JSON: with the binary extension, the header's length
-    (the binary tensors after it are read without parsing); a length that is no byte count
-    within the body counts the whole, and ``parse_http`` says what is wrong with it."""
-    split = None if header_length is None else header_count(header_length)
+    ``split`` (the binary tensors after it are read without parsing); a length that is no
+    byte count within the body counts the whole, and ``parse_http`` says what is wrong."""
     return len(body) if split is None or split > len(body) else split
 
 
@@ -530,8 +530,9 @@ def _headers(scope: Mapping[str, Any], *names: bytes) -> list[str | None]:
 
 def binary_response(payload: bytes, header_length: int) -> Response:
     """An Open Inference Protocol reply with binary tensors after its JSON header."""
-    reply = raw_response(200, payload, {"Inference-Header-Content-Length": str(header_length)})
-    reply.raw_headers[1] = (b"content-type", b"application/octet-stream")
+    reply = raw_response(200, payload)
+    reply.raw_headers[1:] = [(b"content-type", b"application/octet-stream"),
+                             (b"inference-header-content-length", b"%d" % header_length)]
     return reply
 
 

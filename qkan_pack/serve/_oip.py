@@ -87,10 +87,11 @@ class InferRequest:
 
 @dataclass
 class HeaderPlan:
-    """A binary request's JSON header, parsed and checked once (``OipModel.parse_http``):
-    each input's name, dtype, shape and binary size in order, what the request asks of
-    the reply, and the reply headers made for it so far, by output shapes. Only headers
-    whose every input is binary are kept: a header that holds values is not worth it."""
+    """A binary request's JSON header (``OipModel.parse_http``), or a gRPC request's fields
+    other than its raw tensors (``_grpc_wire``), parsed and checked once: each input's
+    name, dtype, shape and binary size in order, what the request asks of the reply, and
+    the reply heads made for it so far (in the request's protocol), by output shapes. Only
+    requests whose every input is binary are kept: one that holds values is not worth it."""
 
     inputs: list[tuple[str, str, list[int], int, str]]
     binary_bytes: int
@@ -101,13 +102,24 @@ class HeaderPlan:
     replies: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
 
     def request(self, binary: memoryview) -> InferRequest:
-        """The request with these binary tensors (``binary_bytes`` long)."""
-        inputs: dict[str, Given] = {}
-        offset = 0
-        for name, dtype, shape, size, where in self.inputs:
-            inputs[name] = binary_tensor(binary[offset:offset + size], size, shape, dtype, name,
-                                         where)
+        """The request with these binary tensors (``binary_bytes`` long), one after another."""
+        pieces, offset = [], 0
+        for *_, size, _ in self.inputs:
+            pieces.append(binary[offset:offset + size])
             offset += size
+        return self.request_of(pieces)
+
+    def fits(self, pieces: Sequence[bytes | memoryview]) -> bool:
+        """``pieces`` are one tensor per input, each of its size (gRPC's raw contents)."""
+        return len(pieces) == len(self.inputs) and all(
+            len(piece) == entry[3] for piece, entry in zip(pieces, self.inputs))
+
+    def request_of(self, pieces: Sequence[bytes | memoryview]) -> InferRequest:
+        """The request with these tensors, one per input in order (each input's size was
+        checked against its shape and dtype when the plan was made)."""
+        inputs: dict[str, Given] = {}
+        for (name, dtype, shape, _, where), piece in zip(self.inputs, pieces):
+            inputs[name] = Given(wire_values(piece, dtype, where, name).reshape(shape), dtype)
         return InferRequest(inputs, self.id, self.outputs, self.binary_outputs, self.parameters,
                             self)
 
@@ -201,15 +213,25 @@ class OipModel:
                     f"Inference-Header-Content-Length {header_length[:40]!r} is not a byte "
                     f"count within the {len(body)}-byte body: send the JSON header's length "
                     "in ASCII digits")
+            if (planned := self.planned(body, split)) is not None:
+                return planned
             header, binary = body[:split], body[split:]
-            plan = self._plans.get(header)
-            if plan is not None and len(binary) == plan.binary_bytes:
-                return plan.request(memoryview(binary))
         request = decode_body(header, _key_count, hint=f"; send {REQUEST_SHAPE}")
         parsed = self._request(request, memoryview(binary))
         if header_length is not None and len(header) <= CACHED_HEADER_BYTES:
             parsed.plan = self._keep(header, request, parsed, len(binary))
         return parsed
+
+    def planned(self, body: bytes, split: int | None) -> InferRequest | None:
+        """The request when its first ``split`` bytes are a kept JSON header (``HeaderPlan``)
+        and the binary tensors after it are the size that header declares: the common
+        binary request, read without parsing JSON. None otherwise (``parse_http`` reads it
+        and says what is wrong)."""
+        if split is None or (plan := self._plans.get(body[:split])) is None:
+            return None
+        if len(body) - split != plan.binary_bytes:
+            return None
+        return plan.request(memoryview(body)[split:])
 
     def _keep(self, header: bytes, request: dict[str, Any], parsed: InferRequest,
               binary_bytes: int) -> HeaderPlan | None:
@@ -291,6 +313,10 @@ class OipModel:
             raise MalformedRequestError(f"missing input(s) {missing}; {self.name} takes "
                                         f"{list(self.input_names)}")
 
+    def output_dtype(self, name: str) -> str:
+        """The manifest dtype of output ``name``."""
+        return self.outputs[self._output_index[name]].dtype
+
     def check_outputs(self, names: Sequence[Any]) -> None:
         seen = set()
         for index, name in enumerate(names):
@@ -340,12 +366,12 @@ class OipModel:
         order (all of them, in the order the model returned them, when it named none). Names
         come from the outputs themselves (``runtime.leaf_names_of``): the shapes an artifact
         declares may return different structures, and the one that ran decides."""
-        from ..runtime import leaf_names_of  # the replica has torch; the helper never calls this
-
         leaves: list[Any] = []
         if type(outputs) is np.ndarray:  # the common reply: one output
             named = {"output": outputs}
         else:
+            from ..runtime import leaf_names_of  # the replica has torch; the helper never calls this
+
             map_leaves(leaves.append, outputs)
             named = dict(zip(leaf_names_of(outputs), leaves))
         names = [o.name for o in request.outputs] if request.outputs else list(named)
@@ -354,12 +380,15 @@ class OipModel:
             raise MalformedRequestError(
                 f"output(s) {missing} are not returned for this request's shape (it returns "
                 f"{list(named)}): leave them out of \"outputs\"")
-        return [(name, _host_values(named[name]), self.outputs[self._output_index[name]].dtype)
-                for name in names]
+        return [(name, _host_values(named[name]), self.output_dtype(name)) for name in names]
 
     def reply(self, outputs: Any, request: InferRequest) -> tuple[bytes, int | None]:
         """(body, JSON header length when binary tensors follow it, else None). The header
         of an all-binary reply to a kept request header is kept too, by output shapes."""
+        if type(outputs) is np.ndarray and request.plan is not None:  # the common reply
+            head = request.plan.replies.get((("output", outputs.shape),))
+            if head is not None:
+                return head + raw_bytes(outputs, self.output_dtype("output")), len(head)
         produced = self.output_values(outputs, request)
         # keyed by names and shapes: shapes an artifact declares may return other outputs
         plan, shapes = request.plan, tuple([(name, v.shape) for name, v, _ in produced])

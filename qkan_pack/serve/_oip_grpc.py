@@ -28,8 +28,13 @@ from ..errors import InputError, MalformedRequestError, OverloadedError, ServeEr
 from ..format import DTYPES
 from ..runtime import check_int_range
 from ._auth import bearer_matches
+from ._grpc_wire import is_head_of, reply_bytes, request_head
 from ._oip import (
+    CACHED_HEADER_BYTES,
+    CACHED_HEADERS,
+    CACHED_REPLIES,
     OIP_DATATYPE,
+    HeaderPlan,
     InferRequest,
     OipModel,
     RequestedOutput,
@@ -176,6 +181,8 @@ class GrpcApi:
         self._infer = infer or core.infer
         self._answered = answered
         self.pb = protocol()
+        #: Kept request heads (``_grpc_wire``), for requests that come with their bytes.
+        self._plans: dict[bytes, HeaderPlan] = {}
 
     def authorized(self, context: Any) -> bool:
         """The call's ``authorization`` metadata carries the token (or none is required);
@@ -203,20 +210,23 @@ class GrpcApi:
         _fail(context, grpc.StatusCode.NOT_FOUND, self.oip.unknown_model(name, version))
         return False
 
-    async def answer(self, rpc: str, request: Any, context: Any) -> Any:
+    async def answer(self, rpc: str, request: Any, context: Any,
+                     payload: bytes | None = None) -> Any:
         """One RPC: the token first, then (for a model's RPCs) the model's name and version,
         then the answer; a refusal is the RPC's empty reply with its status set. Counted
-        (``answered``): every ``ModelInfer``, and any call refused for its token."""
+        (``answered``): every ``ModelInfer``, and any call refused for its token.
+        ``payload``: the request's bytes as they came (the HTTP route's), with which a
+        ``ModelInfer`` is read through a kept head and answered as the reply's bytes."""
         started = time.perf_counter()
         call = _Call(context)
-        reply = await self._answer(rpc, request, call)
+        reply = await self._answer(rpc, request, call, payload)
         name = getattr(call.code, "name", call.code)
         if self._answered is not None and (rpc == "ModelInfer" or name == "UNAUTHENTICATED"):
             self._answered(OUTCOME_OF_STATUS.get(name, "server_error"),
                            time.perf_counter() - started)
         return reply
 
-    async def _answer(self, rpc: str, request: Any, context: Any) -> Any:
+    async def _answer(self, rpc: str, request: Any, context: Any, payload: bytes | None) -> Any:
         if rpc not in IMPLEMENTED:
             return self.unimplemented(rpc, context)
         if not self.authorized(context):
@@ -227,7 +237,7 @@ class GrpcApi:
             if not self.model_known(name, version, context):
                 return getattr(self.pb, f"{rpc}Response")()
         if rpc == "ModelInfer":
-            return await self.infer(request, context)
+            return await self.infer(request, context, payload)
         return self._answers[rpc]()
 
     @property
@@ -280,7 +290,7 @@ class GrpcApi:
             max_batch_size=0, input=tensors(config["input"], mc.ModelInput),
             output=tensors(config["output"], mc.ModelOutput)))
 
-    async def infer(self, request: Any, context: Any) -> Any:
+    async def infer(self, request: Any, context: Any, payload: bytes | None = None) -> Any:
         """``ModelInfer`` within the replica's admission bounds (the HTTP routes' own: a full
         replica answers UNAVAILABLE at once, as HTTP answers 503, never an unbounded queue)."""
         import grpc
@@ -293,17 +303,19 @@ class GrpcApi:
                   f"full; retry after {self.retry_after_s} s")
             return self.pb.ModelInferResponse()
         try:
-            return await self._infer_admitted(request, context)
+            return await self._infer_admitted(request, context, payload)
         finally:
             self.admission.release()
 
-    async def _infer_admitted(self, request: Any, context: Any) -> Any:
+    async def _infer_admitted(self, request: Any, context: Any, payload: bytes | None) -> Any:
         import grpc
 
         try:
-            parsed = self.parse(request)
-            outputs = await self._infer(parsed.inputs)
-            return self.reply(outputs, parsed)
+            if payload is None:
+                parsed = self.parse(request)
+                return self.reply(await self._infer(parsed.inputs), parsed)
+            parsed = self.planned(request, payload)
+            return self.reply_bytes(await self._infer(parsed.inputs), parsed)
         except (MalformedRequestError, InputError) as exc:
             _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
@@ -340,15 +352,59 @@ class GrpcApi:
             self.oip.check_outputs([o.name for o in requested])
         return InferRequest(inputs, request.id or None, requested, True)
 
+    def planned(self, request: Any, payload: bytes) -> InferRequest:
+        """``parse(request)``, through the plan kept for the request's head when there is
+        one (``_grpc_wire``); a request whose every input is raw has its head kept."""
+        raws = request.raw_input_contents
+        head = request_head(payload, raws)
+        plan = self._plans.get(head)
+        if plan is not None and plan.fits(raws):
+            return plan.request_of(raws)
+        parsed = self.parse(request)
+        if raws and len(head) <= CACHED_HEADER_BYTES and is_head_of(request, head):
+            if len(self._plans) >= CACHED_HEADERS:
+                self._plans.pop(next(iter(self._plans)))
+            parsed.plan = self._plans[head] = HeaderPlan(
+                [(name, given.dtype, list(given.array.shape), len(raw), f"inputs[{index}]")
+                 for index, ((name, given), raw) in enumerate(zip(parsed.inputs.items(), raws))],
+                sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {})
+        return parsed
+
     def reply(self, outputs: Any, parsed: InferRequest) -> Any:
-        pb = self.pb
-        response = pb.ModelInferResponse(model_name=self.oip.name, model_version=self.oip.version,
-                                         id=parsed.id or "")
-        for name, values, dtype in self.oip.output_values(outputs, parsed):
-            response.outputs.append(pb.ModelInferResponse.InferOutputTensor(
-                name=name, datatype=OIP_DATATYPE[dtype], shape=list(values.shape)))
-            response.raw_output_contents.append(raw_bytes(values, dtype))
+        """The ``ModelInferResponse`` message."""
+        produced = self.oip.output_values(outputs, parsed)
+        response = self._response_head(produced, parsed)
+        response.raw_output_contents.extend([raw_bytes(v, dtype) for _, v, dtype in produced])
         return response
+
+    def reply_bytes(self, outputs: Any, parsed: InferRequest) -> bytes:
+        """``reply(outputs, parsed)`` serialised; for a request read through a kept plan,
+        its kept head for these output shapes followed by the raw outputs."""
+        if type(outputs) is np.ndarray and parsed.plan is not None:  # the common reply
+            head = parsed.plan.replies.get((("output", outputs.shape),))
+            if head is not None:
+                return reply_bytes(head, [raw_bytes(outputs, self.oip.output_dtype("output"))])
+        produced = self.oip.output_values(outputs, parsed)
+        raws = [raw_bytes(values, dtype) for _, values, dtype in produced]
+        if parsed.plan is None:
+            return reply_bytes(self._response_head(produced, parsed).SerializeToString(), raws)
+        shapes = tuple([(name, values.shape) for name, values, _ in produced])
+        head = parsed.plan.replies.get(shapes)
+        if head is None:
+            head = self._response_head(produced, parsed).SerializeToString()
+            if len(parsed.plan.replies) < CACHED_REPLIES:
+                parsed.plan.replies[shapes] = head
+        return reply_bytes(head, raws)
+
+    def _response_head(self, produced: list[tuple[str, np.ndarray, str]],
+                       parsed: InferRequest) -> Any:
+        """The reply without its raw outputs."""
+        pb = self.pb
+        return pb.ModelInferResponse(
+            model_name=self.oip.name, model_version=self.oip.version, id=parsed.id or "",
+            outputs=[pb.ModelInferResponse.InferOutputTensor(
+                name=name, datatype=OIP_DATATYPE[dtype], shape=list(values.shape))
+                for name, values, dtype in produced])
 
 
 def _typed_contents(tensor: Any, shape: list[int], dtype: str, where: str) -> Given:

@@ -280,6 +280,8 @@ def encode_reply(outputs: Any, encoding: str) -> bytes:
 def output_nbytes(tree: Any) -> int:
     """Bytes of the outputs' arrays (numpy, or bfloat16 tensors): what their reply's size
     follows (about 3x in list encoding)."""
+    if type(tree) is np.ndarray:  # the common reply: one output
+        return tree.nbytes
     sizes: list[int] = []
     map_leaves(lambda leaf: sizes.append(
         leaf.numel() * leaf.element_size() if is_tensor(leaf) else leaf.nbytes), tree)

@@ -24,17 +24,21 @@ pb = pytest.importorskip("tritonclient.grpc.service_pb2")
 class _Api:
     """``GrpcApi``'s surface: answers ModelInfer with the request's id, or sets a status."""
 
-    def __init__(self, status: Any = None, details: str = "") -> None:
-        self.pb, self.status, self.details = pb, status, details
+    def __init__(self, status: Any = None, details: str = "", as_bytes: bool = False) -> None:
+        self.pb, self.status, self.details, self.as_bytes = pb, status, details, as_bytes
         self.seen: list[tuple[str, Any, Any]] = []
+        self.payloads: list[bytes | None] = []
 
-    async def answer(self, rpc: str, request: Any, context: Any) -> Any:
+    async def answer(self, rpc: str, request: Any, context: Any,
+                     payload: bytes | None = None) -> Any:
         self.seen.append((rpc, request, context.invocation_metadata()))
+        self.payloads.append(payload)
         if self.status is not None:
             context.set_code(self.status)
             context.set_details(self.details)
             return pb.ModelInferResponse()
-        return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+        reply = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+        return reply.SerializeToString() if self.as_bytes else reply
 
 
 class _Code:
@@ -68,8 +72,11 @@ def _headers(reply: Any) -> dict[bytes, bytes]:
 REQUEST = pb.ModelInferRequest(model_name="mlp", id="r1").SerializeToString()
 
 
-def test_a_call_is_answered_with_its_framed_reply_and_status_in_trailers() -> None:
-    api = _Api()
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_a_call_is_answered_with_its_framed_reply_and_status_in_trailers(as_bytes: bool) -> None:
+    """The message is answered with its bytes as they came (``GrpcApi`` reads a kept head
+    from them), and a reply that comes as bytes is framed as it is."""
+    api = _Api(as_bytes=as_bytes)
     reply = _call(api, _framed(REQUEST), headers=[(b"authorization", b"Bearer t")])
     headers = _headers(reply)
     assert reply.status_code == 200 and headers[b"content-type"] == b"application/grpc"
@@ -78,7 +85,7 @@ def test_a_call_is_answered_with_its_framed_reply_and_status_in_trailers() -> No
     assert flag == 0 and len(reply.body) == 5 + length
     assert pb.ModelInferResponse.FromString(reply.body[5:]).id == "r1"
     ((rpc, request, metadata),) = api.seen
-    assert rpc == "ModelInfer" and request.model_name == "mlp"
+    assert rpc == "ModelInfer" and request.model_name == "mlp" and api.payloads == [REQUEST]
     assert metadata == (("authorization", "Bearer t"),)  # HTTP's own headers are not metadata
 
 

@@ -427,6 +427,95 @@ def test_a_kept_binary_header_reads_each_request_s_own_tensors(manifest: Any) ->
     assert len(oip._plans) == CACHED_HEADERS
 
 
+def _echo_grpc_api(oip: OipModel) -> Any:
+    """A ``GrpcApi`` whose model returns its input ``x`` doubled."""
+    from qkan_pack.serve._http import Admission
+    from qkan_pack.serve._oip_grpc import GrpcApi
+
+    class Core:
+        async def infer(self, inputs: Any) -> Any:
+            return inputs["x"].array * 2
+
+    return GrpcApi(oip, Core(), None, Admission(4, 0), retry_after_s=1)
+
+
+def _grpc_call(api: Any, request: Any, payload: bytes | None) -> tuple[Any, _Context]:
+    """(the reply as a message, the call's context) of ``ModelInfer``, answered with the
+    request's bytes (the HTTP route's way) or without (Ray's)."""
+    context = _Context()
+    reply = asyncio.run(api.answer("ModelInfer", request, context, payload))
+    return (api.pb.ModelInferResponse.FromString(reply) if type(reply) is bytes else reply,
+            context)
+
+
+def test_a_kept_grpc_head_reads_each_request_s_own_tensors(manifest: Any) -> None:
+    """gRPC requests that come with their bytes have their head (every field but the raw
+    tensors) checked once and kept (``_grpc_wire``): each request reusing it gets its own
+    values, and the reply (a kept head plus raw outputs) is byte for byte the message Ray's
+    path builds. Raw tensors that do not fit the head, or that do not end the message, get
+    the field-by-field reading and its errors; typed contents are not kept; the kept heads
+    stay bounded."""
+    pytest.importorskip("tritonclient.grpc")
+    import grpc
+
+    from qkan_pack.serve._grpc_wire import RAW_INPUT_TAG, varint
+    from qkan_pack.serve._oip import CACHED_HEADERS
+
+    api = _echo_grpc_api(_oip(manifest))
+
+    def request(values: np.ndarray, request_id: str = "r1", raws: int = 1) -> Any:
+        message = api.pb.ModelInferRequest(model_name=NAME, id=request_id)
+        message.inputs.add(name="x", datatype="FP32", shape=list(values.shape))
+        message.outputs.add(name="output")
+        message.raw_input_contents.extend([values.tobytes()] * raws)
+        return message
+
+    rng = np.random.default_rng(5)
+    for _ in range(3):  # the first keeps the head, the others read through it
+        values = rng.standard_normal((1, 2)).astype(np.float32)
+        message = request(values)
+        reply, context = _grpc_call(api, message, message.SerializeToString())
+        plain, _ = _grpc_call(api, message, None)
+        assert context.code is None and reply.SerializeToString() == plain.SerializeToString()
+        assert reply.id == "r1" and reply.raw_output_contents[0] == (values * 2).tobytes()
+    assert len(api._plans) == 1
+    (plan,) = api._plans.values()
+    assert list(plan.replies) == [(("output", (1, 2)),)]
+
+    wide = rng.standard_normal((4, 2)).astype(np.float32)  # another shape: its own head
+    reply, _ = _grpc_call(api, request(wide), request(wide).SerializeToString())
+    assert list(reply.outputs[0].shape) == [4, 2] and len(api._plans) == 2
+
+    values = rng.standard_normal((1, 2)).astype(np.float32)
+    head = request(values)
+    del head.raw_input_contents[:]
+    raw = values.tobytes()
+    first = RAW_INPUT_TAG + varint(len(raw)) + raw + head.SerializeToString()  # raws first
+    reply, context = _grpc_call(api, api.pb.ModelInferRequest.FromString(first), first)
+    assert context.code is None and reply.raw_output_contents[0] == (values * 2).tobytes()
+    assert len(api._plans) == 2  # read field by field, not kept
+
+    for bad in (request(values, raws=2), request(values)):
+        if len(bad.raw_input_contents) == 1:
+            bad.raw_input_contents[0] = raw[:4]
+        payload = bad.SerializeToString()
+        _, kept = _grpc_call(api, bad, payload)
+        _, plain = _grpc_call(_echo_grpc_api(_oip(manifest)), bad, None)
+        assert kept.code == plain.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert kept.details == plain.details
+    typed = api.pb.ModelInferRequest(model_name=NAME)
+    typed.inputs.add(name="x", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend(
+        [1.0, 2.0])
+    reply, context = _grpc_call(api, typed, typed.SerializeToString())
+    assert context.code is None and np.frombuffer(reply.raw_output_contents[0],
+                                                  np.float32).tolist() == [2.0, 4.0]
+    assert len(api._plans) == 2
+    for index in range(CACHED_HEADERS + 5):
+        message = request(values, request_id=str(index))
+        _grpc_call(api, message, message.SerializeToString())
+    assert len(api._plans) == CACHED_HEADERS
+
+
 def test_bench_serve_binary_bodies_parse_back_to_the_values_drawn(manifest: Any) -> None:
     """bench-serve's oip-binary requests (its own encoder, not tritonclient's) read by the
     server's parser: the same values in the same shape, binary replies asked for; and its
