@@ -106,7 +106,6 @@ from ._precision import (
     geometric_mean,
 )
 from ._schema import (
-    WHEN_DEFAULT,
     Choice,
     Integer,
     JsonObject,
@@ -152,7 +151,6 @@ __all__ = [
     "SIGNATURE_NAME",
     "SOURCE_DIR",
     "WEIGHTS_NAME",
-    "WHEN_DEFAULT",
     "CapturePolicy",
     "Choice",
     "DType",
