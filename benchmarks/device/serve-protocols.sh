@@ -19,22 +19,25 @@ if ! python3 -c "import tritonclient.grpc" > "$RESULTS/tritonclient.txt" 2>&1; t
 fi
 # One run, bounded by what is left of 480 s since the script started (SIGTERM: bench-serve
 # stops its server and keeps nothing of that run), skipped when under a minute is left.
+# The protocol runs take each point's median over 3 rounds of 2 s, the protocols alternated
+# (one 4-s run per point moved the ratios by 10-30% between runs of the same tree).
 bench() {
     local left=$(( 480 - SECONDS ))
     if [ "$left" -lt 60 ]; then echo "== skipped (${left} s left): $*"; return; fi
     timeout --kill-after=90 "$left" python3 -m qkan_pack bench-serve "$ARTIFACT" \
-        --processes 8 --seconds 4 --warmup 1 --clients 8,32,128,512 "$@"
+        --processes 8 --clients 8,32,128,512 "$@"
 }
+ROUNDS="--rounds 3 --seconds 2 --warmup 0.5"
 {
     echo "== commit $COMMIT"
     [ "$PROTOCOLS" = json,oip-binary ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
-    bench --protocol "$PROTOCOLS" --json "$RESULTS/protocols_1rep.json"
+    bench --protocol "$PROTOCOLS" $ROUNDS --json "$RESULTS/protocols_1rep.json"
     echo "== elapsed $SECONDS s"
-    bench --protocol json,oip-binary --rows-per-request 64 --no-noop \
+    bench --protocol json,oip-binary --rows-per-request 64 --no-noop --seconds 4 --warmup 1 \
         --json "$RESULTS/protocols_1rep_64rows.json"
     echo "== elapsed $SECONDS s"
-    bench --protocol "$PROTOCOLS" --no-noop --serve-args '--replicas 4 --gpus-per-replica 0.25' \
-        --json "$RESULTS/protocols_4rep.json"
+    bench --protocol "$PROTOCOLS" $ROUNDS --no-noop \
+        --serve-args '--replicas 4 --gpus-per-replica 0.25' --json "$RESULTS/protocols_4rep.json"
     echo "== elapsed $SECONDS s"
     python3 - "$RESULTS" <<'PY'
 import json, pathlib, sys

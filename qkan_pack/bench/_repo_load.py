@@ -21,10 +21,9 @@ serve layer: the models and versions come from the repository server's ``GET /``
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from ._serve_load import (
     ServeLoadSettings,
     host_info,
     load_spec,
+    median_point,
     render_point,
     row_inputs,
     sigterm_as_exit,
@@ -159,25 +159,6 @@ def _measure(server: ServerProcess, rows: Rows, clients: int, paths: tuple[str, 
     point.rows_per_replay = round(rows_replayed / replays, 2) if replays else None
     print(render_point(point), file=sys.stderr, flush=True)
     return point
-
-
-def median_point(points: Sequence[Point]) -> Point:
-    """One point from the rounds' points at one client count: the median req/s, rows/s,
-    latencies and rows per replay; the statuses summed (every error of every round shows)."""
-    def median(values: Sequence[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return round(statistics.median(present), 3) if present else None
-
-    statuses: dict[str, int] = {}
-    for point in points:
-        for status, count in point.statuses.items():
-            statuses[status] = statuses.get(status, 0) + count
-    return replace(points[0], requests_per_s=median([p.requests_per_s for p in points]) or 0.0,
-                   rows_per_s=median([p.rows_per_s for p in points]) or 0.0,
-                   p50_ms=median([p.p50_ms for p in points]),
-                   p99_ms=median([p.p99_ms for p in points]),
-                   rows_per_replay=median([p.rows_per_replay for p in points]),
-                   ok=sum(p.ok for p in points), statuses=statuses)
 
 
 def repository_ratios(curves: dict[str, list[Point]]) -> dict[str, dict[str, float]]:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -139,6 +140,25 @@ def summarise(clients: int, result: LoadResult, seconds: float, protocol: str = 
                  rows_per_s=round(len(latencies) * rows_per_request / seconds, 1))
 
 
+def median_point(points: Sequence[Point]) -> Point:
+    """One point from the rounds' points at one client count: the median req/s, rows/s,
+    latencies and rows per replay; the statuses summed (every error of every round shows)."""
+    def median(values: Sequence[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 3) if present else None
+
+    statuses: dict[str, int] = {}
+    for point in points:
+        for status, count in point.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    return replace(points[0], requests_per_s=median([p.requests_per_s for p in points]) or 0.0,
+                   rows_per_s=median([p.rows_per_s for p in points]) or 0.0,
+                   p50_ms=median([p.p50_ms for p in points]),
+                   p99_ms=median([p.p99_ms for p in points]),
+                   rows_per_replay=median([p.rows_per_replay for p in points]),
+                   ok=sum(p.ok for p in points), statuses=statuses)
+
+
 def protocol_ratios(points: Sequence[Point]) -> dict[str, dict[str, float]]:
     """Each other protocol's req/s over the JSON route's at the same client count (rows/s
     alike: every protocol sends the same rows per request)."""
@@ -259,12 +279,30 @@ def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
     try:
         if any(p != "json" for p in protocols):
             server.oip_model = _oip_model(server)
-        report.curves[mode] = [measure_point(server, rows, n, settings, mode == "model", protocol)
-                               for n in settings.clients for protocol in protocols]
+        report.curves[mode] = _measure_rounds(server, rows, protocols, settings, mode == "model")
         if mode == "model":
             _optional_runs(server, rows, settings, report)
     finally:
         report.server[mode]["exit_code"] = server.stop()
+
+
+def _measure_rounds(server: ServerProcess, rows: Rows, protocols: Sequence[str],
+                    settings: ServeLoadSettings, has_stats: bool) -> list[Point]:
+    """Every client count in every protocol, ``rounds`` times; each point the median of its
+    rounds. The protocols run back to back at each count, so that they meet the same server
+    state, and each round starts them one further along (json, binary, grpc; then binary,
+    grpc, json...), so that none always follows the same one."""
+    runs: dict[tuple[int, str], list[Point]] = {}
+    for round_ in range(settings.rounds):
+        if settings.rounds > 1:
+            print(f"== round {round_ + 1} of {settings.rounds}", file=sys.stderr, flush=True)
+        turn = round_ % len(protocols)
+        for clients in settings.clients:
+            for protocol in (*protocols[turn:], *protocols[:turn]):
+                runs.setdefault((clients, protocol), []).append(
+                    measure_point(server, rows, clients, settings, has_stats, protocol))
+    return [median_point(runs[clients, protocol])
+            for clients in settings.clients for protocol in protocols]
 
 
 def _oip_model(server: ServerProcess) -> str:
@@ -443,9 +481,11 @@ def render_point(point: Point) -> str:
 def render_serve_load(report: ServeLoadReport) -> str:
     where = report.machine.get("gpu") or report.machine["cpu"]
     settings = report.settings
-    lines = [f"qkan-pack serve load: {report.artifact}, {settings['seconds']:g} s per point, "
-             f"{settings['processes']} client processes, {settings['rows_per_request']} "
-             f"row(s) per request; {where}"]
+    rounds = settings.get("rounds", 1)
+    median = f" (median of {rounds} rounds)" if rounds > 1 else ""
+    lines = [f"qkan-pack serve load: {report.artifact}, {settings['seconds']:g} s per point"
+             f"{median}, {settings['processes']} client processes, "
+             f"{settings['rows_per_request']} row(s) per request; {where}"]
     for mode, points in report.curves.items():
         title = mode if mode == "model" else f"{mode} (the JSON route only)"
         lines += ["", f"{title}: {report.server[mode]['ready']}", POINT_HEADER]

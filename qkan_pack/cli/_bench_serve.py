@@ -82,7 +82,8 @@ def protocol_names(text: str) -> tuple[str, ...]:
               help="Requests of random lengths, uniform in [LOW, HIGH], along the artifact's "
               "padded length axis (an artifact built with --pad).")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
-              help="For a model repository: measure this many rounds, each figure the median.")
+              help="Measure every point this many rounds, each figure the median (protocols "
+              "alternated, each round starting one further along).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
               help="Port the server under test listens on (loopback).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),

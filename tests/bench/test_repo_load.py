@@ -14,11 +14,10 @@ from qkan_pack.bench._load import LoadResult
 from qkan_pack.bench._repo_load import (
     _common_rows,
     check_repository_settings,
-    median_point,
     render_repository_load,
     repository_ratios,
 )
-from qkan_pack.bench._serve_load import SERVE_SCHEMA, summarise
+from qkan_pack.bench._serve_load import SERVE_SCHEMA, median_point, summarise
 from qkan_pack.errors import BenchError
 
 from ..conftest import MODELS
@@ -94,3 +93,33 @@ def test_the_aggregate_and_one_model_are_ratios_to_the_model_alone() -> None:
     assert "alone: m1/1 served alone, POST /: serving m1" in text
     assert "POST /models/<name>: serving repo" in text and "one: m1 through" in text
     assert "all  0.95x at 8, 0.75x at 32" in text and "one  1.00x at 8, 1.05x at 32" in text
+
+
+def test_protocol_rounds_rotate_the_order_and_take_each_point_s_median(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single artifact's ``--rounds``: each round runs the protocols back to back at every
+    client count, starting one further along each time (so that none always runs after the
+    same one), and each point is the median of its rounds."""
+    from qkan_pack.bench import _serve_load
+
+    order: list[tuple[int, str]] = []
+    rates = iter(range(1, 100))
+
+    def measure(server: object, rows: object, clients: int, settings: object,
+                has_stats: bool, protocol: str) -> object:
+        order.append((clients, protocol))
+        point = _point(next(rates), clients)
+        point.protocol = protocol
+        return point
+
+    monkeypatch.setattr(_serve_load, "measure_point", measure)
+    settings = ServeLoadSettings(clients=(8, 32), rounds=3,
+                                 protocols=("json", "oip-binary", "oip-grpc"))
+    points = _serve_load._measure_rounds(None, [], settings.protocols, settings, True)
+    assert order[:6] == [(8, "json"), (8, "oip-binary"), (8, "oip-grpc"),
+                         (32, "json"), (32, "oip-binary"), (32, "oip-grpc")]
+    assert order[6:9] == [(8, "oip-binary"), (8, "oip-grpc"), (8, "json")]
+    assert order[12:15] == [(8, "oip-grpc"), (8, "json"), (8, "oip-binary")]
+    assert [(p.clients, p.protocol) for p in points] == order[:6]
+    # json at 8 clients ran 1st, 9th and 14th: rates 1, 9, 14
+    assert points[0].requests_per_s == 9.0
