@@ -362,13 +362,21 @@ class GrpcApi:
             return plan.request_of(raws)
         parsed = self.parse(request)
         if raws and len(head) <= CACHED_HEADER_BYTES and is_head_of(request, head):
-            if len(self._plans) >= CACHED_HEADERS:
-                self._plans.pop(next(iter(self._plans)))
-            parsed.plan = self._plans[head] = HeaderPlan(
-                [(name, given.dtype, list(given.array.shape), len(raw), f"inputs[{index}]")
-                 for index, ((name, given), raw) in enumerate(zip(parsed.inputs.items(), raws))],
-                sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {})
+            self._keep(head, parsed, raws)
         return parsed
+
+    def _keep(self, head: bytes, parsed: InferRequest, raws: Any) -> None:
+        """Keep the plan of a request read from raw tensors (the oldest kept one makes
+        room); ``parsed.plan`` is it."""
+        inputs = [(name, given.dtype, list(given.array.shape), len(raw), f"inputs[{index}]")
+                  for index, ((name, given), raw) in enumerate(zip(parsed.inputs.items(), raws))
+                  if given.dtype is not None]  # raw tensors always carry their dtype
+        if len(inputs) != len(raws):
+            return
+        if len(self._plans) >= CACHED_HEADERS:
+            self._plans.pop(next(iter(self._plans)))
+        parsed.plan = self._plans[head] = HeaderPlan(
+            inputs, sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {})
 
     def reply(self, outputs: Any, parsed: InferRequest) -> Any:
         """The ``ModelInferResponse`` message."""
