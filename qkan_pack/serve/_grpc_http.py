@@ -38,6 +38,10 @@ GRPC_PREFIX = "/inference.GRPCInferenceService/"
 TRAILERS_HEADER = b"x-qkan-pack-trailers"
 #: Room for a gRPC message's fields around its tensors (names, shapes, parameters).
 GRPC_MESSAGE_SLACK = 64 * 1024
+#: A message's 5-byte prefix: compressed or not, then its length.
+_PREFIX = struct.Struct(">BI")
+#: The trailers of a call answered.
+_ANSWERED = [(TRAILERS_HEADER, b"grpc-status: 0")]
 #: Request headers that are HTTP's, not the call's metadata.
 _NOT_METADATA = frozenset((b"host", b"content-type", b"content-length", b"te",
                            b"transfer-encoding", b"connection", b"user-agent",
@@ -111,8 +115,8 @@ def failed(status: str, details: str) -> Response:
 
 
 def _reply(message: bytes) -> Response:
-    framed = struct.pack(">BI", 0, len(message)) + message
-    return _grpc_reply(framed, [(TRAILERS_HEADER, b"grpc-status: 0")])
+    return _grpc_reply(b"".join((_PREFIX.pack(0, len(message)), message)), _ANSWERED)
+
 
 
 def _grpc_reply(body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
@@ -145,7 +149,7 @@ def _unframed(body: bytes, encoding: str | None, limit: int) -> bytes | tuple[st
     or the status and what is wrong with the body, in words."""
     if len(body) < 5:
         return "INVALID_ARGUMENT", "the request body is not a gRPC message (under 5 bytes)"
-    flag, length = struct.unpack(">BI", body[:5])
+    flag, length = _PREFIX.unpack_from(body)
     if len(body) != 5 + length:
         return ("INVALID_ARGUMENT", f"the request body holds {len(body) - 5} bytes after its "
                 f"5-byte prefix, which says {length}: a unary call sends one message")

@@ -302,15 +302,7 @@ class GrpcApi:
             _fail(context, grpc.StatusCode.UNAVAILABLE, "overloaded: this replica's queue is "
                   f"full; retry after {self.retry_after_s} s")
             return self.pb.ModelInferResponse()
-        try:
-            return await self._infer_admitted(request, context, payload)
-        finally:
-            self.admission.release()
-
-    async def _infer_admitted(self, request: Any, context: Any, payload: bytes | None) -> Any:
-        import grpc
-
-        try:
+        try:  # one coroutine, not one per step: each costs the replica's loop per call
             if payload is None:
                 parsed = self.parse(request)
                 return self.reply(await self._infer(parsed.inputs), parsed)
@@ -320,6 +312,8 @@ class GrpcApi:
             _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
             _fail(context, grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.admission.release()
         return self.pb.ModelInferResponse()
 
     def parse(self, request: Any) -> InferRequest:
