@@ -292,7 +292,8 @@ class GrpcSender:
             return GRPC_OK, 0.0
         except self.grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
-            return (code.name if code is not None else type(exc).__name__), self.spec.backoff_s
+            return ((code.name if code is not None else type(exc).__name__),
+                    _pushback(exc, self.spec.backoff_s))
 
     def close(self) -> None:
         self.channel.close()
@@ -322,6 +323,17 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
                 time.sleep(wait)
     finally:
         sender.close()
+
+
+def _pushback(exc: Any, default: float) -> float:
+    """A polite gRPC client waits as long as the server's pushback says
+    (``grpc-retry-pushback-ms`` trailing metadata, gRFC A6), as an HTTP one heeds
+    ``Retry-After``."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == "grpc-retry-pushback-ms" and value.isdigit():
+            return int(value) / 1000
+    return default
 
 
 def _retry_after(header: str | None, default: float) -> float:

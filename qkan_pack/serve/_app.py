@@ -289,12 +289,13 @@ class ArtifactServer:
         return reply.status_code, list(reply.raw_headers), bytes(reply.body)
 
     async def forward_grpc(self, rpc: str, request: Any, metadata: tuple[tuple[str, str], ...]
-                           ) -> tuple[Any, str | None, str]:
+                           ) -> tuple[Any, str | None, str, tuple[tuple[str, str], ...]]:
         """An RPC a model repository's router passes on over the handle: (reply, the status
-        it set by name, None for OK, and its details)."""
+        it set by name, None for OK, its details, and its trailing metadata)."""
         context = ForwardedCall(metadata)
         reply = await self.grpc.answer(rpc, request, context)
-        return reply, getattr(context.code, "name", None), context.details
+        return (reply, getattr(context.code, "name", None), context.details,
+                context.trailing_metadata)
 
     # -- the Open Inference Protocol over gRPC (``serve --grpc-port``; ``_oip_grpc``) ----
     # Ray Serve calls the method named after each RPC with its request message.

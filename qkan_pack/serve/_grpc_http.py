@@ -73,7 +73,9 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
     message_type = getattr(api.pb, f"{rpc}Request", None)
     if message_type is None:
         return failed("UNIMPLEMENTED", f"unknown method {rpc!r} of inference.GRPCInferenceService")
-    body = await _read(request, limit + 5)
+    from ._http import read_limited  # the HTTP route's reader (this module loads without it)
+
+    body = await read_limited(request, limit + 5)
     if body is None:
         return failed("RESOURCE_EXHAUSTED", f"the message is over the server's limit of "
                       f"{limit} bytes (serve --max-body-mb)")
@@ -88,7 +90,7 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
     reply = await api.answer(rpc, message, call, payload)
     status = getattr(call.code, "name", None) or "OK"
     if status != "OK":
-        return failed(status, call.details)
+        return failed(status, call.details, call.trailing_metadata)
     return _reply(reply if type(reply) is bytes else reply.SerializeToString())
 
 
@@ -105,13 +107,16 @@ class _HeaderCall(ForwardedCall):
                      for k, v in self.headers if k not in _NOT_METADATA)
 
 
-def failed(status: str, details: str) -> Response:
-    """A trailers-only reply: the call's status and message as headers, no body."""
+def failed(status: str, details: str,
+           trailing: tuple[tuple[str, str], ...] = ()) -> Response:
+    """A trailers-only reply: the call's status, message and trailing metadata (such as
+    ``grpc-retry-pushback-ms``) as headers, no body."""
     import grpc
 
     code = getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN).value[0]
     return _grpc_reply(b"", [(b"grpc-status", str(code).encode()),
-                             (b"grpc-message", _percent(details))])
+                             (b"grpc-message", _percent(details)),
+                             *[(k.encode("latin-1"), v.encode("latin-1")) for k, v in trailing]])
 
 
 def _reply(message: bytes) -> Response:
@@ -131,17 +136,6 @@ def _percent(details: str) -> bytes:
     """``grpc-message`` as gRPC's spec encodes it (percent-encoded UTF-8, one line)."""
     return urllib.parse.quote(details[:2000], safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
                               ).encode("ascii")
-
-
-async def _read(request: Request, limit: int) -> bytes | None:
-    """The whole body, or None past ``limit`` bytes."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _unframed(body: bytes, encoding: str | None, limit: int) -> bytes | tuple[str, str]:

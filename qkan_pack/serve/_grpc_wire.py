@@ -37,7 +37,8 @@ def framed_size(raws: Sequence[bytes]) -> int:
     and the bytes, each."""
     size = 0
     for raw in raws:
-        size += 1 + len(varint(len(raw))) + len(raw)
+        length = len(raw)
+        size += 1 + ((length.bit_length() + 6) // 7 or 1) + length  # tag, varint, bytes
     return size
 
 

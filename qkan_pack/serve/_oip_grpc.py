@@ -101,6 +101,9 @@ def add_inference_service(servicer: Any, server: Any) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
+#: gRPC's server pushback (gRFC A6): trailing metadata telling a client how many
+#: milliseconds to wait before it retries, as HTTP's ``Retry-After`` does.
+PUSHBACK = "grpc-retry-pushback-ms"
 #: A call's status as an outcome (``_stats.OUTCOMES``): unknown statuses are the server's.
 OUTCOME_OF_STATUS = {None: "success", "OK": "success", "UNAUTHENTICATED": "unauthorized",
                      "UNAVAILABLE": "overloaded", "INVALID_ARGUMENT": "client_error",
@@ -127,6 +130,10 @@ class _Call:
     def set_details(self, details: str) -> None:
         if self.context is not None:
             self.context.set_details(details)
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        if self.context is not None:
+            self.context.set_trailing_metadata(metadata)
 
 
 def add_rpc_methods(server: type) -> type:
@@ -155,6 +162,7 @@ class ForwardedCall:
         self.metadata = metadata
         self.code: Any = None
         self.details = ""
+        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
@@ -164,6 +172,9 @@ class ForwardedCall:
 
     def set_details(self, details: str) -> None:
         self.details = details
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing_metadata = tuple(metadata)
 
 
 class GrpcApi:
@@ -218,7 +229,8 @@ class GrpcApi:
         ``payload``: the request's bytes as they came (the HTTP route's), with which a
         ``ModelInfer`` is read through a kept head and answered as the reply's bytes."""
         started = time.perf_counter()
-        call = _Call(context)
+        # a ForwardedCall keeps its status itself; grpc's own context needs _Call to tell it
+        call = context if isinstance(context, ForwardedCall) else _Call(context)
         reply = await self._answer(rpc, request, call, payload)
         name = getattr(call.code, "name", call.code)
         if self._answered is not None and (rpc == "ModelInfer" or name == "UNAUTHENTICATED"):
@@ -301,6 +313,8 @@ class GrpcApi:
             self.core.stats.request("overloaded")
             _fail(context, grpc.StatusCode.UNAVAILABLE, "overloaded: this replica's queue is "
                   f"full; retry after {self.retry_after_s} s")
+            if context is not None:  # gRPC's Retry-After: clients with a retry policy wait
+                context.set_trailing_metadata(((PUSHBACK, str(self.retry_after_s * 1000)),))
             return self.pb.ModelInferResponse()
         try:  # one coroutine, not one per step: each costs the replica's loop per call
             if payload is None:

@@ -390,8 +390,10 @@ class RouterGrpc:
         forwarded = await self.repository.call(target, "forward_grpc", rpc, request, metadata)
         if isinstance(forwarded, Refusal):
             return self._refuse(context, GRPC_STATUS[forwarded.status], forwarded.message, reply())
-        answer, code, details = forwarded
+        answer, code, details, trailing = forwarded
         if code not in (None, "OK"):
+            if trailing and context is not None:  # the replica's pushback, say
+                context.set_trailing_metadata(trailing)
             return _status(context, code, details, answer)  # the replica's
         if rpc == "ModelMetadata" and not version:
             del answer.versions[:]

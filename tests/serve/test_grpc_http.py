@@ -36,6 +36,8 @@ class _Api:
         if self.status is not None:
             context.set_code(self.status)
             context.set_details(self.details)
+            if self.status.name == "UNAVAILABLE":
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", "1000"),))
             return pb.ModelInferResponse()
         reply = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
         return reply.SerializeToString() if self.as_bytes else reply
@@ -96,6 +98,7 @@ def test_a_status_the_answer_sets_is_a_trailers_only_reply() -> None:
     assert reply.body == b"" and TRAILERS_HEADER not in headers
     assert headers[b"grpc-status"] == b"14"
     assert headers[b"grpc-message"] == b"overloaded: retry after 1 s; 100%25 full%0A"
+    assert headers[b"grpc-retry-pushback-ms"] == b"1000"  # trailing metadata goes along
 
 
 @pytest.mark.parametrize(("body", "status", "says"), [

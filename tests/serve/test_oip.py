@@ -865,9 +865,13 @@ class _Context:
 
     def __init__(self, metadata: tuple = ()) -> None:
         self.metadata, self.code, self.details = metadata, None, None
+        self.trailing: tuple = ()
 
     def invocation_metadata(self) -> tuple:
         return self.metadata
+
+    def set_trailing_metadata(self, metadata: tuple) -> None:
+        self.trailing = metadata
 
     def set_code(self, code: Any) -> None:
         self.code = code
@@ -913,7 +917,8 @@ def test_grpc_infer_is_bounded_by_the_replicas_admission(manifest: Any) -> None:
 
     full, served = asyncio.run(two_calls())
     assert full.code == grpc.StatusCode.UNAVAILABLE and "overloaded" in full.details
-    assert served.code is None and counted == ["overloaded"]
+    assert full.trailing == (("grpc-retry-pushback-ms", "1000"),)  # gRPC's Retry-After
+    assert served.code is None and counted == ["overloaded"] and served.trailing == ()
 
 
 def test_an_unserved_rpc_answers_unimplemented_with_an_empty_reply(manifest: Any) -> None:
