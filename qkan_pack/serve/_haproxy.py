@@ -126,6 +126,8 @@ ERROR_CODES = (502, 503, 504)
 TIMEOUT_CODE = 408
 UNAUTHORIZED_FILE = "401.json"
 HTTP_FRONTEND = "frontend http_frontend"
+#: Ray's gRPC backends: ``grpc-<app>`` and its fallback proxy's ``grpc_fallback_backend``.
+GRPC_BACKEND = "backend grpc"
 GRPC_FRONTEND = "frontend grpc_frontend"
 #: A line of ``model_routes`` (a config rewritten before gets the routes of now).
 _MODEL_ROUTE = re.compile(r"\s*(acl qk_|http-request set-path /qkan-pack/)")
@@ -208,12 +210,27 @@ class IngressAdmission:
         is up, none has a free slot and the per-replica queue is full. A ``deny`` (not a
         ``return``), so that HAProxy counts each refusal in the backend's denied requests
         (``_haproxy_admin.ingress_counts``)."""
-        body = ('{"error":"overloaded: every replica is at its limit of '
-                f'{self.ongoing} requests and {self.queued} wait per replica; retry after '
-                f'{self.retry_after_s} s"}}')
+        body = '{"error":"' + self._refusal() + '"}'
         return (f"    http-request deny status 503 content-type application/json hdr "
-                f"Retry-After {self.retry_after_s} string '{body}' if {{ nbsrv() gt 0 }} "
-                f"{{ be_conn_free() le 0 }} {{ avg_queue() ge {self.queued} }}")
+                f"Retry-After {self.retry_after_s} string '{body}' if {self._full()}")
+
+    def grpc_refusal_rule(self) -> str:
+        """``refusal_rule`` for a gRPC backend: the call's trailers-only reply, status
+        UNAVAILABLE with the message and gRPC's pushback (``grpc-retry-pushback-ms``, its
+        Retry-After), as a replica's own refusal (``_oip_grpc``). An HTTP 503 reached gRPC
+        clients as "Received http2 header with status: 503", with neither."""
+        return (f'    http-request deny status 200 hdr content-type application/grpc hdr '
+                f'grpc-status 14 hdr grpc-message "{self._refusal()}" hdr '
+                f"grpc-retry-pushback-ms {self.retry_after_s * 1000} if {self._full()}")
+
+    def _refusal(self) -> str:
+        return (f"overloaded: every replica is at its limit of {self.ongoing} requests and "
+                f"{self.queued} wait per replica; retry after {self.retry_after_s} s")
+
+    def _full(self) -> str:
+        """Some replica is up, none has a free slot, and the per-replica queue is full."""
+        return (f"{{ nbsrv() gt 0 }} {{ be_conn_free() le 0 }} "
+                f"{{ avg_queue() ge {self.queued} }}")
 
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
@@ -320,8 +337,8 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     common = list(APP_REQUEST_RULES)
     if unavailable:
         common.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
-    added = {*common, *(a.refusal_rule() for a in (admission, *by_backend.values()) if a),
-             *routes}
+    added = {*common, *routes, *(rule for a in (admission, *by_backend.values()) if a
+                                 for rule in (a.refusal_rule(), a.grpc_refusal_rule()))}
     router_grpc = f"backend {_router_backend('grpc')}" in lines
     routed = False
     for line in lines:
@@ -330,7 +347,10 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             out.append(line)
             if is_app_backend(section):
                 backend_admission = by_backend.get(section.split()[1], admission)
-                out.extend([backend_admission.refusal_rule()] if backend_admission else [])
+                if backend_admission:  # a gRPC client reads only a gRPC refusal
+                    out.append(backend_admission.grpc_refusal_rule()
+                               if section.startswith(GRPC_BACKEND) else
+                               backend_admission.refusal_rule())
                 out.extend(common)
             if section in refusals:
                 out.extend(refusals[section])

@@ -186,6 +186,25 @@ def test_grpc_calls_are_passed_on_to_the_replicas_http_servers() -> None:
     assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
 
 
+def test_a_grpc_backend_refuses_as_grpc_does() -> None:
+    """HAProxy's refusal beyond the admission bounds was the JSON 503 on every backend: a gRPC
+    client read it as "Received http2 header with status: 503", with no message and no
+    pushback. A gRPC backend (and Ray's gRPC fallback) now refuses with the call's
+    trailers-only reply: UNAVAILABLE, the message, and ``grpc-retry-pushback-ms``."""
+    admission = IngressAdmission(ongoing=2, queued=3, retry_after_s=2)
+    out = grpc_to_http_servers(rewrite("\n".join(_GRPC_CONFIG), "/E", 7, admission=admission))
+    grpc_rule, http_rule = admission.grpc_refusal_rule(), admission.refusal_rule()
+    for name in ("backend grpc-qkan-pack", "backend grpc_fallback_backend"):
+        backend = _section(out, name)
+        assert backend.count(grpc_rule) == 1 and http_rule not in backend, backend
+    assert _section(out, "backend http-qkan-pack").count(http_rule) == 1
+    assert grpc_rule not in _section(out, "backend http-qkan-pack")
+    assert "deny status 200 hdr content-type application/grpc hdr grpc-status 14" in grpc_rule
+    assert "grpc-retry-pushback-ms 2000 if { nbsrv() gt 0 }" in grpc_rule
+    assert '"overloaded: every replica is at its limit of 2 requests and 3 wait' in grpc_rule
+    assert grpc_to_http_servers(rewrite(out, "/E", 7, admission=admission)) == out
+
+
 def test_a_grpc_backend_with_a_replica_the_http_backend_lacks_is_left_to_rays_servers() -> None:
     """A replica not (yet) in the HTTP backend has no HTTP server to send its calls to: the
     whole gRPC backend stays as Ray wrote it rather than losing that replica."""
