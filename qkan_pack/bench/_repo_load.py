@@ -39,8 +39,8 @@ from ._serve_load import (
     ServeLoadSettings,
     host_info,
     load_spec,
-    median_point,
     render_point,
+    rounds_of,
     row_inputs,
     sigterm_as_exit,
     summarise,
@@ -138,16 +138,8 @@ def _measure_rounds(servers: dict[str, ServerProcess], models: Sequence[dict[str
     routes = {"alone": (servers["alone"], ()),
               "all": (servers["repository"], tuple(f"/models/{m['name']}" for m in models)),
               "one": (servers["repository"], (f"/models/{models[0]['name']}",))}
-    runs: dict[str, dict[int, list[Point]]] = {kind: {} for kind in REPOSITORY_CURVES}
-    for round_ in range(settings.rounds):
-        print(f"== round {round_ + 1} of {settings.rounds}", file=sys.stderr, flush=True)
-        for clients in settings.clients:
-            for kind in REPOSITORY_CURVES:
-                server, paths = routes[kind]
-                runs[kind].setdefault(clients, []).append(
-                    _measure(server, rows, clients, paths, settings))
-    return {kind: [median_point(points) for points in by_clients.values()]
-            for kind, by_clients in runs.items()}
+    return rounds_of(settings, REPOSITORY_CURVES, lambda clients, kind: _measure(
+        routes[kind][0], rows, clients, routes[kind][1], settings), alternate=False)
 
 
 def _measure(server: ServerProcess, rows: Rows, clients: int, paths: tuple[str, ...],

@@ -22,11 +22,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._ports import side_ports
 from ..errors import BenchError
@@ -288,21 +288,33 @@ def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
 
 def _measure_rounds(server: ServerProcess, rows: Rows, protocols: Sequence[str],
                     settings: ServeLoadSettings, has_stats: bool) -> list[Point]:
-    """Every client count in every protocol, ``rounds`` times; each point the median of its
-    rounds. The protocols run back to back at each count, so that they meet the same server
-    state, and each round starts them one further along (json, binary, grpc; then binary,
-    grpc, json...), so that none always follows the same one."""
-    runs: dict[tuple[int, str], list[Point]] = {}
+    """Every client count in every protocol, ``rounds`` times (``rounds_of``, the protocols
+    alternated); each point the median of its rounds."""
+    curves = rounds_of(settings, protocols, lambda clients, protocol: measure_point(
+        server, rows, clients, settings, has_stats, protocol), alternate=True)
+    return [curves[protocol][index] for index in range(len(settings.clients))
+            for protocol in protocols]
+
+
+Kind = TypeVar("Kind", bound=str)
+
+
+def rounds_of(settings: ServeLoadSettings, kinds: Sequence[Kind],
+              measure: Callable[[int, Kind], Point], *, alternate: bool) -> dict[Kind, list[Point]]:
+    """Each kind's curve (a point per client count, each the median of ``rounds``): every
+    round measures, at each client count, the kinds back to back, so that they meet the same
+    server state; with ``alternate`` each round starts one further along (json, binary, grpc;
+    then binary, grpc, json...), so that none always follows the same one."""
+    runs: dict[Kind, dict[int, list[Point]]] = {kind: {} for kind in kinds}
     for round_ in range(settings.rounds):
         if settings.rounds > 1:
             print(f"== round {round_ + 1} of {settings.rounds}", file=sys.stderr, flush=True)
-        turn = round_ % len(protocols)
+        turn = round_ % len(kinds) if alternate else 0
         for clients in settings.clients:
-            for protocol in (*protocols[turn:], *protocols[:turn]):
-                runs.setdefault((clients, protocol), []).append(
-                    measure_point(server, rows, clients, settings, has_stats, protocol))
-    return [median_point(runs[clients, protocol])
-            for clients in settings.clients for protocol in protocols]
+            for kind in (*kinds[turn:], *kinds[:turn]):
+                runs[kind].setdefault(clients, []).append(measure(clients, kind))
+    return {kind: [median_point(points) for points in by_clients.values()]
+            for kind, by_clients in runs.items()}
 
 
 def _oip_model(server: ServerProcess) -> str:

@@ -123,7 +123,6 @@ def _reply(message: bytes) -> Response:
     return _grpc_reply(b"".join((_PREFIX.pack(0, len(message)), message)), _ANSWERED)
 
 
-
 def _grpc_reply(body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
     from ._http import raw_response
 

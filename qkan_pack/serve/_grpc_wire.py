@@ -18,8 +18,6 @@ from typing import Any
 
 #: ``ModelInferResponse.raw_output_contents`` (field 6, length-delimited): its tag byte.
 RAW_OUTPUT_TAG = b"\x32"
-#: ``ModelInferRequest.raw_input_contents`` (field 7, length-delimited): its tag byte.
-RAW_INPUT_TAG = b"\x3a"
 
 
 def varint(value: int) -> bytes:

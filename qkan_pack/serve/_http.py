@@ -26,7 +26,7 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._inflate import COMPRESSIONS, inflate
 from ._offload import WireHelper
-from ._oip import BINARY_HEADER, OipModel
+from ._oip import BINARY_HEADER, InferRequest, OipModel
 from ._stats import outcome_of
 from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
 
@@ -376,11 +376,10 @@ class HttpApi:
             if not isinstance(body, bytes):
                 return body
         try:
-            split = None if header_length is None else header_count(header_length)
-            parsed = self.oip.planned(body, split)  # a kept header: nothing to parse
-            if parsed is None and json_bytes(body, split) >= INLINE_PARSE_BYTES:
+            parsed: InferRequest  # parse_http reads a kept header first
+            if json_bytes(body, header_length) >= INLINE_PARSE_BYTES:
                 parsed = await self._helper.parse_infer(self.oip, body, header_length)
-            elif parsed is None:
+            else:
                 parsed = self.oip.parse_http(body, header_length)
             outputs = await self.core.infer(parsed.inputs)
             if output_nbytes(outputs) < INLINE_ENCODE_BYTES:
@@ -457,10 +456,11 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
         chunks.append(chunk)
 
 
-def json_bytes(body: bytes, split: int | None) -> int:
+def json_bytes(body: bytes, header_length: str | None) -> int:
     """How much of an ``infer`` body is JSON: with the binary extension, the header's length
-    ``split`` (the binary tensors after it are read without parsing); a length that is no
-    byte count within the body counts the whole, and ``parse_http`` says what is wrong."""
+    (the binary tensors after it are read without parsing); a length that is no byte count
+    within the body counts the whole, and ``parse_http`` says what is wrong with it."""
+    split = None if header_length is None else header_count(header_length)
     return len(body) if split is None or split > len(body) else split
 
 

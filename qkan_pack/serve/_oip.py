@@ -101,6 +101,18 @@ class HeaderPlan:
     parameters: Mapping[str, Any]
     replies: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
 
+    def one_output_head(self, outputs: Any) -> bytes | None:
+        """The kept reply head for a model's one output (an array, which ``output_values``
+        names "output") of its shape; None for other outputs or one not kept yet."""
+        if type(outputs) is not np.ndarray:
+            return None
+        return self.replies.get((("output", outputs.shape),))
+
+    def keep_reply(self, shapes: tuple[Any, ...], head: bytes) -> None:
+        """Keep the reply head made for outputs of ``shapes`` while there is room."""
+        if len(self.replies) < CACHED_REPLIES:
+            self.replies[shapes] = head
+
     def request(self, binary: memoryview) -> InferRequest:
         """The request with these binary tensors (``binary_bytes`` long), one after another."""
         pieces, offset = [], 0
@@ -122,6 +134,14 @@ class HeaderPlan:
             inputs[name] = Given(wire_values(piece, dtype, where, name).reshape(shape), dtype)
         return InferRequest(inputs, self.id, self.outputs, self.binary_outputs, self.parameters,
                             self)
+
+
+def keep_plan(plans: dict[bytes, HeaderPlan], key: bytes, plan: HeaderPlan) -> HeaderPlan:
+    """``plan`` kept under ``key`` among at most ``CACHED_HEADERS`` (the oldest makes room)."""
+    if len(plans) >= CACHED_HEADERS:
+        plans.pop(next(iter(plans)))
+    plans[key] = plan
+    return plan
 
 
 def merged_shape(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
@@ -213,7 +233,7 @@ class OipModel:
                     f"Inference-Header-Content-Length {header_length[:40]!r} is not a byte "
                     f"count within the {len(body)}-byte body: send the JSON header's length "
                     "in ASCII digits")
-            if (planned := self.planned(body, split)) is not None:
+            if (planned := self._planned(body, split)) is not None:
                 return planned
             header, binary = body[:split], body[split:]
         request = decode_body(header, _key_count, hint=f"; send {REQUEST_SHAPE}")
@@ -222,7 +242,7 @@ class OipModel:
             parsed.plan = self._keep(header, request, parsed, len(binary))
         return parsed
 
-    def planned(self, body: bytes, split: int | None) -> InferRequest | None:
+    def _planned(self, body: bytes, split: int | None) -> InferRequest | None:
         """The request when its first ``split`` bytes are a kept JSON header (``HeaderPlan``)
         and the binary tensors after it are the size that header declares: the common
         binary request, read without parsing JSON. None otherwise (``parse_http`` reads it
@@ -244,11 +264,9 @@ class OipModel:
                 return None
             name = tensor["name"]
             inputs.append((name, self._dtypes[name], tensor["shape"], size, f"inputs[{index}]"))
-        if len(self._plans) >= CACHED_HEADERS:
-            self._plans.pop(next(iter(self._plans)))
-        plan = self._plans[header] = HeaderPlan(inputs, binary_bytes, parsed.id, parsed.outputs,
-                                                parsed.binary_outputs, parsed.parameters)
-        return plan
+        return keep_plan(self._plans, header, HeaderPlan(
+            inputs, binary_bytes, parsed.id, parsed.outputs, parsed.binary_outputs,
+            parsed.parameters))
 
     def _request(self, request: Any, binary: memoryview) -> InferRequest:
         if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
@@ -385,10 +403,9 @@ class OipModel:
     def reply(self, outputs: Any, request: InferRequest) -> tuple[bytes, int | None]:
         """(body, JSON header length when binary tensors follow it, else None). The header
         of an all-binary reply to a kept request header is kept too, by output shapes."""
-        if type(outputs) is np.ndarray and request.plan is not None:  # the common reply
-            head = request.plan.replies.get((("output", outputs.shape),))
-            if head is not None:
-                return head + raw_bytes(outputs, self.output_dtype("output")), len(head)
+        head = None if request.plan is None else request.plan.one_output_head(outputs)
+        if head is not None:  # the common reply: one output, its head kept
+            return head + raw_bytes(outputs, self.output_dtype("output")), len(head)
         produced = self.output_values(outputs, request)
         # keyed by names and shapes: shapes an artifact declares may return other outputs
         plan, shapes = request.plan, tuple([(name, v.shape) for name, v, _ in produced])
@@ -410,8 +427,8 @@ class OipModel:
                               option=orjson.OPT_SERIALIZE_NUMPY)
         if not blobs:
             return header, None
-        if plan is not None and len(blobs) == len(produced) and len(plan.replies) < CACHED_REPLIES:
-            plan.replies[shapes] = header
+        if plan is not None and len(blobs) == len(produced):
+            plan.keep_reply(shapes, header)
         return b"".join((header, *blobs)), len(header)
 
     def _reply_head(self, request: InferRequest, outputs: list[dict[str, Any]]) -> dict[str, Any]:

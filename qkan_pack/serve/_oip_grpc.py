@@ -31,14 +31,13 @@ from ._auth import bearer_matches
 from ._grpc_wire import is_head_of, reply_bytes, request_head
 from ._oip import (
     CACHED_HEADER_BYTES,
-    CACHED_HEADERS,
-    CACHED_REPLIES,
     OIP_DATATYPE,
     HeaderPlan,
     InferRequest,
     OipModel,
     RequestedOutput,
     binary_tensor,
+    keep_plan,
     raw_bytes,
     reshaped,
 )
@@ -379,12 +378,9 @@ class GrpcApi:
         inputs = [(name, given.dtype, list(given.array.shape), len(raw), f"inputs[{index}]")
                   for index, ((name, given), raw) in enumerate(zip(parsed.inputs.items(), raws))
                   if given.dtype is not None]  # raw tensors always carry their dtype
-        if len(inputs) != len(raws):
-            return
-        if len(self._plans) >= CACHED_HEADERS:
-            self._plans.pop(next(iter(self._plans)))
-        parsed.plan = self._plans[head] = HeaderPlan(
-            inputs, sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {})
+        if len(inputs) == len(raws):
+            parsed.plan = keep_plan(self._plans, head, HeaderPlan(
+                inputs, sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {}))
 
     def reply(self, outputs: Any, parsed: InferRequest) -> Any:
         """The ``ModelInferResponse`` message."""
@@ -396,10 +392,9 @@ class GrpcApi:
     def reply_bytes(self, outputs: Any, parsed: InferRequest) -> bytes:
         """``reply(outputs, parsed)`` serialised; for a request read through a kept plan,
         its kept head for these output shapes followed by the raw outputs."""
-        if type(outputs) is np.ndarray and parsed.plan is not None:  # the common reply
-            head = parsed.plan.replies.get((("output", outputs.shape),))
-            if head is not None:
-                return reply_bytes(head, [raw_bytes(outputs, self.oip.output_dtype("output"))])
+        head = None if parsed.plan is None else parsed.plan.one_output_head(outputs)
+        if head is not None:  # the common reply: one output, its head kept
+            return reply_bytes(head, [raw_bytes(outputs, self.oip.output_dtype("output"))])
         produced = self.oip.output_values(outputs, parsed)
         raws = [raw_bytes(values, dtype) for _, values, dtype in produced]
         if parsed.plan is None:
@@ -408,8 +403,7 @@ class GrpcApi:
         head = parsed.plan.replies.get(shapes)
         if head is None:
             head = self._response_head(produced, parsed).SerializeToString()
-            if len(parsed.plan.replies) < CACHED_REPLIES:
-                parsed.plan.replies[shapes] = head
+            parsed.plan.keep_reply(shapes, head)
         return reply_bytes(head, raws)
 
     def _response_head(self, produced: list[tuple[str, np.ndarray, str]],

@@ -458,7 +458,7 @@ def test_a_kept_grpc_head_reads_each_request_s_own_tensors(manifest: Any) -> Non
     pytest.importorskip("tritonclient.grpc")
     import grpc
 
-    from qkan_pack.serve._grpc_wire import RAW_INPUT_TAG, varint
+    from qkan_pack.serve._grpc_wire import varint
     from qkan_pack.serve._oip import CACHED_HEADERS
 
     api = _echo_grpc_api(_oip(manifest))
@@ -490,7 +490,8 @@ def test_a_kept_grpc_head_reads_each_request_s_own_tensors(manifest: Any) -> Non
     head = request(values)
     del head.raw_input_contents[:]
     raw = values.tobytes()
-    first = RAW_INPUT_TAG + varint(len(raw)) + raw + head.SerializeToString()  # raws first
+    raw_input_tag = b"\x3a"  # raw_input_contents: field 7, length-delimited
+    first = raw_input_tag + varint(len(raw)) + raw + head.SerializeToString()  # raws first
     reply, context = _grpc_call(api, api.pb.ModelInferRequest.FromString(first), first)
     assert context.code is None and reply.raw_output_contents[0] == (values * 2).tobytes()
     assert len(api._plans) == 2  # read field by field, not kept
