@@ -13,11 +13,14 @@ binary. Ray 2.60 offers no setting for these:
   (``_auth`` says why);
 - HAProxy's own 502/503/504 (a replica died mid-request and the retries ran out, or no
   replica is up) are a plain-text ``500 Internal Server Error``: here a JSON 503 with
-  ``Retry-After``, like the replica's own overload reply;
+  ``Retry-After``, like the replica's own overload reply, and on a gRPC backend the call's
+  trailers-only UNAVAILABLE with the message and ``grpc-retry-pushback-ms`` (a gRPC client
+  read an HTTP 503 as "Received http2 header with status: 503", with neither);
 - with no replica up, HAProxy sends requests to Ray's Python proxy as a backup server, which
   holds them or answers a plain-text 404 (while the app drains): here the backup is HAProxy
   itself, a listener on a unix socket in the serve's work directory (``UNAVAILABLE_SECTION``)
-  that answers the JSON 503 with ``Retry-After`` at once; likewise its no-route reply (while
+  that answers the JSON 503 with ``Retry-After`` at once (a gRPC backend's: its
+  UNAVAILABLE, from a listener of its own); likewise its no-route reply (while
   the app deploys or drains), a plain-text 404 in Ray's config. The backup also answers a
   request whose last replica died under it: without one, HAProxy closed a kept-alive
   client's connection with no reply instead of sending its 503 (it sends none for a request
@@ -168,8 +171,9 @@ _RETRY_SETTING = re.compile(
     r"(?m)^(\s*)(?:no\s+)?(retry-on|retries|option\s+redispatch)(?=\s|$).*$")
 _WATCH = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"
 _WATCH_KEYWORDS = re.compile(r"\s+(?:observe|error-limit|on-error)\s+\S+")
-_UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, stopping or '
-                b'replacing a replica); retry after 1 s"}')
+_UNAVAILABLE_MESSAGE = ("no replica can answer now (the server is starting, stopping or "
+                        "replacing a replica); retry after 1 s")
+_UNAVAILABLE = b'{"error":"%s"}' % _UNAVAILABLE_MESSAGE.encode()
 #: HAProxy's own listener answering every request with the JSON 503 (see above): each app
 #: backend's backup server, on a unix socket in the error files' directory. Where that path
 #: is too long for a socket it is left out, and a request that no replica can take may end
@@ -177,6 +181,17 @@ _UNAVAILABLE = (b'{"error":"no replica can answer now (the server is starting, s
 UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable"
 UNAVAILABLE_SOCKET = "unavailable.sock"
 _UNAVAILABLE_SERVER = "qkan-pack-unavailable"
+#: The same for gRPC backends: a gRPC client reads an HTTP 503 as "Received http2 header
+#: with status: 503", without the message or the pushback; these answer with the call's
+#: trailers-only reply instead (UNAVAILABLE, the message, ``grpc-retry-pushback-ms``), as a
+#: replica's own refusal does (``_oip_grpc``), and HAProxy's 502/503/504 on a gRPC backend
+#: come from gRPC error files (``GRPC_ERROR_FILE``) likewise.
+GRPC_UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable-grpc"
+GRPC_UNAVAILABLE_SOCKET = "unavailable-grpc.sock"
+_GRPC_UNAVAILABLE_SERVER = "qkan-pack-unavailable-grpc"
+GRPC_ERROR_FILE = "grpc-{code}.http"
+#: gRPC's UNAVAILABLE, the status its HTTP mapping gives 502, 503 and 504.
+GRPC_UNAVAILABLE = 14
 _SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 #: Where HAProxy counts the 401s it answers (with a token): a one-entry stick table whose
 #: first general-purpose counter every 401 reply of the HTTP frontend increments. Counted
@@ -219,9 +234,8 @@ class IngressAdmission:
         UNAVAILABLE with the message and gRPC's pushback (``grpc-retry-pushback-ms``, its
         Retry-After), as a replica's own refusal (``_oip_grpc``). An HTTP 503 reached gRPC
         clients as "Received http2 header with status: 503", with neither."""
-        return (f'    http-request deny status 200 hdr content-type application/grpc hdr '
-                f'grpc-status 14 hdr grpc-message "{self._refusal()}" hdr '
-                f"grpc-retry-pushback-ms {self.retry_after_s * 1000} if {self._full()}")
+        return (f"    http-request deny status 200 "
+                f"{_grpc_status_headers(self._refusal(), self.retry_after_s)} if {self._full()}")
 
     def _refusal(self) -> str:
         return (f"overloaded: every replica is at its limit of {self.ongoing} requests and "
@@ -231,6 +245,14 @@ class IngressAdmission:
         """Some replica is up, none has a free slot, and the per-replica queue is full."""
         return (f"{{ nbsrv() gt 0 }} {{ be_conn_free() le 0 }} "
                 f"{{ avg_queue() ge {self.queued} }}")
+
+
+def _grpc_status_headers(message: str, retry_after_s: int) -> str:
+    """An HAProxy reply's headers that make it a gRPC call's trailers-only reply: status
+    UNAVAILABLE, ``message`` (plain ASCII without quotes or ``%``: no percent-encoding
+    needed) and the pushback."""
+    return (f'hdr content-type application/grpc hdr grpc-status {GRPC_UNAVAILABLE} '
+            f'hdr grpc-message "{message}" hdr grpc-retry-pushback-ms {retry_after_s * 1000}')
 
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
@@ -251,19 +273,24 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     calls that name no application sent to the repository's router (idempotent: a
     rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
-    unavailable = _unavailable_socket(error_dir)
+    unavailable = _unavailable_socket(error_dir, UNAVAILABLE_SOCKET)
+    grpc_unavailable = _unavailable_socket(error_dir, GRPC_UNAVAILABLE_SOCKET)
     prefixes = _backend_prefixes(config)
     by_backend = {name: IngressAdmission(*bounds) for name, prefix in prefixes.items()
                   if (bounds := (versions_admission or {}).get(prefix)) is not None}
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
-                                         unavailable, by_backend,
+                                         _BackendLines.of(error_dir, unavailable,
+                                                          grpc_unavailable), by_backend,
                                          model_routes(prefixes, _replica_servers(config),
                                                       routing)))
-    if unavailable and not re.search(rf"(?m)^{UNAVAILABLE_SECTION}\s*$", config):
-        config = "\n".join([config.rstrip("\n"), *_unavailable_section(unavailable), ""])
+    for section, listener in ((UNAVAILABLE_SECTION, _unavailable_section(unavailable)),
+                              (GRPC_UNAVAILABLE_SECTION, _grpc_unavailable_section(
+                                  grpc_unavailable))):
+        if listener and not re.search(rf"(?m)^{section}\s*$", config):
+            config = "\n".join([config.rstrip("\n"), *listener, ""])
     if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *COUNTS_TABLE, ""])
-    config = re.sub(r"(?m)^(\s*errorfile )(50[234]) \S+$",
+    config = re.sub(r"(?m)^(\s*errorfile )(50[234]) (?!\S*/grpc-50[234]\.http$)\S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     config = _RETRY_SETTING.sub(lambda m: m[1] + RETRY_POLICY[" ".join(m[2].split())], config)
     additions = _missing_defaults(config, error_dir, timeout_s)
@@ -285,17 +312,55 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", present)]
 
 
-def _unavailable_socket(error_dir: str) -> str | None:
-    """Where HAProxy's own JSON 503 listens, if that path fits a unix socket."""
-    path = f"{error_dir}/{UNAVAILABLE_SOCKET}"
+def _unavailable_socket(error_dir: str, name: str) -> str | None:
+    """Where one of HAProxy's own 503 listeners listens, if that path fits a unix socket."""
+    path = f"{error_dir}/{name}"
     return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
 
 
-def _unavailable_section(socket_path: str) -> list[str]:
-    """The listener every app backend falls back to when no replica can take a request."""
+def _unavailable_section(socket_path: str | None) -> list[str]:
+    """The listener every HTTP app backend falls back to when no replica can take a request
+    (none without its socket)."""
+    if socket_path is None:
+        return []
     return [UNAVAILABLE_SECTION, "    mode http", "    no log", f"    bind unix@{socket_path} mode 600",
             "    http-request return status 503 content-type application/json hdr Retry-After 1 "
             f"hdr Cache-Control no-cache string '{_UNAVAILABLE.decode()}'"]
+
+
+def _grpc_unavailable_section(socket_path: str | None) -> list[str]:
+    """``_unavailable_section`` for gRPC backends: the call's trailers-only UNAVAILABLE."""
+    if socket_path is None:
+        return []
+    return [GRPC_UNAVAILABLE_SECTION, "    mode http", "    no log",
+            f"    bind unix@{socket_path} mode 600",
+            f"    http-request return status 200 {_grpc_status_headers(_UNAVAILABLE_MESSAGE, 1)}"]
+
+
+@dataclass(frozen=True)
+class _BackendLines:
+    """The lines every app backend gets after its admission rule (``APP_REQUEST_RULES``, its
+    backup server), for HTTP backends and for gRPC ones (whose backup answers in gRPC and
+    whose 502/503/504 come from gRPC error files)."""
+
+    http: tuple[str, ...]
+    grpc: tuple[str, ...]
+
+    @classmethod
+    def of(cls, error_dir: str, unavailable: str | None,
+           grpc_unavailable: str | None) -> _BackendLines:
+        http, grpc = list(APP_REQUEST_RULES), list(APP_REQUEST_RULES)
+        if unavailable:
+            http.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
+        if grpc_unavailable:
+            grpc.append(f"    server {_GRPC_UNAVAILABLE_SERVER} unix@{grpc_unavailable} "
+                        "backup no-check")
+        grpc += [f"    errorfile {code} {error_dir}/{GRPC_ERROR_FILE.format(code=code)}"
+                 for code in ERROR_CODES]
+        return cls(tuple(http), tuple(grpc))
+
+    def of_backend(self, section: str) -> tuple[str, ...]:
+        return self.grpc if section.startswith(GRPC_BACKEND) else self.http
 
 
 def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str]]:
@@ -318,15 +383,15 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                       replica_host: str | None, refusals: dict[str, list[str]],
-                      unavailable: str | None,
+                      backend_lines: _BackendLines,
                       by_backend: Mapping[str, IngressAdmission] | None = None,
                       routes: Sequence[str] = ()) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
-    frontend, which binds where ``--host`` says); no backup server but ``unavailable`` (the
-    socket of HAProxy's own JSON 503), declared before Ray's ``default-server`` line and
+    frontend, which binds where ``--host`` says); no backup server but HAProxy's own 503
+    listener (``backend_lines``), declared before Ray's ``default-server`` line and
     without health checks; ``http-reuse safe``; the no-route reply as JSON 503; liveness
     replies without text; each app backend's admission (``IngressAdmission``: its own in
-    ``by_backend``, else ``admission``) and ``APP_REQUEST_RULES``; each ``refusals`` rule
+    ``by_backend``, else ``admission``) and ``backend_lines``; each ``refusals`` rule
     first in its section; ``routes`` before the HTTP frontend's first ``use_backend``; gRPC
     calls naming no application to the router's backend, where it has one."""
     section = ""
@@ -334,11 +399,9 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     out = []
     by_backend = by_backend or {}
     refusing = {line for rules in refusals.values() for line in rules}
-    common = list(APP_REQUEST_RULES)
-    if unavailable:
-        common.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
-    added = {*common, *routes, *(rule for a in (admission, *by_backend.values()) if a
-                                 for rule in (a.refusal_rule(), a.grpc_refusal_rule()))}
+    added = {*backend_lines.http, *backend_lines.grpc, *routes,
+             *(rule for a in (admission, *by_backend.values()) if a
+               for rule in (a.refusal_rule(), a.grpc_refusal_rule()))}
     router_grpc = f"backend {_router_backend('grpc')}" in lines
     routed = False
     for line in lines:
@@ -351,7 +414,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                     out.append(backend_admission.grpc_refusal_rule()
                                if section.startswith(GRPC_BACKEND) else
                                backend_admission.refusal_rule())
-                out.extend(common)
+                out.extend(backend_lines.of_backend(section))
             if section in refusals:
                 out.extend(refusals[section])
             continue
@@ -489,6 +552,16 @@ def error_response() -> bytes:
     return _raw_reply("503 Service Unavailable", _UNAVAILABLE, "Retry-After: 1\r\n")
 
 
+def grpc_error_response() -> bytes:
+    """The raw reply HAProxy sends a gRPC call instead of its 502/503/504: the call's
+    trailers-only UNAVAILABLE (an HTTP 200 whose headers carry the status, as gRPC's)."""
+    head = ("HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\n"
+            f"grpc-status: {GRPC_UNAVAILABLE}\r\ngrpc-message: {_UNAVAILABLE_MESSAGE}\r\n"
+            "grpc-retry-pushback-ms: 1000\r\nCache-Control: no-cache\r\n"
+            "Connection: close\r\nContent-Length: 0\r\n\r\n")
+    return head.encode()
+
+
 def timeout_response(timeout_s: int) -> bytes:
     """The raw HTTP reply HAProxy sends when headers (or a buffered body) are too slow."""
     body = (b'{"error":"request headers or body not received within %d s"}' % timeout_s)
@@ -518,6 +591,7 @@ def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
     errors.mkdir(parents=True, exist_ok=True)
     for code in ERROR_CODES:
         (errors / f"{code}.http").write_bytes(error_response())
+        (errors / GRPC_ERROR_FILE.format(code=code)).write_bytes(grpc_error_response())
     (errors / f"{TIMEOUT_CODE}.http").write_bytes(timeout_response(timeout_s))
     (errors / UNAUTHORIZED_FILE).write_bytes(UNAUTHORIZED_BODY)
     wrapper = directory / "haproxy"

