@@ -5,8 +5,9 @@
 # replicas on 0.25 GPU each. Targets (issue 43): binary HTTP >= 1.0x and gRPC >= 0.9x the
 # JSON route's req/s at every load, each with p99 <= 1.2x the JSON route's; a 64-row binary
 # request >= 3x the 1-row JSON route's rows/s. The last lines set each point against them,
-# with rows per replay per protocol (every replica's, from GET /metrics). Each run gets what
-# is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
+# with rows per replay per protocol (every replica's, from GET /metrics) and the CPU each
+# part (replicas, HAProxy, Ray's other processes, the clients) spent per request. Each run
+# gets what is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
@@ -58,6 +59,9 @@ for run in ("protocols_1rep.json", "protocols_4rep.json"):
         line = (f"{run[10:-5]:<5} {point['protocol']:<10} at {point['clients']:>3} clients: "
                 f"{point['requests_per_s']:>8.0f} req/s, p99 {point['p99_ms']:>7.2f} ms, "
                 f"{point['rows_per_replay'] or 0:>5.2f} rows/replay")
+        cpu = point.get("cpu_us_per_request") or {}
+        line += " (CPU us/request: " + ", ".join(f"{role} {cpu[role]:.0f}" for role in (
+            "replicas", "haproxy", "ray", "clients") if role in cpu) + ")"
         if point["protocol"] in TARGETS and json_point and json_point["requests_per_s"]:
             ratio = point["requests_per_s"] / json_point["requests_per_s"]
             p99 = point["p99_ms"] / json_point["p99_ms"] if json_point["p99_ms"] else 0.0

@@ -82,12 +82,20 @@ class LoadSpec:
 
 @dataclass
 class LoadResult:
+    """The timed part's latencies and statuses; ``sent``, every request sent (warm-up and
+    refusals included), and ``cpu_s``, the client processes' CPU time while they sent them:
+    what the clients cost per request (``sent`` is the denominator)."""
+
     latencies_ms: list[float] = field(default_factory=list)
     statuses: Counter = field(default_factory=Counter)
+    sent: int = 0
+    cpu_s: float = 0.0
 
     def merge(self, other: LoadResult) -> None:
         self.latencies_ms += other.latencies_ms
         self.statuses.update(other.statuses)
+        self.sent += other.sent
+        self.cpu_s += other.cpu_s
 
 
 #: Distinct bodies each client cycles through: drawing and encoding a large row (an image)
@@ -322,6 +330,7 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
             if status not in answered:
                 time.sleep(wait)
     finally:
+        result.sent = sent
         sender.close()
 
 
@@ -352,9 +361,11 @@ def _process(spec: LoadSpec, threads: int, first_seed: int, start_at: float) -> 
                for i in range(threads)]
     for worker in workers:
         worker.start()
+    time.sleep(max(0.0, start_at - time.time()))  # the clients' setup is not their cost
+    cpu_at_start = time.process_time()
     for worker in workers:
         worker.join()
-    total = LoadResult()
+    total = LoadResult(cpu_s=time.process_time() - cpu_at_start)
     for result in results:
         total.merge(result)
     return total

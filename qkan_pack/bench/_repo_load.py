@@ -30,7 +30,7 @@ from typing import Any
 
 from .._ports import side_ports
 from ..errors import BenchError
-from ._load import Rows, run_load
+from ._load import Rows
 from ._serve_load import (
     POINT_HEADER,
     SERVE_SCHEMA,
@@ -38,12 +38,11 @@ from ._serve_load import (
     ServeLoadReport,
     ServeLoadSettings,
     host_info,
-    load_spec,
+    measure_point,
     render_point,
     rounds_of,
     row_inputs,
     sigterm_as_exit,
-    summarise,
 )
 from ._server_process import ServerProcess
 
@@ -138,19 +137,8 @@ def _measure_rounds(servers: dict[str, ServerProcess], models: Sequence[dict[str
     routes = {"alone": (servers["alone"], ()),
               "all": (servers["repository"], tuple(f"/models/{m['name']}" for m in models)),
               "one": (servers["repository"], (f"/models/{models[0]['name']}",))}
-    return rounds_of(settings, REPOSITORY_CURVES, lambda clients, kind: _measure(
-        routes[kind][0], rows, clients, routes[kind][1], settings), alternate=False)
-
-
-def _measure(server: ServerProcess, rows: Rows, clients: int, paths: tuple[str, ...],
-             settings: ServeLoadSettings) -> Point:
-    before = server.replay_totals()
-    result = run_load(load_spec(server, rows, clients, settings, paths=paths), settings.processes)
-    point = summarise(clients, result, settings.seconds, "json", settings.rows_per_request)
-    rows_replayed, replays = (now - then for now, then in zip(server.replay_totals(), before))
-    point.rows_per_replay = round(rows_replayed / replays, 2) if replays else None
-    print(render_point(point), file=sys.stderr, flush=True)
-    return point
+    return rounds_of(settings, REPOSITORY_CURVES, lambda clients, kind: measure_point(
+        routes[kind][0], rows, clients, settings, True, paths=routes[kind][1]), alternate=False)
 
 
 def repository_ratios(curves: dict[str, list[Point]]) -> dict[str, dict[str, float]]:

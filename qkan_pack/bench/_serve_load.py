@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._ports import side_ports
 from ..errors import BenchError
 from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
-from ._server_process import ServerProcess, listening_ports
+from ._server_process import ServerProcess, cpu_per_request, listening_ports
 
 if TYPE_CHECKING:
     from ..format import InputDecl
@@ -100,6 +100,10 @@ class Point:
     protocol: str = "json"
     rows_per_request: int = 1
     rows_per_s: float = 0.0
+    #: CPU microseconds per request sent, over the whole run (warm-up included): the
+    #: server's replicas, HAProxy and the rest of it (``_server_process.ROLES``), and the
+    #: load's client processes ("clients"); where a request's time goes when req/s differ.
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,7 +141,9 @@ def summarise(clients: int, result: LoadResult, seconds: float, protocol: str = 
                  ok=len(latencies), statuses={str(k): v for k, v in sorted(
                      result.statuses.items(), key=lambda kv: str(kv[0]))},
                  protocol=protocol, rows_per_request=rows_per_request,
-                 rows_per_s=round(len(latencies) * rows_per_request / seconds, 1))
+                 rows_per_s=round(len(latencies) * rows_per_request / seconds, 1),
+                 cpu_us_per_request={"clients": round(1e6 * result.cpu_s / result.sent, 1)}
+                 if result.sent else {})
 
 
 def median_point(points: Sequence[Point]) -> Point:
@@ -151,12 +157,15 @@ def median_point(points: Sequence[Point]) -> Point:
     for point in points:
         for status, count in point.statuses.items():
             statuses[status] = statuses.get(status, 0) + count
+    cpu = {role: median([p.cpu_us_per_request.get(role) for p in points])
+           for role in points[0].cpu_us_per_request}
     return replace(points[0], requests_per_s=median([p.requests_per_s for p in points]) or 0.0,
                    rows_per_s=median([p.rows_per_s for p in points]) or 0.0,
                    p50_ms=median([p.p50_ms for p in points]),
                    p99_ms=median([p.p99_ms for p in points]),
                    rows_per_replay=median([p.rows_per_replay for p in points]),
-                   ok=sum(p.ok for p in points), statuses=statuses)
+                   ok=sum(p.ok for p in points), statuses=statuses,
+                   cpu_us_per_request={role: us for role, us in cpu.items() if us is not None})
 
 
 def protocol_ratios(points: Sequence[Point]) -> dict[str, dict[str, float]]:
@@ -343,11 +352,17 @@ def load_spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLo
 
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
-                  has_stats: bool, protocol: str = "json") -> Point:
+                  has_stats: bool, protocol: str = "json", **changes: Any) -> Point:
+    """One point: the load (``changes`` to its ``LoadSpec``, such as a repository's
+    ``paths``), its rows per replay (``has_stats``: the server counts replays) and the CPU
+    each part of the server and the clients spent per request."""
     before = server.replay_totals() if has_stats else None
-    result = run_load(load_spec(server, rows, clients, settings, protocol=protocol),
+    cpu_before = server.cpu_by_process()
+    result = run_load(load_spec(server, rows, clients, settings, protocol=protocol, **changes),
                       settings.processes)
     point = summarise(clients, result, settings.seconds, protocol, settings.rows_per_request)
+    point.cpu_us_per_request.update(
+        cpu_per_request(cpu_before, server.cpu_by_process(), result.sent))
     if before is not None:
         rows_replayed, replays = (now - then for now, then in zip(server.replay_totals(), before))
         point.rows_per_replay = round(rows_replayed / replays, 2) if replays else None
@@ -478,16 +493,24 @@ def _has(program: str) -> bool:
     return shutil.which(program) is not None
 
 
+#: The CPU columns (µs per request): the server's replicas, HAProxy, the rest of the server
+#: (Ray), the load's clients.
+CPU_COLUMNS = (("replicas", "replica"), ("haproxy", "haproxy"), ("ray", "ray"),
+               ("clients", "client"))
 POINT_HEADER = (f"{'clients':>7} {'protocol':<10} {'req/s':>10} {'rows/s':>10} {'p50 ms':>9} "
-                f"{'p99 ms':>9} {'rows/replay':>11}  errors")
+                f"{'p99 ms':>9} {'rows/replay':>11} "
+                + " ".join(f"{title + ' us':>10}" for _, title in CPU_COLUMNS) + "  errors")
 
 
 def render_point(point: Point) -> str:
     rows = f"{point.rows_per_replay:.2f}" if point.rows_per_replay else "-"
     others = {k: v for k, v in point.statuses.items() if k != "200"}
+    cpu = " ".join(f"{point.cpu_us_per_request[role]:>10.0f}"
+                   if role in point.cpu_us_per_request else f"{'-':>10}"
+                   for role, _ in CPU_COLUMNS)
     return (f"{point.clients:>7} {point.protocol:<10} {point.requests_per_s:>10.1f} "
             f"{point.rows_per_s:>10.1f} {point.p50_ms or 0:>9.2f} {point.p99_ms or 0:>9.2f} "
-            f"{rows:>11}  {others or ''}")
+            f"{rows:>11} {cpu}  {others or ''}")
 
 
 def render_serve_load(report: ServeLoadReport) -> str:

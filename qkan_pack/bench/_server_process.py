@@ -80,6 +80,12 @@ class ServerProcess:
         return [pid for pid in descendants(self.process.pid)
                 if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
 
+    def cpu_by_process(self) -> dict[int, tuple[str, float]]:
+        """Every process of the server (the command, Ray's, HAProxy): its role
+        (``process_role``) and the CPU seconds it has used, by pid."""
+        return {pid: (process_role(pid), cpu_seconds(pid))
+                for pid in [self.process.pid, *descendants(self.process.pid)]}
+
     def stop(self, timeout_s: float = 120.0) -> int | None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -108,6 +114,41 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             stack.append(child)
     return found
+
+
+#: What a server process does, for its CPU time per request: a replica (Ray names them
+#: ``ray::ServeReplica:...``), the HAProxy ingress, or the rest (the serve command, Ray's
+#: controller, proxy, raylet and GCS).
+ROLES = ("replicas", "haproxy", "ray")
+
+
+def process_role(pid: int) -> str:
+    if b"ServeReplica" in _read(f"/proc/{pid}/cmdline"):
+        return "replicas"
+    if _read(f"/proc/{pid}/comm").strip() == b"haproxy":
+        return "haproxy"
+    return "ray"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of every thread of process ``pid`` (``/proc/PID/stat``;
+    0 if it is gone)."""
+    fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+    if len(fields) < 13:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                    requests: int) -> dict[str, float]:
+    """Microseconds of CPU per request of each role (``ROLES``) between two
+    ``ServerProcess.cpu_by_process`` readings; a process that started between them counts
+    whole, one that ended counts nothing."""
+    used = dict.fromkeys(ROLES, 0.0)
+    for pid, (role, seconds) in after.items():
+        used[role] += seconds - before.get(pid, (role, 0.0))[1]
+    return {role: round(1e6 * seconds / requests, 1) for role, seconds in used.items()} \
+        if requests else {}
 
 
 def _read(path: str) -> bytes:

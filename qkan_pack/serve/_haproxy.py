@@ -114,6 +114,25 @@ from pathlib import Path
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
 from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers, server_addresses
+from ._haproxy_replies import (
+    ERROR_CODES,
+    GRPC_ERROR_FILE,
+    GRPC_UNAVAILABLE_SECTION,
+    GRPC_UNAVAILABLE_SERVER,
+    GRPC_UNAVAILABLE_SOCKET,
+    TIMEOUT_CODE,
+    UNAVAILABLE_BODY,
+    UNAVAILABLE_SECTION,
+    UNAVAILABLE_SERVER,
+    UNAVAILABLE_SOCKET,
+    error_response,
+    grpc_error_response,
+    grpc_status_headers,
+    grpc_unavailable_section,
+    timeout_response,
+    unavailable_section,
+    unavailable_socket,
+)
 from ._routes import (
     DEFAULTS_FILE,
     ROOT_FILE,
@@ -125,8 +144,6 @@ from ._routes import (
 from ._workdir import record_process
 
 HEADER_TIMEOUT_S = 10
-ERROR_CODES = (502, 503, 504)
-TIMEOUT_CODE = 408
 UNAUTHORIZED_FILE = "401.json"
 HTTP_FRONTEND = "frontend http_frontend"
 #: Ray's gRPC backends: ``grpc-<app>`` and its fallback proxy's ``grpc_fallback_backend``.
@@ -171,28 +188,6 @@ _RETRY_SETTING = re.compile(
     r"(?m)^(\s*)(?:no\s+)?(retry-on|retries|option\s+redispatch)(?=\s|$).*$")
 _WATCH = f"observe layer4 error-limit {ERROR_LIMIT} on-error mark-down"
 _WATCH_KEYWORDS = re.compile(r"\s+(?:observe|error-limit|on-error)\s+\S+")
-_UNAVAILABLE_MESSAGE = ("no replica can answer now (the server is starting, stopping or "
-                        "replacing a replica); retry after 1 s")
-_UNAVAILABLE = b'{"error":"%s"}' % _UNAVAILABLE_MESSAGE.encode()
-#: HAProxy's own listener answering every request with the JSON 503 (see above): each app
-#: backend's backup server, on a unix socket in the error files' directory. Where that path
-#: is too long for a socket it is left out, and a request that no replica can take may end
-#: in a closed connection again.
-UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable"
-UNAVAILABLE_SOCKET = "unavailable.sock"
-_UNAVAILABLE_SERVER = "qkan-pack-unavailable"
-#: The same for gRPC backends: a gRPC client reads an HTTP 503 as "Received http2 header
-#: with status: 503", without the message or the pushback; these answer with the call's
-#: trailers-only reply instead (UNAVAILABLE, the message, ``grpc-retry-pushback-ms``), as a
-#: replica's own refusal does (``_oip_grpc``), and HAProxy's 502/503/504 on a gRPC backend
-#: come from gRPC error files (``GRPC_ERROR_FILE``) likewise.
-GRPC_UNAVAILABLE_SECTION = "frontend qkan-pack-unavailable-grpc"
-GRPC_UNAVAILABLE_SOCKET = "unavailable-grpc.sock"
-_GRPC_UNAVAILABLE_SERVER = "qkan-pack-unavailable-grpc"
-GRPC_ERROR_FILE = "grpc-{code}.http"
-#: gRPC's UNAVAILABLE, the status its HTTP mapping gives 502, 503 and 504.
-GRPC_UNAVAILABLE = 14
-_SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 #: Where HAProxy counts the 401s it answers (with a token): a one-entry stick table whose
 #: first general-purpose counter every 401 reply of the HTTP frontend increments. Counted
 #: after the reply (``http-after-response``), so the refusal stays the frontend's first
@@ -235,7 +230,7 @@ class IngressAdmission:
         Retry-After), as a replica's own refusal (``_oip_grpc``). An HTTP 503 reached gRPC
         clients as "Received http2 header with status: 503", with neither."""
         return (f"    http-request deny status 200 "
-                f"{_grpc_status_headers(self._refusal(), self.retry_after_s)} if {self._full()}")
+                f"{grpc_status_headers(self._refusal(), self.retry_after_s)} if {self._full()}")
 
     def _refusal(self) -> str:
         return (f"overloaded: every replica is at its limit of {self.ongoing} requests and "
@@ -245,14 +240,6 @@ class IngressAdmission:
         """Some replica is up, none has a free slot, and the per-replica queue is full."""
         return (f"{{ nbsrv() gt 0 }} {{ be_conn_free() le 0 }} "
                 f"{{ avg_queue() ge {self.queued} }}")
-
-
-def _grpc_status_headers(message: str, retry_after_s: int) -> str:
-    """An HAProxy reply's headers that make it a gRPC call's trailers-only reply: status
-    UNAVAILABLE, ``message`` (plain ASCII without quotes or ``%``: no percent-encoding
-    needed) and the pushback."""
-    return (f'hdr content-type application/grpc hdr grpc-status {GRPC_UNAVAILABLE} '
-            f'hdr grpc-message "{message}" hdr grpc-retry-pushback-ms {retry_after_s * 1000}')
 
 
 def rewrite(config: str, error_dir: str, timeout_s: int,
@@ -273,8 +260,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     calls that name no application sent to the repository's router (idempotent: a
     rewritten config rewrites to itself)."""
     refusals = _token_rules(error_dir, token_sha256)
-    unavailable = _unavailable_socket(error_dir, UNAVAILABLE_SOCKET)
-    grpc_unavailable = _unavailable_socket(error_dir, GRPC_UNAVAILABLE_SOCKET)
+    unavailable = unavailable_socket(error_dir, UNAVAILABLE_SOCKET)
+    grpc_unavailable = unavailable_socket(error_dir, GRPC_UNAVAILABLE_SOCKET)
     prefixes = _backend_prefixes(config)
     by_backend = {name: IngressAdmission(*bounds) for name, prefix in prefixes.items()
                   if (bounds := (versions_admission or {}).get(prefix)) is not None}
@@ -283,8 +270,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
                                                           grpc_unavailable), by_backend,
                                          model_routes(prefixes, _replica_servers(config),
                                                       routing)))
-    for section, listener in ((UNAVAILABLE_SECTION, _unavailable_section(unavailable)),
-                              (GRPC_UNAVAILABLE_SECTION, _grpc_unavailable_section(
+    for section, listener in ((UNAVAILABLE_SECTION, unavailable_section(unavailable)),
+                              (GRPC_UNAVAILABLE_SECTION, grpc_unavailable_section(
                                   grpc_unavailable))):
         if listener and not re.search(rf"(?m)^{section}\s*$", config):
             config = "\n".join([config.rstrip("\n"), *listener, ""])
@@ -312,31 +299,6 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
             if not re.search(rf"(?m)^\s*{key}\b", present)]
 
 
-def _unavailable_socket(error_dir: str, name: str) -> str | None:
-    """Where one of HAProxy's own 503 listeners listens, if that path fits a unix socket."""
-    path = f"{error_dir}/{name}"
-    return path if len(os.fsencode(path)) <= _SOCKET_PATH_MAX else None
-
-
-def _unavailable_section(socket_path: str | None) -> list[str]:
-    """The listener every HTTP app backend falls back to when no replica can take a request
-    (none without its socket)."""
-    if socket_path is None:
-        return []
-    return [UNAVAILABLE_SECTION, "    mode http", "    no log", f"    bind unix@{socket_path} mode 600",
-            "    http-request return status 503 content-type application/json hdr Retry-After 1 "
-            f"hdr Cache-Control no-cache string '{_UNAVAILABLE.decode()}'"]
-
-
-def _grpc_unavailable_section(socket_path: str | None) -> list[str]:
-    """``_unavailable_section`` for gRPC backends: the call's trailers-only UNAVAILABLE."""
-    if socket_path is None:
-        return []
-    return [GRPC_UNAVAILABLE_SECTION, "    mode http", "    no log",
-            f"    bind unix@{socket_path} mode 600",
-            f"    http-request return status 200 {_grpc_status_headers(_UNAVAILABLE_MESSAGE, 1)}"]
-
-
 @dataclass(frozen=True)
 class _BackendLines:
     """The lines every app backend gets after its admission rule (``APP_REQUEST_RULES``, its
@@ -351,9 +313,9 @@ class _BackendLines:
            grpc_unavailable: str | None) -> _BackendLines:
         http, grpc = list(APP_REQUEST_RULES), list(APP_REQUEST_RULES)
         if unavailable:
-            http.append(f"    server {_UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
+            http.append(f"    server {UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
         if grpc_unavailable:
-            grpc.append(f"    server {_GRPC_UNAVAILABLE_SERVER} unix@{grpc_unavailable} "
+            grpc.append(f"    server {GRPC_UNAVAILABLE_SERVER} unix@{grpc_unavailable} "
                         "backup no-check")
         grpc += [f"    errorfile {code} {error_dir}/{GRPC_ERROR_FILE.format(code=code)}"
                  for code in ERROR_CODES]
@@ -443,7 +405,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
             line = "    http-reuse safe"
         elif section == "backend default_backend" and "http-request return status 404" in line:
             line = ("    http-request return status 503 content-type application/json "
-                    f"hdr Retry-After 1 string '{_UNAVAILABLE.decode()}'")
+                    f"hdr Retry-After 1 string '{UNAVAILABLE_BODY.decode()}'")
         out.append(line)
     return out
 
@@ -545,34 +507,6 @@ def is_app_backend(section: str) -> bool:
     return (section.startswith("backend ") and section not in ("backend default_backend",
                                                                COUNTS_SECTION)
             and not section.endswith("-via-ingress-request-router"))
-
-
-def error_response() -> bytes:
-    """The raw HTTP reply HAProxy sends instead of its 502/503/504."""
-    return _raw_reply("503 Service Unavailable", _UNAVAILABLE, "Retry-After: 1\r\n")
-
-
-def grpc_error_response() -> bytes:
-    """The raw reply HAProxy sends a gRPC call instead of its 502/503/504: the call's
-    trailers-only UNAVAILABLE (an HTTP 200 whose headers carry the status, as gRPC's)."""
-    head = ("HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\n"
-            f"grpc-status: {GRPC_UNAVAILABLE}\r\ngrpc-message: {_UNAVAILABLE_MESSAGE}\r\n"
-            "grpc-retry-pushback-ms: 1000\r\nCache-Control: no-cache\r\n"
-            "Connection: close\r\nContent-Length: 0\r\n\r\n")
-    return head.encode()
-
-
-def timeout_response(timeout_s: int) -> bytes:
-    """The raw HTTP reply HAProxy sends when headers (or a buffered body) are too slow."""
-    body = (b'{"error":"request headers or body not received within %d s"}' % timeout_s)
-    return _raw_reply("408 Request Timeout", body)
-
-
-def _raw_reply(status: str, body: bytes, extra_headers: str = "") -> bytes:
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra_headers}"
-            "Cache-Control: no-cache\r\nConnection: close\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")
-    return head.encode() + body
 
 
 def request_timeout_s(body_timeout_s: float) -> int:

@@ -72,9 +72,12 @@ def test_models_with_other_inputs_are_refused_by_name(tmp_path: Path) -> None:
 def test_each_figure_is_the_median_of_its_rounds_and_every_error_shows() -> None:
     rounds = [_point(100, p99=2.0), _point(300, p99=1.0), _point(200, p99=9.0)]
     rounds[2].statuses["503"] = 4
+    for point, replica_us in zip(rounds, (500.0, 700.0, 600.0)):
+        point.cpu_us_per_request["replicas"] = replica_us
     point = median_point(rounds)
     assert (point.requests_per_s, point.p99_ms, point.ok) == (200.0, 2.0, 600)
     assert point.statuses == {"200": 600, "503": 4}
+    assert point.cpu_us_per_request == {"replicas": 600.0}
 
 
 def test_the_aggregate_and_one_model_are_ratios_to_the_model_alone() -> None:

@@ -112,6 +112,7 @@ def test_bench_serve_measures_every_protocol_against_one_server(artifact: Path,
         assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
         assert point["rows_per_request"] == 8, point
         assert point["rows_per_s"] == pytest.approx(8 * point["requests_per_s"], abs=1)
+        _assert_cpu_per_request(point)
     assert set(report["ratios"]) == set(protocols[1:])
     assert all(set(by_clients) == {"2"} for by_clients in report["ratios"].values())
     assert "against the JSON route" in done.stdout
@@ -145,8 +146,17 @@ def test_bench_serve_measures_a_repository_against_one_model_alone(tmp_path: Pat
         (point,) = points
         assert point["ok"] > 0 and set(point["statuses"]) == {"200"}, point
         assert point["rows_per_replay"], point
+        _assert_cpu_per_request(point)
     assert set(report["ratios"]) == {"all", "one"}
     assert {name: server["exit_code"] for name, server in report["server"].items()} == {
         "repository": 0, "alone": 0}
     assert "req/s against m1/1 alone at the same clients" in done.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_cpu_per_request(point: dict) -> None:
+    """Every part's CPU per request is measured: the replicas and the clients certainly
+    spent some (HAProxy and Ray's other processes may stay under the kernel's 10-ms tick)."""
+    cpu = point["cpu_us_per_request"]
+    assert set(cpu) == {"replicas", "haproxy", "ray", "clients"}, point
+    assert cpu["replicas"] > 0 and cpu["clients"] > 0 and min(cpu.values()) >= 0, point

@@ -23,19 +23,21 @@ from qkan_pack.serve._auth import TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY
 from qkan_pack.serve._haproxy import (
     APP_REQUEST_RULES,
     ERROR_LIMIT,
-    GRPC_UNAVAILABLE_SECTION,
     RETRIES,
-    UNAVAILABLE_SECTION,
     IngressAdmission,
-    error_response,
-    grpc_error_response,
     install_wrapper,
     real_haproxy,
     request_timeout_s,
     rewrite,
-    timeout_response,
 )
 from qkan_pack.serve._haproxy_grpc import grpc_to_http_servers
+from qkan_pack.serve._haproxy_replies import (
+    GRPC_UNAVAILABLE_SECTION,
+    UNAVAILABLE_SECTION,
+    error_response,
+    grpc_error_response,
+    timeout_response,
+)
 
 from ._server import free_port, strict_json
 
