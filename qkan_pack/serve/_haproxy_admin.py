@@ -8,7 +8,12 @@ import os
 import re
 from typing import Any
 
-from ._haproxy import COUNTS_TABLE_NAME, UNAVAILABLE_SECTION, is_app_backend
+from ._haproxy import COUNTS_TABLE_NAME, is_app_backend
+from ._haproxy_replies import GRPC_UNAVAILABLE_SECTION, UNAVAILABLE_SECTION
+
+#: HAProxy's own listeners for requests no replica can take, by the protocol they answer.
+_UNAVAILABLE_LISTENERS = {UNAVAILABLE_SECTION.split()[1]: "http",
+                          GRPC_UNAVAILABLE_SECTION.split()[1]: "grpc"}
 
 
 async def ingress_counts(socket_path: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
@@ -43,10 +48,11 @@ async def admin_command(socket_path: str, command: str) -> str:
 def parse_ingress_counts(stat_csv: str, table: str) -> dict[str, Any]:
     """From ``show stat`` and ``show table``: 401s of the HTTP frontend (``COUNTS_TABLE``),
     overload refusals (denied requests) of each app backend by protocol (``http``, ``grpc``),
-    and requests that no replica could take (``UNAVAILABLE_SECTION``'s listener)."""
+    and requests that no replica could take, by protocol (the listeners of
+    ``_haproxy_replies``: HTTP's JSON 503, gRPC's UNAVAILABLE)."""
     import csv
 
-    counts: dict[str, Any] = {"unauthorized": 0, "overloaded": {}, "unavailable": 0}
+    counts: dict[str, Any] = {"unauthorized": 0, "overloaded": {}, "unavailable": {}}
     found = re.search(r"\bgpc0=(\d+)", table)
     if found:
         counts["unauthorized"] = int(found[1])
@@ -57,6 +63,6 @@ def parse_ingress_counts(stat_csv: str, table: str) -> dict[str, Any]:
             protocol = "grpc" if name.startswith("grpc") else "http"
             counts["overloaded"][protocol] = (counts["overloaded"].get(protocol, 0)
                                               + int(row.get("dreq") or 0))
-        elif kind == "FRONTEND" and name == UNAVAILABLE_SECTION.split()[1]:
-            counts["unavailable"] = int(row.get("req_tot") or 0)
+        elif kind == "FRONTEND" and name in _UNAVAILABLE_LISTENERS:
+            counts["unavailable"][_UNAVAILABLE_LISTENERS[name]] = int(row.get("req_tot") or 0)
     return counts

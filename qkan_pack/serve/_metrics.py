@@ -66,12 +66,12 @@ class ReplicaInfo:
 
 @dataclass
 class Ingress:
-    """HAProxy's own refusals (``_haproxy_admin.ingress_counts``): 401s, 503s per protocol for a
-    full backend, 503s when no replica could take a request."""
+    """HAProxy's own refusals (``_haproxy_admin.ingress_counts``): 401s; per protocol, 503s
+    (gRPC: UNAVAILABLE) for a full backend and when no replica could take a request."""
 
     unauthorized: int = 0
     overloaded: dict[str, int] = field(default_factory=dict)
-    unavailable: int = 0
+    unavailable: dict[str, int] = field(default_factory=dict)
 
 
 def replica_families(snapshot: Snapshot, info: ReplicaInfo,
@@ -201,7 +201,8 @@ def ingress_family(ingress: Ingress) -> Any:
     family.add_metric(["http", "unauthorized"], ingress.unauthorized)
     for protocol, count in sorted(ingress.overloaded.items()):
         family.add_metric([protocol, "overloaded"], count)
-    family.add_metric(["http", "unavailable"], ingress.unavailable)
+    for protocol, count in sorted(ingress.unavailable.items()):
+        family.add_metric([protocol, "unavailable"], count)
     return family
 
 

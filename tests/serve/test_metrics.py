@@ -157,11 +157,13 @@ def test_haproxy_counts_parse_from_its_admin_answers() -> None:
             "http-app,SERVE_REPLICA_x,0,23,\n"
             "grpc-app,BACKEND,2,9,\n"
             "default_backend,BACKEND,5,5,\n"
-            "qkan-pack-unavailable,FRONTEND,0,3,\n")
+            "qkan-pack-unavailable,FRONTEND,0,3,\n"
+            "qkan-pack-unavailable-grpc,FRONTEND,0,4,\n")
     table = ("# table: qkan-pack-counts, type: integer, size:1, used:1\n"
              "0x5611: key=0 use=0 exp=0 shard=0 gpc0=11 gpc1=0\n")
     assert parse_ingress_counts(stat, table) == {
-        "unauthorized": 11, "overloaded": {"http": 7, "grpc": 2}, "unavailable": 3}
+        "unauthorized": 11, "overloaded": {"http": 7, "grpc": 2},
+        "unavailable": {"http": 3, "grpc": 4}}
     assert parse_ingress_counts("", "")["unauthorized"] == 0
 
 
