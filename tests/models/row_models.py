@@ -37,14 +37,18 @@ class BalancedMoE(nn.Module):
 class GatheredMoE(BalancedMoE):
     """Top-1 mixture of 8 experts without a capacity, each expert run on the rows routed to
     it (gathered): the answers are the rows' own, but an expert's batch size, and with it
-    the rounding of its matrix product, follows the neighbours."""
+    the rounding of its kernel, follows the neighbours. How much a BLAS kernel's rounding
+    moves with the batch size depends on the CPU (on an AVX-512 EPYC, little enough that
+    the proof passed), so the kernel's batch-size-dependent rounding is made explicit: its
+    outputs pass through a magnitude that grows with the rows it runs on."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         choice = self.router(x).argmax(-1)
         out = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
             rows = (choice == index).nonzero().flatten()
-            out[rows] = expert(x[rows])
+            accumulator = float(2 ** (4 + rows.numel() % 8))
+            out[rows] = (expert(x[rows]) + accumulator) - accumulator
         return out
 
 

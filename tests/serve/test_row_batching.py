@@ -114,9 +114,12 @@ def test_a_proved_model_still_batches_requests(tmp_path: Path) -> None:
     rows = _clients(4)
     replies = _concurrently(core, rows)
     predictor = core.predictor
-    alone = [predictor(torch.from_numpy(row[None])).numpy() for row in rows]
-    np.testing.assert_allclose(np.stack(replies), np.concatenate(alone), rtol=1e-5,
-                               atol=1e-5)
+    alone = np.concatenate([predictor(torch.from_numpy(row[None])).numpy() for row in rows])
+    # a 16-row matrix product rounds unlike a 1-row one: each value is held to its row's
+    # magnitude (the clients' rows are up to 10,000 apart), as the row proof holds it
+    row_scale = np.abs(alone).max(axis=1, keepdims=True)
+    error = np.abs(np.stack(replies) - alone)
+    np.testing.assert_array_less(error, np.broadcast_to(1e-5 * row_scale + 1e-6, error.shape))
     stats = core.stats.view()
     assert stats["replays"]["16x8"] >= 1  # rows of different requests shared replays
     assert max(map(int, stats["rows_per_replay"])) > 1
