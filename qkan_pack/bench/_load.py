@@ -317,6 +317,7 @@ def _client(spec: LoadSpec, seed: int, start_at: float, result: LoadResult) -> N
     answered = (200, 422) if spec.body_bytes else (200,)
     stop_at = start_at + spec.warmup + spec.seconds
     sent = 0
+    time.sleep(max(0.0, start_at - time.time()))  # every client starts at one moment
     try:
         while (now := time.time()) < stop_at:
             began = time.perf_counter()

@@ -157,8 +157,8 @@ def median_point(points: Sequence[Point]) -> Point:
     for point in points:
         for status, count in point.statuses.items():
             statuses[status] = statuses.get(status, 0) + count
-    cpu = {role: median([p.cpu_us_per_request.get(role) for p in points])
-           for role in points[0].cpu_us_per_request}
+    roles = dict.fromkeys(role for p in points for role in p.cpu_us_per_request)
+    cpu = {role: median([p.cpu_us_per_request.get(role) for p in points]) for role in roles}
     return replace(points[0], requests_per_s=median([p.requests_per_s for p in points]) or 0.0,
                    rows_per_s=median([p.rows_per_s for p in points]) or 0.0,
                    p50_ms=median([p.p50_ms for p in points]),

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import BenchError
 
@@ -80,11 +80,15 @@ class ServerProcess:
         return [pid for pid in descendants(self.process.pid)
                 if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
 
-    def cpu_by_process(self) -> dict[int, tuple[str, float]]:
-        """Every process of the server (the command, Ray's, HAProxy): its role
-        (``process_role``) and the CPU seconds it has used, by pid."""
-        return {pid: (process_role(pid), cpu_seconds(pid))
-                for pid in [self.process.pid, *descendants(self.process.pid)]}
+    def cpu_by_process(self) -> dict[int, ProcessCpu]:
+        """Every process of the server (the command, Ray's, HAProxy) that is still there:
+        its role (``process_role``), start time and the CPU seconds it has used, by pid."""
+        readings = {}
+        for pid in [self.process.pid, *descendants(self.process.pid)]:
+            usage = cpu_usage(pid)
+            if usage is not None:
+                readings[pid] = ProcessCpu(process_role(pid), *usage)
+        return readings
 
     def stop(self, timeout_s: float = 120.0) -> int | None:
         if self.process.poll() is None:
@@ -130,23 +134,34 @@ def process_role(pid: int) -> str:
     return "ray"
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of every thread of process ``pid`` (``/proc/PID/stat``;
-    0 if it is gone)."""
+class ProcessCpu(NamedTuple):
+    """One process's reading: its role, when it started (clock ticks after boot, so that a
+    pid the kernel gave to a new process is not taken for the old one) and its CPU seconds."""
+
+    role: str
+    started: int
+    seconds: float
+
+
+def cpu_usage(pid: int) -> tuple[int, float] | None:
+    """(start time in clock ticks, user and system CPU seconds of every thread) of process
+    ``pid`` (``/proc/PID/stat``); None if it is gone."""
     fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
-    if len(fields) < 13:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if len(fields) < 20:
+        return None
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+def cpu_per_request(before: Mapping[int, ProcessCpu], after: Mapping[int, ProcessCpu],
                     requests: int) -> dict[str, float]:
     """Microseconds of CPU per request of each role (``ROLES``) between two
     ``ServerProcess.cpu_by_process`` readings; a process that started between them counts
     whole, one that ended counts nothing."""
     used = dict.fromkeys(ROLES, 0.0)
-    for pid, (role, seconds) in after.items():
-        used[role] += seconds - before.get(pid, (role, 0.0))[1]
+    for pid, now in after.items():
+        then = before.get(pid)
+        used[now.role] += now.seconds - (then.seconds if then and then.started == now.started
+                                         else 0.0)
     return {role: round(1e6 * seconds / requests, 1) for role, seconds in used.items()} \
         if requests else {}
 

@@ -201,8 +201,8 @@ def ingress_family(ingress: Ingress) -> Any:
     family.add_metric(["http", "unauthorized"], ingress.unauthorized)
     for protocol, count in sorted(ingress.overloaded.items()):
         family.add_metric([protocol, "overloaded"], count)
-    for protocol, count in sorted(ingress.unavailable.items()):
-        family.add_metric([protocol, "unavailable"], count)
+    for protocol in sorted({"http", "grpc", *ingress.unavailable}):
+        family.add_metric([protocol, "unavailable"], ingress.unavailable.get(protocol, 0))
     return family
 
 

@@ -11,31 +11,43 @@ from collections import Counter
 
 from qkan_pack.bench._load import LoadResult
 from qkan_pack.bench._serve_load import render_point, summarise
-from qkan_pack.bench._server_process import ROLES, cpu_per_request, cpu_seconds, process_role
+from qkan_pack.bench._server_process import (
+    ROLES,
+    ProcessCpu,
+    cpu_per_request,
+    cpu_usage,
+    process_role,
+)
 
 
 def test_a_process_cpu_time_is_read_from_the_kernel() -> None:
-    """This process's CPU seconds grow by what it spends; a process that is gone has none."""
-    before = cpu_seconds(os.getpid())
+    """This process's CPU seconds grow by what it spends, its start time stays; a process
+    that is gone has no reading."""
+    started, before = cpu_usage(os.getpid()) or (0, 0.0)
     deadline = time.process_time() + 0.2
     while time.process_time() < deadline:
         pass
-    assert cpu_seconds(os.getpid()) - before >= 0.1
+    now = cpu_usage(os.getpid())
+    assert now is not None and now[0] == started and now[1] - before >= 0.1
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    assert cpu_seconds(gone.pid) == 0.0
+    assert cpu_usage(gone.pid) is None
     assert process_role(os.getpid()) == "ray"  # neither a replica nor HAProxy
 
 
 def test_cpu_per_request_splits_the_servers_time_by_role() -> None:
     """Per role, the CPU spent between two readings over the requests sent: a process that
-    started in between counts whole, one that ended counts nothing; no requests, no
+    started in between counts whole, one that ended counts nothing, a pid the kernel gave
+    to a new process counts the new one whole (never a negative figure); no requests, no
     figures."""
-    before = {1: ("replicas", 10.0), 2: ("haproxy", 1.0), 3: ("ray", 5.0), 4: ("replicas", 2.0)}
-    after = {1: ("replicas", 10.4), 2: ("haproxy", 1.1), 3: ("ray", 5.05),
-             5: ("replicas", 0.2)}  # 4 ended, 5 started
+    before = {1: ProcessCpu("replicas", 5, 10.0), 2: ProcessCpu("haproxy", 5, 1.0),
+              3: ProcessCpu("ray", 5, 5.0), 4: ProcessCpu("replicas", 5, 2.0),
+              6: ProcessCpu("ray", 5, 3.0)}
+    after = {1: ProcessCpu("replicas", 5, 10.4), 2: ProcessCpu("haproxy", 5, 1.1),
+             3: ProcessCpu("ray", 5, 5.05), 5: ProcessCpu("replicas", 9, 0.2),
+             6: ProcessCpu("ray", 9, 0.01)}  # 4 ended, 5 started, 6 is another process now
     assert cpu_per_request(before, after, 1000) == {"replicas": 600.0, "haproxy": 100.0,
-                                                     "ray": 50.0}
+                                                     "ray": 60.0}
     assert set(ROLES) == {"replicas", "haproxy", "ray"}
     assert cpu_per_request(before, after, 0) == {}
 

@@ -155,8 +155,10 @@ def test_bench_serve_measures_a_repository_against_one_model_alone(tmp_path: Pat
 
 
 def _assert_cpu_per_request(point: dict) -> None:
-    """Every part's CPU per request is measured: the replicas and the clients certainly
-    spent some (HAProxy and Ray's other processes may stay under the kernel's 10-ms tick)."""
+    """Every part's CPU per request is measured: the replicas, HAProxy (found among the
+    server's processes: about a hundred microseconds per request) and the clients certainly
+    spent some (Ray's other processes may stay under the kernel's 10-ms tick)."""
     cpu = point["cpu_us_per_request"]
     assert set(cpu) == {"replicas", "haproxy", "ray", "clients"}, point
-    assert cpu["replicas"] > 0 and cpu["clients"] > 0 and min(cpu.values()) >= 0, point
+    assert min(cpu["replicas"], cpu["haproxy"], cpu["clients"]) > 0, point
+    assert cpu["ray"] >= 0, point
