@@ -116,6 +116,7 @@ from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY
 from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers, server_addresses
 from ._haproxy_replies import (
     ERROR_CODES,
+    GRPC_CONTENT_TYPE,
     GRPC_ERROR_FILE,
     GRPC_UNAVAILABLE_SECTION,
     GRPC_UNAVAILABLE_SERVER,
@@ -319,6 +320,7 @@ class _BackendLines:
                         "backup no-check")
         grpc += [f"    errorfile {code} {error_dir}/{GRPC_ERROR_FILE.format(code=code)}"
                  for code in ERROR_CODES]
+        grpc.append(GRPC_CONTENT_TYPE)  # the admission refusal's (a replica's own has one)
         return cls(tuple(http), tuple(grpc))
 
     def of_backend(self, section: str) -> tuple[str, ...]:

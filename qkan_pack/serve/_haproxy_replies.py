@@ -40,9 +40,19 @@ _SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 def grpc_status_headers(message: str, retry_after_s: int) -> str:
     """An HAProxy reply's headers that make it a gRPC call's trailers-only reply: status
     UNAVAILABLE, ``message`` (plain ASCII without quotes or ``%``: no percent-encoding
-    needed) and the pushback."""
-    return (f'hdr content-type application/grpc hdr grpc-status {GRPC_UNAVAILABLE} '
-            f'hdr grpc-message "{message}" hdr grpc-retry-pushback-ms {retry_after_s * 1000}')
+    needed) and the pushback. Not its content type: HAProxy drops a reply's
+    ``content-type`` when it has no body (``GRPC_CONTENT_TYPE`` sets it after)."""
+    return (f'hdr grpc-status {GRPC_UNAVAILABLE} hdr grpc-message "{message}" '
+            f'hdr grpc-retry-pushback-ms {retry_after_s * 1000}')
+
+
+#: The content type gRPC requires of every reply, trailers-only ones included (grpc-go and
+#: grpc-java refuse a reply without it), set on HAProxy's own replies to a gRPC backend's
+#: calls (a replica's carry theirs): ``http-request deny`` and ``return`` drop
+#: ``hdr content-type`` without a body ("header 'content-type' always ignored by the http
+#: reply"). The listener's (``grpc_unavailable_section``) sets it on every reply.
+GRPC_CONTENT_TYPE = ("    http-after-response set-header content-type application/grpc "
+                     "if { status 200 } !{ res.hdr(content-type) -m found }")
 
 
 def unavailable_socket(error_dir: str, name: str) -> str | None:
@@ -67,7 +77,8 @@ def grpc_unavailable_section(socket_path: str | None) -> list[str]:
         return []
     return [GRPC_UNAVAILABLE_SECTION, "    mode http", "    no log",
             f"    bind unix@{socket_path} mode 600",
-            f"    http-request return status 200 {grpc_status_headers(UNAVAILABLE_MESSAGE, 1)}"]
+            f"    http-request return status 200 {grpc_status_headers(UNAVAILABLE_MESSAGE, 1)}",
+            "    http-after-response set-header content-type application/grpc"]
 
 
 def error_response() -> bytes:

@@ -32,6 +32,7 @@ from qkan_pack.serve._haproxy import (
 )
 from qkan_pack.serve._haproxy_grpc import grpc_to_http_servers
 from qkan_pack.serve._haproxy_replies import (
+    GRPC_CONTENT_TYPE,
     GRPC_UNAVAILABLE_SECTION,
     UNAVAILABLE_SECTION,
     error_response,
@@ -204,7 +205,8 @@ def test_a_grpc_backend_refuses_as_grpc_does() -> None:
         assert backend.count(grpc_rule) == 1 and http_rule not in backend, backend
     assert _section(out, "backend http-qkan-pack").count(http_rule) == 1
     assert grpc_rule not in _section(out, "backend http-qkan-pack")
-    assert "deny status 200 hdr content-type application/grpc hdr grpc-status 14" in grpc_rule
+    assert "deny status 200 hdr grpc-status 14" in grpc_rule
+    assert GRPC_CONTENT_TYPE in _section(out, "backend grpc-qkan-pack")  # HAProxy drops hdr's
     assert "grpc-retry-pushback-ms 2000 if { nbsrv() gt 0 }" in grpc_rule
     assert '"overloaded: every replica is at its limit of 2 requests and 3 wait' in grpc_rule
     assert grpc_to_http_servers(rewrite(out, "/E", 7, admission=admission)) == out
@@ -229,7 +231,8 @@ def test_haproxys_own_errors_on_a_grpc_backend_are_grpc_replies() -> None:
     listener = _section(out, GRPC_UNAVAILABLE_SECTION)
     assert "    bind unix@/E/unavailable-grpc.sock mode 600" in listener
     answer = next(line for line in listener if "http-request return" in line)
-    assert "status 200 hdr content-type application/grpc hdr grpc-status 14" in answer
+    assert "status 200 hdr grpc-status 14" in answer
+    assert "    http-after-response set-header content-type application/grpc" in listener
     assert "grpc-retry-pushback-ms 1000" in answer and "no replica can answer now" in answer
     assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
     head, body = grpc_error_response().split(b"\r\n\r\n")
@@ -273,6 +276,19 @@ def _grpc_call(port: int) -> Any:
     return caught.value
 
 
+def _grpc_reply_headers(port: int) -> dict[str, str]:
+    """The headers of HAProxy's reply to a gRPC-shaped POST sent over HTTP/1.1."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request("POST", "/inference.GRPCInferenceService/ModelInfer", b"\0\0\0\0\0",
+                     {"Content-Type": "application/grpc", "TE": "trailers"})
+        reply = conn.getresponse()
+        reply.read()
+        return {k.lower(): v for k, v in reply.getheaders()}
+    finally:
+        conn.close()
+
+
 class _ClosesEveryRequest(_RawReplica):
     """A replica that reads each request and closes the connection without a reply."""
 
@@ -293,13 +309,18 @@ def test_a_grpc_call_haproxy_cannot_place_gets_grpcs_unavailable(tmp_path: Path,
     grpc = pytest.importorskip("grpc")
     closing = _ClosesEveryRequest() if replica == "closes" else None
     port = closing.port if closing else free_port()  # nothing listens on a free port
+    h1 = free_port()  # the same backend over HTTP/1.1: what HAProxy's reply carries
     try:
-        for haproxy in _haproxy_over(tmp_path, {"only": port}, grpc=True):
+        for haproxy in _haproxy_over(tmp_path, {"only": port}, grpc=True, sections=[
+                "frontend h1", f"    bind 127.0.0.1:{h1}", "    default_backend grpc-app"]):
             error = _grpc_call(haproxy)
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
             assert "no replica can answer now" in error.details(), error.details()
             assert ("grpc-retry-pushback-ms", "1000") in tuple(error.trailing_metadata() or ())
             assert closing is None or closing.served > 1  # retried, then HAProxy's own error
+            headers = _grpc_reply_headers(h1)
+            assert headers.get("content-type") == "application/grpc", headers  # gRPC needs it
+            assert headers.get("grpc-status") == "14", headers
     finally:
         if closing is not None:
             closing.listener.close()
@@ -569,6 +590,43 @@ def test_haproxy_refuses_beyond_the_bounds_without_reaching_the_replica(tmp_path
                 sender.join(30)
             assert sorted(status for status, _, _ in replies) == [200, 200, 200, 503, 503, 503]
             assert Replica.arrived == 3
+    finally:
+        Replica.release.set()
+        server.shutdown()
+
+
+def test_a_grpc_backend_refuses_beyond_the_bounds_with_a_grpc_reply(tmp_path: Path) -> None:
+    """HAProxy's admission refusal on a gRPC backend, as it goes on the wire (over an
+    HTTP/1.1 frontend onto the same backend, where the headers can be read): status 200,
+    gRPC's content type (HAProxy drops ``hdr content-type`` from a reply without a body,
+    and gRPC clients other than grpcio refuse a reply without it), UNAVAILABLE, the message
+    and the pushback. With 1 at work and 1 waiting, the third concurrent call is refused."""
+    class Replica(_Holds):
+        arrived = 0
+        release = threading.Event()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    h1 = free_port()
+    held: list[threading.Thread] = []
+    try:
+        for _ in _haproxy_over(tmp_path, {"only": server.server_address[1]},
+                               IngressAdmission(ongoing=1, queued=1, retry_after_s=2), grpc=True,
+                               sections=["frontend h1", f"    bind 127.0.0.1:{h1}",
+                                         "    default_backend grpc-app"]):
+            for _ in range(2):  # one at work, one waiting in HAProxy
+                held.append(threading.Thread(target=_grpc_reply_headers, args=(h1,)))
+                held[-1].start()
+                time.sleep(0.2)
+            headers = _grpc_reply_headers(h1)
+            assert Replica.arrived == 1, Replica.arrived
+            assert headers.get("content-type") == "application/grpc", headers
+            assert headers.get("grpc-status") == "14", headers
+            assert headers.get("grpc-retry-pushback-ms") == "2000", headers
+            assert "overloaded" in headers.get("grpc-message", ""), headers
+            Replica.release.set()
+            for thread in held:
+                thread.join(30)
     finally:
         Replica.release.set()
         server.shutdown()
