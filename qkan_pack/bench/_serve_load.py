@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._ports import side_ports
 from ..errors import BenchError
 from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
-from ._server_process import ServerProcess, cpu_per_request, listening_ports
+from ._server_process import ROLES, ServerProcess, cpu_per_request, listening_ports
 
 if TYPE_CHECKING:
     from ..format import InputDecl
@@ -493,21 +493,18 @@ def _has(program: str) -> bool:
     return shutil.which(program) is not None
 
 
-#: The CPU columns (µs per request): the server's replicas, HAProxy, the rest of the server
-#: (Ray), the load's clients.
-CPU_COLUMNS = (("replicas", "replica"), ("haproxy", "haproxy"), ("ray", "ray"),
-               ("clients", "client"))
+#: The CPU columns (µs per request): the server's parts (``ROLES``), the load's clients.
+CPU_COLUMNS = (*ROLES, "clients")
 POINT_HEADER = (f"{'clients':>7} {'protocol':<10} {'req/s':>10} {'rows/s':>10} {'p50 ms':>9} "
                 f"{'p99 ms':>9} {'rows/replay':>11} "
-                + " ".join(f"{title + ' us':>10}" for _, title in CPU_COLUMNS) + "  errors")
+                + " ".join(f"{role + ' us':>11}" for role in CPU_COLUMNS) + "  errors")
 
 
 def render_point(point: Point) -> str:
     rows = f"{point.rows_per_replay:.2f}" if point.rows_per_replay else "-"
     others = {k: v for k, v in point.statuses.items() if k != "200"}
-    cpu = " ".join(f"{point.cpu_us_per_request[role]:>10.0f}"
-                   if role in point.cpu_us_per_request else f"{'-':>10}"
-                   for role, _ in CPU_COLUMNS)
+    cpu = " ".join(f"{point.cpu_us_per_request[role]:>11.0f}"
+                   if role in point.cpu_us_per_request else f"{'-':>11}" for role in CPU_COLUMNS)
     return (f"{point.clients:>7} {point.protocol:<10} {point.requests_per_s:>10.1f} "
             f"{point.rows_per_s:>10.1f} {point.p50_ms or 0:>9.2f} {point.p99_ms or 0:>9.2f} "
             f"{rows:>11} {cpu}  {others or ''}")

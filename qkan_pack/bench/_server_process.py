@@ -77,8 +77,7 @@ class ServerProcess:
 
     def replica_pids(self) -> list[int]:
         """The server's replica processes (Ray names them ``ray::ServeReplica:...``)."""
-        return [pid for pid in descendants(self.process.pid)
-                if b"ServeReplica" in _read(f"/proc/{pid}/cmdline")]
+        return [pid for pid in descendants(self.process.pid) if process_role(pid) == "replicas"]
 
     def cpu_by_process(self) -> dict[int, ProcessCpu]:
         """Every process of the server (the command, Ray's, HAProxy) that is still there:
@@ -109,7 +108,7 @@ def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            stat = _read(f"/proc/{entry.name}/stat").rsplit(b")", 1)[-1].split()
+            stat = _stat_fields(entry.name)
             if len(stat) > 1:
                 children.setdefault(int(stat[1]), []).append(int(entry.name))
     found, stack = [], [root]
@@ -146,7 +145,7 @@ class ProcessCpu(NamedTuple):
 def cpu_usage(pid: int) -> tuple[int, float] | None:
     """(start time in clock ticks, user and system CPU seconds of every thread) of process
     ``pid`` (``/proc/PID/stat``); None if it is gone."""
-    fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+    fields = _stat_fields(pid)
     if len(fields) < 20:
         return None
     return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -164,6 +163,11 @@ def cpu_per_request(before: Mapping[int, ProcessCpu], after: Mapping[int, Proces
                                          else 0.0)
     return {role: round(1e6 * seconds / requests, 1) for role, seconds in used.items()} \
         if requests else {}
+
+
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """``/proc/PID/stat`` after the command name (its third field first); empty if gone."""
+    return _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
 
 
 def _read(path: str) -> bytes:

@@ -279,7 +279,8 @@ def rewrite(config: str, error_dir: str, timeout_s: int,
             config = "\n".join([config.rstrip("\n"), *listener, ""])
     if refusals and not re.search(rf"(?m)^{COUNTS_SECTION}\s*$", config):
         config = "\n".join([config.rstrip("\n"), *COUNTS_TABLE, ""])
-    config = re.sub(r"(?m)^(\s*errorfile )(50[234]) (?!\S*/grpc-50[234]\.http$)\S+$",
+    # the template's error files become ours; those already ours (gRPC backends') stay
+    config = re.sub(rf"(?m)^(\s*errorfile )(50[234]) (?!{re.escape(error_dir)}/)\S+$",
                     lambda m: f"{m[1]}{m[2]} {error_dir}/{m[2]}.http", config)
     config = _RETRY_SETTING.sub(lambda m: m[1] + RETRY_POLICY[" ".join(m[2].split())], config)
     additions = _missing_defaults(config, error_dir, timeout_s)
@@ -351,15 +352,15 @@ def _token_rules(error_dir: str, token_sha256: str | None) -> dict[str, list[str
 
 def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                       replica_host: str | None, refusals: dict[str, list[str]],
-                      backend_lines: _SectionLines,
+                      section_lines: _SectionLines,
                       by_backend: Mapping[str, IngressAdmission] | None = None,
                       routes: Sequence[str] = ()) -> list[str]:
     """``bind`` lines of the stats and Prometheus sections on 127.0.0.1 (never the HTTP
     frontend, which binds where ``--host`` says); no backup server but HAProxy's own 503
-    listener (``backend_lines``), declared before Ray's ``default-server`` line and
+    listener (``section_lines``), declared before Ray's ``default-server`` line and
     without health checks; ``http-reuse safe``; the no-route reply as JSON 503; liveness
     replies without text; each app backend's admission (``IngressAdmission``: its own in
-    ``by_backend``, else ``admission``) and ``backend_lines``; each ``refusals`` rule
+    ``by_backend``, else ``admission``) and ``section_lines``; each ``refusals`` rule
     first in its section; ``routes`` before the HTTP frontend's first ``use_backend``; gRPC
     calls naming no application to the router's backend, where it has one."""
     section = ""
@@ -367,7 +368,7 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
     out = []
     by_backend = by_backend or {}
     refusing = {line for rules in refusals.values() for line in rules}
-    added = {*backend_lines.http, *backend_lines.grpc, *backend_lines.grpc_frontend, *routes,
+    added = {*section_lines.http, *section_lines.grpc, *section_lines.grpc_frontend, *routes,
              *(rule for a in (admission, *by_backend.values()) if a
                for rule in (a.refusal_rule(), a.grpc_refusal_rule()))}
     router_grpc = f"backend {_router_backend('grpc')}" in lines
@@ -382,9 +383,9 @@ def _rewrite_sections(lines: list[str], admission: IngressAdmission | None,
                     out.append(backend_admission.grpc_refusal_rule()
                                if section.startswith(GRPC_BACKEND) else
                                backend_admission.refusal_rule())
-                out.extend(backend_lines.of_backend(section))
+                out.extend(section_lines.of_backend(section))
             if section == GRPC_FRONTEND:
-                out.extend(backend_lines.grpc_frontend)
+                out.extend(section_lines.grpc_frontend)
             if section in refusals:
                 out.extend(refusals[section])
             continue

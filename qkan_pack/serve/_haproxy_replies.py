@@ -66,21 +66,24 @@ def unavailable_socket(error_dir: str, name: str) -> str | None:
 def unavailable_section(socket_path: str | None) -> list[str]:
     """The listener every HTTP app backend falls back to when no replica can take a request
     (none without its socket)."""
-    if socket_path is None:
-        return []
-    return [UNAVAILABLE_SECTION, "    mode http", "    no log", f"    bind unix@{socket_path} mode 600",
-            "    http-request return status 503 content-type application/json hdr Retry-After 1 "
-            f"hdr Cache-Control no-cache string '{UNAVAILABLE_BODY.decode()}'"]
+    return _listener(UNAVAILABLE_SECTION, socket_path, [
+        "    http-request return status 503 content-type application/json hdr Retry-After 1 "
+        f"hdr Cache-Control no-cache string '{UNAVAILABLE_BODY.decode()}'"])
 
 
 def grpc_unavailable_section(socket_path: str | None) -> list[str]:
     """``unavailable_section`` for gRPC backends: the call's trailers-only UNAVAILABLE."""
+    return _listener(GRPC_UNAVAILABLE_SECTION, socket_path, [
+        f"    http-request return status 200 {grpc_status_headers(UNAVAILABLE_MESSAGE, 1)}",
+        "    http-after-response set-header content-type application/grpc"])
+
+
+def _listener(section: str, socket_path: str | None, rules: list[str]) -> list[str]:
+    """One of HAProxy's own listeners on a unix socket, answering every request by ``rules``
+    (none without its socket)."""
     if socket_path is None:
         return []
-    return [GRPC_UNAVAILABLE_SECTION, "    mode http", "    no log",
-            f"    bind unix@{socket_path} mode 600",
-            f"    http-request return status 200 {grpc_status_headers(UNAVAILABLE_MESSAGE, 1)}",
-            "    http-after-response set-header content-type application/grpc"]
+    return [section, "    mode http", "    no log", f"    bind unix@{socket_path} mode 600", *rules]
 
 
 def error_response() -> bytes:
