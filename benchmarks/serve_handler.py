@@ -7,12 +7,13 @@ driven by N concurrent coroutines with in-memory starlette requests of one row e
 Inference Protocol's binary HTTP infer, binary output asked for) and ``oip-grpc`` (a gRPC
 ``ModelInfer`` framed as HAProxy passes it on: ``POST /inference.GRPCInferenceService/
 ModelInfer``, ``application/grpc``, with the headers grpcio sends; needs tritonclient[grpc]).
-Protocols alternate within each round, so that a drift of the machine touches them alike. ``--stub`` replaces the replay with a
-function returning zeros of the batch's shape, so the figure is everything but the model
-(what a GPU replica's loop pays on top of a graph replay). Best of ``--repeats`` runs of
-``--requests`` requests, after a warm-up; prints one line per client count and, with
-``--json``, writes them. The whole replica's CPU per request under Ray and HAProxy is a
-different measure (``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``).
+Protocols alternate within each round, so that a drift of the machine touches them alike.
+``--stub`` replaces the replay with a function returning zeros of the batch's shape, so the
+figure is everything but the model (what a GPU replica's loop pays on top of a graph
+replay). Best of ``--repeats`` runs of ``--requests`` requests, after a warm-up; prints one
+line per client count and, with ``--json``, writes them. The whole replica's CPU per
+request under Ray and HAProxy is a different measure
+(``benchmarks/results/2026-12-04_cpu_replica-cpu-per-request.md``).
 
     python benchmarks/serve_handler.py ARTIFACT --device cpu --stub --clients 1,32 \
         --protocol json,oip-binary,oip-grpc [--profile oip-grpc]
@@ -36,7 +37,6 @@ import numpy as np
 from starlette.requests import Request
 
 from qkan_pack.serve import ArtifactServer, NoopServer, ServeOptions
-
 
 #: What grpcio sends with every call, beside the path and content type, as HAProxy passes it
 #: on over HTTP/1.1 (the replica's handler reads them all).

@@ -17,6 +17,7 @@ failed call is trailers-only: the status and its message as headers, no body.
 
 from __future__ import annotations
 
+import functools
 import struct
 import urllib.parse
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ from ._inflate import COMPRESSIONS, inflate
 from ._oip_grpc import ForwardedCall
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -73,21 +76,22 @@ async def answer_over_http(api: GrpcApi, request: Request, limit: int) -> Respon
     message_type = getattr(api.pb, f"{rpc}Request", None)
     if message_type is None:
         return failed("UNIMPLEMENTED", f"unknown method {rpc!r} of inference.GRPCInferenceService")
-    from ._http import read_limited  # the HTTP route's reader (this module loads without it)
-
-    body = await read_limited(request, limit + 5)
+    body = await _http().read_limited(request, limit + 5)
     if body is None:
         return failed("RESOURCE_EXHAUSTED", f"the message is over the server's limit of "
                       f"{limit} bytes (serve --max-body-mb)")
     payload = _unframed(body, _header(headers, b"grpc-encoding"), limit)
     if isinstance(payload, tuple):
         return failed(*payload)
-    try:
-        message = message_type.FromString(payload)
-    except Exception as exc:  # protobuf's DecodeError
-        return failed("INVALID_ARGUMENT", f"the {rpc}Request message does not parse: {exc}")
+    kept = api.kept(payload) if rpc == "ModelInfer" else None
+    message = None
+    if kept is None:  # one not read through a kept head is parsed
+        try:
+            message = message_type.FromString(payload)
+        except Exception as exc:  # protobuf's DecodeError
+            return failed("INVALID_ARGUMENT", f"the {rpc}Request message does not parse: {exc}")
     call = _HeaderCall(headers)
-    reply = await api.answer(rpc, message, call, payload)
+    reply = await api.answer(rpc, message, call, payload, kept)
     status = getattr(call.code, "name", None) or "OK"
     if status != "OK":
         return failed(status, call.details, call.trailing_metadata)
@@ -124,9 +128,7 @@ def _reply(message: bytes) -> Response:
 
 
 def _grpc_reply(body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
-    from ._http import raw_response
-
-    reply = raw_response(200, body)
+    reply = _http().raw_response(200, body)
     reply.raw_headers[1:] = [(b"content-type", b"application/grpc"), *headers]
     return reply
 
@@ -161,6 +163,15 @@ def _unframed(body: bytes, encoding: str | None, limit: int) -> bytes | tuple[st
         return ("RESOURCE_EXHAUSTED", f"the message inflates ({encoding}) past the server's "
                 f"limit of {limit} bytes (serve --max-body-mb)")
     return inflated
+
+
+@functools.cache
+def _http() -> ModuleType:
+    """The HTTP routes' module, whose reader and replies a call uses: imported on the first
+    call (this module loads without it), then found without an import per call."""
+    from . import _http
+
+    return _http
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -9,15 +9,22 @@ replica's time per call in process, of some 85).
 Protobuf serialisers write fields in field-number order, so a request's raw tensors
 (``raw_input_contents``, field 7, the last) end its bytes, and a reply's (field 6) end
 its own; a message written otherwise simply finds no kept head and is read field by field.
+
+A request whose bytes are a kept head followed by raw tensors of the kept sizes
+(``KeptLayout``) is then read without protobuf at all: those bytes parse to exactly that
+head's fields and those tensors, so comparing them is parsing them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 #: ``ModelInferResponse.raw_output_contents`` (field 6, length-delimited): its tag byte.
 RAW_OUTPUT_TAG = b"\x32"
+#: ``ModelInferRequest.raw_input_contents`` (field 7, length-delimited): its tag byte.
+RAW_INPUT_TAG = b"\x3a"
 
 
 def varint(value: int) -> bytes:
@@ -63,3 +70,37 @@ def reply_bytes(head: bytes, raws: Sequence[bytes]) -> bytes:
     for raw in raws:
         parts += (RAW_OUTPUT_TAG, varint(len(raw)), raw)
     return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class KeptLayout:
+    """The bytes of every request made of a kept head (proved by ``is_head_of``) and raw
+    tensors of given sizes: the head, then each tensor's tag and length prefix and its
+    bytes, ``length`` in all. A message of that length that starts with the head and has
+    each prefix in its place is that head's request with those tensors: protobuf would read
+    the same fields from it, so ``raws`` reads them by comparing bytes alone."""
+
+    head: bytes
+    prefixes: tuple[tuple[int, bytes, int], ...]  # (offset, tag and length, size) per tensor
+    length: int
+
+    @classmethod
+    def of(cls, head: bytes, sizes: Sequence[int]) -> KeptLayout:
+        prefixes, offset = [], len(head)
+        for size in sizes:
+            prefix = RAW_INPUT_TAG + varint(size)
+            prefixes.append((offset, prefix, size))
+            offset += len(prefix) + size
+        return cls(head, tuple(prefixes), offset)
+
+    def raws(self, payload: bytes) -> list[memoryview] | None:
+        """The raw tensors of ``payload`` (views of it) when it has this layout, else None."""
+        if len(payload) != self.length or not payload.startswith(self.head):
+            return None
+        view, raws = memoryview(payload), []
+        for offset, prefix, size in self.prefixes:
+            if not payload.startswith(prefix, offset):
+                return None
+            start = offset + len(prefix)
+            raws.append(view[start:start + size])
+        return raws

@@ -28,9 +28,10 @@ from ..errors import InputError, MalformedRequestError, OverloadedError, ServeEr
 from ..format import DTYPES
 from ..runtime import check_int_range
 from ._auth import bearer_matches
-from ._grpc_wire import is_head_of, reply_bytes, request_head
+from ._grpc_wire import KeptLayout, is_head_of, reply_bytes, request_head
 from ._oip import (
     CACHED_HEADER_BYTES,
+    CACHED_HEADERS,
     OIP_DATATYPE,
     HeaderPlan,
     InferRequest,
@@ -61,6 +62,8 @@ UNSERVED = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
             "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
             "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
             "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
+#: A ``ModelInfer`` read through a kept head: its raw tensors and the head's plan.
+Kept = tuple[list[memoryview], HeaderPlan]
 #: The typed ``InferTensorContents`` field of each manifest dtype (half floats: raw only).
 CONTENTS_FIELD = {"float32": "fp32_contents", "float64": "fp64_contents",
                   "int8": "int_contents", "int16": "int_contents", "int32": "int_contents",
@@ -193,6 +196,9 @@ class GrpcApi:
         self.pb = protocol()
         #: Kept request heads (``_grpc_wire``), for requests that come with their bytes.
         self._plans: dict[bytes, HeaderPlan] = {}
+        #: The same plans by the length of a whole request read through them (the latest
+        #: kept of any one length), to read such a request without protobuf (``kept``).
+        self._layouts: dict[int, tuple[KeptLayout, HeaderPlan]] = {}
 
     def authorized(self, context: Any) -> bool:
         """The call's ``authorization`` metadata carries the token (or none is required);
@@ -221,16 +227,21 @@ class GrpcApi:
         return False
 
     async def answer(self, rpc: str, request: Any, context: Any,
-                     payload: bytes | None = None) -> Any:
+                     payload: bytes | None = None, kept: Kept | None = None) -> Any:
         """One RPC: the token first, then (for a model's RPCs) the model's name and version,
         then the answer; a refusal is the RPC's empty reply with its status set. Counted
         (``answered``): every ``ModelInfer``, and any call refused for its token.
         ``payload``: the request's bytes as they came (the HTTP route's), with which a
-        ``ModelInfer`` is read through a kept head and answered as the reply's bytes."""
+        ``ModelInfer`` is read through a kept head and answered as the reply's bytes;
+        ``kept``: what ``kept(payload)`` found for them (``request`` is then not needed)."""
         started = time.perf_counter()
         # a ForwardedCall keeps its status itself; grpc's own context needs _Call to tell it
         call = context if isinstance(context, ForwardedCall) else _Call(context)
-        reply = await self._answer(rpc, request, call, payload)
+        if kept is not None:  # its head names this model: it was checked when it was kept
+            reply = (await self.infer(None, call, payload, kept) if self.authorized(call)
+                     else self.pb.ModelInferResponse())
+        else:
+            reply = await self._answer(rpc, request, call, payload)
         name = getattr(call.code, "name", call.code)
         if self._answered is not None and (rpc == "ModelInfer" or name == "UNAUTHENTICATED"):
             self._answered(OUTCOME_OF_STATUS.get(name, "server_error"),
@@ -301,7 +312,8 @@ class GrpcApi:
             max_batch_size=0, input=tensors(config["input"], mc.ModelInput),
             output=tensors(config["output"], mc.ModelOutput)))
 
-    async def infer(self, request: Any, context: Any, payload: bytes | None = None) -> Any:
+    async def infer(self, request: Any, context: Any, payload: bytes | None = None,
+                    kept: Kept | None = None) -> Any:
         """``ModelInfer`` within the replica's admission bounds (the HTTP routes' own: a full
         replica answers UNAVAILABLE at once, as HTTP answers 503, never an unbounded queue)."""
         import grpc
@@ -319,7 +331,8 @@ class GrpcApi:
             if payload is None:
                 parsed = self.parse(request)
                 return self.reply(await self._infer(parsed.inputs), parsed)
-            parsed = self.planned(request, payload)
+            parsed = (self.planned(request, payload) if kept is None
+                      else kept[1].request_of(kept[0]))
             return self.reply_bytes(await self._infer(parsed.inputs), parsed)
         except (MalformedRequestError, InputError) as exc:
             _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -379,8 +392,22 @@ class GrpcApi:
                   for index, ((name, given), raw) in enumerate(zip(parsed.inputs.items(), raws))
                   if given.dtype is not None]  # raw tensors always carry their dtype
         if len(inputs) == len(raws):
-            parsed.plan = keep_plan(self._plans, head, HeaderPlan(
+            plan = parsed.plan = keep_plan(self._plans, head, HeaderPlan(
                 inputs, sum(len(raw) for raw in raws), parsed.id, parsed.outputs, True, {}))
+            layout = KeptLayout.of(head, [len(raw) for raw in raws])
+            if len(self._layouts) >= CACHED_HEADERS:
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[layout.length] = (layout, plan)
+
+    def kept(self, payload: bytes) -> Kept | None:
+        """A ``ModelInfer``'s raw tensors and the plan of its kept head, read from its bytes
+        alone (``KeptLayout``), or None when no kept head has its layout: the request is
+        then parsed (``planned``)."""
+        entry = self._layouts.get(len(payload))
+        if entry is None:
+            return None
+        raws = entry[0].raws(payload)
+        return None if raws is None else (raws, entry[1])
 
     def reply(self, outputs: Any, parsed: InferRequest) -> Any:
         """The ``ModelInferResponse`` message."""

@@ -29,8 +29,11 @@ class _Api:
         self.seen: list[tuple[str, Any, Any]] = []
         self.payloads: list[bytes | None] = []
 
+    def kept(self, payload: bytes) -> None:
+        return None  # every call parsed (GrpcApi's kept layouts: tests/serve/test_oip.py)
+
     async def answer(self, rpc: str, request: Any, context: Any,
-                     payload: bytes | None = None) -> Any:
+                     payload: bytes | None = None, kept: Any = None) -> Any:
         self.seen.append((rpc, request, context.invocation_metadata()))
         self.payloads.append(payload)
         if self.status is not None:

@@ -517,6 +517,85 @@ def test_a_kept_grpc_head_reads_each_request_s_own_tensors(manifest: Any) -> Non
     assert len(api._plans) == CACHED_HEADERS
 
 
+def _bytes_call(api: Any, payload: bytes, metadata: tuple = ()) -> tuple[Any, _Context, bool]:
+    """``ModelInfer`` as the HTTP route answers one from its bytes (``answer_over_http``):
+    read through a kept layout when one has them, else parsed. (The reply, the context,
+    whether it was read without protobuf.)"""
+    kept = api.kept(payload)
+    message = None if kept is not None else api.pb.ModelInferRequest.FromString(payload)
+    context = _Context(metadata)
+    reply = asyncio.run(api.answer("ModelInfer", message, context, payload, kept))
+    if type(reply) is bytes:  # an answer; a refusal is the empty message
+        reply = api.pb.ModelInferResponse.FromString(reply)
+    return reply, context, kept is not None
+
+
+def test_a_request_with_a_kept_layout_is_read_without_protobuf(manifest: Any) -> None:
+    """Once a head is kept, a request whose bytes are that head followed by raw tensors of
+    the kept sizes is read by comparing bytes (``_grpc_wire.KeptLayout``), never parsed:
+    each gets its own values, and its reply is the one the parsed request gets. Bytes that
+    differ anywhere outside the tensors (another id of the same length, another field in
+    the tensor's place) are parsed as before; the token is still checked."""
+    pytest.importorskip("tritonclient.grpc")
+    import hashlib
+
+    import grpc
+
+    from qkan_pack.serve._http import Admission
+    from qkan_pack.serve._oip_grpc import GrpcApi
+
+    api = _echo_grpc_api(_oip(manifest))
+
+    def payload(values: np.ndarray, request_id: str = "r1") -> bytes:
+        message = api.pb.ModelInferRequest(model_name=NAME, id=request_id)
+        message.inputs.add(name="x", datatype="FP32", shape=list(values.shape))
+        message.raw_input_contents.append(values.tobytes())
+        return message.SerializeToString()
+
+    rng = np.random.default_rng(9)
+    read = []
+    for _ in range(4):
+        values = rng.standard_normal((1, 2)).astype(np.float32)
+        reply, context, fast = _bytes_call(api, payload(values))
+        plain, _ = _grpc_call(_echo_grpc_api(_oip(manifest)),
+                              api.pb.ModelInferRequest.FromString(payload(values)), None)
+        assert context.code is None and reply.id == "r1"
+        assert reply.SerializeToString() == plain.SerializeToString()
+        assert reply.raw_output_contents[0] == (values * 2).tobytes()
+        read.append(fast)
+    assert read == [False, True, True, True]  # the first keeps the head
+
+    values = rng.standard_normal((1, 2)).astype(np.float32)
+    other = payload(values, request_id="r2")  # the same length, another head
+    assert api.kept(other) is None
+    reply, context, _ = _bytes_call(api, other)
+    assert context.code is None and reply.id == "r2"
+
+    tag = payload(values).rfind(b"\x3a\x08")  # raw_input_contents' tag, 8 bytes
+    moved = bytearray(payload(values))
+    moved[tag] = 0x7A  # field 15 in its place: an unknown field, so no raw tensor
+    assert api.kept(bytes(moved)) is None
+    _, context, _ = _bytes_call(api, bytes(moved))
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+
+    class Stats:
+        def request(self, outcome: str) -> None:
+            self.outcome = outcome
+
+    core = api.core
+    core.stats = Stats()
+    guarded = GrpcApi(_oip(manifest), core, hashlib.sha256(b"s3cret").hexdigest(),
+                      Admission(4, 0), retry_after_s=1)
+    token = (("authorization", "Bearer s3cret"),)
+    _bytes_call(guarded, payload(values), token)
+    assert guarded.kept(payload(values)) is not None
+    reply, context, fast = _bytes_call(guarded, payload(values), (("authorization", "Bearer x"),))
+    assert fast and context.code == grpc.StatusCode.UNAUTHENTICATED and not reply.outputs
+    assert core.stats.outcome == "unauthorized"
+    reply, context, fast = _bytes_call(guarded, payload(values), token)
+    assert fast and context.code is None and reply.raw_output_contents[0] == (values * 2).tobytes()
+
+
 def test_bench_serve_binary_bodies_parse_back_to_the_values_drawn(manifest: Any) -> None:
     """bench-serve's oip-binary requests (its own encoder, not tritonclient's) read by the
     server's parser: the same values in the same shape, binary replies asked for; and its
