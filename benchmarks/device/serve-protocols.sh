@@ -8,7 +8,9 @@
 # with rows per replay per protocol (every replica's, from GET /metrics) and the CPU each
 # part (replicas, HAProxy, Ray's other processes, the clients) spent per request. Each run
 # gets what is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
-# NO_ROWS=1 leaves the 64-row run out (about 5 minutes then).
+# NO_ROWS=1 leaves the 64-row run out (about 5 minutes then); ONE_REPLICA=1 leaves the
+# 4-replica run and the no-op out; CLIENTS=32,128 measures only those loads (about 2 minutes
+# with both).
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
@@ -27,22 +29,24 @@ bench() {
     local left=$(( 480 - SECONDS ))
     if [ "$left" -lt 60 ]; then echo "== skipped (${left} s left): $*"; return; fi
     timeout --kill-after=90 "$left" python3 -m qkan_pack bench-serve "$ARTIFACT" \
-        --processes 8 --clients 8,32,128,512 "$@"
+        --processes 8 --clients "${CLIENTS:-8,32,128,512}" "$@"
 }
 ROUNDS="--rounds 3 --seconds 2 --warmup 0.5"
 {
     echo "== commit $COMMIT"
     [ "$PROTOCOLS" = json,oip-binary ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
-    bench --protocol "$PROTOCOLS" $ROUNDS --json "$RESULTS/protocols_1rep.json"
+    bench --protocol "$PROTOCOLS" $ROUNDS ${ONE_REPLICA:+--no-noop} --json "$RESULTS/protocols_1rep.json"
     echo "== elapsed $SECONDS s"
     if [ -z "$NO_ROWS" ]; then
         bench --protocol json,oip-binary --rows-per-request 64 --no-noop --seconds 4 --warmup 1 \
             --json "$RESULTS/protocols_1rep_64rows.json"
         echo "== elapsed $SECONDS s"
     fi
-    bench --protocol "$PROTOCOLS" $ROUNDS --no-noop \
-        --serve-args '--replicas 4 --gpus-per-replica 0.25' --json "$RESULTS/protocols_4rep.json"
-    echo "== elapsed $SECONDS s"
+    if [ -z "$ONE_REPLICA" ]; then
+        bench --protocol "$PROTOCOLS" $ROUNDS --no-noop \
+            --serve-args '--replicas 4 --gpus-per-replica 0.25' --json "$RESULTS/protocols_4rep.json"
+        echo "== elapsed $SECONDS s"
+    fi
     python3 - "$RESULTS" <<'PY'
 import json, pathlib, sys
 
