@@ -90,7 +90,7 @@ PUBLIC = {
         "MODEL_NAME", "Manifest", "Metadata", "ModelInfo", "OutputClass", "PadValue", "PaddedAxis", "Padding",
         "OutputNode", "REFERENCE_DIR", "MAX_ROW_DETAIL", "RowProof", "entry_batch", "input_batch",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
-        "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
+        "TensorSpec", "WEIGHTS_NAME", "WHEN_DEFAULT", "check_config", "check_device_text", "check_dtype",
         "accepted_ranges", "check_class_labels", "check_metadata", "check_pad_value", "check_range",
         "check_reference_bytes", "check_seed",
         "describe_axes", "dumps_manifest", "embedding_range", "find_axes", "fit_entry",
