@@ -23,8 +23,8 @@ from .conftest import ROOT
 
 PUBLIC = {
     "qkan_pack": [
-        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
-        "BuildOptions", "BuildResult",
+        "FORMAT_NAME", "FORMAT_VERSION", "AotiPackageError", "ArtifactError",
+        "ArtifactSignatureError", "BenchError", "BuildOptions", "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "FactoryNotReproducibleError",
         "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
         "LoadOptionError", "LoadOptions", "LoadReport", "MalformedRequestError",
@@ -191,7 +191,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "PrecisionError": errors.SelfTestError,
                "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError,
                "RepositoryError": errors.ServeError,
-               "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError}
+               "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError,
+               "AotiPackageError": errors.PrecompileRefusedError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name
