@@ -20,7 +20,9 @@ Each shape's graph has one of two *forms* (``ShapePlan.form``):
   single-threaded so that a CUDA graph can capture it) runs it: a load of these forms imports
   none of dynamo, inductor, sympy or networkx, which is most of what compiled mode otherwise
   adds to a cold start. Every tensor is a graph input, so no weight is baked into the
-  package.
+  package. ``_aoti`` makes, checks and loads the packages: linked against the shared
+  libstdc++, and refused (the graph then gets inductor's form) when its wrapper library
+  carries libstdc++ statically or a throw-away process loading it fails.
 - ``inductor``: ``standalone_compile``'s bytes (``CompiledArtifact``), whose load imports
   inductor's compiler (its generated module imports it) and takes Triton's kernels from the
   shipped kernel set. Made on a CPU target (where forms are made and used in one process),
@@ -34,7 +36,7 @@ A model with a graph break, or whose graph reads a tensor the plan cannot name, 
 precompiled form (``PrecompileRefusedError``, with the reason); ``_compiled`` then falls back.
 
 Not owned here: choosing and falling back (``_compiled``), capture (``_capture``), where the
-files live in the artifact (``_kernels``).
+files live in the artifact (``_kernels``), making and loading AOTInductor packages (``_aoti``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from ..format import (
     read_object,
     write_object,
 )
+from ._aoti import compile_aoti, load_aoti
 from ._source import describe
 from ._tree import flatten
 
@@ -312,31 +315,18 @@ class CompiledGraph(NamedTuple):
 
 def compile_graph(gm: torch.fx.GraphModule, example: list[Any], device: str) -> CompiledGraph:
     """One traced graph compiled for ``device`` and loaded: AOTInductor's form where
-    ``makes_aoti``, else (or where export or AOTInductor refuse the graph, or its package
-    does not load) inductor's."""
+    ``makes_aoti``, else (or where export or AOTInductor refuse the graph, or ``_aoti``
+    refuses its package, or it does not load) inductor's, with the reason."""
     refused = ""
     if makes_aoti(torch.device(device)):
         try:
-            data = compile_aoti(gm, example)
-            return CompiledGraph("aoti", data, "", _aoti_callable(data, device))
-        except Exception as exc:  # export or AOTInductor cannot handle this graph
-            refused = describe(exc)[:300]
+            data = compile_aoti(gm, example, device)
+            return CompiledGraph("aoti", data, "", load_aoti(data, device))
+        except Exception as exc:  # export or AOTInductor refuse the graph, or _aoti its package
+            refused = (exc.reason if isinstance(exc, PrecompileRefusedError)
+                       else describe(exc))[:300]
     data = compile_inductor(gm, example)
     return CompiledGraph("inductor", data, refused, _callable(data))
-
-
-def compile_aoti(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
-    """The graph as an AOTInductor package (``.pt2`` bytes): exported with every tensor an
-    input, as traced, so the package holds code and no weights."""
-    import torch._inductor
-
-    with torch.no_grad():
-        program = torch.export.export(gm, tuple(example), strict=False)
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-aoti-") as scratch:
-        path = os.path.join(scratch, "graph.pt2")
-        torch._inductor.aoti_compile_and_package(program, package_path=path)
-        with open(path, "rb") as handle:
-            return handle.read()
 
 
 def compile_inductor(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
@@ -443,39 +433,7 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
 
 def load_graph(shape: ShapePlan, data: bytes, device: str) -> Callable[..., Any]:
     """The callable of one shape's graph in its form, made for ``device``."""
-    return _aoti_callable(data, device) if shape.form == "aoti" else _callable(data)
-
-
-def _aoti_callable(data: bytes, device: str) -> Callable[..., Any]:
-    """An AOTInductor package run by torch's C++ loader, which copies the package into a
-    private temporary directory of its own (removed when the loader is freed) and loads the
-    library; single-threaded, so that it launches on the current stream and a CUDA graph
-    can capture it. Nothing of inductor's Python is imported."""
-    index = torch.device(device).index
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-aoti-") as scratch:
-        path = os.path.join(scratch, "graph.pt2")
-        with open(path, "wb") as handle:
-            handle.write(data)
-        try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(
-                path, "model", True, 1, -1 if index is None else index)
-        except Exception as exc:  # another torch's package, a corrupt one, a missing library
-            raise PrecompileRefusedError(f"this torch cannot load the AOTInductor package "
-                                         f"({type(exc).__name__}: {exc})") from exc
-    return AotiGraph(loader)
-
-
-class AotiGraph:
-    """Calls a loaded AOTInductor package with the graph's inputs as the list ``boxed_run``
-    takes (and empties); the outputs come back as a list. Holds the loader: the library,
-    and the kernels a captured CUDA graph launches, live as long as it does."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        outputs: list[torch.Tensor] = self.loader.boxed_run(list(args))
-        return outputs
+    return load_aoti(data, device) if shape.form == "aoti" else _callable(data)
 
 
 def _callable(data: bytes) -> Callable[..., Any]:
