@@ -15,7 +15,7 @@ compiler was pointed at it), so three things hold it off here:
 - ``check_package``: a package whose wrapper library does not need ``libstdc++.so.6`` is
   refused (``AotiPackageError``) before it is recorded, and again before a load hands a
   shipped one to torch's loader; its ``DT_NEEDED`` entries are read from the bytes
-  (``_elf``), nothing is loaded.
+  (pyelftools), nothing is loaded.
 - ``probe_package``: where forms are made, each package is first loaded and run once in a
   throw-away process (bounded in time), so that a crash of any other cause refuses the
   form instead of killing the process that made it.
@@ -48,7 +48,6 @@ from typing import Any
 import torch
 
 from ..errors import AotiPackageError, PrecompileRefusedError
-from ._elf import needed_libraries
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
 __all__: list[str] = []
@@ -72,6 +71,26 @@ loader.boxed_run(args)
 if device.type == "cuda":
     torch.cuda.synchronize(device)
 """
+
+
+def needed_libraries(data: bytes) -> tuple[str, ...]:
+    """The sonames an ELF shared library needs (its ``DT_NEEDED`` entries, in order), read
+    from its bytes by pyelftools without loading it: a library that would crash the process
+    is refused before it is loaded. ``ValueError`` for anything that is not such a library."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        dynamic = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+        if dynamic is None:
+            raise ValueError("no dynamic section: not a shared library")
+        # pyelftools names each tag's string by its kind, as an attribute set per tag
+        return tuple(tag.needed for tag in dynamic.iter_tags("DT_NEEDED"))  # type: ignore[attr-defined]
+    except ValueError:
+        raise
+    except Exception as exc:  # ELFError, and struct or lookup errors of a truncated file
+        raise ValueError(f"not a readable ELF shared library ({type(exc).__name__}: {exc})") from None
 
 
 def loaded_libstdcxx() -> str:
