@@ -24,6 +24,7 @@ that matches its nature, so ``except ValueError`` keeps working::
     ├── DeviceError (RuntimeError)          a device that does not exist or cannot be used
     ├── KernelCacheError (RuntimeError)     a shipped kernel set that cannot be used
     ├── PrecompileRefusedError (RuntimeError)  no precompiled form: compiled mode falls back
+    │   └── AotiPackageError                an AOTInductor package refused before it loads
     ├── BenchError (RuntimeError)           a benchmark that cannot run as asked
     ├── OptionError (ValueError)            a Python API argument outside its domain
     │   └── LoadOptionError                 a Predictor.load option outside its domain
@@ -52,14 +53,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, ClassVar
 
-__all__ = ["ArtifactError", "ArtifactSignatureError", "BenchError", "CaptureError", "DeviceError",
-           "DigestMismatchError", "FactoryNotReproducibleError", "FileReadError",
-           "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
-           "LoadOptionError", "MalformedRequestError", "ManifestError", "ModelSourceError",
-           "OptionError", "OverloadedError", "PaddingError", "PlacementError", "PrecisionError",
-           "PrecompileRefusedError", "PredictorClosedError", "QkanPackError", "ReplicaLoadError",
-           "RepositoryError", "SelfTestError", "ServeError", "ServeTokenError", "ShapeSpecError",
-           "StatefulModelError", "WeakReferencesError", "WeightsMismatchError"]
+__all__ = ["AotiPackageError", "ArtifactError", "ArtifactSignatureError", "BenchError",
+           "CaptureError", "DeviceError", "DigestMismatchError", "FactoryNotReproducibleError",
+           "FileReadError", "IncompatibleArtifactError", "InputError", "InputFileError",
+           "KernelCacheError", "LoadOptionError", "MalformedRequestError", "ManifestError",
+           "ModelSourceError", "OptionError", "OverloadedError", "PaddingError", "PlacementError",
+           "PrecisionError", "PrecompileRefusedError", "PredictorClosedError", "QkanPackError",
+           "ReplicaLoadError", "RepositoryError", "SelfTestError", "ServeError", "ServeTokenError",
+           "ShapeSpecError", "StatefulModelError", "WeakReferencesError", "WeightsMismatchError"]
 
 
 def _then(separator: str, text: str) -> str:
@@ -212,6 +213,24 @@ class PrecompileRefusedError(QkanPackError, RuntimeError):
         super().__init__(reason)
 
 
+class AotiPackageError(PrecompileRefusedError):
+    """An AOTInductor package refused before this process loads it: ``problem`` is ``static
+    libstdc++`` (its wrapper library ``library`` needs ``needed``, not ``libstdc++.so.6``: a
+    copy of libstdc++ of its own crashes a torch process), ``unreadable`` or ``child load``
+    (a throw-away process that loaded and ran it failed); ``detail`` says what exactly."""
+
+    def __init__(self, *, problem: str, library: str = "", needed: Sequence[str] = (),
+                 detail: str = "") -> None:
+        self.problem, self.library, self.needed = problem, library, tuple(needed)
+        self.detail = detail
+        super().__init__(
+            f"the AOTInductor package's wrapper library {library} links libstdc++ statically "
+            f"(it needs {', '.join(self.needed) or 'no library'}, not libstdc++.so.6), which "
+            "crashes a process that has torch's libstdc++ loaded" if problem == "static libstdc++"
+            else f"a throw-away process loading and running the AOTInductor package {detail}"
+            if problem == "child load" else f"the AOTInductor package cannot be read ({detail})")
+
+
 class StatefulModelError(ModelSourceError):
     """A forward that changes what later calls answer: ``changed`` names the parameters,
     buffers or outputs that moved after the model ran on other inputs (a running maximum,
@@ -237,9 +256,7 @@ class WeakReferencesError(QkanPackError, ValueError):
     on random inputs). A self-test against them passes whatever the weights."""
 
     def __init__(self, *, shape: str, outputs: Sequence[str], problem: str) -> None:
-        self.shape = shape
-        self.outputs = tuple(outputs)
-        self.problem = problem
+        self.shape, self.outputs, self.problem = shape, tuple(outputs), problem
         super().__init__(
             f"the reference outputs of shape {shape} cannot tell a right model from a wrong "
             f"one: {problem}. Give inputs that exercise the model (--reference-inputs FILE, "
@@ -291,12 +308,8 @@ class SelfTestError(QkanPackError, RuntimeError):
     def __init__(self, *, shape: str, compared: str, max_abs: float,
                  tolerance: tuple[float, float], hint: str, max_rel: float | None = None,
                  problem: str | None = None) -> None:
-        self.shape = shape
-        self.compared = compared
-        self.max_abs = max_abs
-        self.max_rel = max_rel
-        self.tolerance = tuple(tolerance)
-        self.problem = problem
+        self.shape, self.compared, self.max_abs, self.max_rel = shape, compared, max_abs, max_rel
+        self.tolerance, self.problem = tuple(tolerance), problem
         rtol, atol = self.tolerance
         if problem is not None:
             super().__init__(f"self-test failed for shape {shape}: {compared} differ: "
@@ -364,10 +377,7 @@ class CaptureError(QkanPackError, RuntimeError):
 
     def __init__(self, op: str, *, shape: str | None = None, module: str | None = None,
                  hint: str = "") -> None:
-        self.op = op
-        self.shape = shape
-        self.module = module
-        self.hint = hint
+        self.op, self.shape, self.module, self.hint = op, shape, module, hint
         where = [text for text, value in ((f"submodule {module}", module),
                                           (f"shape {shape}", shape)) if value is not None]
         prefix = f"capture failed for {' '.join(where)}: " if where else ""

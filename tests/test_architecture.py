@@ -23,8 +23,8 @@ from .conftest import ROOT
 
 PUBLIC = {
     "qkan_pack": [
-        "FORMAT_NAME", "FORMAT_VERSION", "ArtifactError", "ArtifactSignatureError", "BenchError",
-        "BuildOptions", "BuildResult",
+        "FORMAT_NAME", "FORMAT_VERSION", "AotiPackageError", "ArtifactError",
+        "ArtifactSignatureError", "BenchError", "BuildOptions", "BuildResult",
         "CaptureError", "DeviceError", "DigestMismatchError", "FactoryNotReproducibleError",
         "IncompatibleArtifactError", "InputError", "InputFileError", "KernelCacheError",
         "LoadOptionError", "LoadOptions", "LoadReport", "MalformedRequestError",
@@ -90,7 +90,7 @@ PUBLIC = {
         "MODEL_NAME", "Manifest", "Metadata", "ModelInfo", "OutputClass", "PadValue", "PaddedAxis", "Padding",
         "OutputNode", "REFERENCE_DIR", "MAX_ROW_DETAIL", "RowProof", "entry_batch", "input_batch",
         "SHA256_HEX", "SIGNATURE_NAME", "SOURCE_DIR", "Shape", "ShapeEntry", "Signature",
-        "TensorSpec", "WEIGHTS_NAME", "check_config", "check_device_text", "check_dtype",
+        "TensorSpec", "WEIGHTS_NAME", "WHEN_DEFAULT", "check_config", "check_device_text", "check_dtype",
         "accepted_ranges", "check_class_labels", "check_metadata", "check_pad_value", "check_range",
         "check_reference_bytes", "check_seed",
         "describe_axes", "dumps_manifest", "embedding_range", "find_axes", "fit_entry",
@@ -191,7 +191,8 @@ def test_every_error_is_a_qkan_pack_error_and_its_builtin() -> None:
                "PrecisionError": errors.SelfTestError,
                "ServeTokenError": errors.ServeError, "ReplicaLoadError": errors.ServeError,
                "RepositoryError": errors.ServeError,
-               "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError}
+               "PrecompileRefusedError": RuntimeError, "StatefulModelError": errors.ModelSourceError,
+               "AotiPackageError": errors.PrecompileRefusedError}
     for name, base in builtin.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.QkanPackError) and issubclass(cls, base), name

@@ -23,7 +23,7 @@ from .test_readme import EXCERPT, RUNS_HERE, _run, _shows_a_file, blocks
 
 VENV_ENV = "QKAN_PACK_WHEEL_VENV"
 #: The dependencies a bare ``pip install qkan-pack`` brings (README's minimal install).
-CORE = {"torch", "safetensors", "click", "numpy", "tqdm"}
+CORE = {"torch", "safetensors", "click", "numpy", "tqdm", "pyelftools"}
 
 INSTALLED = """
 import json, sys

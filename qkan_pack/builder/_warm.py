@@ -67,7 +67,8 @@ class WarmResult:
     digest: str
     #: What ``precision="auto"`` measured and chose on this device (None: not asked).
     precision: PrecisionChoice | None = None
-    #: With ``compiled``: "precompiled graphs", or why there are none (then inductor's cache).
+    #: With ``compiled``: "precompiled graphs" (with their forms, as the probe load reported
+    #: them), or why there are none (then inductor's cache).
     compiled: str | None = None
     #: Kernels the fresh-process probe compiled although the set was used, added to it.
     added: tuple[str, ...] = ()
@@ -210,9 +211,12 @@ def _probe_precompiled(root: Path, target: torch.device, key: str, details: Mapp
         except subprocess.TimeoutExpired:
             reason = f"a fresh process loading them took over {PROBE_TIMEOUT_S} s"
         else:
-            if probe.returncode == 0:
+            if probe.returncode == 0:  # its report's line ends with the graphs' forms
+                said = (probe.stdout.strip() or "no output").splitlines()[-1]
+                forms = said.partition("; ")[2]
+                compiled = "precompiled graphs" + (f" ({forms})" if forms else "")
                 return _complete(root, key, details, shipped, Path(compiled_there),
-                                 dataclasses.replace(stored, compiled="precompiled graphs"))
+                                 dataclasses.replace(stored, compiled=compiled))
             # exit 3: it loaded and said why not on stdout; else its error or crash on stderr
             said = ((probe.stdout if probe.returncode == 3 else probe.stderr).strip()
                     or "no output").splitlines()[-1]

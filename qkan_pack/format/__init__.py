@@ -106,6 +106,7 @@ from ._precision import (
     geometric_mean,
 )
 from ._schema import (
+    WHEN_DEFAULT,
     Choice,
     Integer,
     JsonObject,
@@ -151,6 +152,7 @@ __all__ = [
     "SIGNATURE_NAME",
     "SOURCE_DIR",
     "WEIGHTS_NAME",
+    "WHEN_DEFAULT",
     "CapturePolicy",
     "Choice",
     "DType",

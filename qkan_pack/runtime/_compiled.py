@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -230,7 +231,8 @@ def _serve_precompiled(load: CompiledLoad,
         return None, _refused(export, f"the precompiled graphs could not be captured ({exc})")
     if made is not None and export is not None:  # checked and captured: warm ships them
         export.write_forms(made.to_json(), {**files, **autotuned})
-    report.compiled = f"precompiled: {len(labels)} inductor graph(s) {source}"
+    report.compiled = (f"precompiled: {len(labels)} inductor graph(s) {source}; "
+                       f"{compiled_forward.plan.describe_forms()}")
     return runner, ""
 
 
@@ -308,9 +310,10 @@ def _private_inductor_dir() -> Iterator[str]:
 
 
 def _clear_inductor_caches() -> None:
-    """Inductor memoises its cache paths; drop them when the directory changes."""
-    try:
-        from torch._inductor.utils import clear_caches
-    except ImportError:
-        return
-    clear_caches()
+    """Inductor memoises its cache paths; drop them when the directory changes. A process
+    that never imported inductor has none to drop: importing it here would cost a load of
+    AOTInductor forms the seconds of imports those forms avoid."""
+    utils = sys.modules.get("torch._inductor.utils")
+    clear_caches = getattr(utils, "clear_caches", None)
+    if clear_caches is not None:
+        clear_caches()

@@ -47,7 +47,8 @@ _SKIPPED_SUFFIXES = (".lock",)
 #: A kernel set's inductor cache (compiled mode): ``kernels/<key>`` + this suffix.
 INDUCTOR_SUFFIX = "-inductor.bin"
 #: A kernel set's precompiled graphs (compiled mode): under ``kernels/<key>`` + this suffix,
-#: the plan (``_precompiled.Plan``) in ``PLAN_FILE`` and one ``<index>.bin`` per shape.
+#: the plan (``_precompiled.Plan``) in ``PLAN_FILE`` and one ``<index>.pt2`` (AOTInductor) or
+#: ``<index>.bin`` (inductor) per shape.
 PRECOMPILED_SUFFIX = "-precompiled"
 PLAN_FILE = "plan.json"
 _REFUSED_FILE = "refused.txt"

@@ -10,15 +10,33 @@ result is kept as bytes with a *plan* saying which graph input is which manifest
 which tensor of the model (a parameter, a buffer, or a plain tensor attribute such as
 QKAN's solver caches), and which graph output is which output leaf. A load rebuilds the
 model as usual, resolves the plan against it by name, checks every tensor's shape and
-dtype, and calls inductor's compiled code directly: nothing is traced or compiled (Triton's
-kernels come from the shipped kernel set). The bytes hold pickles and Python that torch
-loads: shipped compiled code, under the same trust as the model source.
+dtype, and calls the compiled code directly: nothing is traced or compiled.
+
+Each shape's graph has one of two *forms* (``ShapePlan.form``):
+
+- ``aoti`` (made for GPU targets): the traced graph exported (``torch.export``) and compiled
+  ahead of time by AOTInductor into a ``.pt2`` package (a shared library with its Triton
+  kernels as cubins). torch's C++ loader (``torch._C._aoti.AOTIModelPackageLoader``, run
+  single-threaded so that a CUDA graph can capture it) runs it: a load of these forms imports
+  none of dynamo, inductor, sympy or networkx, which is most of what compiled mode otherwise
+  adds to a cold start. Every tensor is a graph input, so no weight is baked into the
+  package. ``_aoti`` makes, checks and loads the packages: linked against the shared
+  libstdc++, and refused (the graph then gets inductor's form) when its wrapper library
+  carries libstdc++ statically or a throw-away process loading it fails.
+- ``inductor``: ``standalone_compile``'s bytes (``CompiledArtifact``), whose load imports
+  inductor's compiler (its generated module imports it) and takes Triton's kernels from the
+  shipped kernel set. Made on a CPU target (where forms are made and used in one process),
+  where AOTInductor refuses a graph (the reason is kept in the plan), or with
+  ``QKAN_PACK_AOTI=0``.
+
+The bytes hold pickles, Python and native code that torch loads: shipped compiled code,
+under the same trust as the model source and shipped kernels.
 
 A model with a graph break, or whose graph reads a tensor the plan cannot name, has no
 precompiled form (``PrecompileRefusedError``, with the reason); ``_compiled`` then falls back.
 
 Not owned here: choosing and falling back (``_compiled``), capture (``_capture``), where the
-files live in the artifact (``_kernels``).
+files live in the artifact (``_kernels``), making and loading AOTInductor packages (``_aoti``).
 """
 
 from __future__ import annotations
@@ -29,12 +47,13 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import ManifestError, PrecompileRefusedError
 from ..format import (
+    WHEN_DEFAULT,
     Choice,
     Integer,
     JsonObject,
@@ -46,6 +65,8 @@ from ..format import (
     read_object,
     write_object,
 )
+from ._aoti import compile_aoti, load_aoti
+from ._source import describe
 from ._tree import flatten
 
 #: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
@@ -61,6 +82,12 @@ AUTOTUNE_DIR = "autotune"
 #: What a graph input is: a manifest input, the model's parameter or buffer, or a plain tensor
 #: attribute of one of its modules.
 TENSOR_KINDS = ("input", "state", "attr")
+#: How a shape's graph is kept (module docstring): an AOTInductor package, or inductor's
+#: ``standalone_compile`` bytes.
+FORMS = ("aoti", "inductor")
+#: ``QKAN_PACK_AOTI=0`` makes the ``inductor`` form on GPU targets too (an escape hatch, and
+#: the baseline of the cold-start benchmark).
+AOTI_ENV = "QKAN_PACK_AOTI"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,14 +105,17 @@ class TensorRef:
 @dataclasses.dataclass(frozen=True)
 class ShapePlan:
     """How to call one shape's compiled graph: the manifest inputs it is for (``inputs``),
-    the graph's inputs (``args``), and which of its outputs are the model's output leaves,
-    in order."""
+    the graph's inputs (``args``), which of its outputs are the model's output leaves, in
+    order, the graph's ``form`` (plans written before forms existed hold ``inductor``'s) and,
+    for an ``inductor`` form made for a GPU, why AOTInductor refused the graph."""
 
     label: str = json_field(Text())
     file: str = json_field(Text())
     inputs: tuple[TensorRef, ...] = json_field(ListOf(Nested(TensorRef)))
     args: tuple[TensorRef, ...] = json_field(ListOf(Nested(TensorRef)))
     outputs: tuple[int, ...] = json_field(ListOf(Integer(0)))
+    form: str = json_field(Choice(FORMS), default="inductor", omit=WHEN_DEFAULT)
+    aoti_refused: str = json_field(Text(), default="", omit=WHEN_DEFAULT)
 
 
 def _check_shape_plan(shape: ShapePlan, where: str) -> ShapePlan:
@@ -114,6 +144,17 @@ class Plan:
     device: str = json_field(Text())
     config: Mapping[str, Any] = json_field(JsonObject())
     shapes: tuple[ShapePlan, ...] = json_field(ListOf(Nested(ShapePlan, _check_shape_plan)))
+
+    def describe_forms(self) -> str:
+        """Which forms the graphs have, for the load's report: whether inductor's Python
+        (and its compiler's imports) runs them, and why."""
+        aoti = sum(shape.form == "aoti" for shape in self.shapes)
+        if aoti == len(self.shapes):
+            return "AOTInductor packages run by torch's C++ loader"
+        refused = next((f" (AOTInductor refused {shape.label}: {shape.aoti_refused})"
+                        for shape in self.shapes if shape.aoti_refused), "")
+        mixed = f"{aoti} AOTInductor, {len(self.shapes) - aoti} " if aoti else ""
+        return f"{mixed}run by inductor's Python{refused}"
 
     def to_json(self) -> bytes:
         return json.dumps({"schema": PLAN_SCHEMA, **write_object(self)}, indent=1,
@@ -262,7 +303,33 @@ def _graph_outputs(leaves: Sequence[torch.Tensor], returned: Sequence[Any]) -> t
     return tuple(indices)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
+class CompiledGraph(NamedTuple):
+    """One shape's graph as made: its form, its bytes, why AOTInductor refused it (empty if
+    it did not, or was not asked) and its callable here."""
+
+    form: str
+    data: bytes
+    aoti_refused: str
+    call: Callable[..., Any]
+
+
+def compile_graph(gm: torch.fx.GraphModule, example: list[Any], device: str) -> CompiledGraph:
+    """One traced graph compiled for ``device`` and loaded: AOTInductor's form where
+    ``makes_aoti``, else (or where export or AOTInductor refuse the graph, or ``_aoti``
+    refuses its package, or it does not load) inductor's, with the reason."""
+    refused = ""
+    if makes_aoti(torch.device(device)):
+        try:
+            data = compile_aoti(gm, example, device)
+            return CompiledGraph("aoti", data, "", load_aoti(data, device))
+        except Exception as exc:  # export or AOTInductor refuse the graph, or _aoti its package
+            refused = (exc.reason if isinstance(exc, PrecompileRefusedError)
+                       else describe(exc))[:300]
+    data = compile_inductor(gm, example)
+    return CompiledGraph("inductor", data, refused, _callable(data))
+
+
+def compile_inductor(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
     """Inductor's code for one traced graph, as the bytes ``CompiledArtifact.save`` writes
     (its ``aot`` form: the compiled module bundled, not a cache key to look up)."""
     from torch._inductor import standalone_compile
@@ -276,21 +343,32 @@ def compile_graph(gm: torch.fx.GraphModule, example: list[Any]) -> bytes:
             return handle.read()
 
 
+def makes_aoti(device: torch.device) -> bool:
+    """Whether forms made for ``device`` are AOTInductor's: on GPU targets, where forms ship
+    and a cold start pays for inductor's imports, unless ``QKAN_PACK_AOTI=0``. On a CPU,
+    forms are made and used in one process, where AOTInductor's longer C++ compile buys
+    nothing."""
+    return device.type == "cuda" and os.environ.get(AOTI_ENV) != "0"
+
+
 def precompile(model: torch.nn.Module, forward: Callable[..., Any],
                samples: Sequence[tuple[str, list[torch.Tensor]]], config: Mapping[str, Any]
                ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
     """Trace and compile every shape of the model built with ``config``: the plan, the graph
-    files by name (``<index>.bin``) and the forward that calls them."""
+    files by name (``<index>.pt2`` or ``<index>.bin``, by form) and the forward that calls
+    them."""
     shapes: list[ShapePlan] = []
     files: dict[str, bytes] = {}
     graphs: list[Callable[..., Any]] = []
+    device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
     for index, (label, inputs) in enumerate(samples):
         gm, example, shape = trace_graph(model, forward, inputs)
-        data = compile_graph(gm, example)
-        files[f"{index}.bin"] = data
-        shapes.append(dataclasses.replace(shape, label=label, file=f"{index}.bin"))
-        graphs.append(_callable(data))
-    device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
+        made = compile_graph(gm, example, device)
+        name = f"{index}.{'pt2' if made.form == 'aoti' else 'bin'}"
+        files[name] = made.data
+        shapes.append(dataclasses.replace(shape, label=label, file=name, form=made.form,
+                                          aoti_refused=made.aoti_refused))
+        graphs.append(made.call)
     plan = Plan(torch=torch.__version__, device=device, config=dict(config), shapes=tuple(shapes))
     return plan, files, PrecompiledForward(model, plan, graphs)
 
@@ -349,8 +427,13 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     for shape in plan.shapes:
         if shape.file not in files:
             raise PrecompileRefusedError(f"the plan names {shape.file}, which is not shipped")
-        graphs.append(_callable(files[shape.file]))
+        graphs.append(load_graph(shape, files[shape.file], plan.device))
     return PrecompiledForward(model, plan, graphs)
+
+
+def load_graph(shape: ShapePlan, data: bytes, device: str) -> Callable[..., Any]:
+    """The callable of one shape's graph in its form, made for ``device``."""
+    return load_aoti(data, device) if shape.form == "aoti" else _callable(data)
 
 
 def _callable(data: bytes) -> Callable[..., Any]:

@@ -3,6 +3,8 @@ inductor's CPU backend compiles C++ with gcc) compiled outputs against eager one
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from qkan_pack.errors import LoadOptionError
 from qkan_pack.runtime import PrecompiledExport, read_artifact, rebuild_model
 from qkan_pack.runtime._precompiled import Plan
 
-from ..conftest import MODELS
+from ..conftest import MODELS, ROOT
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,8 @@ def test_shipped_without_a_shipped_cache_warns_and_serves_as_today(plain_artifac
 def test_compiled_mode_equals_eager_on_the_cpu(plain_artifact: Path) -> None:
     predictor = Predictor.load(plain_artifact, compiled="on")
     report = predictor.report
-    assert report.compiled == "precompiled: 2 inductor graph(s) traced and compiled here"
+    assert report.compiled == ("precompiled: 2 inductor graph(s) traced and compiled here; run by "
+                               "inductor's Python")
     assert report.stages["compile"] > 0
     assert "compiled mode: precompiled" in str(report)
     model = _eager_twin(plain_artifact)
@@ -88,6 +91,18 @@ def test_inductor_failing_on_the_precompiled_route_falls_back_saying_why(
     x = torch.randn(8, 2)
     with torch.no_grad():
         torch.testing.assert_close(predictor(x), _eager_twin(plain_artifact)(x))
+
+
+def test_the_private_inductor_directory_imports_no_inductor() -> None:
+    """A load of AOTInductor forms runs inside the private inductor directory: entering and
+    leaving it must not import inductor (and with it dynamo), which the forms avoid."""
+    code = ("import sys\nfrom qkan_pack.runtime._compiled import _private_inductor_dir\n"
+            "with _private_inductor_dir():\n    pass\n"
+            "print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_warms_exporter_writes_and_reads_back_forms_or_a_refusal(tmp_path: Path) -> None:
@@ -140,7 +155,8 @@ def test_warms_exporter_receives_the_forms_a_compiled_load_made(plain_artifact: 
                                                                tmp_path: Path) -> None:
     export = PrecompiledExport(tmp_path / "forms")
     predictor = Predictor.load(plain_artifact, compiled="on", export=export)
-    assert predictor.report.compiled == "precompiled: 2 inductor graph(s) traced and compiled here"
+    assert predictor.report.compiled == ("precompiled: 2 inductor graph(s) traced and compiled "
+                                         "here; run by inductor's Python")
     forms, refused = export.read()
     assert refused is None and {"plan.json", "0.bin", "1.bin"} <= set(forms), sorted(forms)
     assert [shape.label for shape in Plan.from_json(forms["plan.json"]).shapes] == ["1x2", "8x2"]

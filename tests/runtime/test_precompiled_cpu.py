@@ -18,12 +18,16 @@ import torch
 from torch import nn
 
 from qkan_pack import ManifestError, Predictor, build
+from qkan_pack.runtime import _precompiled
 from qkan_pack.runtime._calling import bind_forward
 from qkan_pack.runtime._precompiled import (
+    AOTI_ENV,
     Plan,
     PrecompileRefusedError,
     autotune_results,
+    compile_graph,
     load_precompiled,
+    makes_aoti,
     precompile,
     resolve,
     restore_autotune,
@@ -134,6 +138,7 @@ def _plan_with(**change: object) -> bytes:
     {"inputs": [{"kind": "state", "name": "0", "shape": [2, 4], "dtype": "float32"}]},
     {"inputs": [{"kind": "input", "name": "1", "shape": [2, 4], "dtype": "float32"}]},
     {"label": 7},
+    {"form": "tensorrt"}, {"form": "aoti", "aoti_refused": 3},
 ], ids=lambda change: next(iter(change)) + ":" + json.dumps(next(iter(change.values())))[:40])
 def test_a_malformed_plan_is_refused_before_anything_loads(change: dict) -> None:
     assert Plan.from_json(_plan_with()).shapes[0].outputs == (0,)
@@ -164,6 +169,89 @@ def test_a_plan_round_trips_through_its_json() -> None:
     assert json.loads(plan.to_json()) == json.loads(_plan_with())
 
 
+def test_a_plan_without_forms_holds_inductors_and_a_form_round_trips() -> None:
+    """Plans written before forms existed read as inductor's form, and the plan written for
+    one leaves the keys out (an older reader still reads it)."""
+    old = Plan.from_json(_plan_with())
+    assert (old.shapes[0].form, old.shapes[0].aoti_refused) == ("inductor", "")
+    assert "form" not in old.to_json().decode()
+    aoti = Plan.from_json(_plan_with(form="aoti", file="0.pt2"))
+    assert aoti.shapes[0].form == "aoti"
+    assert Plan.from_json(aoti.to_json()) == aoti
+
+
+def test_the_report_says_which_forms_run_and_why_inductors_python_runs() -> None:
+    def plan(*shapes: tuple[str, str]) -> Plan:
+        base = Plan.from_json(_plan_with()).shapes[0]
+        return Plan(torch="2.13.0", device="cuda:0", config={}, shapes=tuple(
+            dataclasses.replace(base, label=f"{i}x4", form=form, aoti_refused=why)
+            for i, (form, why) in enumerate(shapes, 1)))
+
+    assert plan(("aoti", ""), ("aoti", "")).describe_forms() == \
+        "AOTInductor packages run by torch's C++ loader"
+    assert plan(("inductor", "")).describe_forms() == "run by inductor's Python"
+    assert plan(("aoti", ""), ("inductor", "Unsupported: data-dependent")).describe_forms() == \
+        ("1 AOTInductor, 1 run by inductor's Python (AOTInductor refused 2x4: Unsupported: "
+         "data-dependent)")
+
+
+def test_aoti_forms_are_made_for_gpu_targets_unless_turned_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert makes_aoti(torch.device("cuda:0")) and not makes_aoti(torch.device("cpu"))
+    monkeypatch.setenv(AOTI_ENV, "0")
+    assert not makes_aoti(torch.device("cuda:0"))
+
+
+def test_a_graph_aotinductor_refuses_gets_inductors_form_saying_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> bytes:
+        raise RuntimeError("Unsupported: a data-dependent branch")
+
+    monkeypatch.setattr(_precompiled, "makes_aoti", lambda device: True)
+    monkeypatch.setattr(_precompiled, "compile_aoti", refuse)
+    monkeypatch.setattr(_precompiled, "compile_inductor", lambda gm, example: b"inductor's")
+    monkeypatch.setattr(_precompiled, "_callable", lambda data: ("loaded", data))
+    made = compile_graph(torch.fx.symbolic_trace(nn.ReLU()), [torch.ones(1)], "cuda:0")
+    assert (made.form, made.data, made.call) == ("inductor", b"inductor's", ("loaded", b"inductor's"))
+    assert made.aoti_refused.startswith("RuntimeError: Unsupported: a data-dependent branch")
+
+
+def test_an_unloadable_aoti_package_is_refused_saying_why() -> None:
+    """Refused before torch's loader opens it (``_aoti.check_package``; its other refusals
+    are tested in test_aoti_cpu.py)."""
+    shape = dataclasses.replace(Plan.from_json(_plan_with()).shapes[0], form="aoti")
+    with pytest.raises(PrecompileRefusedError, match=r"the AOTInductor package cannot be read "
+                                                     r"\(BadZipFile: "):
+        _precompiled.load_graph(shape, b"not a package", "cpu")
+
+
+
+
+@pytest.mark.slow
+def test_aoti_forms_load_in_a_fresh_process_without_inductors_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AOTInductor route on the CPU (made for GPU targets; the same export, package,
+    C++ loader and call): a fresh process loads and runs it without importing dynamo,
+    inductor, sympy's shape machinery or networkx."""
+    monkeypatch.setattr(_precompiled, "makes_aoti", lambda device: True)
+    torch.manual_seed(0)
+    model = Cached().eval()
+    samples = [("2x4", _inputs(2))]
+    plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples,
+                                   {"width": 4})
+    assert [(shape.form, shape.file) for shape in plan.shapes] == [("aoti", "0.pt2")]
+    with torch.no_grad():
+        eager = model(*samples[0][1])
+    for got, want in zip(made(*samples[0][1]), eager.values()):
+        torch.testing.assert_close(got, want)
+    seen = _fresh_load(tmp_path, plan, files, {})
+    assert seen == {"worst": seen["worst"], "traced": 0, "before": [], "imported": []}
+    assert seen["worst"] < 1e-6
+
+
+#: A fresh process loads the forms in argv[1] for the shapes argv[3:] (batches of ``_inputs``)
+#: and says how far they are from eager, how many graphs dynamo traced, and which of the
+#: modules compiled mode's start pays for were imported (before the load and after).
 FRESH = """
 import json, sys
 import torch
@@ -171,22 +259,39 @@ sys.path.insert(0, sys.argv[2])
 from tests.runtime.test_precompiled_cpu import Cached, _inputs
 from qkan_pack.runtime._precompiled import load_precompiled
 from pathlib import Path
-folder = Path(sys.argv[1])
+folder, labels = Path(sys.argv[1]), sys.argv[3:]
+heavy = ("torch._dynamo", "torch._inductor", "torch.fx.experimental.symbolic_shapes", "networkx")
+before = [name for name in heavy if name in sys.modules]
 torch.manual_seed(0)
 model = Cached().eval()
-files = {p.name: p.read_bytes() for p in folder.glob("*.bin")}
-forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, ["1x4", "3x4"],
+files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "plan.json"}
+forward = load_precompiled(model, (folder / "plan.json").read_bytes(), files, labels,
                            torch.device("cpu"), {"width": 4})
-import torch._dynamo.utils as u
 worst = 0.0
-for batch in (1, 3):
-    inputs = _inputs(batch)
+for label in labels:
+    inputs = _inputs(int(label.split("x")[0]))
     with torch.no_grad():
         eager = model(*inputs)
     got = forward(*inputs)
     worst = max(worst, *(float((g - e).abs().max()) for g, e in zip(got, eager.values())))
-print(json.dumps({"worst": worst, "traced": int(u.counters["stats"]["unique_graphs"])}))
+imported = [name for name in heavy if name in sys.modules]
+dynamo = sys.modules.get("torch._dynamo.utils")
+traced = int(dynamo.counters["stats"]["unique_graphs"]) if dynamo else 0
+print(json.dumps({"worst": worst, "traced": traced, "before": before, "imported": imported}))
 """
+
+
+def _fresh_load(folder: Path, plan: Plan, files: dict[str, bytes], env: dict[str, str]) -> dict:
+    """``FRESH``'s answer for these forms, written into ``folder``."""
+    (folder / "plan.json").write_bytes(plan.to_json())
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    done = subprocess.run([sys.executable, "-c", FRESH, str(folder), str(ROOT),
+                           *(shape.label for shape in plan.shapes)],
+                          capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -201,16 +306,10 @@ def test_forms_made_here_load_in_a_fresh_process_without_tracing(tmp_path: Path)
             eager = model(*inputs)
         for got, want in zip(made(*inputs), eager.values()):
             torch.testing.assert_close(got, want)
-    (tmp_path / "plan.json").write_bytes(plan.to_json())
-    for name, data in files.items():
-        (tmp_path / name).write_bytes(data)
-    done = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path), str(ROOT)],
-                          capture_output=True, text=True, check=False,
-                          env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-                               "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"worst": seen["worst"], "traced": 0}
+    seen = _fresh_load(tmp_path, plan, files,
+                       {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert (seen["traced"], seen["before"]) == (0, [])
+    assert "torch._inductor" in seen["imported"]  # inductor's form runs through its Python
     assert seen["worst"] < 1e-6
 
 

@@ -1,0 +1,282 @@
+"""AOTInductor packages: compiled so that they link the shared libstdc++, refused when they
+would crash the process that loads them, and run by torch's C++ loader.
+
+Why: every torch process has the shared libstdc++ (``libstdc++.so.6``, which libtorch needs)
+loaded. A package whose wrapper library was linked with libstdc++'s static archive carries a
+second copy of libstdc++; the first ``std::regex`` the wrapper compiles (``parse_device_str``,
+in the model container's constructor) runs that copy's locale code against the process's,
+and the process dies of a segmentation fault, where no fallback can catch it. Whether a link
+takes the archive depends on the compiler installation of the host that compiles (a host
+with g++ 13 and torch 2.11 did, the same torch's packages linked the shared library once the
+compiler was pointed at it), so three things hold it off here:
+
+- ``shared_libstdcxx_link``: while a package compiles, the link finds a ``libstdc++.so`` for
+  the very ``libstdc++.so.6`` this process has loaded, ahead of every other directory.
+- ``check_package``: a package whose wrapper library does not need ``libstdc++.so.6`` is
+  refused (``AotiPackageError``) before it is recorded, and again before a load hands a
+  shipped one to torch's loader; its ``DT_NEEDED`` entries are read from the bytes
+  (pyelftools), nothing is loaded.
+- ``probe_package``: where forms are made, each package is first loaded and run once in a
+  throw-away process (bounded in time), so that a crash of any other cause refuses the
+  form instead of killing the process that made it.
+
+A refused package costs the graph its AOTInductor form only: ``_precompiled`` makes
+inductor's form for it instead, and a load that refuses a shipped one falls back as for
+any refused precompiled graph (``_compiled``).
+
+Not owned here: choosing forms, plans and files (``_precompiled``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import AotiPackageError, PrecompileRefusedError
+
+#: Internal to ``qkan_pack.runtime``: the package exports nothing from this module.
+__all__: list[str] = []
+
+#: The soname a wrapper library must need: the shared libstdc++ torch itself runs with.
+SHARED_LIBSTDCXX = "libstdc++.so.6"
+#: A throw-away load that takes longer is taken as failing (a GPU's context included).
+PROBE_TIMEOUT_S = 300
+
+#: The throw-away process: loads the package at argv[1] on argv[2] as ``load_package`` does
+#: and runs it once on zeros of the graph's input shapes, dtypes and strides (argv[3]).
+_PROBE = """
+import json, sys
+import torch
+path, device, inputs = sys.argv[1], torch.device(sys.argv[2]), json.loads(sys.argv[3])
+loader = torch._C._aoti.AOTIModelPackageLoader(
+    path, "model", True, 1, -1 if device.index is None else device.index)
+args = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device).zero_()
+        for shape, stride, dtype in inputs]
+loader.boxed_run(args)
+if device.type == "cuda":
+    torch.cuda.synchronize(device)
+"""
+
+
+def needed_libraries(data: bytes) -> tuple[str, ...]:
+    """The sonames an ELF shared library needs (its ``DT_NEEDED`` entries, in order), read
+    from its bytes by pyelftools without loading it: a library that would crash the process
+    is refused before it is loaded. ``ValueError`` for anything that is not such a library."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        dynamic = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+        if dynamic is None:
+            raise ValueError("no dynamic section: not a shared library")
+        # pyelftools names each tag's string by its kind, as an attribute set per tag
+        return tuple(tag.needed for tag in dynamic.iter_tags("DT_NEEDED"))  # type: ignore[attr-defined]
+    except ValueError:
+        raise
+    except Exception as exc:  # ELFError, and struct or lookup errors of a truncated file
+        raise ValueError(f"not a readable ELF shared library ({type(exc).__name__}: {exc})") from None
+
+
+def loaded_libstdcxx() -> str:
+    """The file of the shared libstdc++ mapped into this process (torch's, loaded with
+    libtorch), found in ``/proc/self/maps``; loaded by its soname first if it is not."""
+    found = _mapped_libstdcxx()
+    if found is None:
+        try:
+            ctypes.CDLL(SHARED_LIBSTDCXX)
+        except OSError as exc:
+            raise PrecompileRefusedError(
+                f"this process cannot load {SHARED_LIBSTDCXX} for an AOTInductor package to link ({exc})"
+            ) from exc
+        found = _mapped_libstdcxx()
+    if found is None:
+        raise PrecompileRefusedError(
+            f"no {SHARED_LIBSTDCXX} is mapped into this process "
+            "(/proc/self/maps) for an AOTInductor package to link"
+        )
+    return found
+
+
+def _mapped_libstdcxx() -> str | None:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
+        if os.path.basename(path).startswith("libstdc++.so") and os.path.isfile(path):
+            return path
+    return None
+
+
+@contextlib.contextmanager
+def shared_libstdcxx_link() -> Iterator[Path]:
+    """While the body compiles a package, inductor's C++ compiler is a private script that
+    runs the compiler inductor would have used with ``-L`` of a private directory first on
+    its command line; that directory holds only ``libstdc++.so``, a link to the
+    ``libstdc++.so.6`` this process has loaded (``loaded_libstdcxx``). The linker takes a
+    library from the first directory that holds it, so the wrapper links that shared
+    library (and needs ``libstdc++.so.6``), whatever archives the host's other directories
+    hold. Yields the private directory.
+
+    Why a compiler script: torch's inductor has no setting for extra link directories or
+    flags (in 2.13, ``cpp_builder`` takes its link options from torch alone, and
+    ``aot_inductor.aoti_shim_library_path`` applies to Windows cross-compiles only), but it
+    takes the compiler from the setting ``cpp.cxx``, which on torch 2.11 governs the
+    package's link too (``CXX`` seeds it: a script adding such a ``-L`` made the packages of
+    the host that crashed link the shared library). ``LIBRARY_PATH`` would need no script,
+    but gcc searches it after its own library directories (``g++ -v`` lists them first), so
+    an archive there would still win; a ``-L`` is searched before them.
+
+    Nothing of the process's environment changes: ``cpp.cxx`` is set with torch's
+    ``config.patch`` and restored when the body ends, by an exception too, and the private
+    directory is removed then. The script keeps the compiler's file name (inductor tells
+    gcc from clang by it).
+    """
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    library = loaded_libstdcxx()
+    compiler = get_cpp_compiler()
+    compiler = shutil.which(compiler) or compiler
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-link-") as private:
+        lib, bin_dir = Path(private, "lib"), Path(private, "bin")
+        lib.mkdir()
+        bin_dir.mkdir()
+        (lib / "libstdc++.so").symlink_to(library)
+        script = bin_dir / os.path.basename(compiler)
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(compiler)} {shlex.quote(f"-L{lib}")} "$@"\n')
+        script.chmod(0o700)
+        with config.patch({"cpp.cxx": (str(script),)}):
+            yield Path(private)
+
+
+def check_package(data: bytes) -> None:
+    """Refuse (``AotiPackageError``) a package any of whose libraries does not need the
+    shared libstdc++, or that holds no library to check."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            libraries = {
+                name: archive.read(name)
+                for name in archive.namelist()
+                if "/data/aotinductor/" in f"/{name}" and name.endswith(".so")
+            }
+        needs = {name: needed_libraries(library) for name, library in libraries.items()}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise AotiPackageError(problem="unreadable", detail=f"{type(exc).__name__}: {exc}") from None
+    if not needs:
+        raise AotiPackageError(problem="unreadable", detail="it holds no wrapper library")
+    for name, needed in needs.items():
+        if not any(soname.startswith("libstdc++.so") for soname in needed):
+            raise AotiPackageError(problem="static libstdc++", library=name.rsplit("/", 1)[-1], needed=needed)
+
+
+def probe_package(path: str, device: str, example: Sequence[torch.Tensor]) -> None:
+    """Load and run the package at ``path`` once in a throw-away process; refuse it
+    (``AotiPackageError``, the exit or signal and the process's last word) when that fails,
+    crashes or takes over ``PROBE_TIMEOUT_S``."""
+    inputs = json.dumps(
+        [[list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch.")] for t in example]
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, path, device, inputs],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise AotiPackageError(problem="child load", detail=f"took over {PROBE_TIMEOUT_S} s") from None
+    if done.returncode == 0:
+        return
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    said = next(
+        (line for line in lines if line.startswith("Fatal Python error")), lines[-1] if lines else "no output"
+    )
+    how = (
+        f"died of {_signal_name(-done.returncode)}"
+        if done.returncode < 0
+        else f"exited with {done.returncode}"
+    )
+    raise AotiPackageError(problem="child load", detail=f"{how}: {said[:200]}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def compile_aoti(gm: torch.fx.GraphModule, example: list[Any], device: str) -> bytes:
+    """The graph as an AOTInductor package (``.pt2`` bytes) for ``device``: exported with
+    every tensor an input, as traced, so the package holds code and no weights; linked
+    against the shared libstdc++, checked, and loaded and run once in a throw-away
+    process before anything of it is loaded here."""
+    import torch._inductor
+
+    with torch.no_grad():
+        program = torch.export.export(gm, tuple(example), strict=False)
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-aoti-") as scratch:
+        path = os.path.join(scratch, "graph.pt2")
+        with shared_libstdcxx_link():
+            torch._inductor.aoti_compile_and_package(program, package_path=path)
+        data = Path(path).read_bytes()
+        check_package(data)
+        probe_package(path, device, example)
+    return data
+
+
+def load_aoti(data: bytes, device: str) -> AotiGraph:
+    """An AOTInductor package run by torch's C++ loader, once ``check_package`` accepts it.
+    The loader copies the package into a private temporary directory of its own (removed
+    when the loader is freed) and loads the library; single-threaded, so that it launches
+    on the current stream and a CUDA graph can capture it. Nothing of inductor's Python is
+    imported."""
+    check_package(data)
+    index = torch.device(device).index
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-aoti-") as scratch:
+        path = os.path.join(scratch, "graph.pt2")
+        Path(path).write_bytes(data)
+        try:
+            loader = torch._C._aoti.AOTIModelPackageLoader(
+                path, "model", True, 1, -1 if index is None else index
+            )
+        except Exception as exc:  # another torch's package, a corrupt one, a missing library
+            raise PrecompileRefusedError(
+                f"this torch cannot load the AOTInductor package ({type(exc).__name__}: {exc})"
+            ) from exc
+    return AotiGraph(loader)
+
+
+class AotiGraph:
+    """Calls a loaded AOTInductor package with the graph's inputs as the list ``boxed_run``
+    takes (and empties); the outputs come back as a list. Holds the loader: the library,
+    and the kernels a captured CUDA graph launches, live as long as it does."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        outputs: list[torch.Tensor] = self.loader.boxed_run(list(args))
+        return outputs
