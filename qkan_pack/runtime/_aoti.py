@@ -165,7 +165,10 @@ def shared_libstdcxx_link() -> Iterator[Path]:
         script = bin_dir / os.path.basename(compiler)
         script.write_text(f'#!/bin/sh\nexec {shlex.quote(compiler)} {shlex.quote(f"-L{lib}")} "$@"\n')
         script.chmod(0o700)
-        with config.patch({"cpp.cxx": (str(script),)}):
+        # no precompiled headers: their cache key holds the compiler's path (this script's,
+        # new each time), so each package would leave another ~280 MB set in the user's
+        # inductor cache, which TORCHINDUCTOR_CACHE_DIR does not move
+        with config.patch({"cpp.cxx": (str(script),), "aot_inductor.precompile_headers": False}):
             yield Path(private)
 
 
@@ -196,16 +199,21 @@ def probe_package(path: str, device: str, example: Sequence[torch.Tensor]) -> No
     inputs = json.dumps(
         [[list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch.")] for t in example]
     )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PROBE, path, device, inputs],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-            timeout=PROBE_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
+    # torch's loader extracts the package under TMPDIR and leaves it there when the load
+    # fails or the process dies: the child's is a directory of ours, removed afterwards
+    with tempfile.TemporaryDirectory(prefix="qkan-pack-probe-") as scratch:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE, path, device, inputs],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1", "TMPDIR": scratch},
+                timeout=PROBE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            done = None
+    if done is None:
         raise AotiPackageError(problem="child load", detail=f"took over {PROBE_TIMEOUT_S} s") from None
     if done.returncode == 0:
         return

@@ -193,14 +193,19 @@ def test_the_compiler_setting_and_directory_are_restored_after_a_failing_compile
     def fail(program: object, package_path: str) -> str:
         seen.append(tuple(inductor_config.cpp.cxx))
         assert os.access(str(seen[0][0]), os.X_OK)
+        # no precompiled headers: keyed by the compiler's (private, new) path, each package
+        # would leave another set in the user's inductor cache
+        assert inductor_config.aot_inductor.precompile_headers is False
         raise RuntimeError("the C++ compiler failed")
 
+    headers = inductor_config.aot_inductor.precompile_headers
     before, environment = tuple(inductor_config.cpp.cxx), dict(os.environ)
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
     with pytest.raises(RuntimeError, match="the C\\+\\+ compiler failed"):
         compile_aoti(torch.fx.symbolic_trace(nn.ReLU()), [torch.ones(2)], "cpu")
     assert seen and seen[0] != before  # the compile ran with the private compiler
     assert tuple(inductor_config.cpp.cxx) == before
+    assert inductor_config.aot_inductor.precompile_headers == headers
     script = Path(str(seen[0][0]))
     assert not script.exists() and not script.parent.parent.exists()
     assert dict(os.environ) == environment
@@ -224,6 +229,23 @@ def test_a_package_a_throw_away_process_cannot_load_is_refused_saying_why(
         probe_package(str(tmp_path / "graph.pt2"), "cpu", [torch.ones(2, 3)])
     assert (refused.value.problem, refused.value.detail) == ("child load", said)
     assert str(refused.value) == f"a throw-away process loading and running the AOTInductor package {said}"
+
+
+def test_a_failed_throw_away_load_leaves_nothing_in_the_temporary_directory(
+    libraries: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's loader extracts a package under TMPDIR and leaves it there when the load
+    fails: the throw-away process's TMPDIR is a directory of ours, removed afterwards."""
+    import tempfile
+
+    (tmp_path / "graph.pt2").write_bytes(_package(libraries["shared"]))  # extracts, then fails
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    with pytest.raises(AotiPackageError, match="exited with 1"):
+        probe_package(str(tmp_path / "graph.pt2"), "cpu", [torch.ones(2, 3)])
+    assert list(temporary.iterdir()) == []
 
 
 def test_the_throw_away_process_loads_with_torchs_loader(tmp_path: Path) -> None:
