@@ -56,7 +56,7 @@ def one_row(server: ArtifactServer) -> np.ndarray:
     return np.random.default_rng(0).uniform(-1, 1, (1, *shape)).astype(np.float32)
 
 
-def requests_of(server: ArtifactServer, row: np.ndarray) -> dict[str, Request]:
+def requests_of(server: ArtifactServer, row: np.ndarray) -> dict[str, tuple[str, bytes, Any]]:
     """Each protocol's (path, body, headers) for ``row``."""
     (name,) = [t.name for t in server.oip.inputs]
     model = server.oip.name

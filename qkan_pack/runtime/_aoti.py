@@ -236,11 +236,12 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def compile_aoti(gm: torch.fx.GraphModule, example: list[Any], device: str) -> bytes:
-    """The graph as an AOTInductor package (``.pt2`` bytes) for ``device``: exported with
-    every tensor an input, as traced, so the package holds code and no weights; linked
-    against the shared libstdc++, checked, and loaded and run once in a throw-away
-    process before anything of it is loaded here."""
+def compile_aoti(gm: torch.fx.GraphModule, example: list[Any],
+                 device: str) -> tuple[bytes, AotiGraph]:
+    """The graph as an AOTInductor package (``.pt2`` bytes) for ``device``, and the package
+    loaded here: exported with every tensor an input, as traced, so the package holds code
+    and no weights; linked against the shared libstdc++, checked, and loaded and run once in
+    a throw-away process before anything of it is loaded here."""
     import torch._inductor
 
     with torch.no_grad():
@@ -252,28 +253,33 @@ def compile_aoti(gm: torch.fx.GraphModule, example: list[Any], device: str) -> b
         data = Path(path).read_bytes()
         check_package(data)
         probe_package(path, device, example)
-    return data
+        return data, _open(path, device)
 
 
 def load_aoti(data: bytes, device: str) -> AotiGraph:
-    """An AOTInductor package run by torch's C++ loader, once ``check_package`` accepts it.
-    The loader copies the package into a private temporary directory of its own (removed
-    when the loader is freed) and loads the library; single-threaded, so that it launches
-    on the current stream and a CUDA graph can capture it. Nothing of inductor's Python is
-    imported."""
+    """A shipped AOTInductor package run by torch's C++ loader, once ``check_package``
+    accepts it. Nothing of inductor's Python is imported."""
     check_package(data)
-    index = torch.device(device).index
     with tempfile.TemporaryDirectory(prefix="qkan-pack-aoti-") as scratch:
         path = os.path.join(scratch, "graph.pt2")
         Path(path).write_bytes(data)
-        try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(
-                path, "model", True, 1, -1 if index is None else index
-            )
-        except Exception as exc:  # another torch's package, a corrupt one, a missing library
-            raise PrecompileRefusedError(
-                f"this torch cannot load the AOTInductor package ({type(exc).__name__}: {exc})"
-            ) from exc
+        return _open(path, device)
+
+
+def _open(path: str, device: str) -> AotiGraph:
+    """The package at ``path`` loaded by torch's C++ loader, which copies it into a private
+    temporary directory of its own (removed when the loader is freed) and loads the library;
+    single-threaded, so that it launches on the current stream and a CUDA graph can capture
+    it."""
+    index = torch.device(device).index
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(
+            path, "model", True, 1, -1 if index is None else index
+        )
+    except Exception as exc:  # another torch's package, a corrupt one, a missing library
+        raise PrecompileRefusedError(
+            f"this torch cannot load the AOTInductor package ({type(exc).__name__}: {exc})"
+        ) from exc
     return AotiGraph(loader)
 
 

@@ -320,8 +320,8 @@ def compile_graph(gm: torch.fx.GraphModule, example: list[Any], device: str) -> 
     refused = ""
     if makes_aoti(torch.device(device)):
         try:
-            data = compile_aoti(gm, example, device)
-            return CompiledGraph("aoti", data, "", load_aoti(data, device))
+            data, call = compile_aoti(gm, example, device)
+            return CompiledGraph("aoti", data, "", call)
         except Exception as exc:  # export or AOTInductor refuse the graph, or _aoti its package
             refused = (exc.reason if isinstance(exc, PrecompileRefusedError)
                        else describe(exc))[:300]

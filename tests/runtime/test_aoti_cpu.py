@@ -273,7 +273,7 @@ def test_a_package_made_by_the_route_links_the_shared_libstdcxx(static_compiler:
         torch._inductor.aoti_compile_and_package(program, package_path=str(plain))
         with pytest.raises(AotiPackageError, match="links libstdc\\+\\+ statically"):
             check_package(plain.read_bytes())
-        data = compile_aoti(gm, [x], "cpu")
+        data, _ = compile_aoti(gm, [x], "cpu")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         (wrapper,) = [name for name in archive.namelist() if name.endswith(".so")]
         assert "libstdc++.so.6" in needed_libraries(archive.read(wrapper))
