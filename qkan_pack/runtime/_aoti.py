@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import io
 import json
 import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -129,13 +131,13 @@ def _mapped_libstdcxx() -> str | None:
 
 @contextlib.contextmanager
 def shared_libstdcxx_link() -> Iterator[Path]:
-    """While the body compiles a package, inductor's C++ compiler is a private script that
-    runs the compiler inductor would have used with ``-L`` of a private directory first on
+    """While the body compiles a package, inductor's C++ compiler is a script of ours that
+    runs the compiler inductor would have used with ``-L`` of a directory of ours first on
     its command line; that directory holds only ``libstdc++.so``, a link to the
     ``libstdc++.so.6`` this process has loaded (``loaded_libstdcxx``). The linker takes a
     library from the first directory that holds it, so the wrapper links that shared
     library (and needs ``libstdc++.so.6``), whatever archives the host's other directories
-    hold. Yields the private directory.
+    hold. Yields the directory holding the script (``bin/``) and the link (``lib/``).
 
     Why a compiler script: torch's inductor has no setting for extra link directories or
     flags (in 2.13, ``cpp_builder`` takes its link options from torch alone, and
@@ -146,10 +148,16 @@ def shared_libstdcxx_link() -> Iterator[Path]:
     but gcc searches it after its own library directories (``g++ -v`` lists them first), so
     an archive there would still win; a ``-L`` is searched before them.
 
+    Why one lasting directory per compiler and library (``_lasting_link_dir``, beside
+    torch's precompiled headers in the user's inductor cache): torch keys a compile's
+    precompiled headers by the compiler's path, so at one path they are made by the first
+    package and reused by every later one, as for any AOTInductor user, where a new path
+    per package made and left another ~280 MB set each time. Where that directory cannot
+    be ours alone, a temporary one serves, without precompiled headers, removed afterwards.
+
     Nothing of the process's environment changes: ``cpp.cxx`` is set with torch's
-    ``config.patch`` and restored when the body ends, by an exception too, and the private
-    directory is removed then. The script keeps the compiler's file name (inductor tells
-    gcc from clang by it).
+    ``config.patch`` and restored when the body ends, by an exception too. The script keeps
+    the compiler's file name (inductor tells gcc from clang by it).
     """
     from torch._inductor import config
     from torch._inductor.cpp_builder import get_cpp_compiler
@@ -157,19 +165,93 @@ def shared_libstdcxx_link() -> Iterator[Path]:
     library = loaded_libstdcxx()
     compiler = get_cpp_compiler()
     compiler = shutil.which(compiler) or compiler
-    with tempfile.TemporaryDirectory(prefix="qkan-pack-link-") as private:
-        lib, bin_dir = Path(private, "lib"), Path(private, "bin")
-        lib.mkdir()
-        bin_dir.mkdir()
-        (lib / "libstdc++.so").symlink_to(library)
-        script = bin_dir / os.path.basename(compiler)
-        script.write_text(f'#!/bin/sh\nexec {shlex.quote(compiler)} {shlex.quote(f"-L{lib}")} "$@"\n')
-        script.chmod(0o700)
-        # no precompiled headers: their cache key holds the compiler's path (this script's,
-        # new each time), so each package would leave another ~280 MB set in the user's
-        # inductor cache, which TORCHINDUCTOR_CACHE_DIR does not move
-        with config.patch({"cpp.cxx": (str(script),), "aot_inductor.precompile_headers": False}):
-            yield Path(private)
+    patches: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        folder = _lasting_link_dir(compiler, library)
+        if folder is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qkan-pack-link-")))
+            _fill_link_dir(folder, compiler, library)
+            patches["aot_inductor.precompile_headers"] = False  # keyed by this passing path
+        patches["cpp.cxx"] = (str(folder / "bin" / os.path.basename(compiler)),)
+        with config.patch(patches):
+            yield folder
+
+
+def _link_home() -> Path:
+    """Where the lasting link directories live: beside torch's precompiled headers, in the
+    user's inductor cache (``/tmp/torchinductor_<user>``; ``TORCHINDUCTOR_CACHE_DIR`` moves
+    neither)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir(), "qkan-pack-link")
+
+
+def _lasting_link_dir(compiler: str, library: str) -> Path | None:
+    """The link directory for this compiler and library at a path that stays the same
+    (named by their digest), made once, atomically (filled apart, then renamed into
+    place), and checked before each use: remade where its script or link differ; ``None``
+    where it or the folders above it are not this user's alone (another user could change
+    the compiler it runs)."""
+    home = _link_home()
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    if not (_private(home.parent) and _private(home)):
+        return None
+    folder = home / hashlib.sha256(f"{compiler}\0{library}".encode()).hexdigest()[:24]
+    if _holds_link(folder, compiler, library):
+        return folder
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=home))
+    try:
+        _fill_link_dir(staging, compiler, library, final=folder)
+        shutil.rmtree(folder, ignore_errors=True)  # one that differs
+        os.rename(staging, folder)
+    except OSError:  # another process put its own in place first
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder if _holds_link(folder, compiler, library) else None
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is a directory of this user that no one else may write to."""
+    try:
+        status = os.lstat(folder)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
+            and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _compiler_script(compiler: str, lib: Path) -> str:
+    return f'#!/bin/sh\nexec {shlex.quote(compiler)} {shlex.quote(f"-L{lib}")} "$@"\n'
+
+
+def _fill_link_dir(folder: Path, compiler: str, library: str, final: Path | None = None) -> None:
+    """``lib/libstdc++.so`` linking ``library``, and ``bin/<compiler's name>``: the script
+    running ``compiler`` with ``-L`` of that ``lib`` at ``final`` (the path ``folder`` is
+    renamed to once filled; ``folder`` itself by default)."""
+    final = final or folder
+    (folder / "lib").mkdir(mode=0o700)
+    (folder / "bin").mkdir(mode=0o700)
+    (folder / "lib" / "libstdc++.so").symlink_to(library)
+    script = folder / "bin" / os.path.basename(compiler)
+    script.write_text(_compiler_script(compiler, final / "lib"))
+    script.chmod(0o700)
+
+
+def _holds_link(folder: Path, compiler: str, library: str) -> bool:
+    """Whether ``folder`` is a private link directory for ``compiler`` and ``library``."""
+    script = folder / "bin" / os.path.basename(compiler)
+    try:
+        return (_private(folder) and _private(folder / "bin") and _private(folder / "lib")
+                and os.readlink(folder / "lib" / "libstdc++.so") == library
+                and script.read_text() == _compiler_script(compiler, folder / "lib")
+                and os.lstat(script).st_uid == os.getuid()
+                and os.lstat(script).st_mode & 0o777 == 0o700
+                and sorted(os.listdir(folder / "bin")) == [script.name]
+                and os.listdir(folder / "lib") == ["libstdc++.so"])
+    except OSError:
+        return False
 
 
 def check_package(data: bytes) -> None:

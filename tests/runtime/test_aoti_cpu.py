@@ -35,6 +35,14 @@ from qkan_pack.runtime._precompiled import Plan, ShapePlan, TensorRef, compile_g
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
+
+@pytest.fixture(autouse=True)
+def link_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The lasting link directories of each test in a home of its own, not the user's cache."""
+    home = tmp_path_factory.mktemp("cache") / "qkan-pack-link"
+    monkeypatch.setattr(_aoti, "_link_home", lambda: home)
+    return home
+
 #: A library that uses libstdc++ (an exception thrown), as every AOTInductor wrapper does.
 SOURCE = '#include <stdexcept>\nextern "C" void f() { throw std::runtime_error("x"); }\n'
 
@@ -185,17 +193,12 @@ def test_the_link_finds_the_loaded_shared_libstdcxx_first(static_compiler: str, 
     assert "libstdc++.so.6" in linked
 
 
-def test_the_compiler_setting_and_directory_are_restored_after_a_failing_compile(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    seen: list[tuple[str | None, ...]] = []
+def test_the_compiler_setting_is_restored_after_a_failing_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[tuple[str | None, ...], bool]] = []
 
     def fail(program: object, package_path: str) -> str:
-        seen.append(tuple(inductor_config.cpp.cxx))
-        assert os.access(str(seen[0][0]), os.X_OK)
-        # no precompiled headers: keyed by the compiler's (private, new) path, each package
-        # would leave another set in the user's inductor cache
-        assert inductor_config.aot_inductor.precompile_headers is False
+        seen.append((tuple(inductor_config.cpp.cxx), inductor_config.aot_inductor.precompile_headers))
+        assert os.access(str(seen[0][0][0]), os.X_OK)
         raise RuntimeError("the C++ compiler failed")
 
     headers = inductor_config.aot_inductor.precompile_headers
@@ -203,12 +206,55 @@ def test_the_compiler_setting_and_directory_are_restored_after_a_failing_compile
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
     with pytest.raises(RuntimeError, match="the C\\+\\+ compiler failed"):
         compile_aoti(torch.fx.symbolic_trace(nn.ReLU()), [torch.ones(2)], "cpu")
-    assert seen and seen[0] != before  # the compile ran with the private compiler
+    (compiler, headers_then), = seen
+    assert compiler != before and Path(str(compiler[0])).is_relative_to(_aoti._link_home())
+    assert headers_then == headers  # torch's own setting: the compiler's path lasts
     assert tuple(inductor_config.cpp.cxx) == before
-    assert inductor_config.aot_inductor.precompile_headers == headers
-    script = Path(str(seen[0][0]))
-    assert not script.exists() and not script.parent.parent.exists()
     assert dict(os.environ) == environment
+
+
+def test_every_compile_runs_the_compiler_at_one_lasting_path(static_compiler: str) -> None:
+    """Torch keys precompiled headers by the compiler's path: one path for every package
+    (and process) makes them once, where a new one each time left another ~280 MB set."""
+    seen = []
+    for _ in range(2):
+        with inductor_config.patch({"cpp.cxx": (static_compiler,)}), shared_libstdcxx_link() as folder:
+            headers = inductor_config.aot_inductor.precompile_headers
+            seen.append((folder, tuple(inductor_config.cpp.cxx), headers))
+    assert seen[0] == seen[1]
+    folder, (compiler,), headers = seen[0]
+    assert folder.parent == _aoti._link_home() and headers is True
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == [
+        "bin", "bin/g++", "lib", "lib/libstdc++.so"]
+    assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(compiler).st_mode & 0o777 == 0o700
+
+
+def test_a_lasting_directory_that_differs_is_made_again(static_compiler: str) -> None:
+    with inductor_config.patch({"cpp.cxx": (static_compiler,)}), shared_libstdcxx_link() as folder:
+        (compiler,) = inductor_config.cpp.cxx
+    Path(compiler).write_text("#!/bin/sh\nexec /bin/false\n")  # changed behind our back
+    (folder / "lib" / "extra.so").write_bytes(b"")
+    with inductor_config.patch({"cpp.cxx": (static_compiler,)}), shared_libstdcxx_link() as again:
+        assert again == folder and (compiler,) == tuple(inductor_config.cpp.cxx)
+        assert f"-L{folder / 'lib'}" in Path(compiler).read_text()
+        assert os.listdir(folder / "lib") == ["libstdc++.so"]
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no staging left
+
+
+def test_where_the_lasting_home_is_not_ours_alone_a_temporary_one_serves(
+    static_compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user who may write there could change the compiler the script runs."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(_aoti, "_link_home", lambda: shared / "qkan-pack-link")
+    with inductor_config.patch({"cpp.cxx": (static_compiler,)}), shared_libstdcxx_link() as folder:
+        assert not folder.is_relative_to(shared) and folder.name.startswith("qkan-pack-link-")
+        # a passing path: precompiled headers would be made and left at each one
+        assert inductor_config.aot_inductor.precompile_headers is False
+        linked = needed_libraries(_library(tmp_path, "linked.so", compiler=str(inductor_config.cpp.cxx[0])))
+    assert "libstdc++.so.6" in linked and not folder.exists()
 
 
 @pytest.mark.parametrize(
