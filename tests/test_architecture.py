@@ -347,9 +347,12 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-#: Test files that check one layer's private output against another layer's private reader,
-#: and the other layer: bench-serve's request encoders against the server's protocol parser.
-CROSS_LAYER_TESTS = {("tests", "serve", "test_oip.py"): ("bench",)}
+#: Files that may import a layer's private modules, and the layers: a test checking one
+#: layer's private output against another's private reader (bench-serve's request encoders
+#: against the server's protocol parser), and a device probe timing the steps of a private
+#: route one by one (warm's AOTInductor compile).
+CROSS_LAYER_TESTS = {("tests", "serve", "test_oip.py"): ("bench",),
+                     ("benchmarks", "device", "aoti_compile_time.py"): ("runtime",)}
 
 
 def test_private_modules_are_imported_only_by_their_own_tests() -> None:

@@ -1,13 +1,14 @@
-"""Compiled mode (opt-in): capture inductor's fused kernels instead of the eager ones.
+"""Compiled mode: capture inductor's fused kernels instead of the eager ones.
 
-With ``compiled="on"`` or ``"shipped"``, after the eager first forward and the reference
-self-test, the model goes through ``torch.compile`` (inductor, ``INDUCTOR_MODE``: no
-inductor CUDA graphs, the runtime captures), every shape runs once compiled and is checked
-against the build references, and the runtime captures the *compiled* callable with its own
-recipe (one graph per shape, one pool): each replay then launches inductor's fused kernels.
-The replay self-test compares with the compiled outputs on this device. Reduced precision
-(``build --precision``) and channels-last graphs are served by the eager model's graphs:
-compiled mode is float32 and contiguous only.
+By default (``compiled="auto"``) only where the artifact ships AOTInductor packages of every
+shape for this host (``_serve_auto``). With ``compiled="on"`` or ``"shipped"``, after the
+eager first forward and the reference self-test, the model goes through ``torch.compile``
+(inductor, ``INDUCTOR_MODE``: no inductor CUDA graphs, the runtime captures), every shape
+runs once compiled and is checked against the build references, and the runtime captures the
+*compiled* callable with its own recipe (one graph per shape, one pool): each replay then
+launches inductor's fused kernels. The replay self-test compares with the compiled outputs
+on this device. Reduced precision (``build --precision``) and channels-last graphs are
+served by the eager model's graphs: compiled mode is float32 and contiguous only.
 
 Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) as the bytes
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
@@ -45,7 +46,7 @@ from ._kernels import (
     process_environment,
 )
 from ._options import CROSS_SOLVER_TOLERANCE, INDUCTOR_MODE, LoadOptions
-from ._precompiled import autotune_results, load_precompiled, precompile
+from ._precompiled import all_aoti, autotune_results, load_precompiled, precompile
 from ._report import LoadReport
 from ._runners import EagerRunner, GraphRunner, Sample
 from ._selftest import check_outputs
@@ -150,6 +151,8 @@ def serve_compiled(load: CompiledLoad) -> Runner:
     report, options, samples = load.report, load.options, load.samples
     if options.compiled == "off":
         return load.eager_runner()
+    if options.compiled == "auto":
+        return _serve_auto(load)
     if report.precision.gated:
         return load.fall_back(f"compiled mode computes in float32, contiguous, only "
                               f"({report.precision} here)")
@@ -188,6 +191,32 @@ def serve_compiled(load: CompiledLoad) -> Runner:
     report.compiled = (f"inductor (mode {INDUCTOR_MODE}): {graphs} graph(s), {breaks} graph "
                        f"break(s); {note or source}")
     return runner
+
+
+def _serve_auto(load: CompiledLoad) -> Runner:
+    """Compiled mode by default where it adds next to nothing to the start: the kernel set
+    for this host ships AOTInductor packages for every shape (``warm --compiled``), which
+    torch's C++ loader runs without importing inductor. Anything else serves the eager
+    model's graphs without a warning (nothing was asked for); the report says why where
+    forms ship but are not used. Shipped packages this host refuses fall back as
+    ``"shipped"`` does, with a warning (warm promised them)."""
+    report = load.report
+    if report.precision.gated:
+        return load.eager_runner()
+    kernel_set, none_why = host_set(load.artifact, load.target)
+    found, why = shipped_precompiled(load.artifact, kernel_set, none_why)
+    if found is None:
+        return load.eager_runner()
+    try:
+        aoti = all_aoti(found[1])
+    except PrecompileRefusedError as exc:
+        return load.fall_back(exc.reason)
+    if not aoti:
+        report.compiled = ("off (auto: the shipped precompiled graphs are inductor's Python "
+                           "code, whose load imports inductor; compiled='shipped' runs them)")
+        return load.eager_runner()
+    runner, refused = _serve_precompiled(load, (found, why))
+    return runner if runner is not None else load.fall_back(refused)
 
 
 def _serve_precompiled(load: CompiledLoad,
@@ -231,7 +260,7 @@ def _serve_precompiled(load: CompiledLoad,
         return None, _refused(export, f"the precompiled graphs could not be captured ({exc})")
     if made is not None and export is not None:  # checked and captured: warm ships them
         export.write_forms(made.to_json(), {**files, **autotuned})
-    report.compiled = (f"precompiled: {len(labels)} inductor graph(s) {source}; "
+    report.compiled = (f"precompiled: {len(labels)} graph(s) {source}; "
                        f"{compiled_forward.plan.describe_forms()}")
     return runner, ""
 

@@ -19,8 +19,9 @@ __all__ = ["INDUCTOR_MODE", "LoadOptions"]
 
 
 KERNEL_MODES = ("auto", "off")
-#: Compiled mode (``_compiled``): off; on with shipped inductor caches only; on always.
-COMPILED_MODES = ("off", "shipped", "on")
+#: Compiled mode (``_compiled``): where shipped AOTInductor packages serve every shape (the
+#: default); off; on with shipped forms only; on always.
+COMPILED_MODES = ("auto", "off", "shipped", "on")
 #: ``precision``: what the artifact records for this device, or one precision by name.
 PRECISION_MODES = ("recorded", *PRECISIONS)
 #: ``layout``: what the artifact records for this device, or one layout by name.
@@ -57,10 +58,12 @@ class LoadOptions(CheckedOptions):
     - ``kernels``: ``"auto"`` uses the artifact's shipped GPU kernels when they match this
       host (``qkan-pack warm``), ``"off"`` compiles as usual;
     - ``progress``: progress bars on stderr (None: when stderr is a terminal);
-    - ``compiled``: ``"off"`` captures the eager model; ``"shipped"`` captures the
-      ``torch.compile``d model when the artifact ships an inductor cache for this host
-      (``qkan-pack warm --compiled``), else warns and captures the eager model; ``"on"``
-      captures the compiled model, compiling here when nothing is shipped.
+    - ``compiled``: ``"auto"`` captures the compiled model where the artifact ships
+      AOTInductor packages of every shape for this host (``qkan-pack warm --compiled``),
+      which load without importing inductor, else the eager model; ``"off"`` captures the
+      eager model; ``"shipped"`` captures the compiled model from any precompiled graphs or
+      inductor cache shipped for this host, else warns and captures the eager model;
+      ``"on"`` captures the compiled model, compiling here when nothing is shipped.
     - ``trusted_keys``: PEM files (EC public keys, or root certificates for certificate-signed
       artifacts). When given, the artifact's signature (``qkan-pack sign``) must verify with
       one of them and cover exactly its files, before anything of it is parsed or run
@@ -90,7 +93,7 @@ class LoadOptions(CheckedOptions):
     replay_tolerance: Tolerance = REPLAY_TOLERANCE
     kernels: str = "auto"
     progress: bool | None = None
-    compiled: str = "off"
+    compiled: str = "auto"
     trusted_keys: Sequence[str | os.PathLike[str]] = ()
     precision: str = "recorded"
     layout: str = "recorded"

@@ -431,6 +431,13 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     return PrecompiledForward(model, plan, graphs)
 
 
+def all_aoti(plan_bytes: bytes) -> bool:
+    """Whether a shipped plan gives every shape AOTInductor's form (refused, as
+    ``Plan.from_json`` refuses, where it cannot be read)."""
+    shapes = Plan.from_json(plan_bytes).shapes
+    return bool(shapes) and all(shape.form == "aoti" for shape in shapes)
+
+
 def load_graph(shape: ShapePlan, data: bytes, device: str) -> Callable[..., Any]:
     """The callable of one shape's graph in its form, made for ``device``."""
     return load_aoti(data, device) if shape.form == "aoti" else _callable(data)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from qkan_pack import LoadOptions, Predictor, build
 from qkan_pack.errors import LoadOptionError
-from qkan_pack.runtime import PrecompiledExport, read_artifact, rebuild_model
-from qkan_pack.runtime._precompiled import Plan
+from qkan_pack.runtime import PrecompiledExport, _compiled, read_artifact, rebuild_model
+from qkan_pack.runtime._precompiled import Plan, ShapePlan, TensorRef
 
 from ..conftest import MODELS, ROOT
 
@@ -29,10 +30,89 @@ def _eager_twin(path: Path) -> torch.nn.Module:
 
 
 def test_compiled_mode_is_checked_before_loading() -> None:
-    with pytest.raises(LoadOptionError, match="compiled='fast': one of off, shipped, on") as info:
+    with pytest.raises(LoadOptionError, match="compiled='fast': one of auto, off, shipped, on") as info:
         LoadOptions(compiled="fast")
     assert info.value.option == "compiled"
-    assert LoadOptions().compiled == "off"
+    assert LoadOptions().compiled == "auto"
+
+
+class _AutoLoad:
+    """What ``serve_compiled`` reads of a load, for the default mode's choice alone."""
+
+    def __init__(self, gated: bool = False) -> None:
+        self.options = LoadOptions()
+        self.report = SimpleNamespace(compiled="off", precision=SimpleNamespace(gated=gated))
+        self.artifact, self.target, self.samples = None, torch.device("cuda"), []
+        self.warned: list[str] = []
+
+    def eager_runner(self) -> str:
+        return "eager"
+
+    def fall_back(self, why: str) -> str:
+        self.warned.append(why)
+        self.report.compiled = f"off ({why})"
+        return "eager"
+
+
+def _plan(*forms: str) -> bytes:
+    ref = TensorRef(kind="input", name="0", shape=(1, 2), dtype="float32")
+    return Plan(torch=torch.__version__, device="cuda:0", config={}, shapes=tuple(
+        ShapePlan(label=str(i), file=f"{i}.pt2", inputs=(ref,), args=(ref,), outputs=(0,), form=form)
+        for i, form in enumerate(forms))).to_json()
+
+
+@pytest.mark.parametrize(
+    ("shipped", "gated", "served", "said", "warned"),
+    [
+        (None, False, "eager", "off", []),  # nothing shipped for this host: quietly the default mode
+        (_plan("aoti", "aoti"), False, "compiled", "precompiled", []),
+        (_plan("aoti", "inductor"), False, "eager", "off (auto: the shipped precompiled graphs are "
+         "inductor's Python code, whose load imports inductor; compiled='shipped' runs them)", []),
+        (_plan("aoti", "aoti"), True, "eager", "off", []),  # compiled mode is float32 only
+        (b"{", False, "eager", "off (the precompiled plan is unreadable", ["the precompiled plan"]),
+    ],
+)
+def test_the_default_mode_compiles_where_every_shape_ships_an_aotinductor_package(
+        shipped: bytes | None, gated: bool, served: str, said: str, warned: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compiled="auto"`` (the default) serves shipped AOTInductor packages, which load
+    without inductor's imports; never inductor's form, which costs the start its imports."""
+    asked: list[object] = []
+
+    def precompiled(load: object, found: object) -> tuple[str, str]:
+        asked.append(found)
+        load.report.compiled = "precompiled: 2 graph(s) shipped"  # type: ignore[attr-defined]
+        return "compiled", ""
+
+    monkeypatch.setattr(_compiled, "host_set", lambda artifact, target: ("set", ""))
+    monkeypatch.setattr(_compiled, "shipped_precompiled", lambda artifact, kernel_set, why: (
+        (None, "no precompiled graphs") if shipped is None else (("key", shipped, {}), "shipped")))
+    monkeypatch.setattr(_compiled, "_serve_precompiled", precompiled)
+    load = _AutoLoad(gated)
+    assert _compiled.serve_compiled(load) == served  # type: ignore[arg-type]
+    assert load.report.compiled.startswith(said)
+    assert [w[:len(p)] for w, p in zip(load.warned, warned)] == warned and len(load.warned) == len(warned)
+    assert bool(asked) == (served == "compiled")
+
+
+def test_shipped_packages_this_host_refuses_fall_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_compiled, "host_set", lambda artifact, target: ("set", ""))
+    monkeypatch.setattr(_compiled, "shipped_precompiled",
+                        lambda artifact, kernel_set, why: (("key", _plan("aoti"), {}), "shipped"))
+    monkeypatch.setattr(_compiled, "_serve_precompiled",
+                        lambda load, found: (None, "this torch cannot load the AOTInductor package"))
+    load = _AutoLoad()
+    assert _compiled.serve_compiled(load) == "eager"  # type: ignore[arg-type]
+    assert load.warned == ["this torch cannot load the AOTInductor package"]
+
+
+def test_a_default_load_without_shipped_forms_says_nothing_of_compiled_mode(plain_artifact: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predictor = Predictor.load(plain_artifact)
+    assert predictor.report.compiled == "off" and "compiled mode" not in str(predictor.report)
 
 
 def test_shipped_without_a_shipped_cache_warns_and_serves_as_today(plain_artifact: Path) -> None:
@@ -50,7 +130,7 @@ def test_shipped_without_a_shipped_cache_warns_and_serves_as_today(plain_artifac
 def test_compiled_mode_equals_eager_on_the_cpu(plain_artifact: Path) -> None:
     predictor = Predictor.load(plain_artifact, compiled="on")
     report = predictor.report
-    assert report.compiled == ("precompiled: 2 inductor graph(s) traced and compiled here; run by "
+    assert report.compiled == ("precompiled: 2 graph(s) traced and compiled here; run by "
                                "inductor's Python")
     assert report.stages["compile"] > 0
     assert "compiled mode: precompiled" in str(report)
@@ -136,8 +216,7 @@ def test_an_exporter_that_makes_no_forms_skips_the_precompiled_route(
 
 def test_a_refused_precompile_is_told_to_warms_exporter(
         plain_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkan_pack.runtime import _compiled
-    from qkan_pack.runtime._precompiled import PrecompileRefusedError
+    from qkan_pack.errors import PrecompileRefusedError
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise PrecompileRefusedError("the graph reads a tensor the plan cannot name")
@@ -155,7 +234,7 @@ def test_warms_exporter_receives_the_forms_a_compiled_load_made(plain_artifact: 
                                                                tmp_path: Path) -> None:
     export = PrecompiledExport(tmp_path / "forms")
     predictor = Predictor.load(plain_artifact, compiled="on", export=export)
-    assert predictor.report.compiled == ("precompiled: 2 inductor graph(s) traced and compiled "
+    assert predictor.report.compiled == ("precompiled: 2 graph(s) traced and compiled "
                                          "here; run by inductor's Python")
     forms, refused = export.read()
     assert refused is None and {"plan.json", "0.bin", "1.bin"} <= set(forms), sorted(forms)
