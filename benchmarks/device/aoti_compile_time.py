@@ -2,51 +2,29 @@
 QKAN [64,64,64] traced and made into an AOTInductor package by qkan-pack's own route, with the
 time of each step (trace, export + compile + package, the library check, the throw-away
 probe, the load here), torch's own per-phase compile times, and the compiler commands' wall
-time (cProfile of `subprocess` calls). Variants, one per process:
+time (cProfile, the 40 calls of most cumulative time). Variants, one per process:
 
-  route  the route as it ships (precompiled headers off)
-  pch    the compiler script at one stable path, so that torch's precompiled headers (keyed by
-         the compiler's path) are made by the first package and reused by the next
+  route  the route as it ships (the compiler script at one lasting path: torch's precompiled
+         headers, keyed by the compiler's path, made by the first package, reused after)
+  nopch  a temporary compiler script per package, without precompiled headers (the route
+         before the lasting path)
   o0     the route with the wrapper compiled at -O0 (aot_inductor.compile_wrapper_opt_level)
 
-  python3 benchmarks/device/aoti_compile_time.py ARTIFACT route|pch|o0 [N_SHAPES]
+  python3 benchmarks/device/aoti_compile_time.py ARTIFACT route|nopch|o0 [N_SHAPES]
 """
 
 from __future__ import annotations
 
-import contextlib
 import cProfile
 import io
 import os
 import pstats
-import shlex
-import shutil
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from qkan_pack.runtime import _aoti, _precompiled, read_artifact, rebuild_model
-
-
-@contextlib.contextmanager
-def stable_link():
-    from torch._inductor import config
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    private = Path("/tmp/qkan-pack-stable-link")
-    lib, bin_dir = private / "lib", private / "bin"
-    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
-    if not private.exists():
-        lib.mkdir(parents=True)
-        bin_dir.mkdir()
-        (lib / "libstdc++.so").symlink_to(_aoti.loaded_libstdcxx())
-        script = bin_dir / os.path.basename(compiler)
-        script.write_text(f'#!/bin/sh\nexec {shlex.quote(compiler)} {shlex.quote(f"-L{lib}")} "$@"\n')
-        script.chmod(0o700)
-    with config.patch({"cpp.cxx": (str(bin_dir / os.path.basename(compiler)),)}):
-        yield private
 
 
 def timed(name, fn, log):
@@ -66,8 +44,8 @@ def main() -> None:
     artifact = read_artifact(path)
     model = rebuild_model(artifact, torch.device(device), artifact.manifest.model.config)
     log: list[tuple[str, float]] = []
-    if variant == "pch":
-        _aoti.shared_libstdcxx_link = stable_link
+    if variant == "nopch":
+        _aoti._lasting_link_dir = lambda compiler, library: None
     if variant == "o0":
         from torch._inductor import config
         config.aot_inductor.compile_wrapper_opt_level = "O0"
@@ -94,12 +72,9 @@ def main() -> None:
         print(f"[{variant}] shape {shape.label}: trace {traced:.1f} s, "
               f"compile_aoti {total:.1f} s ({steps})", flush=True)
         stats = io.StringIO()
-        pstats.Stats(profile, stream=stats).sort_stats("cumulative").print_stats(
-            r"subprocess.py:\d+\(run\)|_worker_compile_cpp|compile_file|precompile_header|"
-            r"triton.*compile|CppBuilder.build|export|aot_compile|codegen|run_command_and_check")
-        lines = [line for line in stats.getvalue().splitlines() if line.strip()
-                 and ("(" in line) and not line.lstrip().startswith(("ncalls", "Ordered"))]
-        print("\n".join("    " + line for line in lines[:14]), flush=True)
+        pstats.Stats(profile, stream=stats).sort_stats("cumulative").print_stats(40)
+        lines = [line for line in stats.getvalue().splitlines() if "(" in line]
+        print("\n".join("    " + line[:200] for line in lines), flush=True)
     from torch._dynamo.utils import compile_times
     print(f"[{variant}] torch's compile times (all shapes):")
     print(compile_times(repr="str", aggregate=True))

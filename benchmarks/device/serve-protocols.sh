@@ -9,8 +9,10 @@
 # part (replicas, HAProxy, Ray's other processes, the clients) spent per request. Each run
 # gets what is left of 8 minutes; a run that would not fit is skipped. About 7 minutes.
 # NO_ROWS=1 leaves the 64-row run out (about 5 minutes then); ONE_REPLICA=1 leaves the
-# 4-replica run and the no-op out; CLIENTS=32,128 measures only those loads (about 2 minutes
-# with both).
+# 4-replica run and the no-op out; FOUR_ONLY=1 runs the 4-replica run alone (with NO_ROWS=1:
+# one call for each replica count); CLIENTS=32,128 measures only those loads (about 2 minutes
+# with both); ROUND_COUNT=N takes each point's median over N rounds (3; 5 fits one replica
+# count per call).
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
@@ -31,12 +33,14 @@ bench() {
     timeout --kill-after=90 "$left" python3 -m qkan_pack bench-serve "$ARTIFACT" \
         --processes 8 --clients "${CLIENTS:-8,32,128,512}" "$@"
 }
-ROUNDS="--rounds 3 --seconds 2 --warmup 0.5"
+ROUNDS="--rounds ${ROUND_COUNT:-3} --seconds 2 --warmup 0.5"
 {
     echo "== commit $COMMIT"
     [ "$PROTOCOLS" = json,oip-binary ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
-    bench --protocol "$PROTOCOLS" $ROUNDS ${ONE_REPLICA:+--no-noop} --json "$RESULTS/protocols_1rep.json"
-    echo "== elapsed $SECONDS s"
+    if [ -z "$FOUR_ONLY" ]; then
+        bench --protocol "$PROTOCOLS" $ROUNDS ${ONE_REPLICA:+--no-noop} --json "$RESULTS/protocols_1rep.json"
+        echo "== elapsed $SECONDS s"
+    fi
     if [ -z "$NO_ROWS" ]; then
         bench --protocol json,oip-binary --rows-per-request 64 --no-noop --seconds 4 --warmup 1 \
             --json "$RESULTS/protocols_1rep_64rows.json"
