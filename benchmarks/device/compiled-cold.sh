@@ -47,7 +47,7 @@ print("imported:", [m for m in heavy if module_state(m) == "imported"])
     echo "== $name cold: exit $? at $SECONDS s"; cat "$RESULTS/cold-$name$FORM.txt"
 }
 case "$MODELS" in *q64*gpt*) q_warm=240 q_bench=300 g_warm=420 g_bench=480 ;;
-                  *) q_warm=430 q_bench=580 g_warm=430 g_bench=580 ;; esac
+                  *) q_warm=470 q_bench=585 g_warm=470 g_bench=585 ;; esac
 [[ " $MODELS " == *" q64 "* ]] && model q64 "$q_warm" "$q_bench" examples/qkan_mlp.py \
     --config width='[64,64,64]' --shapes 1x64,2x64,4x64,8x64,16x64,32x64,64x64,128x64
 [[ " $MODELS " == *" gpt "* ]] && model gpt "$g_warm" "$g_bench" examples/hqkan_gpt.py \
