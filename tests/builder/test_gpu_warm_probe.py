@@ -26,7 +26,8 @@ def test_a_probe_that_crashes_ships_inductor_cache_instead(qkan64: Path, tmp_pat
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A precompiled route that crashes a fresh process (as AOTInductor packages have on
     torch 2.11) is detected by warm's probe: the forms are dropped, the reason recorded,
-    inductor's cache shipped, and a load serves through torch.compile, saying why."""
+    inductor's cache shipped, and a load asking for it (``compiled="shipped"``) serves through
+    torch.compile, saying why; a default load serves the default graphs."""
     monkeypatch.setattr(_warm, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     result = warm(qkan64, "cuda", compiled=True)
     (kernel_set,) = read_artifact(qkan64).manifest.kernels
@@ -35,7 +36,10 @@ def test_a_probe_that_crashes_ships_inductor_cache_instead(qkan64: Path, tmp_pat
     assert result.compiled.startswith("no precompiled graphs (a fresh process loading them "
                                       "exited with -11"), result
     assert not [n for n in read_artifact(qkan64).files if "-precompiled/" in n]
-    seen = _fresh(qkan64, tmp_path / "fresh")
+    # the default mode leaves inductor's cache alone (torch.compile traces, a slower start)
+    default = _fresh(qkan64, tmp_path / "default")
+    assert (default["compiled"], default["warnings"], default["traced"]) == ("off", [], 0), default
+    seen = _fresh(qkan64, tmp_path / "fresh", compiled="shipped")
     assert seen["compiled"].startswith("inductor") and "shipped inductor cache" in seen["compiled"], seen
     assert seen["inductor"].get("fxgraph_cache_miss", 0) == 0, seen["inductor"]
     assert any("warm refused them" in w for w in seen["warnings"]), seen["warnings"]

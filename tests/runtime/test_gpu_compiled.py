@@ -101,8 +101,8 @@ import json, sys
 import torch
 from qkan_pack import Predictor
 from qkan_pack.runtime import read_artifact, rebuild_model
-path = sys.argv[1]
-predictor = Predictor.load(path, device="cuda")  # compiled="auto": shipped packages serve
+path, mode = sys.argv[1], sys.argv[2]
+predictor = Predictor.load(path, device="cuda", **({} if mode == "default" else {"compiled": mode}))
 imported = [m for m in ("torch._dynamo", "torch._inductor", "networkx") if m in sys.modules]
 from torch._dynamo.utils import counters
 artifact = read_artifact(path)
@@ -122,13 +122,14 @@ print(json.dumps({"compiled": predictor.report.compiled, "warnings": predictor.r
 """
 
 
-def _fresh(path: Path, scratch: Path) -> dict:
+def _fresh(path: Path, scratch: Path, compiled: str = "default") -> dict:
+    """What a fresh process's load with ``compiled`` (the default mode: left out) serves."""
     caches = {name: scratch / name.lower() for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     for directory in caches.values():
         directory.mkdir(parents=True)
     env = {**os.environ, **{k: str(v) for k, v in caches.items()},
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", FRESH_COMPILED_LOAD, str(path)], env=env,
+    done = subprocess.run([sys.executable, "-c", FRESH_COMPILED_LOAD, str(path), compiled], env=env,
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
