@@ -8,7 +8,8 @@
 # says whether it links the shared libstdc++ (readelf: a static one crashed the process that
 # loaded it; warm now refuses those), and one fresh load says which form it runs and which of
 # the compiler's modules it imported. Then the compiled-mode GPU tests.
-#   MODELS="q64" or "gpt" (default both; one model per call fits the 10-minute call best),
+#   MODELS="q64" or "gpt" (default both; one model per call fits the 10-minute call best;
+#   with the tests, one model: MODELS=gpt bash ... runs the GPT and then the tests),
 #   NO_TESTS=1: no tests; PROFILE=1: one more run per variant under cProfile;
 #   QKAN_PACK_AOTI=0: the forms before issue 44 (standalone_compile's), for comparison.
 # Files: $OUT/r/cold-{q64,gpt}.{txt,json,png}, warm-*.txt, gpu-compiled-tests.txt
@@ -46,14 +47,17 @@ print("imported:", [m for m in heavy if module_state(m) == "imported"])
         --plot "$RESULTS/cold-$name$FORM.png" > "$RESULTS/cold-$name$FORM.txt" 2>&1
     echo "== $name cold: exit $? at $SECONDS s"; cat "$RESULTS/cold-$name$FORM.txt"
 }
+# deadlines (s since start): both models share one call; one model alone gets the call, or
+# (tests wanted) leaves the tests 260 s
 case "$MODELS" in *q64*gpt*) q_warm=240 q_bench=300 g_warm=420 g_bench=480 ;;
-                  *) q_warm=470 q_bench=585 g_warm=470 g_bench=585 ;; esac
+                  *) if [ -n "$NO_TESTS" ]; then q_warm=470 q_bench=585; else q_warm=220 q_bench=310; fi
+                     g_warm=$q_warm g_bench=$q_bench ;; esac
 [[ " $MODELS " == *" q64 "* ]] && model q64 "$q_warm" "$q_bench" examples/qkan_mlp.py \
     --config width='[64,64,64]' --shapes 1x64,2x64,4x64,8x64,16x64,32x64,64x64,128x64
 [[ " $MODELS " == *" gpt "* ]] && model gpt "$g_warm" "$g_bench" examples/hqkan_gpt.py \
     --shapes 1x128,8x128 --dtype int64
 [ -n "$NO_TESTS" ] && exit 0
-timeout "$(left 570)" python3 -m pytest -q -p no:cacheprovider -x tests/runtime/test_gpu_compiled.py tests/builder/test_gpu_warm_probe.py \
+timeout "$(left 570)" python3 -m pytest -q -p no:cacheprovider -n 6 tests/runtime/test_gpu_compiled.py tests/builder/test_gpu_warm_probe.py \
     tests/runtime/test_aoti_cpu.py tests/runtime/test_precompiled_cpu.py tests/runtime/test_compiled_cpu.py 2>&1 \
     | tail -n 40 > "$RESULTS/gpu-compiled-tests.txt"
 echo "== tests exit $? at $SECONDS s"; cat "$RESULTS/gpu-compiled-tests.txt"
