@@ -192,6 +192,10 @@ def test_usage_errors_exit_2(args: list[str], says: list[str]) -> None:
     (["bench-serve", "x", "--clients", "0,8"], "--clients: write client counts as 1,8,32"),
     (["bench-serve", "x", "--clients", "a"], "--clients: write client counts as 1,8,32"),
     (["bench-serve", "x", "--protocol", " , "], "--protocol: write protocols as json,oip-binary"),
+    (["bench-serve", "x", "--split-cpus", "0-3"], "--split-cpus: write the server's CPUs, a colon"),
+    (["bench-serve", "x", "--split-cpus", "0-3:a"], "--split-cpus: 'a' is not a CPU number or range"),
+    (["bench-serve", "x", "--split-cpus", "3-1:4"], "--split-cpus: '3-1' is not a CPU number"),
+    (["bench-serve", "x", "--split-cpus", ":4"], "--split-cpus: write CPUs as 0-7,12"),
     (["predict", "x", "--input", "/no/such.npy"], "--input: /no/such.npy is not a file"),
     (["predict", "x", "--input", "a=/no/such.npy"], "--input: /no/such.npy is not a file"),
 ])

@@ -23,6 +23,7 @@ import orjson
 from .._extras import install_hint, missing_module
 from ..errors import BenchError
 from ..format import DTYPES
+from ._cpus import pin_cpus
 
 #: What a load can speak: the server's JSON route (``POST /``), the Open Inference
 #: Protocol's HTTP ``infer`` with JSON tensors or with the binary tensor data extension, and
@@ -78,6 +79,8 @@ class LoadSpec:
     #: The JSON route's paths, spread over the clients (client ``i`` posts to
     #: ``paths[i % len(paths)]``: a model repository's ``/models/<name>``); () : ``/``.
     paths: tuple[str, ...] = ()
+    #: The CPUs the client processes run on (``bench-serve --split-cpus``); empty: any.
+    cpus: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -378,7 +381,8 @@ def run_load(spec: LoadSpec, processes: int) -> LoadResult:
     processes = max(1, min(processes, spec.clients))
     shares = [spec.clients // processes + (i < spec.clients % processes) for i in range(processes)]
     seeds = [sum(shares[:i]) for i in range(processes)]
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+    with multiprocessing.get_context("spawn").Pool(processes, initializer=pin_cpus,
+                                                   initargs=(spec.cpus,)) as pool:
         start_at = time.time() + 1.0  # the workers import this module meanwhile
         parts = pool.starmap(_process, [(spec, n, s, start_at) for n, s in zip(shares, seeds)])
     total = LoadResult()

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._ports import side_ports
 from ..errors import BenchError
+from ._cpus import split_text
 from ._load import Rows
 from ._serve_load import (
     POINT_HEADER,
@@ -102,7 +103,8 @@ def run_repository_load(repository: str | Path, settings: ServeLoadSettings | No
 def _start(target: str, settings: ServeLoadSettings, port: int,
            token: str | None) -> ServerProcess:
     print(f"== qkan-pack serve {target}", file=sys.stderr, flush=True)
-    return ServerProcess(target, settings.serve_args, port, settings.start_timeout_s, token)
+    return ServerProcess(target, settings.serve_args, port, settings.start_timeout_s, token,
+                         cpus=settings.server_cpus)
 
 
 def _models(server: ServerProcess) -> list[dict[str, Any]]:
@@ -157,7 +159,7 @@ def render_repository_load(report: ServeLoadReport) -> str:
     settings = report.settings
     lines = [f"qkan-pack serve load: the model repository {report.artifact} ({len(models)} "
              f"models), {settings['seconds']:g} s per point, median of {settings['rounds']} "
-             f"round(s), {settings['processes']} client processes; {where}"]
+             f"round(s), {settings['processes']} client processes{split_text(settings)}; {where}"]
     titles = {
         "alone": f"alone: {alone} served alone, POST /: "
                  f"{report.server.get('alone', {}).get('ready', '')}",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._ports import side_ports
 from ..errors import BenchError
+from ._cpus import check_split, split_text
 from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
 from ._server_process import ROLES, ServerProcess, cpu_per_request, listening_ports
 
@@ -73,6 +74,9 @@ class ServeLoadSettings:
     #: A model repository's measurement is repeated this many times, each figure the
     #: median (``_repo_load``).
     rounds: int = 1
+    #: (server CPUs, client CPUs), disjoint (``--split-cpus``): the server and everything it
+    #: starts on the first, the client processes on the second; None: anywhere.
+    split_cpus: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.protocols if p not in PROTOCOLS]
@@ -83,6 +87,16 @@ class ServeLoadSettings:
             raise BenchError(f"rows per request must be at least 1, got {self.rows_per_request}")
         if self.rounds < 1:
             raise BenchError(f"rounds must be at least 1, got {self.rounds}")
+        if self.split_cpus is not None:
+            check_split(self.server_cpus, self.client_cpus)
+
+    @property
+    def server_cpus(self) -> frozenset[int]:
+        return frozenset(self.split_cpus[0]) if self.split_cpus else frozenset()
+
+    @property
+    def client_cpus(self) -> frozenset[int]:
+        return frozenset(self.split_cpus[1]) if self.split_cpus else frozenset()
 
 
 @dataclass
@@ -283,7 +297,7 @@ def _measure_mode(artifact: str, mode: str, extra: Sequence[str], rows: Rows,
     protocols = settings.protocols if mode == "model" else ("json",)
     grpc_port = side_ports(1, exclude={settings.port})[0] if "oip-grpc" in protocols else 0
     server = ServerProcess(artifact, [*settings.serve_args, *extra], settings.port,
-                           settings.start_timeout_s, token, grpc_port)
+                           settings.start_timeout_s, token, grpc_port, settings.server_cpus)
     report.server[mode] = {"ready": server.ready_line, "command": server.command}
     try:
         if any(p != "json" for p in protocols):
@@ -348,7 +362,8 @@ def load_spec(server: ServerProcess, rows: Rows, clients: int, settings: ServeLo
     return LoadSpec(host="127.0.0.1", port=server.port, clients=clients, seconds=settings.seconds,
                     warmup=settings.warmup, rows=rows, token=server.token,
                     **{"lengths": settings.lengths, "rows_per_request": settings.rows_per_request,
-                       "model": server.oip_model, "grpc_port": server.grpc_port, **changes})
+                       "model": server.oip_model, "grpc_port": server.grpc_port,
+                       "cpus": settings.client_cpus, **changes})
 
 
 def measure_point(server: ServerProcess, rows: Rows, clients: int, settings: ServeLoadSettings,
@@ -517,7 +532,7 @@ def render_serve_load(report: ServeLoadReport) -> str:
     median = f" (median of {rounds} rounds)" if rounds > 1 else ""
     lines = [f"qkan-pack serve load: {report.artifact}, {settings['seconds']:g} s per point"
              f"{median}, {settings['processes']} client processes, "
-             f"{settings['rows_per_request']} row(s) per request; {where}"]
+             f"{settings['rows_per_request']} row(s) per request{split_text(settings)}; {where}"]
     for mode, points in report.curves.items():
         title = mode if mode == "model" else f"{mode} (the JSON route only)"
         lines += ["", f"{title}: {report.server[mode]['ready']}", POINT_HEADER]

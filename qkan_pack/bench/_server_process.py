@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import BenchError
+from ._cpus import pin_cpus
 
 
 class ServerProcess:
     """``python -m qkan_pack serve`` in its own process group; stopped with SIGTERM."""
 
     def __init__(self, artifact: str, args: Sequence[str], port: int, timeout_s: float,
-                 token: str | None = None, grpc_port: int = 0) -> None:
+                 token: str | None = None, grpc_port: int = 0,
+                 cpus: frozenset[int] = frozenset()) -> None:
         self.port = port
         self.token = token
         self.grpc_port = grpc_port
@@ -35,6 +37,9 @@ class ServerProcess:
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, start_new_session=True)
         try:
+            # before it imports Ray (seconds): Ray's processes, HAProxy and the replicas it
+            # starts inherit the set
+            pin_cpus(cpus, self.process.pid)
             self.ready_line = self._wait_ready(timeout_s)
         except BaseException:  # SIGTERM (SystemExit) or Ctrl-C while it starts: stop it too
             self.stop()

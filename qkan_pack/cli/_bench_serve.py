@@ -37,6 +37,31 @@ def client_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def cpu_list(text: str) -> tuple[int, ...]:
+    """``0-7,12``: CPU numbers and ranges, as ``taskset -c`` takes them."""
+    cpus: set[int] = set()
+    for part in comma_list(text):
+        low, _, high = part.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            first, last = 0, -1
+        if not 0 <= first <= last:
+            raise ShapeSpecError(f"{part!r} is not a CPU number or range (write 0-7,12)")
+        cpus.update(range(first, last + 1))
+    if not cpus:
+        raise ShapeSpecError("write CPUs as 0-7,12")
+    return tuple(sorted(cpus))
+
+
+def cpu_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``SERVER:CLIENTS``, two CPU lists (``0-7:8-15``)."""
+    server, colon, clients = text.partition(":")
+    if not colon:
+        raise ShapeSpecError("write the server's CPUs, a colon and the clients', e.g. 0-7:8-15")
+    return cpu_list(server), cpu_list(clients)
+
+
 def protocol_names(text: str) -> tuple[str, ...]:
     protocols = comma_list(text)
     if not protocols:
@@ -84,6 +109,10 @@ def protocol_names(text: str) -> tuple[str, ...]:
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
               help="Measure every point this many rounds, each figure the median (protocols "
               "alternated, each round starting one further along).")
+@click.option("--split-cpus", callback=parsed(cpu_split), metavar="SERVER:CLIENTS",
+              help="Run the server (with Ray, HAProxy and its replicas) on the CPUs SERVER and "
+              "the client processes on CLIENTS, e.g. 0-7:8-15 (disjoint; Linux), so that the "
+              "clients take none of the server's CPU time.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535),
               help="Port the server under test listens on (loopback).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -94,7 +123,8 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                 processes: int | None, serve_args: str, protocols: tuple, rows_per_request: int,
                 no_noop: bool, kill_at: float | None,
                 kill_clients: int, kills: int, kill_every: float, large_body_mb: float | None,
-                lengths: tuple[int, int] | None, rounds: int, port: int,
+                lengths: tuple[int, int] | None, rounds: int,
+                split_cpus: tuple[tuple[int, ...], tuple[int, ...]] | None, port: int,
                 json_path: Path | None, plot_path: Path | None) -> None:
     """Load-test `qkan-pack serve DIRECTORY` (started here as a process) over loopback:
     req/s, rows/s, p50, p99 and rows per replay for each client count and protocol, beside a
@@ -125,7 +155,7 @@ def bench_serve(directory: Path, clients: tuple, seconds: float, warmup: float,
                                  kill_every_s=kill_every,
                                  large_body_mb=large_body_mb, lengths=lengths, port=port,
                                  protocols=protocols, rows_per_request=rows_per_request,
-                                 rounds=rounds, **extra)
+                                 rounds=rounds, split_cpus=split_cpus, **extra)
     token = read_token(_token_file_in(args))
     if is_repository(directory):
         report = run_repository_load(directory, replace(settings, noop=False), token=token)
