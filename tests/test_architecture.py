@@ -79,7 +79,7 @@ PUBLIC = {
         "channels_last_applies", "to_channels_last",
     ],
     "qkan_pack.format": [
-        "AUTO_PRECISION", "CAPTURE_POLICIES", "CapturePolicy", "DEFAULT_MAX_ERROR",
+        "AUTO_PRECISION", "CAPTURE_POLICIES", "COMPILED_MODES", "CapturePolicy", "DEFAULT_MAX_ERROR",
         "CHANNELS_LAST", "CONTIGUOUS", "LAYOUTS", "LayoutFigures", "candidate_name",
         "DEFAULT_VERSION", "DEVICE_TEXT", "DIGEST_PREFIX", "DTYPES", "DType",
         "FORMAT_NAME", "FORMAT_VERSION", "FileEntry", "IDENTIFIER", "INTEGER_DTYPES",

@@ -110,6 +110,23 @@ def test_verify_ok(cli_artifact: tuple[Path, str]) -> None:
     assert "OK:" in result.stdout and "is sound on cpu" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["verify", "predict", "serve"])
+def test_the_compiled_mode_is_an_option_of_every_command_that_loads(command: str) -> None:
+    """Compiled mode is on by default where AOTInductor packages ship: a command that loads
+    can turn it off (or ask for more), as ``Predictor.load`` can."""
+    assert "--compiled [auto|off|shipped|on]" in run(command, "--help").stdout
+    result = run(command, "x", "--compiled", "fast")
+    assert result.exit_code == 2 and "Invalid value for '--compiled': 'fast'" in result.stderr
+
+
+def test_verify_loads_with_the_compiled_mode_asked(cli_artifact: tuple[Path, str]) -> None:
+    path, _ = cli_artifact
+    result = run("verify", path, "--compiled", "shipped")
+    assert result.exit_code == 0, result.output
+    assert "compiled mode: off (compiled='shipped' but precompiled graphs ship for GPU hosts only)" \
+        in result.stdout + result.stderr
+
+
 def test_default_output_is_artifacts_stem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = run("build", MLP, "--shapes", "1x2")

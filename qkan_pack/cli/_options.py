@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..format import LAYOUTS, PRECISIONS, parse_config_items
+from ..format import COMPILED_MODES, LAYOUTS, PRECISIONS, parse_config_items
 from ._params import parsed
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,6 +54,16 @@ def load_precision_option(help: str = LOAD_PRECISION_HELP) -> Decorator:
     """``--precision recorded|fp32|tf32|bf16|fp16`` (``LoadOptions.precision``)."""
     return click.option("--precision", type=click.Choice(["recorded", *PRECISIONS]),
                         default="recorded", show_default=True, help=help)
+
+
+def load_compiled_option() -> Decorator:
+    """``--compiled auto|off|shipped|on`` (``LoadOptions.compiled``)."""
+    return click.option("--compiled", type=click.Choice(COMPILED_MODES), default="auto",
+                        show_default=True,
+                        help="Compiled mode: auto serves the AOTInductor packages `warm "
+                        "--compiled` shipped for this host where every shape has one; off "
+                        "never; shipped serves any precompiled graphs or inductor cache "
+                        "shipped for this host; on also compiles here when none are.")
 
 
 def load_layout_option() -> Decorator:

@@ -13,6 +13,7 @@ from ._options import (
     LOAD_DEVICE_HELP,
     device_option,
     expected_digest_option,
+    load_compiled_option,
     load_layout_option,
     load_precision_option,
     trusted_keys_option,
@@ -50,9 +51,10 @@ def input_files(items: Sequence[str]) -> tuple[tuple[str | None, Path], ...]:
                      "root certificate (PEM). Repeatable.")
 @load_precision_option()
 @load_layout_option()
+@load_compiled_option()
 def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
             expected_digest: str | None, keys: tuple[Path, ...], precision: str,
-            layout: str) -> None:
+            layout: str, compiled: str) -> None:
     """Run DIRECTORY's model on inputs read from files: a summary table, or --output FILE.
 
     Loads as Predictor.load does (verify, self-test, capture on a GPU) and checks the
@@ -77,7 +79,7 @@ def predict(directory: Path, inputs: tuple, output: Path | None, device: str,
 
     with Predictor.load(directory, device=device, expected_digest=expected_digest,
                         trusted_keys=keys, precision=precision, layout=layout,
-                        progress=False) as predictor:
+                        compiled=compiled, progress=False) as predictor:
         manifest = predictor.manifest
         dtypes = {d.name: d.dtype for d in manifest.inputs}
         arrays = read_inputs(inputs, manifest.input_names, dtypes)

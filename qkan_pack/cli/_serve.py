@@ -15,7 +15,7 @@ import click
 
 from .._session import TOKEN_ENV
 from ._app import cli
-from ._options import device_option, load_precision_option, trusted_keys_option
+from ._options import device_option, load_compiled_option, load_precision_option, trusted_keys_option
 from ._output import say
 from ._token import read_token
 
@@ -77,6 +77,7 @@ from ._token import read_token
 @load_precision_option("Replicas load at this precision (each gated on its device against "
                        "the artifact's max error) instead of the one it records for their "
                        "device.")
+@load_compiled_option()
 @click.option("--name", "model_name", metavar="NAME",
               help="The model's name in the Open Inference Protocol's URLs "
                    "(/v2/models/NAME) [default: the artifact's name].")
@@ -91,7 +92,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
           max_batch_wait_ms: float | None, exact: bool, max_ongoing_requests: int | None,
           max_queued_requests: int | None, max_body_mb: float, body_timeout_s: float,
           auth_token_file: Path | None, keys: tuple[Path, ...], grace_s: float, device: str,
-          address: str | None, precision: str, model_name: str | None, grpc_port: int | None,
+          address: str | None, precision: str, compiled: str, model_name: str | None,
+          grpc_port: int | None,
           verbose: bool, noop: bool) -> None:
     """Serve DIRECTORY over HTTP on Ray Serve until Ctrl-C or SIGTERM (pip install
     'qkan-pack[serve]'). DIRECTORY is an artifact (manifest.json at its root) or a model
@@ -171,7 +173,8 @@ def serve(directory: Path, host: str, port: int, replicas: int, gpus_per_replica
             + (f"; gRPC on port {grpc_port}" if grpc_port else ""))
         click.echo(f"Ctrl-C or SIGTERM stops (drains for {grace_s:g} s)", err=True)
 
-    replica = ReplicaLoad(trusted_keys=keys, precision=precision, cpus_per_replica=cpus_per_replica,
+    replica = ReplicaLoad(trusted_keys=keys, precision=precision, compiled=compiled,
+                          cpus_per_replica=cpus_per_replica,
                           gpus_per_replica=gpus_per_replica, noop=noop)
     serve_forever(directory, options, listen, token=token, replica=replica, on_ready=ready,
                   notice=lambda line: click.echo(line, err=True))

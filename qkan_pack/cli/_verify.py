@@ -14,6 +14,7 @@ from ._options import (
     device_option,
     expected_digest_option,
     json_flag,
+    load_compiled_option,
     load_layout_option,
     load_precision_option,
     overrides_option,
@@ -32,10 +33,12 @@ from ._output import emit, say
                      "Repeatable.")
 @load_precision_option()
 @load_layout_option()
+@load_compiled_option()
 @json_flag("Print one JSON document (digest, device, signer, the load report) on "
            "stdout; messages go to stderr.")
 def verify(directory: Path, device: str, expected_digest: str | None, overrides: dict,
-           keys: tuple[Path, ...], precision: str, layout: str, as_json: bool) -> None:
+           keys: tuple[Path, ...], precision: str, layout: str, compiled: str,
+           as_json: bool) -> None:
     """Check integrity (and the signature, with --key), load on DEVICE and run the
     self-test; exit 0 only when sound."""
     from ..runtime import Predictor
@@ -45,7 +48,7 @@ def verify(directory: Path, device: str, expected_digest: str | None, overrides:
         warnings.showwarning = lambda message, *_: say(f"warning: {message}", err=True)
         predictor = Predictor.load(directory, device=device, expected_digest=expected_digest,
                                    config_overrides=overrides, trusted_keys=keys,
-                                   precision=precision, layout=layout)
+                                   precision=precision, layout=layout, compiled=compiled)
     with predictor:
         say(str(predictor.report), err=as_json)
         if predictor.signed_by is not None:

@@ -83,6 +83,11 @@ DEFAULT_MAX_ERROR = 1e-2
 #: layout is a property of how a graph is captured, never of what a caller passes or gets.
 CONTIGUOUS, CHANNELS_LAST = "contiguous", "channels_last"
 LAYOUTS = (CONTIGUOUS, CHANNELS_LAST)
+#: ``Predictor.load``'s ``compiled`` modes (``runtime._compiled``): ``auto`` (the default)
+#: serves shipped AOTInductor packages where every shape has one for this host; ``off``
+#: never compiles; ``shipped`` serves whatever ``warm --compiled`` shipped; ``on`` also
+#: compiles at load when nothing is shipped.
+COMPILED_MODES = ("auto", "off", "shipped", "on")
 #: The loosest ``max_error`` an artifact may declare: beyond a tenth of an output's scale a
 #: "reduced precision" model is another model.
 MAX_MAX_ERROR = 0.1

@@ -189,27 +189,63 @@ def _link_home() -> Path:
 def _lasting_link_dir(compiler: str, library: str) -> Path | None:
     """The link directory for this compiler and library at a path that stays the same
     (named by their digest), made once, atomically (filled apart, then renamed into
-    place), and checked before each use: remade where its script or link differ; ``None``
-    where it or the folders above it are not this user's alone (another user could change
-    the compiler it runs)."""
+    place), and checked before each use; ``None`` where it or its home and the home's
+    folder are not this user's alone (another user could change the compiler it runs), or
+    where its path would not survive torch's command line (it joins the compiler's path
+    into a string and splits it again: a space or quote in the user's name breaks it).
+
+    Concurrent makers: a directory in place is never removed while it holds the right
+    link (another process may be compiling with it). One that differs is renamed aside
+    first, then removed; a rename that loses the race leaves the winner's, used if right."""
     home = _link_home()
+    folder = home / hashlib.sha256(f"{compiler}\0{library}".encode()).hexdigest()[:24]
+    if not _one_word(str(folder)):
+        return None
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return None
     if not (_private(home.parent) and _private(home)):
         return None
-    folder = home / hashlib.sha256(f"{compiler}\0{library}".encode()).hexdigest()[:24]
     if _holds_link(folder, compiler, library):
         return folder
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=home))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=home))
+    except OSError:
+        return None
     try:
         _fill_link_dir(staging, compiler, library, final=folder)
-        shutil.rmtree(folder, ignore_errors=True)  # one that differs
-        os.rename(staging, folder)
-    except OSError:  # another process put its own in place first
-        shutil.rmtree(staging, ignore_errors=True)
+        _replace_link_dir(staging, folder, compiler, library)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone once renamed into place
     return folder if _holds_link(folder, compiler, library) else None
+
+
+def _one_word(path: str) -> bool:
+    """Whether a shell-like split keeps ``path`` whole (no space, quote or backslash)."""
+    try:
+        return shlex.split(path) == [path]
+    except ValueError:  # an unclosed quote
+        return False
+
+
+def _replace_link_dir(staging: Path, folder: Path, compiler: str, library: str) -> None:
+    """Rename ``staging`` to ``folder``; where a directory is there already, keep it if it
+    holds the right link (another process's), else rename it aside and try once more."""
+    try:
+        os.rename(staging, folder)
+        return
+    except OSError:
+        if _holds_link(folder, compiler, library) or not os.path.lexists(folder):
+            return
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=folder.parent))
+    try:
+        os.rename(folder, aside / "old")
+        os.rename(staging, folder)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _private(folder: Path) -> bool:

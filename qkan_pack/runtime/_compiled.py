@@ -13,7 +13,8 @@ served by the eager model's graphs: compiled mode is float32 and contiguous only
 Inductor's caches ship in the host's kernel set (``qkan-pack warm --compiled``) as the bytes
 of ``torch.compiler.save_cache_artifacts()``, digested like every file; at load they are
 populated into a private inductor cache directory that lives as long as the load (the
-user's own cache is never written). No matching set: ``"shipped"`` warns and serves the
+user's own cache is never written, but for the precompiled headers torch's AOTInductor
+compile keeps there, ``_aoti``). No matching set: ``"shipped"`` warns and serves the
 eager model's graphs; ``"on"`` compiles here (tens of seconds on a GPU). A model that dynamo or
 inductor cannot compile, or whose compiled graph cannot be captured, is served as without
 compiled mode, with a warning. The cache holds pickles that torch unpickles: shipped
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError, PrecompileRefusedError
+from ..errors import CaptureError, PrecompileRefusedError, SelfTestError
 from ..format import CapturePolicy, KernelSet, Manifest
 from ._artifact import VerifiedArtifact
 from ._calling import bind_forward
@@ -198,10 +199,11 @@ def _serve_auto(load: CompiledLoad) -> Runner:
     for this host ships AOTInductor packages for every shape (``warm --compiled``), which
     torch's C++ loader runs without importing inductor. Anything else serves the eager
     model's graphs without a warning (nothing was asked for); the report says why where
-    forms ship but are not used. Shipped packages this host refuses fall back as
-    ``"shipped"`` does, with a warning (warm promised them)."""
+    inductor's forms ship but are not used. Shipped packages this host refuses, or whose
+    outputs disagree with the build references, fall back with a warning (warm promised
+    them), never refusing a load that did not ask for compiled mode."""
     report = load.report
-    if report.precision.gated:
+    if report.precision.gated or load.export is not None:  # warm always says what it makes
         return load.eager_runner()
     kernel_set, none_why = host_set(load.artifact, load.target)
     found, why = shipped_precompiled(load.artifact, kernel_set, none_why)
@@ -215,7 +217,11 @@ def _serve_auto(load: CompiledLoad) -> Runner:
         report.compiled = ("off (auto: the shipped precompiled graphs are inductor's Python "
                            "code, whose load imports inductor; compiled='shipped' runs them)")
         return load.eager_runner()
-    runner, refused = _serve_precompiled(load, (found, why))
+    try:
+        runner, refused = _serve_precompiled(load, (found, why))
+    except SelfTestError as exc:  # refused as "shipped" would be, but nobody asked for them
+        return load.fall_back(f"the shipped AOTInductor packages disagree with the build "
+                              f"references ({exc})")
     return runner if runner is not None else load.fall_back(refused)
 
 

@@ -161,7 +161,7 @@ def _load(path: str | Path, device: str | torch.device, options: LoadOptions,
         report = _new_report(artifact, target, options)
         report.stages["verify"] = time.perf_counter() - verify_started
         check_compatibility(artifact.manifest, report.warn)
-        with _caches_first(options), _kernel_cache(artifact, target, options.kernels, report):
+        with _caches_first(options, target), _kernel_cache(artifact, target, options.kernels, report):
             if _current_or_cpu(target):  # CPU work, while the driver creates the context
                 with report.stage("import"):
                     source_module(artifact)
@@ -197,12 +197,16 @@ def _new_report(artifact: VerifiedArtifact, target: torch.device,
     )
 
 
-def _caches_first(options: LoadOptions) -> Any:
+def _caches_first(options: LoadOptions, target: torch.device) -> Any:
     """Compiled mode points inductor's process-wide cache at a private copy under
     ``PROCESS_CACHES``, inside the capture session; a load that may do so takes that lock
     first, in the order shipped kernels take it (caches, then capture session: never the
-    reverse, which could deadlock against another thread's load)."""
-    return PROCESS_CACHES if options.compiled != "off" else nullcontext()
+    reverse, which could deadlock against another thread's load). A default (``"auto"``)
+    load may only on a GPU, where forms ship: on a CPU, loads on several threads still
+    run side by side."""
+    may_compile = options.compiled in ("shipped", "on") or (
+        options.compiled == "auto" and target.type == "cuda")
+    return PROCESS_CACHES if may_compile else nullcontext()
 
 
 def _current_or_cpu(target: torch.device) -> bool:

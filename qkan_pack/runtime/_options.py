@@ -12,16 +12,13 @@ from typing import Any, ClassVar
 
 from .._checked import CheckedOptions
 from ..errors import LoadOptionError, ShapeSpecError
-from ..format import DIGEST_PREFIX, LAYOUTS, PRECISIONS, SHA256_HEX, check_config
+from ..format import COMPILED_MODES, DIGEST_PREFIX, LAYOUTS, PRECISIONS, SHA256_HEX, check_config
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
 __all__ = ["INDUCTOR_MODE", "LoadOptions"]
 
 
 KERNEL_MODES = ("auto", "off")
-#: Compiled mode (``_compiled``): where shipped AOTInductor packages serve every shape (the
-#: default); off; on with shipped forms only; on always.
-COMPILED_MODES = ("auto", "off", "shipped", "on")
 #: ``precision``: what the artifact records for this device, or one precision by name.
 PRECISION_MODES = ("recorded", *PRECISIONS)
 #: ``layout``: what the artifact records for this device, or one layout by name.

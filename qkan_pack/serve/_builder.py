@@ -29,8 +29,7 @@ from ..format import SHA256_HEX
 from ._app import ServeOptions, app_for
 from ._auth import read_token_file, token_digest
 from ._http import HttpLimits
-from ._launch import load_options
-from ._settings import READERS, apply_settings, text_value
+from ._settings import READERS, apply_settings, load_options, text_value
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -91,4 +90,5 @@ def app_builder(args: dict[str, Any]) -> Application:
     expected = read.get("digest")
     artifact = read_artifact(read["artifact"], expected_digest=expected, trusted_keys=keys)
     return app_for(dataclasses.replace(artifact, files={}), options,
-                   predictor_options=load_options(keys, read.get("precision", "recorded")))
+                   predictor_options=load_options(keys, read.get("precision", "recorded"),
+                                                  read.get("compiled", "auto")))

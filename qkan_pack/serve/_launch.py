@@ -62,6 +62,7 @@ from ._repository import (
 )
 from ._router import router_app
 from ._routes import ROUTER_APP, Generation, publish_routes, write_admission
+from ._settings import load_options
 from ._versions import Repository, admission_of, start_version
 from ._workdir import WORKDIR_PREFIX, owned_workdir, stop_recorded_processes, sweep_stale_workdirs
 
@@ -93,12 +94,14 @@ class Listen:
 @dataclass(frozen=True)
 class ReplicaLoad:
     """What every replica loads and asks the cluster for: the keys the artifact must be
-    signed by (checked before Ray starts too), the precision it runs (``Predictor.load``'s
-    ``precision``), CPUs and GPUs each (None: fitted to the cluster, ``fit_resources``), and
+    signed by (checked before Ray starts too), the precision it runs and its compiled mode
+    (``Predictor.load``'s ``precision`` and ``compiled``), CPUs and GPUs each (None: fitted
+    to the cluster, ``fit_resources``), and
     ``noop``: a fixed reply without the model (the load test's baseline)."""
 
     trusted_keys: Sequence[str | os.PathLike[str]] = ()
     precision: str = "recorded"
+    compiled: str = "auto"
     cpus_per_replica: float | None = None
     gpus_per_replica: float | None = None
     noop: bool = False
@@ -242,7 +245,7 @@ def serve_forever(path: str | os.PathLike[str], options: ServeOptions | None = N
         fitted = fit_resources(options, replica.cpus_per_replica, replica.gpus_per_replica,
                                session.resources())
         app = app_for(artifact, fitted, noop=replica.noop,
-                      predictor_options=load_options(keys, replica.precision))
+                      predictor_options=load_options(keys, replica.precision, replica.compiled))
         return session.deploy(app, stopping) is not None
 
     _serve_until_stopped(listen, options, token, start, on_ready=on_ready, notice=notice,
@@ -300,7 +303,7 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
                          f"({root}/<name>/<version>/)")
     keys = tuple(os.fspath(key) for key in replica.trusted_keys)
     defaults = Defaults(replace(options, grpc=listen.grpc_port is not None), keys,
-                        replica.precision)
+                        replica.precision, replica.compiled)
     plans = plan_repository(scan_repository(root), defaults)
     for plan in plans:
         if plan.signed_by is not None:
@@ -322,14 +325,6 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
     _serve_until_stopped(listen, ingress, token, start,
                          repository_env={GRPC_APPLICATION_ENV: ROUTER_APP},
                          on_ready=on_ready, notice=notice, stop=stop)
-
-
-def load_options(keys: Sequence[str], precision: str) -> dict[str, Any] | None:
-    """What each replica passes ``Predictor.load`` beyond the artifact (None: nothing)."""
-    options: dict[str, Any] = {"trusted_keys": list(keys)} if keys else {}
-    if precision != "recorded":
-        options["precision"] = precision
-    return options or None
 
 
 def fetch_json(url: str, token: str | None, timeout_s: float = 30.0) -> dict[str, Any]:

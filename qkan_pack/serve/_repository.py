@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FileReadError, PlacementError, QkanPackError, RepositoryError
 from ..format import MANIFEST_NAME, MODEL_NAME
-from ._settings import READERS, TEXT_SETTINGS, apply_settings, read_setting
+from ._settings import READERS, TEXT_SETTINGS, apply_settings, load_options, read_setting
 
 if TYPE_CHECKING:
     from ..format import Manifest
@@ -285,12 +285,13 @@ class VersionPlan:
 @dataclass(frozen=True)
 class Defaults:
     """What every model starts from: the command line's options (its model name and version
-    are each version's own), trusted keys and precision; the per-replica CPUs and GPUs of a
+    are each version's own), trusted keys, precision and compiled mode; the per-replica CPUs and GPUs of a
     model whose config sets none (``share``, filled at start from the cluster)."""
 
     options: ServeOptions
     keys: tuple[str, ...] = ()
     precision: str = "recorded"
+    compiled: str = "auto"
     cpus_per_replica: float | None = None
     gpus_per_replica: float | None = None
 
@@ -344,12 +345,10 @@ def plan_version(version: VersionDir, options: ServeOptions, defaults: Defaults,
     options = dataclasses.replace(options, model_name=version.model,
                                   model_version=str(version.version)).for_artifact(
         artifact.manifest)
-    precision = settings.get("precision", defaults.precision)
-    load: dict[str, Any] = {"trusted_keys": list(defaults.keys)} if defaults.keys else {}
-    if precision != "recorded":
-        load["precision"] = precision
+    load = load_options(defaults.keys, settings.get("precision", defaults.precision),
+                        settings.get("compiled", defaults.compiled))
     return VersionPlan(version.model, version.version, os.path.abspath(artifact.path),
-                       artifact.digest, options, load or None, artifact.signed_by, dict(settings))
+                       artifact.digest, options, load, artifact.signed_by, dict(settings))
 
 
 def plan_repository(models: Iterable[ModelDir], defaults: Defaults) -> list[VersionPlan]:

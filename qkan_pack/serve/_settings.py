@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..format import PRECISIONS
+from ..format import COMPILED_MODES, PRECISIONS
 from ._app import MAX_BATCH_SIZE, MAX_GRACE_S, MAX_REPLICAS, ServeOptions
 
 
@@ -69,6 +69,13 @@ def _precision(value: Any) -> str:
     return text
 
 
+def _compiled(value: Any) -> str:
+    text = text_value(value)
+    if text not in COMPILED_MODES:
+        raise ValueError(f"give one of {', '.join(COMPILED_MODES)}")
+    return text
+
+
 #: How the text of each deployment setting is read (a YAML or TOML value, or ``key=value``).
 READERS: Mapping[str, Callable[[Any], Any]] = {
     "replicas": _within(1, MAX_REPLICAS, _integer), "gpus_per_replica": _finite,
@@ -76,11 +83,11 @@ READERS: Mapping[str, Callable[[Any], Any]] = {
     "max_batch_size": _within(1, MAX_BATCH_SIZE, _integer), "max_batch_wait_ms": _finite,
     "exact": _boolean, "max_ongoing_requests": _integer, "max_queued_requests": _integer,
     "max_body_mb": _within(0.001, 65536.0), "body_timeout_s": _within(0.1, 86400.0),
-    "grace_s": _within(0, MAX_GRACE_S), "precision": _precision,
+    "grace_s": _within(0, MAX_GRACE_S), "precision": _precision, "compiled": _compiled,
 }
 #: Settings that are text by nature (a TOML file must give the others as numbers or
 #: booleans: ``replicas = "2"`` is a typo there, not a value).
-TEXT_SETTINGS = frozenset({"device", "precision"})
+TEXT_SETTINGS = frozenset({"device", "precision", "compiled"})
 #: ``ServeOptions`` fields set by a setting of the same name.
 _OPTION_FIELDS = ("replicas", "gpus_per_replica", "cpus_per_replica", "device",
                   "max_batch_size", "max_batch_wait_ms", "exact", "grace_s")
@@ -93,7 +100,8 @@ def read_setting(key: str, value: Any) -> Any:
 
 def apply_settings(options: ServeOptions, read: Mapping[str, Any]) -> ServeOptions:
     """``options`` with each read setting in ``read`` replacing its field (keys outside
-    ``READERS``, and ``precision``, which is the load's, are left to the caller). The result
+    ``READERS``, and ``precision`` and ``compiled``, which are the load's, are left to the
+    caller). The result
     is checked as every ``ServeOptions`` is (ranges: ``ServeError``)."""
     limits = options.limits
     if "max_ongoing_requests" in read:
@@ -106,3 +114,15 @@ def apply_settings(options: ServeOptions, read: Mapping[str, Any]) -> ServeOptio
         limits = dataclasses.replace(limits, body_timeout_s=read["body_timeout_s"])
     fields = {key: read[key] for key in _OPTION_FIELDS if key in read}
     return dataclasses.replace(options, **fields, limits=limits)
+
+
+def load_options(keys: Sequence[str], precision: str = "recorded",
+                 compiled: str = "auto") -> dict[str, Any] | None:
+    """What each replica passes ``Predictor.load`` beyond the artifact (None: nothing): the
+    keys, and the precision and compiled mode where they are not the defaults."""
+    options: dict[str, Any] = {"trusted_keys": list(keys)} if keys else {}
+    if precision != "recorded":
+        options["precision"] = precision
+    if compiled != "auto":
+        options["compiled"] = compiled
+    return options or None

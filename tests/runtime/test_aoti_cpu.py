@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,7 +39,8 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 @pytest.fixture(autouse=True)
 def link_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The lasting link directories of each test in a home of its own, not the user's cache."""
+    """The lasting link directories of each test in a home of its own (torch keeps the
+    precompiled headers of the slow test's compile in the user's inductor cache, as always)."""
     home = tmp_path_factory.mktemp("cache") / "qkan-pack-link"
     monkeypatch.setattr(_aoti, "_link_home", lambda: home)
     return home
@@ -326,3 +328,56 @@ def test_a_package_made_by_the_route_links_the_shared_libstdcxx(static_compiler:
     with torch.no_grad():
         (got,) = load_aoti(data, "cpu")(x)
         torch.testing.assert_close(got, model(x))
+
+
+def _make_and_keep(home: str, barrier: Any, answers: Any) -> None:
+    """One of several processes making the lasting directory at once, then compiling with
+    it (the script must stay in place while it does)."""
+    import time
+
+    _aoti._link_home = lambda: Path(home)  # a forked child of the test
+    compiler, library = shutil.which("g++") or "g++", loaded_libstdcxx()
+    barrier.wait()
+    folder = _aoti._lasting_link_dir(compiler, library)
+    vanished = False
+    if folder is not None:
+        script, until = folder / "bin" / os.path.basename(compiler), time.monotonic() + 0.05
+        while time.monotonic() < until:
+            vanished |= not os.access(script, os.X_OK)
+    answers.put((folder is None, vanished))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks its makers")
+def test_makers_racing_each_get_the_lasting_directory_and_none_removes_it_in_use(tmp_path: Path) -> None:
+    """Four processes at once, thirty times: a maker removed the directory another had just
+    checked and was compiling with (it then linked without the link, or fell back)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    outcomes = []
+    for round_ in range(30):
+        home = tmp_path / str(round_) / "qkan-pack-link"
+        home.parent.mkdir(mode=0o700)
+        barrier, answers = context.Barrier(4), context.Queue()
+        makers = [context.Process(target=_make_and_keep, args=(str(home), barrier, answers))
+                  for _ in range(4)]
+        for maker in makers:
+            maker.start()
+        outcomes += [answers.get(timeout=60) for _ in makers]
+        for maker in makers:
+            maker.join(timeout=60)
+        assert [p.name for p in home.iterdir()] == [next(home.iterdir()).name]  # no staging left
+    assert outcomes == [(False, False)] * 120
+
+
+@pytest.mark.parametrize("name", ["with space", "o'brien"])
+def test_a_home_torchs_command_line_would_split_serves_a_temporary_directory(
+        name: str, static_compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch joins the compiler's path into a command string and splits it again: a space
+    or quote in the path (the user's name is in it) broke every compile."""
+    home = tmp_path / name / "qkan-pack-link"
+    home.parent.mkdir(mode=0o700)
+    monkeypatch.setattr(_aoti, "_link_home", lambda: home)
+    with inductor_config.patch({"cpp.cxx": (static_compiler,)}), shared_libstdcxx_link() as folder:
+        assert not folder.is_relative_to(home) and not home.exists()
+        assert inductor_config.aot_inductor.precompile_headers is False

@@ -42,7 +42,7 @@ class _AutoLoad:
     def __init__(self, gated: bool = False) -> None:
         self.options = LoadOptions()
         self.report = SimpleNamespace(compiled="off", precision=SimpleNamespace(gated=gated))
-        self.artifact, self.target, self.samples = None, torch.device("cuda"), []
+        self.artifact, self.target, self.samples, self.export = None, torch.device("cuda"), [], None
         self.warned: list[str] = []
 
     def eager_runner(self) -> str:
@@ -104,6 +104,55 @@ def test_shipped_packages_this_host_refuses_fall_back_with_a_warning(monkeypatch
     load = _AutoLoad()
     assert _compiled.serve_compiled(load) == "eager"  # type: ignore[arg-type]
     assert load.warned == ["this torch cannot load the AOTInductor package"]
+
+
+def test_shipped_packages_that_disagree_fall_back_instead_of_refusing_a_default_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody asked for them: ``"shipped"`` refuses such a load (``SelfTestError``), the
+    default serves the default graphs, saying why."""
+    from qkan_pack.errors import SelfTestError
+
+    def disagree(load: object, found: object) -> None:
+        raise SelfTestError(shape="1x2", compared="precompiled outputs", max_abs=1.0,
+                            tolerance=(1e-5, 1e-6), hint="load without compiled mode")
+
+    monkeypatch.setattr(_compiled, "host_set", lambda artifact, target: ("set", ""))
+    monkeypatch.setattr(_compiled, "shipped_precompiled",
+                        lambda artifact, kernel_set, why: (("key", _plan("aoti"), {}), "shipped"))
+    monkeypatch.setattr(_compiled, "_serve_precompiled", disagree)
+    load = _AutoLoad()
+    assert _compiled.serve_compiled(load) == "eager"  # type: ignore[arg-type]
+    (why,) = load.warned
+    assert why.startswith("the shipped AOTInductor packages disagree with the build references "
+                          "(self-test failed for shape 1x2: precompiled outputs differ by up to 1")
+
+
+def test_a_default_cpu_load_runs_beside_another_threads_compiled_load(plain_artifact: Path) -> None:
+    """A default load took the compiled-mode lock (``PROCESS_CACHES``) whatever its device,
+    so default loads on several threads ran one after another; on a CPU, where no forms
+    ship, it takes none."""
+    import threading
+
+    from qkan_pack.runtime._kernels import PROCESS_CACHES
+
+    held, release, order = threading.Event(), threading.Event(), []
+
+    def hold() -> None:
+        with PROCESS_CACHES:
+            held.set()
+            release.wait(timeout=60)
+            order.append("released")
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout=60)
+    try:
+        Predictor.load(plain_artifact)
+        order.append("loaded")
+    finally:
+        release.set()
+        holder.join()
+    assert order == ["loaded", "released"]
 
 
 def test_a_default_load_without_shipped_forms_says_nothing_of_compiled_mode(plain_artifact: Path) -> None:

@@ -179,7 +179,9 @@ def _wait_for(url: str, payload: Any, process: subprocess.Popen, timeout_s: floa
 
 
 def test_replicas_load_at_the_precision_asked() -> None:
-    from qkan_pack.serve._launch import load_options
+    from qkan_pack.serve._settings import load_options
 
     assert load_options([], "recorded") is None
     assert load_options(["k.pem"], "bf16") == {"trusted_keys": ["k.pem"], "precision": "bf16"}
+    assert load_options([], "recorded", "auto") is None  # the defaults are not passed
+    assert load_options([], "recorded", "off") == {"compiled": "off"}

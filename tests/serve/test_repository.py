@@ -148,7 +148,7 @@ def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
     repo = _repository(tmp_path / "repo", {"mlp/1": built["mlp1"], f"mlp/{MODEL_CONFIG}": (
         "# the classifier's settings\nreplicas = 2\nmax_batch_size = 4\nexact = true\n"
         "max_ongoing_requests = 12\nmax_body_mb = 1.5\nprecision = \"fp32\"\n"
-        "cpus_per_replica = 0.25\n")})
+        "cpus_per_replica = 0.25\ncompiled = \"off\"\n")})
     cli = _defaults(grace_s=3.0, max_batch_wait_ms=2.0,
                     limits=HttpLimits(body_timeout_s=9.0, token_sha256=TOKEN_SHA))
     (plan,), problems = plan_model(scan_model(repo, "mlp"), cli)
@@ -160,7 +160,7 @@ def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
     assert options.limits.max_body_bytes == int(1.5 * 2**20)
     assert options.limits.body_timeout_s == 9.0 and options.limits.token_sha256 == TOKEN_SHA
     assert (options.model_name, options.model_version) == ("mlp", "1")
-    assert plan.predictor_options == {"precision": "fp32"}
+    assert plan.predictor_options == {"precision": "fp32", "compiled": "off"}
     assert plan.settings["replicas"] == 2
 
 
@@ -169,6 +169,7 @@ def test_a_model_config_applies_over_the_command_line(built: dict[str, Path],
     ('replicas = "2"\n', "replicas = '2': give a number or true/false, not text"),
     ("max_batch_size = 2.5\n", "max_batch_size = 2.5: not a whole number"),
     ("exact = 3\n", "exact = 3: not true or false"),
+    ('compiled = "fast"\n', "compiled = 'fast': give one of auto, off, shipped, on"),
     ("exact = 1\n", "exact = 1: not true or false"),
     ('exact = "yes"\n', "exact = 'yes': give a number or true/false, not text"),
     ("grace_s = 1e300\n", "grace_s = 1e+300: outside [0, 3600]"),
