@@ -119,6 +119,25 @@ def test_the_compiled_mode_is_an_option_of_every_command_that_loads(command: str
     assert result.exit_code == 2 and "Invalid value for '--compiled': 'fast'" in result.stderr
 
 
+@pytest.mark.parametrize(("args", "compiled"), [((), "auto"), (("--compiled", "off"), "off")])
+def test_serve_hands_the_compiled_mode_to_every_replica(
+        args: tuple[str, ...], compiled: str, cli_artifact: tuple[Path, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    import qkan_pack.serve
+
+    seen = []
+
+    def serve_forever(directory: object, *args: object, replica: object, **kwargs: object) -> None:
+        seen.append(replica)
+
+    monkeypatch.setattr(qkan_pack.serve, "serve_forever", serve_forever)
+    result = run("serve", str(cli_artifact[0]), "--device", "cpu", *args)
+    assert result.exit_code == 0, result.output
+    (replica,) = seen
+    assert replica.compiled == compiled  # type: ignore[attr-defined]
+
+
 def test_verify_loads_with_the_compiled_mode_asked(cli_artifact: tuple[Path, str]) -> None:
     path, _ = cli_artifact
     result = run("verify", path, "--compiled", "shipped")
