@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from qkan_pack.bench._load import _pushback, _retry_after
 
+from ._stub import stub_server
+
 
 class _RpcError(Exception):
     def __init__(self, trailing: tuple) -> None:
@@ -29,36 +31,16 @@ def test_every_client_starts_at_one_moment_and_its_cpu_counts_every_request_sent
     and before their processes' CPU was read: about a third of the requests counted in
     ``sent`` had no CPU counted (a stub server saw 86 of 224 before the start). Now none
     arrives before the start, and the clients' CPU is spread over requests it paid for."""
-    import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from qkan_pack.bench._load import LoadSpec, RowInput, run_load
 
     arrivals: list[float] = []
 
-    class Answer(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            arrivals.append(time.time())
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with stub_server(lambda: arrivals.append(time.time())) as port:
         called = time.time()
-        result = run_load(LoadSpec(host="127.0.0.1", port=server.server_address[1], clients=2,
-                                   seconds=0.3, warmup=0.1, rows=(RowInput("x", (2,)),)), 1)
-    finally:
-        server.shutdown()
+        result = run_load(LoadSpec(host="127.0.0.1", port=port, clients=2, seconds=0.3,
+                                   warmup=0.1, rows=(RowInput("x", (2,)),)), 1)
     # run_load starts every client one second after it is called (the processes spawn)
     assert arrivals and min(arrivals) >= called + 0.9, min(arrivals) - called
     assert result.sent == len(arrivals) and result.cpu_s > 0

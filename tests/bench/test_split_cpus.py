@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,8 @@ from qkan_pack.bench import ServeLoadSettings
 from qkan_pack.bench._cpus import cpu_text, pin_cpus, split_text
 from qkan_pack.bench._load import LoadSpec, RowInput, run_load
 from qkan_pack.errors import BenchError
+
+from ._stub import stub_server
 
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 needs_two = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs this process may use")
@@ -75,28 +75,13 @@ def _pool_workers() -> list[int]:
 def test_the_client_processes_run_on_the_clients_cpus() -> None:
     seen: dict[int, set[int]] = {}
 
-    class Answer(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def note_workers() -> None:
+        for pid in _pool_workers():
+            seen.setdefault(pid, set(os.sched_getaffinity(pid)))
 
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            for pid in _pool_workers():
-                seen.setdefault(pid, set(os.sched_getaffinity(pid)))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        result = run_load(LoadSpec(host="127.0.0.1", port=server.server_address[1], clients=2,
-                                   seconds=0.3, warmup=0.1, rows=(RowInput("x", (2,)),),
+    with stub_server(note_workers) as port:
+        result = run_load(LoadSpec(host="127.0.0.1", port=port, clients=2, seconds=0.3,
+                                   warmup=0.1, rows=(RowInput("x", (2,)),),
                                    cpus=frozenset({ALLOWED[-1]})), 2)
-    finally:
-        server.shutdown()
     assert result.sent > 0 and seen
     assert all(cpus == {ALLOWED[-1]} for cpus in seen.values()), seen
