@@ -12,8 +12,10 @@
 # 4-replica run and the no-op out; FOUR_ONLY=1 runs the 4-replica run alone (with NO_ROWS=1:
 # one call for each replica count); CLIENTS=32,128 measures only those loads (about 2 minutes
 # with both); ROUND_COUNT=N takes each point's median over N rounds (3; 5 fits one replica
-# count per call); SPLIT_CPUS=0-7:8-15 runs the server on the first CPUs and the client
-# processes on the others (bench-serve --split-cpus).
+# count per call); POINT_SECONDS=S measures each round of a point for S seconds (2; one
+# replica count with ROUND_COUNT=5 and POINT_SECONDS=4 takes about 7 minutes); SPLIT_CPUS=0-7:8-15
+# runs the server on the first CPUs and the client processes on the others
+# (bench-serve --split-cpus).
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
@@ -34,7 +36,7 @@ bench() {
     timeout --kill-after=90 "$left" python3 -m qkan_pack bench-serve "$ARTIFACT" \
         --processes 8 --clients "${CLIENTS:-8,32,128,512}" ${SPLIT_CPUS:+--split-cpus "$SPLIT_CPUS"} "$@"
 }
-ROUNDS="--rounds ${ROUND_COUNT:-3} --seconds 2 --warmup 0.5"
+ROUNDS="--rounds ${ROUND_COUNT:-3} --seconds ${POINT_SECONDS:-2} --warmup 0.5"
 {
     echo "== commit $COMMIT"
     [ "$PROTOCOLS" = json,oip-binary ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
