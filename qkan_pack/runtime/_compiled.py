@@ -248,7 +248,7 @@ def _serve_precompiled(load: CompiledLoad,
                 source = f"shipped with the kernel set {key}, loaded without tracing"
             else:
                 made, files, compiled_forward = precompile(load.model, load.forward, load.samples,
-                                                           report.config)
+                                                           report.config, load.target)
                 source = "traced and compiled here"
             outputs = [_forward(compiled_forward, inputs) for _, inputs in load.samples]
             # first calls autotune: warm ships the choices beside the graphs it made

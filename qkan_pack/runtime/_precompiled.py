@@ -352,15 +352,16 @@ def makes_aoti(device: torch.device) -> bool:
 
 
 def precompile(model: torch.nn.Module, forward: Callable[..., Any],
-               samples: Sequence[tuple[str, list[torch.Tensor]]], config: Mapping[str, Any]
-               ) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
-    """Trace and compile every shape of the model built with ``config``: the plan, the graph
-    files by name (``<index>.pt2`` or ``<index>.bin``, by form) and the forward that calls
-    them."""
+               samples: Sequence[tuple[str, list[torch.Tensor]]], config: Mapping[str, Any],
+               target: torch.device) -> tuple[Plan, dict[str, bytes], PrecompiledForward]:
+    """Trace and compile every shape of the model built with ``config`` for ``target`` (the
+    load's resolved device, as ``load_precompiled`` checks it, whatever device a sample's
+    inputs are on): the plan, the graph files by name (``<index>.pt2`` or ``<index>.bin``, by
+    form) and the forward that calls them."""
     shapes: list[ShapePlan] = []
     files: dict[str, bytes] = {}
     graphs: list[Callable[..., Any]] = []
-    device = str(samples[0][1][0].device) if samples and samples[0][1] else "cpu"
+    device = str(target)
     for index, (label, inputs) in enumerate(samples):
         gm, example, shape = trace_graph(model, forward, inputs)
         made = compile_graph(gm, example, device)

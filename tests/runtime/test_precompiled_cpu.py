@@ -238,7 +238,7 @@ def test_aoti_forms_load_in_a_fresh_process_without_inductors_python(
     model = Cached().eval()
     samples = [("2x4", _inputs(2))]
     plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples,
-                                   {"width": 4})
+                                   {"width": 4}, torch.device("cpu"))
     assert [(shape.form, shape.file) for shape in plan.shapes] == [("aoti", "0.pt2")]
     with torch.no_grad():
         eager = model(*samples[0][1])
@@ -300,7 +300,7 @@ def test_forms_made_here_load_in_a_fresh_process_without_tracing(tmp_path: Path)
     model = Cached().eval()
     samples = [("1x4", _inputs(1)), ("3x4", _inputs(3))]
     plan, files, made = precompile(model, bind_forward(model, ["x", "y"], "keyword"), samples,
-                                   {"width": 4})
+                                   {"width": 4}, torch.device("cpu"))
     for _, inputs in samples:
         with torch.no_grad():
             eager = model(*inputs)
