@@ -42,6 +42,7 @@ files live in the artifact (``_kernels``), making and loading AOTInductor packag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -408,7 +409,7 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
     ``device`` and the model built with ``config``. Shipped
     autotuning choices are restored into inductor's cache directory first
     (``TORCHINDUCTOR_CACHE_DIR``: the caller's private one)."""
-    plan = Plan.from_json(plan_bytes)
+    plan = _read_plan(plan_bytes)
     if plan.torch != torch.__version__:
         raise PrecompileRefusedError(f"made with torch {plan.torch}, this is {torch.__version__}")
     if json.dumps(plan.config, sort_keys=True) != json.dumps(dict(config), sort_keys=True):
@@ -435,8 +436,17 @@ def load_precompiled(model: torch.nn.Module, plan_bytes: bytes, files: Mapping[s
 def all_aoti(plan_bytes: bytes) -> bool:
     """Whether a shipped plan gives every shape AOTInductor's form (refused, as
     ``Plan.from_json`` refuses, where it cannot be read)."""
-    shapes = Plan.from_json(plan_bytes).shapes
+    shapes = _read_plan(plan_bytes).shapes
     return bool(shapes) and all(shape.form == "aoti" for shape in shapes)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_plan(plan_bytes: bytes) -> Plan:
+    """``Plan.from_json``, once per shipped plan: a default GPU load asks ``all_aoti`` before
+    ``load_precompiled`` reads the same bytes, and reading and checking a plan of 8 shapes
+    takes milliseconds. A refusal is not kept (each call refuses again); a ``Plan`` is
+    frozen, so the two share it safely."""
+    return Plan.from_json(plan_bytes)
 
 
 def load_graph(shape: ShapePlan, data: bytes, device: str) -> Callable[..., Any]:

@@ -62,18 +62,15 @@ def _within(low: float, high: float, number: Callable[[Any], Any] = _finite
     return read
 
 
-def _precision(value: Any) -> str:
-    text = text_value(value)
-    if text not in ("recorded", *PRECISIONS):
-        raise ValueError(f"give recorded or one of {', '.join(PRECISIONS)}")
-    return text
-
-
-def _compiled(value: Any) -> str:
-    text = text_value(value)
-    if text not in COMPILED_MODES:
-        raise ValueError(f"give one of {', '.join(COMPILED_MODES)}")
-    return text
+def _one_of(allowed: Sequence[str], told: str) -> Callable[[Any], str]:
+    """A reader of a text setting that must be one of ``allowed`` (refused as ``give
+    <told>``)."""
+    def read(value: Any) -> str:
+        text = text_value(value)
+        if text not in allowed:
+            raise ValueError(f"give {told}")
+        return text
+    return read
 
 
 #: How the text of each deployment setting is read (a YAML or TOML value, or ``key=value``).
@@ -83,7 +80,9 @@ READERS: Mapping[str, Callable[[Any], Any]] = {
     "max_batch_size": _within(1, MAX_BATCH_SIZE, _integer), "max_batch_wait_ms": _finite,
     "exact": _boolean, "max_ongoing_requests": _integer, "max_queued_requests": _integer,
     "max_body_mb": _within(0.001, 65536.0), "body_timeout_s": _within(0.1, 86400.0),
-    "grace_s": _within(0, MAX_GRACE_S), "precision": _precision, "compiled": _compiled,
+    "grace_s": _within(0, MAX_GRACE_S),
+    "precision": _one_of(("recorded", *PRECISIONS), f"recorded or one of {', '.join(PRECISIONS)}"),
+    "compiled": _one_of(COMPILED_MODES, f"one of {', '.join(COMPILED_MODES)}"),
 }
 #: Settings that are text by nature (a TOML file must give the others as numbers or
 #: booleans: ``replicas = "2"`` is a typo there, not a value).
