@@ -1,0 +1,36 @@
+#!/bin/bash
+# Where one replica's CPU goes per protocol (issue 43 item 3): for each of the JSON route,
+# binary HTTP and gRPC, one `bench-serve` run at 32 clients (1 replica, --split-cpus), with
+# py-spy sampling the replica for 8 s of its steady load. About 2.5 minutes.
+# Needs py-spy carried: a static py-spy binary at .tools/py-spy (copy it from a venv's bin/).
+# Files: $OUT/r/profile-<protocol>.raw (py-spy's collapsed stacks), profile-<protocol>.txt
+# (bench-serve's table), profile-summary.txt (benchmarks/profile_stacks.py over the three).
+source benchmarks/device/setup.sh
+ARTIFACT=/tmp/mlp64
+build_serving_artifact "$ARTIFACT" 1x2,8x2,32x2,64x2
+SPY=.tools/py-spy
+[ -x "$SPY" ] || { echo "no $SPY: carry .tools with a static py-spy binary"; exit 2; }
+for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
+    python3 -m qkan_pack bench-serve "$ARTIFACT" --protocol "$protocol" --clients 32 \
+        --processes 8 --seconds 16 --warmup 2 --no-noop --split-cpus "${SPLIT_CPUS:-0-7:8-15}" \
+        > "$RESULTS/profile-$protocol.txt" 2>&1 &
+    bench=$!
+    replica=
+    for _ in $(seq 90); do
+        replica=$(pgrep -f "ServeReplica:default" | head -1)
+        [ -n "$replica" ] && break
+        sleep 1
+    done
+    # The replica answers once its graphs are captured; the timed load starts 2 s later.
+    for _ in $(seq 60); do
+        grep -q "model: serving" "$RESULTS/profile-$protocol.txt" 2>/dev/null && break
+        sleep 1
+    done
+    sleep 6
+    "$SPY" record --pid "$replica" --duration 8 --rate 250 --format raw --nonblocking \
+        -o "$RESULTS/profile-$protocol.raw" > "$RESULTS/profile-$protocol.spy.txt" 2>&1
+    wait "$bench"
+    echo "== $protocol (replica $replica)"
+    tail -n 3 "$RESULTS/profile-$protocol.txt"
+done
+python3 benchmarks/profile_stacks.py "$RESULTS"/profile-*.raw | tee "$RESULTS/profile-summary.txt"
