@@ -2,14 +2,16 @@
 # Where one replica's CPU goes per protocol (issue 43 item 3): for each of the JSON route,
 # binary HTTP and gRPC, one `bench-serve` run at 32 clients (1 replica, --split-cpus), with
 # py-spy sampling the replica for 8 s of its steady load. About 2.5 minutes.
-# Needs py-spy carried: a static py-spy binary at .tools/py-spy (copy it from a venv's bin/).
+# Needs py-spy carried: its static binary, stripped and xz-compressed, at .tools/py-spy.xz
+# (benchmarks/device/README.md; the whole carry must stay under 64 MiB).
 # Files: $OUT/r/profile-<protocol>.raw (py-spy's collapsed stacks), profile-<protocol>.txt
 # (bench-serve's table), profile-summary.txt (benchmarks/profile_stacks.py over the three).
 source benchmarks/device/setup.sh
 ARTIFACT=/tmp/mlp64
 build_serving_artifact "$ARTIFACT" 1x2,8x2,32x2,64x2
-SPY=.tools/py-spy
-[ -x "$SPY" ] || { echo "no $SPY: carry .tools with a static py-spy binary"; exit 2; }
+SPY=/tmp/py-spy
+xz -dc .tools/py-spy.xz > "$SPY" && chmod +x "$SPY" \
+    || { echo "no .tools/py-spy.xz: carry .tools with py-spy's static binary, xz-compressed"; exit 2; }
 for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
     python3 -m qkan_pack bench-serve "$ARTIFACT" --protocol "$protocol" --clients 32 \
         --processes 8 --seconds 16 --warmup 2 --no-noop --split-cpus "${SPLIT_CPUS:-0-7:8-15}" \
