@@ -6,7 +6,7 @@ protocol's extra CPU per request is found by where it is spent.
     python benchmarks/profile_stacks.py r/profile-json.raw r/profile-oip-binary.raw ...
 
 Microseconds per request need the run's req/s: read from ``profile-<protocol>.txt`` beside
-each raw file (bench-serve's table) and the sampling rate and duration given (250 Hz, 8 s).
+each raw file (bench-serve's table) and the sampling rate and duration given (250 Hz, 6 s).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", nargs="+", type=Path)
     parser.add_argument("--rate", type=float, default=250.0)
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     for path in args.raw:

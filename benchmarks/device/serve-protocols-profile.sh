@@ -1,7 +1,7 @@
 #!/bin/bash
 # Where one replica's CPU goes per protocol (issue 43 item 3): for each of the JSON route,
 # binary HTTP and gRPC, one `bench-serve` run at 32 clients (1 replica, --split-cpus), with
-# py-spy sampling the replica for 8 s of its steady load. About 2.5 minutes.
+# py-spy sampling the replica for 6 s of its steady load. About 2 minutes.
 # Needs py-spy carried: its static binary, stripped and xz-compressed, at .tools/py-spy.xz
 # (benchmarks/device/README.md; the whole carry must stay under 64 MiB).
 # Files: $OUT/r/profile-<protocol>.raw (py-spy's collapsed stacks), profile-<protocol>.txt
@@ -14,12 +14,12 @@ xz -dc .tools/py-spy.xz > "$SPY" && chmod +x "$SPY" \
     || { echo "no .tools/py-spy.xz: carry .tools with py-spy's static binary, xz-compressed"; exit 2; }
 for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
     python3 -m qkan_pack bench-serve "$ARTIFACT" --protocol "$protocol" --clients 32 \
-        --processes 8 --seconds 16 --warmup 2 --no-noop --split-cpus "${SPLIT_CPUS:-0-7:8-15}" \
+        --processes 8 --seconds 12 --warmup 2 --no-noop --split-cpus "${SPLIT_CPUS:-0-7:8-15}" \
         > "$RESULTS/profile-$protocol.txt" 2>&1 &
     bench=$!
     replica=
     for _ in $(seq 90); do
-        replica=$(pgrep -f "ServeReplica:default" | head -1)
+        replica=$(pgrep -f "ServeReplica" | head -1)
         [ -n "$replica" ] && break
         sleep 1
     done
@@ -28,8 +28,8 @@ for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
         grep -q "model: serving" "$RESULTS/profile-$protocol.txt" 2>/dev/null && break
         sleep 1
     done
-    sleep 6
-    "$SPY" record --pid "$replica" --duration 8 --rate 250 --format raw --nonblocking \
+    sleep 4
+    "$SPY" record --pid "$replica" --duration 6 --rate 250 --format raw --nonblocking \
         -o "$RESULTS/profile-$protocol.raw" > "$RESULTS/profile-$protocol.spy.txt" 2>&1
     wait "$bench"
     echo "== $protocol (replica $replica)"
