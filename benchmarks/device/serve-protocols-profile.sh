@@ -19,7 +19,7 @@ for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
     bench=$!
     replica=
     for _ in $(seq 90); do
-        replica=$(pgrep -f "ServeReplica" | head -1)
+        replica=$(pgrep -f '^ray::ServeReplica' | head -1)  # Ray's title for the actor
         [ -n "$replica" ] && break
         sleep 1
     done
@@ -35,4 +35,7 @@ for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
     echo "== $protocol (replica $replica)"
     tail -n 3 "$RESULTS/profile-$protocol.txt"
 done
-python3 benchmarks/profile_stacks.py "$RESULTS"/profile-*.raw | tee "$RESULTS/profile-summary.txt"
+shopt -s nullglob
+raw=("$RESULTS"/profile-*.raw)
+[ ${#raw[@]} -gt 0 ] || { echo "no profile was recorded (profile-*.spy.txt says why)"; exit 1; }
+python3 benchmarks/profile_stacks.py "${raw[@]}" | tee "$RESULTS/profile-summary.txt"
