@@ -994,6 +994,8 @@ def test_per_request_log_targets_are_dropped_unless_named() -> None:
                               "RAY_SERVE_HAPROXY_METRICS_ENABLED": "1"}) == {"access", "metrics"}
     assert kept_request_logs({"RAY_SERVE_HAPROXY_LOG_TARGET": "",
                               "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0"}) == frozenset()
+    assert kept_request_logs({"RAY_SERVE_INGRESS_REQUEST_ROUTER_METRICS_ENABLED": "true"}) == {
+        "metrics"}
 
 
 def test_haproxy_logs_no_request_unless_serve_asks(tmp_path: Path) -> None:
