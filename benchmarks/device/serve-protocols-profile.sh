@@ -24,12 +24,16 @@ for protocol in ${PROTOCOLS:-json oip-binary oip-grpc}; do
         [ -n "$replica" ] && break
         sleep 1
     done
-    # The replica answers once its graphs are captured; the timed load starts 2 s later.
-    for _ in $(seq 60); do
-        grep -q "model: serving" "$RESULTS/profile-$protocol.txt" 2>/dev/null && break
+    # The load is on once the replica spends over half a CPU for a second (bench-serve's
+    # table, written to a file, comes only at its end); the timed part starts 2 s later.
+    for _ in $(seq 90); do
+        [ -r "/proc/$replica/stat" ] || break
+        before=$(awk '{print $14 + $15}' "/proc/$replica/stat")
         sleep 1
+        after=$(awk '{print $14 + $15}' "/proc/$replica/stat" 2>/dev/null || echo "$before")
+        [ $(( after - before )) -gt $(( $(getconf CLK_TCK) / 2 )) ] && break
     done
-    sleep 4
+    sleep 3
     "$SPY" record --pid "$replica" --duration 6 --rate 250 --format raw --nonblocking \
         -o "$RESULTS/profile-$protocol.raw" > "$RESULTS/profile-$protocol.spy.txt" 2>&1
     wait "$bench"
