@@ -85,7 +85,7 @@ def test_bench_serve_measures_every_protocol_against_one_server(artifact: Path,
                                                                 tmp_path: Path) -> None:
     """``--protocol json,oip-json,oip-binary,oip-grpc --rows-per-request 8`` behind a token:
     every protocol's clients (the JSON route, the Open Inference Protocol's HTTP infer with
-    JSON and binary tensors, its gRPC ModelInfer through tritonclient's stub) get only
+    JSON and binary tensors, its gRPC ModelInfer, messages from tritonclient's stubs) get only
     200s/OK from one server started with a gRPC port, each request an intact 8-row batch
     (8 rows per replay), reported per protocol with rows/s and ratios to the JSON route."""
     import json
