@@ -60,6 +60,7 @@ PUBLIC = {
         "leaf_names_of", "spread_for",
         "PLAN_FILE", "PrecompiledExport", "precompiled_dir", "process_environment",
         "HOST_DTYPES", "check_finite", "fit_numbers", "host_array", "json_input", "numbers_array",
+        "B64_KEYS", "ENCODINGS", "b64_tensor", "is_b64_tensor", "typed_input", "wire_values",
         "output_path", "refuse_unsafe_output",
         "INDUCTOR_MODE", "LoadOptions", "LoadReport", "Predictor", "ShapeGraph",
         "TRITON_CACHE_ENV", "VerifiedArtifact", "WARMUP_CALLS", "accepts_device",

@@ -281,7 +281,7 @@ class GrpcSender:
     protobuf runs per call, so that the client's own cost stays close to HTTP's: with
     protobuf per call, a grpcio client cost 437 µs of CPU per request against 387 without,
     and at 8 clients (each one request in flight) that made gRPC look 6% slower than the
-    server is (``benchmarks/results/2026-12-07_h100_serve-protocols-at-957b847/``)."""
+    server is (``benchmarks/results/2026-12-07_h100_serve-protocols-no-request-logs/``)."""
 
     def __init__(self, spec: LoadSpec, rng: random.Random) -> None:
         import grpc

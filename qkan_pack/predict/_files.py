@@ -1,12 +1,13 @@
 """Inputs from files, outputs to files or a table.
 
 Inputs: ``.npy`` (one array), ``.npz`` and ``.safetensors`` (arrays named after the inputs,
-or the only array), ``.json`` (nested lists of numbers, or an object of them by input name,
-either alone or as a serve request's ``inputs``; JSON has no dtypes, so numbers take the
-declared dtype when they are exactly that, read as serve reads a JSON request:
-``runtime.json_input``). Arrays keep their dtype, which must be the input's (a wrong one is
-refused naming the file, both dtypes and how to convert the file); the predictor checks
-shapes as for any call, with the same errors.
+or the only array), ``.json`` (nested lists of numbers or ``{"b64", "dtype", "shape"}``
+tensors, or an object of them by input name, either alone or as a serve request body, its
+``encoding`` (the reply's) aside; JSON numbers have no dtype, so they take the declared one
+when they are exactly that; everything is read as serve reads a JSON request:
+``runtime.json_input``, ``runtime.b64_tensor``). Arrays keep their dtype, which must be the
+input's (a wrong one is refused naming the file, both dtypes and how to convert the file);
+the predictor checks shapes as for any call, with the same errors.
 
 Outputs: ``.npy`` (a single tensor), ``.npz``/``.safetensors``/``.json`` (every tensor by
 the name the manifest, ``GET /`` and the Open Inference Protocol give it: ``output``,
@@ -41,17 +42,21 @@ from ..format import (
     parse_manifest,
 )
 from ..runtime import (
+    ENCODINGS,
     REQUEST_KEYS,
+    b64_tensor,
     check_int_range,
     describe_output,
     dtype_name,
     flatten,
+    is_b64_tensor,
     json_input,
     map_leaves,
     numbers_array,
     read_array_file,
     read_regular_file,
     refuse_unsafe_output,
+    typed_input,
 )
 
 INPUT_SUFFIXES = (".npy", ".npz", ".safetensors", ".json")
@@ -160,7 +165,7 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
     if name is None and len(dtypes) == 1:
         name = next(iter(dtypes))
     data = _request_inputs(data, dtypes, path)
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or is_b64_tensor(data):
         return {"": _json_array(data, name, dtypes, path)}
     arrays = {}
     for key, value in data.items():
@@ -171,9 +176,11 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
 
 def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
     """What a serve request body (``POST /``: ``{"inputs": T}``, ``{"inputs": {"x": T}}``,
-    optionally ``"encoding": "list"``) holds under ``inputs``, so that a body sent to serve
-    runs in predict too; anything else as it is. For a model with an input named
-    ``inputs``, that key stays the input."""
+    optionally ``"encoding"``) holds under ``inputs``, so that a body sent to serve runs in
+    predict too; anything else as it is. ``encoding`` chooses how serve writes its reply
+    (``list`` or ``base64``); predict writes what ``--output`` names, so it is checked as
+    serve checks it and has no other effect. For a model with an input named ``inputs``,
+    that key stays the input."""
     if not isinstance(data, dict) or "inputs" not in data or "inputs" in dtypes:
         return data
     unknown = sorted(set(data) - REQUEST_KEYS)
@@ -181,23 +188,29 @@ def _request_inputs(data: Any, dtypes: Mapping[str, str], path: Path) -> Any:
         raise _error(path, f'is a serve request (it has "inputs") with unknown key(s) '
                            f"{unknown}; a request holds {sorted(REQUEST_KEYS)} only")
     encoding = data.get("encoding", "list")
-    if encoding != "list":
-        raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}; '
-                           'predict reads its list encoding ({"inputs": [[0.1, 0.2]]} or '
-                           '{"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, .npz or '
-                           ".safetensors files")
+    if encoding not in ENCODINGS:
+        raise _error(path, f'is a serve request with "encoding": {json.dumps(encoding):.40}, '
+                           f"which is none of {', '.join(ENCODINGS)} (the reply's encoding)")
     return data["inputs"]
 
 
 def _json_array(value: Any, name: str | None, dtypes: Mapping[str, str], path: Path) -> Any:
-    """JSON numbers as input ``name``, read as serve reads them (``runtime.json_input``:
-    integers exactly, booleans only as true/false); a bfloat16 input as a tensor (numpy has
-    none). For no input (a name the caller then refuses) only the numbers are read."""
+    """JSON numbers or a base64 tensor as input ``name``, read as serve reads them
+    (``runtime.json_input``: integers exactly, booleans only as true/false;
+    ``runtime.b64_tensor``: the dtype sent must be the input's; floats finite in both); a
+    bfloat16 input as a tensor (numpy has none). For no input (a name the caller then
+    refuses) only the values are read."""
     where = f"input {name!r}" if name else "the array"
     try:
-        if name is None:
+        if is_b64_tensor(value):
+            array, sent = b64_tensor(value, where)
+            if name is None:
+                return array
+            array = typed_input(array, sent, name, dtypes[name])
+        elif name is None:
             return numbers_array(value, where)
-        array = json_input(value, name, dtypes[name], where)
+        else:
+            array = json_input(value, name, dtypes[name], where)
     except InputError as exc:
         raise _error(path, exc.problem) from None
     if dtypes[name] == "bfloat16":

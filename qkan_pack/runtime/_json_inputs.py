@@ -11,27 +11,39 @@ infinity). Integers stay integers (the decoder's ints, never read through float6
 9007199254740993 arrives as itself. Decoding the text is the caller's (serve: orjson; predict:
 ``format.loads_strict``); this module sees only the decoded value.
 
+A tensor may also come as ``{"b64", "dtype", "shape"}``: its little-endian bytes in base64
+with their dtype and shape (bfloat16 as its raw 16 bits), read by ``b64_tensor`` for serve's
+requests and predict's files alike.
+
 numpy at import, torch only where a bfloat16 is made or bounded: serve's wire helper process
 imports this without torch. A host array of a bfloat16 input holds its raw 16 bits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import binascii
+import math
+from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, MalformedRequestError
-from ..format import DTYPES, Signature
+from ..errors import InputError, MalformedRequestError, ShapeSpecError
+from ..format import DTYPES, MAX_RANK, Signature, check_dtype
 
 #: What the package (``qkan_pack.runtime``) exports from this module.
-__all__ = ["HOST_DTYPES", "REQUEST_KEYS", "check_finite", "check_int_range", "fit_numbers",
-           "host_array", "json_input", "numbers_array"]
+__all__ = ["B64_KEYS", "ENCODINGS", "HOST_DTYPES", "REQUEST_KEYS", "b64_tensor", "check_finite",
+           "check_int_range", "fit_numbers", "host_array", "is_b64_tensor", "json_input",
+           "numbers_array", "typed_input", "wire_values"]
 
 #: The keys of serve's request body (``POST /``), which a ``predict`` JSON input file may be.
 REQUEST_KEYS = frozenset({"inputs", "encoding"})
+#: A request's ``encoding``: how serve writes the reply's tensors.
+ENCODINGS = ("list", "base64")
+#: The keys of a tensor sent as base64 bytes.
+B64_KEYS = frozenset({"b64", "dtype", "shape"})
 
 #: The numpy dtype a host array of each manifest dtype has (bfloat16: its uint16 bits).
 HOST_DTYPES = {name: np.dtype(np.uint16 if name == "bfloat16" else spec.wire).newbyteorder("=")
@@ -195,6 +207,16 @@ def _bool_hint(want: str) -> str:
     return "; send true/false" if want == "bool" else ""
 
 
+def typed_input(array: np.ndarray, sent: str, name: str, want: str,
+                accepted: Sequence[Signature] = ()) -> np.ndarray:
+    """Values sent with their dtype (a base64 tensor, a numpy array) as input ``name``:
+    ``sent`` must be ``want`` (never converted: a float64 array is not a float32 one),
+    then ``host_array``."""
+    if sent != want:
+        raise InputError(f"input {name!r} was sent as {sent} (send {want})", accepted=accepted)
+    return host_array(array, name, want, accepted)
+
+
 def host_array(array: np.ndarray, name: str, want: str,
                accepted: Sequence[Signature] = ()) -> np.ndarray:
     """``array`` (already ``want``'s values, bfloat16 as bits) as a fresh host array of
@@ -225,3 +247,57 @@ def _largest(dtype: str) -> float:
     import torch
 
     return float(torch.finfo(getattr(torch, dtype)).max)
+
+
+def is_b64_tensor(value: Any) -> bool:
+    """Whether ``value`` is meant as one base64 tensor rather than inputs by name: a JSON
+    object holding ``"b64"`` and no key beyond ``B64_KEYS`` (``b64_tensor`` then says what
+    is missing)."""
+    return isinstance(value, Mapping) and "b64" in value and set(value) <= B64_KEYS
+
+
+def b64_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray, str]:
+    """(array of the wire dtype, manifest dtype) of a ``{"b64", "dtype", "shape"}`` object;
+    ``MalformedRequestError`` naming ``where`` for anything else (other keys, an unknown
+    dtype, a shape that is no list of sizes, text that is not base64, a byte count that is
+    not the shape's)."""
+    if set(value) != B64_KEYS:
+        raise MalformedRequestError(f"{where}: a base64 tensor has exactly the keys "
+                                    f'"b64", "dtype", "shape"; got {sorted(value)}')
+    try:
+        dtype = check_dtype(value["dtype"])
+    except ShapeSpecError as exc:
+        raise MalformedRequestError(f"{where}.dtype: {exc}") from None
+    shape = value["shape"]
+    if (not isinstance(shape, list) or len(shape) > MAX_RANK
+            or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
+        raise MalformedRequestError(f"{where}.shape must be a list of at most {MAX_RANK} "
+                                    "non-negative integers")
+    try:
+        raw = base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, TypeError, ValueError) as exc:
+        raise MalformedRequestError(f"{where}.b64 is not base64 text: {exc}") from None
+    wire = np.dtype(DTYPES[dtype].wire)
+    expected = math.prod(shape) * wire.itemsize
+    if len(raw) != expected:
+        raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
+                                    f"the base64 holds {len(raw)}")
+    values = wire_values(raw, dtype, where)  # its own refusal (a bool byte other than 0/1)
+    try:
+        return values.reshape(shape), dtype
+    except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
+        raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
+
+
+def wire_values(raw: bytes | memoryview, dtype: str, where: str,
+                name: str | None = None) -> np.ndarray:
+    """Little-endian bytes as a flat array of manifest dtype ``dtype`` (bfloat16: its raw
+    bits), without a copy. A bool is one byte, 0 or 1: numpy and torch keep any other byte
+    as a "true" that compares unequal to True and sums as the byte, so it is refused
+    (``where``, and the input's ``name`` when given, say where)."""
+    array = np.frombuffer(raw, DTYPES[dtype].wire)
+    if dtype == "bool" and array.size and (largest := int(array.view(np.uint8).max())) > 1:
+        place = where if name is None else f"{where} ({name})"
+        raise MalformedRequestError(f"{place}: a bool is one byte, 0 (false) or 1 (true); "
+                                    f"the data holds the byte {largest}")
+    return array

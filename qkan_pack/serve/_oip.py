@@ -26,6 +26,7 @@ import orjson
 
 from ..errors import MalformedRequestError
 from ..format import DTYPES, MAX_RANK, Manifest
+from ..runtime import wire_values
 from ._wire import (
     Given,
     decode_body,
@@ -34,7 +35,6 @@ from ._wire import (
     map_leaves,
     parse_tensor,
     tensor_bits,
-    wire_values,
 )
 
 #: The protocol's name for each manifest dtype, and back (``DTYPES``' ``oip`` column).

@@ -20,28 +20,33 @@ a non-finite output float is ``null`` (``"encoding": "base64"`` keeps its exact 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
-import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import orjson
 
-from ..errors import InputError, MalformedRequestError, ShapeSpecError
-from ..format import DTYPES, MAX_RANK, Signature, check_dtype
-from ..runtime import REQUEST_KEYS, fit_numbers, host_array, numbers_array
+from ..errors import InputError, MalformedRequestError
+from ..format import DTYPES, Signature
+from ..runtime import (
+    ENCODINGS,
+    REQUEST_KEYS,
+    b64_tensor,
+    fit_numbers,
+    host_array,
+    is_b64_tensor,
+    numbers_array,
+    typed_input,
+)
 
 if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-ENCODINGS = ("list", "base64")
-_B64_KEYS = frozenset({"b64", "dtype", "shape"})
 #: One JSON string, quotes and escapes (``\"`` too) included: in a text orjson accepted, every
 #: ``"`` outside a string opens one, so successive matches are exactly the text's strings.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -78,7 +83,7 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     if encoding not in ENCODINGS:
         raise MalformedRequestError(f"encoding {encoding!r} is not one of {list(ENCODINGS)}")
     inputs = request["inputs"]
-    if isinstance(inputs, dict) and not (set(inputs) <= _B64_KEYS and "b64" in inputs):
+    if isinstance(inputs, dict) and not is_b64_tensor(inputs):
         return {name: parse_tensor(value, f"inputs.{name}", booleans)
                 for name, value in inputs.items()}, encoding
     if len(names) != 1:
@@ -186,51 +191,8 @@ def parse_tensor(value: Any, where: str, may_hold_booleans: bool = True) -> Give
     """Nested lists of numbers (``runtime.numbers_array``, the reading predict's JSON files
     get too), or a ``{"b64", "dtype", "shape"}`` object."""
     if isinstance(value, dict):
-        return _parse_b64(value, where)
+        return Given(*b64_tensor(value, where))
     return Given(numbers_array(value, where, may_hold_booleans=may_hold_booleans), None)
-
-
-def _parse_b64(value: Mapping[str, Any], where: str) -> Given:
-    if set(value) != _B64_KEYS:
-        raise MalformedRequestError(f"{where}: a base64 tensor has exactly the keys "
-                                    f'"b64", "dtype", "shape"; got {sorted(value)}')
-    try:
-        dtype = check_dtype(value["dtype"])
-    except ShapeSpecError as exc:
-        raise MalformedRequestError(f"{where}.dtype: {exc}") from None
-    shape = value["shape"]
-    if (not isinstance(shape, list) or len(shape) > MAX_RANK
-            or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
-        raise MalformedRequestError(f"{where}.shape must be a list of at most {MAX_RANK} "
-                                    "non-negative integers")
-    try:
-        raw = base64.b64decode(value["b64"], validate=True)
-    except (binascii.Error, TypeError, ValueError) as exc:
-        raise MalformedRequestError(f"{where}.b64 is not base64 text: {exc}") from None
-    wire = np.dtype(DTYPES[dtype].wire)
-    expected = math.prod(shape) * wire.itemsize
-    if len(raw) != expected:
-        raise MalformedRequestError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
-                                    f"the base64 holds {len(raw)}")
-    values = wire_values(raw, dtype, where)  # its own refusal (a bool byte other than 0/1)
-    try:
-        return Given(values.reshape(shape), dtype)
-    except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
-        raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
-
-
-def wire_values(raw: bytes | memoryview, dtype: str, where: str,
-                name: str | None = None) -> np.ndarray:
-    """Little-endian bytes as a flat array of manifest dtype ``dtype`` (bfloat16: its raw
-    bits), without a copy. A bool is one byte, 0 or 1: numpy and torch keep any other byte
-    as a "true" that compares unequal to True and sums as the byte, so it is refused
-    (``where``, and the input's ``name`` when given, say where)."""
-    array = np.frombuffer(raw, DTYPES[dtype].wire)
-    if dtype == "bool" and array.size and (largest := int(array.view(np.uint8).max())) > 1:
-        place = where if name is None else f"{where} ({name})"
-        raise MalformedRequestError(f"{place}: a bool is one byte, 0 (false) or 1 (true); "
-                                    f"the data holds the byte {largest}")
-    return array
 
 
 #: Digits of the largest byte count a request header may state: beyond any body limit,
@@ -350,10 +312,9 @@ def fit(given: Given, name: str, want: str, accepted: Sequence[Signature]) -> np
         if given.dtype != want:
             raise InputError(f"input {name!r} has dtype {given.dtype}", accepted=accepted)
         array = tensor_bits(array)
-    elif given.dtype is not None and given.dtype != want:
-        raise InputError(f"input {name!r} was sent as {given.dtype} (send {want})",
-                         accepted=accepted)
-    elif given.dtype is None:
+    elif given.dtype is not None:
+        return typed_input(array, given.dtype, name, want, accepted)
+    else:
         array = fit_numbers(array, name, want, accepted)
     return host_array(array, name, want, accepted)
 

@@ -3,6 +3,7 @@ whole under the names the protocol uses, never inside an artifact."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import textwrap
@@ -140,6 +141,26 @@ def test_json_booleans_mixed_with_numbers_are_refused(tmp_path: Path, value: Any
     assert "mixes true/false with numbers" in caught.value.problem
 
 
+def _served_and_read(value: Any, file_value: Any, dtype: str,
+                     tmp_path: Path) -> tuple[Any, Any]:
+    """(what serve's JSON route fits from ``value`` as input x of ``dtype``, what predict
+    reads from a JSON file of ``file_value``), each the refusal's words where it refuses."""
+    pytest.importorskip("orjson", reason="the serve extra is not installed")
+    from qkan_pack.errors import InputError
+    from qkan_pack.serve import fit, parse_tensor
+
+    try:
+        served: Any = fit(parse_tensor(value, "input 'x'"), "x", dtype, ())
+    except InputError as exc:
+        served = exc.problem
+    try:
+        read: Any = read_inputs([(None, _json_file(tmp_path, file_value))], ["x"],
+                                {"x": dtype})["x"]
+    except InputFileError as exc:
+        read = exc.problem
+    return served, read
+
+
 @pytest.mark.parametrize(("value", "dtype"), [
     ([[2**53 + 1]], "int64"), ([[1.0, 2.0]], "int64"), ([[300]], "int8"), ([[True]], "int32"),
     ([[0, 1]], "bool"), ([["1"]], "float32"), ([[1e308]], "float32"), ([[1, 2], [3]], "float32"),
@@ -153,18 +174,7 @@ def test_predict_and_serve_read_json_numbers_alike(tmp_path: Path, value: Any,
                                                    dtype: str) -> None:
     """One parser: what predict reads from a JSON file is what serve's JSON route fits, and
     what one refuses the other refuses with the same words."""
-    pytest.importorskip("orjson", reason="the serve extra is not installed")
-    from qkan_pack.errors import InputError
-    from qkan_pack.serve import fit, parse_tensor
-
-    try:
-        served: Any = fit(parse_tensor(value, "input 'x'"), "x", dtype, ())
-    except InputError as exc:
-        served = exc.problem
-    try:
-        read: Any = read_inputs([(None, _json_file(tmp_path, value))], ["x"], {"x": dtype})["x"]
-    except InputFileError as exc:
-        read = exc.problem
+    served, read = _served_and_read(value, value, dtype, tmp_path)
     if isinstance(served, str):
         assert read == served
         return
@@ -283,15 +293,104 @@ def test_an_empty_row_for_an_integer_input_is_refused_for_its_shape(multi: Path,
                                 "a: 1x3 float32, b: 1x2 int64\n"), done.output
 
 
-def test_a_serve_request_predict_cannot_read_says_what_it_reads(tmp_path: Path) -> None:
-    body = {"inputs": {"b64": "zczMPc3MTD4=", "dtype": "float32", "shape": [1, 2]},
-            "encoding": "base64"}
+def _b64(array: np.ndarray, dtype: str | None = None) -> dict[str, Any]:
+    return {"b64": base64.b64encode(array.tobytes()).decode(), "dtype": dtype or array.dtype.name,
+            "shape": list(array.shape)}
+
+
+@pytest.mark.parametrize("encoding", [None, "list", "base64"])
+def test_a_serve_request_with_base64_tensors_is_read_as_serve_reads_it(
+        tmp_path: Path, encoding: str | None) -> None:
+    """`predict --input body.json` with a body that serve's POST / takes, its tensors sent
+    as ``{"b64", "dtype", "shape"}``, said input 'x' "must hold numbers", and one with
+    ``"encoding": "base64"`` (how serve writes its reply) was refused: both are read, the
+    tensors to the bytes sent, alone and by name, and ``encoding`` has no other effect."""
+    x = np.random.default_rng(0).standard_normal((1, 2)).astype(np.float32)
+    a = np.random.default_rng(1).standard_normal((1, 3)).astype(np.float32)
+    b = np.array([[7, -(2**40)]], np.int64)
+    extra = {} if encoding is None else {"encoding": encoding}
+    single = read_inputs([(None, _json_file(tmp_path, {"inputs": _b64(x), **extra}))], ["x"],
+                         {"x": "float32"})
+    assert single["x"].dtype == np.float32 and np.array_equal(single["x"], x)
+    alone = read_inputs([(None, _json_file(tmp_path, _b64(x)))], ["x"], {"x": "float32"})
+    assert np.array_equal(alone["x"], x)
+    body = {"inputs": {"a": _b64(a), "b": b.tolist()}, **extra}
+    read = read_inputs([(None, _json_file(tmp_path, body))], ["a", "b"],
+                       {"a": "float32", "b": "int64"})
+    assert np.array_equal(read["a"], a) and read["b"].dtype == np.int64
+    assert np.array_equal(read["b"], b)
+    b_file, a_file = tmp_path / "b.json", tmp_path / "a.json"
+    b_file.write_text(json.dumps(_b64(b)))
+    a_file.write_text(json.dumps(a.tolist()))
+    named = read_inputs([("b", b_file), ("a", a_file)], ["a", "b"],
+                        {"a": "float32", "b": "int64"})
+    assert np.array_equal(named["b"], b) and np.array_equal(named["a"], a)
+
+
+def test_a_base64_bfloat16_tensor_keeps_its_bits(tmp_path: Path) -> None:
+    """A bfloat16 input sent as base64 bits arrives as a bfloat16 tensor of those bits."""
+    tensor = torch.tensor([[1.5, -2.25, 3e38]], dtype=torch.bfloat16)
+    bits = tensor.view(torch.int16).numpy()
+    read = read_inputs([(None, _json_file(tmp_path, _b64(bits, "bfloat16")))], ["x"],
+                       {"x": "bfloat16"})["x"]
+    assert read.dtype == torch.bfloat16 and torch.equal(read.view(torch.int16), tensor.view(
+        torch.int16))
+
+
+@pytest.mark.parametrize(("tensor", "dtype"), [
+    ({"b64": base64.b64encode(np.zeros((1, 2), np.float64).tobytes()).decode(),
+      "dtype": "float64", "shape": [1, 2]}, "float32"),
+    ({"b64": base64.b64encode(np.zeros(3, np.float32).tobytes()).decode(),
+      "dtype": "float32", "shape": [1, 2]}, "float32"),
+    ({"b64": "not base64!", "dtype": "float32", "shape": [1, 2]}, "float32"),
+    ({"b64": "AAAAAAAAAAA=", "dtype": "float99", "shape": [1, 2]}, "float32"),
+    ({"b64": "AAAAAAAAAAA=", "dtype": "float32", "shape": [1, -2]}, "float32"),
+    ({"b64": "AAAAAAAAAAA=", "dtype": "float32"}, "float32"),
+    ({"b64": base64.b64encode(np.array([[np.nan, 1]], np.float32).tobytes()).decode(),
+      "dtype": "float32", "shape": [1, 2]}, "float32"),
+    ({"b64": base64.b64encode(bytes([1, 2])).decode(), "dtype": "bool", "shape": [1, 2]},
+     "bool"),
+    ({"b64": base64.b64encode(np.array([[1, 2]], np.int64).tobytes()).decode(),
+      "dtype": "int64", "shape": [1, 2]}, "int64"),
+])
+def test_predict_and_serve_read_base64_tensors_alike(tmp_path: Path, tensor: dict,
+                                                      dtype: str) -> None:
+    """One reader (``runtime.b64_tensor``, ``runtime.typed_input``): what predict reads from
+    a base64 tensor is what serve's JSON route fits, and what one refuses (another dtype
+    than the input's, a byte count that is not the shape's, text that is not base64, an
+    unknown dtype, a bad shape, a missing key, NaN, a bool byte of 2) the other refuses
+    with the same words."""
+    served, read = _served_and_read(tensor, {"inputs": tensor}, dtype, tmp_path)
+    if isinstance(served, str):
+        assert read == served
+        return
+    assert isinstance(read, np.ndarray) and read.dtype == served.dtype
+    assert np.array_equal(read, served)
+
+
+def test_a_serve_request_with_an_unknown_encoding_is_refused(tmp_path: Path) -> None:
+    body = {"inputs": [[0.5, 1.5]], "encoding": "hex"}
     with pytest.raises(InputFileError) as caught:
         read_inputs([(None, _json_file(tmp_path, body))], ["x"], {"x": "float32"})
-    assert caught.value.problem == (
-        'is a serve request with "encoding": "base64"; predict reads its list encoding '
-        '({"inputs": [[0.1, 0.2]]} or {"inputs": {"x": [[0.1, 0.2]]}}), or arrays in .npy, '
-        ".npz or .safetensors files")
+    assert caught.value.problem == ('is a serve request with "encoding": "hex", which is none '
+                                    "of list, base64 (the reply's encoding)")
+
+
+def test_predict_runs_a_base64_request_body_as_serve_answers_it(artifact: Path,
+                                                                tmp_path: Path) -> None:
+    """End to end: the CLI's outputs for a base64 body are those for the same values as
+    lists."""
+    x = np.random.default_rng(2).standard_normal((2, 2)).astype(np.float32)
+    b64_body, list_body = tmp_path / "b64.json", tmp_path / "list.json"
+    b64_body.write_text(json.dumps({"inputs": _b64(x), "encoding": "base64"}))
+    list_body.write_text(json.dumps({"inputs": x.tolist()}))
+    outputs = []
+    for body in (b64_body, list_body):
+        done = run("predict", artifact, "--input", body, "-o", tmp_path / f"{body.stem}.npy",
+                   "--device", "cpu")
+        assert done.exit_code == 0, done.output
+        outputs.append(np.load(tmp_path / f"{body.stem}.npy"))
+    assert np.array_equal(outputs[0], outputs[1])
 
 
 def test_an_input_named_inputs_keeps_its_name(tmp_path: Path) -> None:
