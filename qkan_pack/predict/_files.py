@@ -165,7 +165,7 @@ def _from_json(data: Any, dtypes: Mapping[str, str], path: Path,
     if name is None and len(dtypes) == 1:
         name = next(iter(dtypes))
     data = _request_inputs(data, dtypes, path)
-    if not isinstance(data, dict) or is_b64_tensor(data):
+    if not isinstance(data, dict) or is_b64_tensor(data, list(dtypes)):
         return {"": _json_array(data, name, dtypes, path)}
     arrays = {}
     for key, value in data.items():
@@ -202,7 +202,7 @@ def _json_array(value: Any, name: str | None, dtypes: Mapping[str, str], path: P
     refuses) only the values are read."""
     where = f"input {name!r}" if name else "the array"
     try:
-        if is_b64_tensor(value):
+        if isinstance(value, dict):  # where one array stands, as serve's parse_tensor
             array, sent = b64_tensor(value, where)
             if name is None:
                 return array

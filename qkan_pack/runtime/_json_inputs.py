@@ -249,11 +249,12 @@ def _largest(dtype: str) -> float:
     return float(torch.finfo(getattr(torch, dtype)).max)
 
 
-def is_b64_tensor(value: Any) -> bool:
-    """Whether ``value`` is meant as one base64 tensor rather than inputs by name: a JSON
-    object holding ``"b64"`` and no key beyond ``B64_KEYS`` (``b64_tensor`` then says what
-    is missing)."""
-    return isinstance(value, Mapping) and "b64" in value and set(value) <= B64_KEYS
+def is_b64_tensor(value: Any, names: Sequence[str]) -> bool:
+    """Whether the object ``value``, where one tensor or inputs by name may stand, is one
+    base64 tensor: it has a ``"b64"`` key, and not every key of it names one of the inputs
+    ``names`` (a model may call an input ``b64``). Such an object is then read by
+    ``b64_tensor``, which says what else it needs or must not have."""
+    return isinstance(value, Mapping) and "b64" in value and not set(value) <= set(names)
 
 
 def b64_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray, str]:
@@ -273,10 +274,7 @@ def b64_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray, str]:
             or not all(type(d) is int and 0 <= d < 2**31 for d in shape)):
         raise MalformedRequestError(f"{where}.shape must be a list of at most {MAX_RANK} "
                                     "non-negative integers")
-    try:
-        raw = base64.b64decode(value["b64"], validate=True)
-    except (binascii.Error, TypeError, ValueError) as exc:
-        raise MalformedRequestError(f"{where}.b64 is not base64 text: {exc}") from None
+    raw = _b64_bytes(value["b64"], where)
     wire = np.dtype(DTYPES[dtype].wire)
     expected = math.prod(shape) * wire.itemsize
     if len(raw) != expected:
@@ -285,8 +283,24 @@ def b64_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray, str]:
     values = wire_values(raw, dtype, where)  # its own refusal (a bool byte other than 0/1)
     try:
         return values.reshape(shape), dtype
-    except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy
-        raise MalformedRequestError(f"{where}: shape {shape} cannot hold the data ({exc})") from None
+    except ValueError:  # a zero-size shape whose other sizes overflow numpy's index range
+        raise MalformedRequestError(f"{where}.shape {shape} is beyond what one array can "
+                                    "index") from None
+
+
+def _b64_bytes(text: Any, where: str) -> bytes:
+    """The bytes of a tensor's base64 text: the standard alphabet with its padding, nothing
+    else (no line breaks: ``base64 -w 0``, Python's ``b64encode``)."""
+    if not isinstance(text, str):
+        raise MalformedRequestError(f"{where}.b64 must be a string of base64 text, not "
+                                    f"{type(text).__name__}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        spaced = any(c.isspace() for c in text[:1 << 16])
+        hint = ("; it holds line breaks or spaces: encode without them (base64 -w 0, "
+                "Python's base64.b64encode)") if spaced else ""
+        raise MalformedRequestError(f"{where}.b64 is not base64 text: {exc}{hint}") from None
 
 
 def wire_values(raw: bytes | memoryview, dtype: str, where: str,

@@ -83,7 +83,7 @@ def parse_request(body: bytes, names: Sequence[str]) -> tuple[dict[str, Given], 
     if encoding not in ENCODINGS:
         raise MalformedRequestError(f"encoding {encoding!r} is not one of {list(ENCODINGS)}")
     inputs = request["inputs"]
-    if isinstance(inputs, dict) and not is_b64_tensor(inputs):
+    if isinstance(inputs, dict) and not is_b64_tensor(inputs, names):
         return {name: parse_tensor(value, f"inputs.{name}", booleans)
                 for name, value in inputs.items()}, encoding
     if len(names) != 1:

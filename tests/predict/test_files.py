@@ -368,6 +368,56 @@ def test_predict_and_serve_read_base64_tensors_alike(tmp_path: Path, tensor: dic
     assert np.array_equal(read, served)
 
 
+def test_an_input_named_b64_is_read_by_name(tmp_path: Path) -> None:
+    """A model whose inputs are called ``b64`` and ``shape`` was fed by name until the file's
+    object was taken for one base64 tensor: an object whose keys all name inputs is inputs
+    by name, here and in serve's POST /."""
+    pytest.importorskip("orjson", reason="the serve extra is not installed")
+    from qkan_pack.serve import parse_request
+
+    inputs = {"b64": [[0.5, 1.5]], "shape": [[2, 3]]}
+    dtypes = {"b64": "float32", "shape": "int64"}
+    for body in (inputs, {"inputs": inputs}):
+        read = read_inputs([(None, _json_file(tmp_path, body))], list(dtypes), dtypes)
+        assert read["b64"].tolist() == [[0.5, 1.5]] and read["shape"].tolist() == [[2, 3]]
+    given, _ = parse_request(json.dumps({"inputs": inputs}).encode(), list(dtypes))
+    assert sorted(given) == ["b64", "shape"]
+    one = read_inputs([(None, _json_file(tmp_path, {"b64": [[0.5, 1.5]]}))], ["b64"],
+                      {"b64": "float32"})
+    assert one["b64"].tolist() == [[0.5, 1.5]]
+
+
+@pytest.mark.parametrize(("tensor", "said"), [
+    ({"b64": "AAAAAAAAAAA=", "dtype": "float32", "shape": [1, 2], "order": "C"},
+     'a base64 tensor has exactly the keys "b64", "dtype", "shape"; got [\'b64\', '
+     "'dtype', 'order', 'shape']"),
+    ({"b64": 12345, "dtype": "float32", "shape": [1, 2]},
+     ".b64 must be a string of base64 text, not int"),
+    ({"b64": "AAAA\nAAAAAAA=", "dtype": "float32", "shape": [1, 2]},
+     "it holds line breaks or spaces: encode without them (base64 -w 0, Python's "
+     "base64.b64encode)"),
+    ({"b64": "", "dtype": "float32", "shape": [0, 2**31 - 1, 2**31 - 1, 2**31 - 1]},
+     ".shape [0, 2147483647, 2147483647, 2147483647] is beyond what one array can index"),
+])
+def test_a_malformed_base64_tensor_is_said_as_serve_says_it(tmp_path: Path, tensor: dict,
+                                                             said: str) -> None:
+    """An object with a key beyond b64/dtype/shape was said to "hold numbers only" by
+    predict (serve named the key), a non-string b64 and a line-wrapped one were refused in
+    Python's words, and an unindexable shape in numpy's: each is now said in the request's
+    terms, alone, by name and inside a request, by predict and serve alike."""
+    pytest.importorskip("orjson", reason="the serve extra is not installed")
+    from qkan_pack.errors import MalformedRequestError
+    from qkan_pack.serve import parse_request
+
+    for body in (tensor, {"x": tensor}, {"inputs": tensor}, {"inputs": {"x": tensor}}):
+        with pytest.raises(InputFileError) as caught:
+            read_inputs([(None, _json_file(tmp_path, body))], ["x"], {"x": "float32"})
+        assert said in caught.value.problem, (body, caught.value.problem)
+    with pytest.raises(MalformedRequestError) as refused:
+        parse_request(json.dumps({"inputs": tensor}).encode(), ["x"])
+    assert said in refused.value.problem
+
+
 def test_a_serve_request_with_an_unknown_encoding_is_refused(tmp_path: Path) -> None:
     body = {"inputs": [[0.5, 1.5]], "encoding": "hex"}
     with pytest.raises(InputFileError) as caught:
