@@ -210,16 +210,17 @@ def oip_binary_body(tensors: list[Tensor]) -> tuple[bytes, int]:
     return b"".join((header, *raws)), len(header)
 
 
-def grpc_stubs() -> tuple[Any, Any]:
-    """``(service_pb2, service_pb2_grpc)``: the protocol's gRPC messages and stub as
-    tritonclient generates them, or a BenchError saying what to install."""
+def grpc_messages() -> Any:
+    """``service_pb2``: the protocol's gRPC messages as tritonclient generates them (the
+    clients call ModelInfer by its path, without the generated stub), or a BenchError
+    saying what to install."""
     try:
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        from tritonclient.grpc import service_pb2
     except (ImportError, RuntimeError) as exc:  # tritonclient turns a missing grpc into this
         module = missing_module(exc) or "tritonclient"
         raise BenchError(f"--protocol oip-grpc needs tritonclient's gRPC stubs ({exc}); "
                          f"{install_hint(module)}") from None
-    return service_pb2, service_pb2_grpc
+    return service_pb2
 
 
 # -- clients ----------------------------------------------------------------------------
@@ -286,7 +287,7 @@ class GrpcSender:
     def __init__(self, spec: LoadSpec, rng: random.Random) -> None:
         import grpc
 
-        pb, _ = grpc_stubs()
+        pb = grpc_messages()
         self.spec, self.grpc = spec, grpc
         self.bodies = []
         for _ in range(BODIES_PER_CLIENT):
@@ -366,7 +367,7 @@ def _retry_after(header: str | None, default: float) -> float:
 
 def _process(spec: LoadSpec, threads: int, first_seed: int, start_at: float) -> LoadResult:
     if spec.protocol == "oip-grpc":
-        grpc_stubs()  # imported once here, not by every client thread at its start
+        grpc_messages()  # imported once here, not by every client thread at its start
     results = [LoadResult() for _ in range(threads)]
     workers = [Thread(target=_client, args=(spec, first_seed + i, start_at, results[i]), daemon=True)
                for i in range(threads)]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._ports import side_ports
 from ..errors import BenchError
 from ._cpus import check_split, split_text
-from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_stubs, run_load
+from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_messages, run_load
 from ._server_process import ROLES, ServerProcess, cpu_per_request, listening_ports
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     artifact = str(artifact)
     rows = row_inputs(artifact, settings.lengths, settings.rows_per_request)
     if "oip-grpc" in settings.protocols:
-        grpc_stubs()
+        grpc_messages()
     report = ServeLoadReport(
         schema=SERVE_SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         artifact=artifact, command=sys.argv, settings=asdict(settings), machine=host_info())
