@@ -15,16 +15,19 @@
 # count per call); POINT_SECONDS=S measures each round of a point for S seconds (2; one
 # replica count with ROUND_COUNT=5 and POINT_SECONDS=4 takes about 7 minutes); SPLIT_CPUS=0-7:8-15
 # runs the server on the first CPUs and the client processes on the others
-# (bench-serve --split-cpus).
+# (bench-serve --split-cpus); PROTOCOLS=json,oip-binary compares those alone (two thirds of
+# the time: ROUND_COUNT=7 with POINT_SECONDS=4 fits one replica count per call).
 # Needs tritonclient carried in .whl (README.md beside this file); without it the gRPC
 # protocol is left out and the rest still runs.
 # Files: $OUT/r/protocols_{1rep,1rep_64rows,4rep}.json, protocols.txt
 source benchmarks/device/setup.sh
 ARTIFACT=/tmp/mlp64
 build_serving_artifact "$ARTIFACT" 1x2,8x2,32x2,64x2
-PROTOCOLS=json,oip-binary,oip-grpc
-if ! python3 -c "import tritonclient.grpc" > "$RESULTS/tritonclient.txt" 2>&1; then
+PROTOCOLS=${PROTOCOLS:-json,oip-binary,oip-grpc}
+if [[ $PROTOCOLS == *oip-grpc* ]] \
+        && ! python3 -c "import tritonclient.grpc" > "$RESULTS/tritonclient.txt" 2>&1; then
     PROTOCOLS=json,oip-binary
+    GRPC_LEFT_OUT=1
 fi
 # One run, bounded by what is left of 480 s since the script started (SIGTERM: bench-serve
 # stops its server and keeps nothing of that run), skipped when under a minute is left.
@@ -39,7 +42,7 @@ bench() {
 ROUNDS="--rounds ${ROUND_COUNT:-3} --seconds ${POINT_SECONDS:-2} --warmup 0.5"
 {
     echo "== commit $COMMIT"
-    [ "$PROTOCOLS" = json,oip-binary ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
+    [ -n "$GRPC_LEFT_OUT" ] && echo "== oip-grpc left out: $(tail -n 1 "$RESULTS/tritonclient.txt")"
     if [ -z "$FOUR_ONLY" ]; then
         bench --protocol "$PROTOCOLS" $ROUNDS ${ONE_REPLICA:+--no-noop} --json "$RESULTS/protocols_1rep.json"
         echo "== elapsed $SECONDS s"
@@ -61,12 +64,16 @@ results = pathlib.Path(sys.argv[1])
 #: Issue 43: req/s against the JSON route's at the same load, and p99 at most 1.2x its.
 TARGETS = {"oip-binary": 1.0, "oip-grpc": 0.9}
 
-def model_points(name):
+def report(name):
     path = results / name
-    return json.loads(path.read_text())["curves"]["model"] if path.exists() else []
+    return json.loads(path.read_text()) if path.exists() else {}
+
+def model_points(name):
+    return report(name).get("curves", {}).get("model", [])
 
 for run in ("protocols_1rep.json", "protocols_4rep.json"):
     points = model_points(run)
+    ranges = report(run).get("ratio_ranges", {})
     base = {p["clients"]: p for p in points if p["protocol"] == "json"}
     for point in points:
         json_point = base.get(point["clients"])
@@ -80,7 +87,9 @@ for run in ("protocols_1rep.json", "protocols_4rep.json"):
             ratio = point["requests_per_s"] / json_point["requests_per_s"]
             p99 = point["p99_ms"] / json_point["p99_ms"] if json_point["p99_ms"] else 0.0
             met = ratio >= TARGETS[point["protocol"]] and p99 <= 1.2
-            line += (f"; {ratio:.2f}x JSON's req/s (target {TARGETS[point['protocol']]}x), "
+            spread = ranges.get(point["protocol"], {}).get(str(point["clients"]))
+            rounds = f" [rounds {spread[0]:.2f}-{spread[1]:.2f}]" if spread else ""
+            line += (f"; {ratio:.2f}x JSON's req/s{rounds} (target {TARGETS[point['protocol']]}x), "
                      f"p99 {p99:.2f}x (target <= 1.2x): {'met' if met else 'NOT met'}")
         print(line)
 

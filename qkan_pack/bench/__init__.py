@@ -16,13 +16,9 @@ if TYPE_CHECKING:
     from ._render import render_table, write_json
     from ._repo_load import is_repository, render_repository_load, run_repository_load
     from ._results import SCHEMA, BenchReport, BenchSettings, ShapeResult, VariantResult
-    from ._serve_load import (
-        ServeLoadReport,
-        ServeLoadSettings,
-        render_serve_load,
-        run_serve_load,
-        write_serve_json,
-    )
+    from ._serve_load import ServeLoadSettings, run_serve_load
+    from ._serve_render import render_serve_load, write_serve_json
+    from ._serve_results import ServeLoadReport
     from ._session import CPU_NOTE, run_bench
 
 _LAZY = {
@@ -33,9 +29,9 @@ _LAZY = {
     "is_repository": "._repo_load", "render_repository_load": "._repo_load",
     "run_repository_load": "._repo_load",
     "write_plot": "._plot", "write_serve_plot": "._plot",
-    "ServeLoadReport": "._serve_load", "ServeLoadSettings": "._serve_load",
-    "render_serve_load": "._serve_load", "run_serve_load": "._serve_load",
-    "write_serve_json": "._serve_load",
+    "ServeLoadReport": "._serve_results", "ServeLoadSettings": "._serve_load",
+    "run_serve_load": "._serve_load",
+    "render_serve_load": "._serve_render", "write_serve_json": "._serve_render",
     "SCHEMA": "._results", "BenchReport": "._results", "BenchSettings": "._results",
     "ShapeResult": "._results", "VariantResult": "._results",
     "CPU_NOTE": "._session", "run_bench": "._session",

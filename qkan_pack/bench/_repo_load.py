@@ -33,18 +33,15 @@ from ..errors import BenchError
 from ._cpus import split_text
 from ._load import Rows
 from ._serve_load import (
-    POINT_HEADER,
-    SERVE_SCHEMA,
-    Point,
-    ServeLoadReport,
     ServeLoadSettings,
     host_info,
     measure_point,
-    render_point,
     rounds_of,
     row_inputs,
     sigterm_as_exit,
 )
+from ._serve_render import POINT_HEADER, render_point, render_ratios
+from ._serve_results import SERVE_SCHEMA, Point, ServeLoadReport, ratios_to
 from ._server_process import ServerProcess
 
 #: The curves of a repository's report, in the order they are measured at each count.
@@ -96,7 +93,7 @@ def run_repository_load(repository: str | Path, settings: ServeLoadSettings | No
             for name, server in servers.items():
                 report.server[name] = {"ready": server.ready_line, "command": server.command,
                                        "exit_code": server.stop()}
-    report.ratios = repository_ratios(report.curves)
+    report.ratios, report.ratio_ranges = repository_ratios(report.curves)
     return report
 
 
@@ -143,12 +140,19 @@ def _measure_rounds(servers: dict[str, ServerProcess], models: Sequence[dict[str
         routes[kind][0], rows, clients, settings, True, paths=routes[kind][1]), alternate=False)
 
 
-def repository_ratios(curves: dict[str, list[Point]]) -> dict[str, dict[str, float]]:
-    """``all`` and ``one`` req/s over ``alone``'s at the same client count."""
-    alone = {p.clients: p.requests_per_s for p in curves.get("alone", [])}
-    return {kind: {str(p.clients): round(p.requests_per_s / alone[p.clients], 2)
-                   for p in curves.get(kind, []) if alone.get(p.clients)}
-            for kind in ("all", "one") if kind in curves}
+def repository_ratios(curves: dict[str, list[Point]]
+                      ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]]]:
+    """(ratios, their per-round ranges): ``all`` and ``one`` req/s over ``alone``'s at the
+    same client count."""
+    alone = {p.clients: p for p in curves.get("alone", [])}
+    ratios: dict[str, dict[str, float]] = {}
+    ranges: dict[str, dict[str, list[float]]] = {}
+    for kind in ("all", "one"):
+        if kind in curves:
+            ratios[kind], spread = ratios_to(curves[kind], alone)
+            if spread:
+                ranges[kind] = spread
+    return ratios, ranges
 
 
 def render_repository_load(report: ServeLoadReport) -> str:
@@ -170,8 +174,8 @@ def render_repository_load(report: ServeLoadReport) -> str:
     for kind, points in report.curves.items():
         lines += ["", titles.get(kind, kind), POINT_HEADER, *map(render_point, points)]
     if report.ratios:
-        lines += ["", f"req/s against {alone} alone at the same clients:"]
-        lines += [f"  {kind:<4} " + ", ".join(f"{ratio:.2f}x at {clients}"
-                                              for clients, ratio in by_clients.items())
+        spread = " [lowest-highest round]" if report.ratio_ranges else ""
+        lines += ["", f"req/s against {alone} alone at the same clients{spread}:"]
+        lines += [f"  {kind:<4} " + render_ratios(by_clients, report.ratio_ranges.get(kind, {}))
                   for kind, by_clients in report.ratios.items()]
     return "\n".join(lines)

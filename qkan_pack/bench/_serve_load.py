@@ -14,30 +14,36 @@ large bodies arrive (``large_body_mb``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._ports import side_ports
 from ..errors import BenchError
-from ._cpus import check_split, split_text
+from ._cpus import check_split
 from ._load import PROTOCOLS, LoadResult, LoadSpec, RowInput, Rows, grpc_messages, run_load
-from ._server_process import ROLES, ServerProcess, cpu_per_request, listening_ports
+from ._serve_render import render_point
+from ._serve_results import (
+    SERVE_SCHEMA,
+    Point,
+    ServeLoadReport,
+    median_point,
+    protocol_ratios,
+    summarise,
+)
+from ._server_process import ServerProcess, cpu_per_request, listening_ports
 
 if TYPE_CHECKING:
     from ..format import InputDecl
 
-SERVE_SCHEMA = "qkan-pack/bench-serve/2"
 #: Ray Serve's direct-ingress HTTP ports (its ``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``
 #: defaults): a replica listening on one of them is serving, or about to.
 INGRESS_PORTS = range(30000, 31001)
@@ -97,101 +103,6 @@ class ServeLoadSettings:
     @property
     def client_cpus(self) -> frozenset[int]:
         return frozenset(self.split_cpus[1]) if self.split_cpus else frozenset()
-
-
-@dataclass
-class Point:
-    """One client count in one protocol. ``statuses``: HTTP statuses, or for gRPC the
-    status code's name, a success counted as 200."""
-
-    clients: int
-    requests_per_s: float
-    p50_ms: float | None
-    p99_ms: float | None
-    ok: int
-    statuses: dict[str, int]
-    rows_per_replay: float | None = None
-    protocol: str = "json"
-    rows_per_request: int = 1
-    rows_per_s: float = 0.0
-    #: CPU microseconds per request sent, over the whole run (warm-up included): the
-    #: server's replicas, HAProxy and the rest of it (``_server_process.ROLES``), and the
-    #: load's client processes ("clients"); where a request's time goes when req/s differ.
-    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ServeLoadReport:
-    schema: str
-    created: str
-    artifact: str
-    command: list[str]
-    settings: dict[str, Any]
-    machine: dict[str, Any]
-    server: dict[str, Any] = field(default_factory=dict)
-    curves: dict[str, list[Point]] = field(default_factory=dict)
-    #: protocol -> client count -> its req/s over the JSON route's (the model's curve).
-    ratios: dict[str, dict[str, float]] = field(default_factory=dict)
-    kill: dict[str, Any] | None = None
-    large_bodies: dict[str, Any] | None = None
-    #: A model repository's report (``_repo_load``): its models, and the one served alone.
-    repository: dict[str, Any] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def percentile(sorted_ms: Sequence[float], q: float) -> float | None:
-    if not sorted_ms:
-        return None
-    return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 3)
-
-
-def summarise(clients: int, result: LoadResult, seconds: float, protocol: str = "json",
-              rows_per_request: int = 1) -> Point:
-    latencies = sorted(result.latencies_ms)
-    return Point(clients=clients, requests_per_s=round(len(latencies) / seconds, 1),
-                 p50_ms=percentile(latencies, 0.50), p99_ms=percentile(latencies, 0.99),
-                 ok=len(latencies), statuses={str(k): v for k, v in sorted(
-                     result.statuses.items(), key=lambda kv: str(kv[0]))},
-                 protocol=protocol, rows_per_request=rows_per_request,
-                 rows_per_s=round(len(latencies) * rows_per_request / seconds, 1),
-                 cpu_us_per_request={"clients": round(1e6 * result.cpu_s / result.sent, 1)}
-                 if result.sent else {})
-
-
-def median_point(points: Sequence[Point]) -> Point:
-    """One point from the rounds' points at one client count: the median req/s, rows/s,
-    latencies and rows per replay; the statuses summed (every error of every round shows)."""
-    def median(values: Sequence[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return round(statistics.median(present), 3) if present else None
-
-    statuses: dict[str, int] = {}
-    for point in points:
-        for status, count in point.statuses.items():
-            statuses[status] = statuses.get(status, 0) + count
-    roles = dict.fromkeys(role for p in points for role in p.cpu_us_per_request)
-    cpu = {role: median([p.cpu_us_per_request.get(role) for p in points]) for role in roles}
-    return replace(points[0], requests_per_s=median([p.requests_per_s for p in points]) or 0.0,
-                   rows_per_s=median([p.rows_per_s for p in points]) or 0.0,
-                   p50_ms=median([p.p50_ms for p in points]),
-                   p99_ms=median([p.p99_ms for p in points]),
-                   rows_per_replay=median([p.rows_per_replay for p in points]),
-                   ok=sum(p.ok for p in points), statuses=statuses,
-                   cpu_us_per_request={role: us for role, us in cpu.items() if us is not None})
-
-
-def protocol_ratios(points: Sequence[Point]) -> dict[str, dict[str, float]]:
-    """Each other protocol's req/s over the JSON route's at the same client count (rows/s
-    alike: every protocol sends the same rows per request)."""
-    json_rps = {p.clients: p.requests_per_s for p in points if p.protocol == "json"}
-    ratios: dict[str, dict[str, float]] = {}
-    for point in points:
-        if point.protocol != "json" and json_rps.get(point.clients):
-            ratios.setdefault(point.protocol, {})[str(point.clients)] = round(
-                point.requests_per_s / json_rps[point.clients], 2)
-    return ratios
 
 
 def row_inputs(artifact: str, lengths: tuple[int, int] | None = None,
@@ -266,7 +177,7 @@ def run_serve_load(artifact: str | Path, settings: ServeLoadSettings | None = No
     with sigterm_as_exit():
         for mode, extra in modes:
             _measure_mode(artifact, mode, extra, rows, settings, report, token)
-    report.ratios = protocol_ratios(report.curves.get("model", []))
+    report.ratios, report.ratio_ranges = protocol_ratios(report.curves.get("model", []))
     return report
 
 
@@ -506,69 +417,3 @@ def _has(program: str) -> bool:
     import shutil
 
     return shutil.which(program) is not None
-
-
-#: The CPU columns (µs per request): the server's parts (``ROLES``), the load's clients.
-CPU_COLUMNS = (*ROLES, "clients")
-POINT_HEADER = (f"{'clients':>7} {'protocol':<10} {'req/s':>10} {'rows/s':>10} {'p50 ms':>9} "
-                f"{'p99 ms':>9} {'rows/replay':>11} "
-                + " ".join(f"{role + ' us':>11}" for role in CPU_COLUMNS) + "  errors")
-
-
-def render_point(point: Point) -> str:
-    rows = f"{point.rows_per_replay:.2f}" if point.rows_per_replay else "-"
-    others = {k: v for k, v in point.statuses.items() if k != "200"}
-    cpu = " ".join(f"{point.cpu_us_per_request[role]:>11.0f}"
-                   if role in point.cpu_us_per_request else f"{'-':>11}" for role in CPU_COLUMNS)
-    return (f"{point.clients:>7} {point.protocol:<10} {point.requests_per_s:>10.1f} "
-            f"{point.rows_per_s:>10.1f} {point.p50_ms or 0:>9.2f} {point.p99_ms or 0:>9.2f} "
-            f"{rows:>11} {cpu}  {others or ''}")
-
-
-def render_serve_load(report: ServeLoadReport) -> str:
-    where = report.machine.get("gpu") or report.machine["cpu"]
-    settings = report.settings
-    rounds = settings.get("rounds", 1)
-    median = f" (median of {rounds} rounds)" if rounds > 1 else ""
-    lines = [f"qkan-pack serve load: {report.artifact}, {settings['seconds']:g} s per point"
-             f"{median}, {settings['processes']} client processes, "
-             f"{settings['rows_per_request']} row(s) per request{split_text(settings)}; {where}"]
-    for mode, points in report.curves.items():
-        title = mode if mode == "model" else f"{mode} (the JSON route only)"
-        lines += ["", f"{title}: {report.server[mode]['ready']}", POINT_HEADER]
-        lines += [render_point(p) for p in points]
-    if report.ratios:
-        lines += ["", "req/s against the JSON route at the same clients (rows/s alike):"]
-        lines += [f"  {protocol:<10} " + ", ".join(f"{ratio:.2f}x at {clients}"
-                                                   for clients, ratio in by_clients.items())
-                  for protocol, by_clients in report.ratios.items()]
-    if report.kill:
-        lines += ["", render_kill(report.kill, report.settings["kill_clients"])]
-    if report.large_bodies:
-        lb = report.large_bodies
-        lines += ["", f"single-row p99 at {lb['clients']} clients: {lb['alone']['p99_ms']} ms alone, "
-                  f"{lb['during']['p99_ms']} ms while {lb['body_mb']:g} MB bodies arrive "
-                  f"({lb['large']['ok']} large bodies answered: {_statuses(lb['large'])})"]
-    return "\n".join(lines)
-
-
-def render_kill(kill: dict[str, Any], clients: int) -> str:
-    """One line: how many kills, how many requests failed of how many, and how."""
-    times = "" if kill.get("kills", 1) == 1 else f" {kill['kills']} times, every {kill['kill_every_s']:g} s,"
-    failures = {k: v for k, v in kill["point"]["statuses"].items() if k != "200"}
-    how = f" ({', '.join(f'{v} x {k}' for k, v in failures.items())})" if failures else ""
-    total = kill["point"]["ok"] + kill["failed"]
-    return (f"SIGKILL of 1 of {kill['replicas_before']} replicas{times} under {clients} clients: "
-            f"{kill['failed']} of {total:,} requests failed{how}; replicas after: "
-            f"{kill['replicas_after']}")
-
-
-def _statuses(point: dict[str, Any]) -> str:
-    return ", ".join(f"{count} x {status}" for status, count in point["statuses"].items())
-
-
-def write_serve_json(report: ServeLoadReport, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.as_dict(), indent=2, allow_nan=False) + "\n")
-    return path

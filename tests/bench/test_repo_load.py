@@ -17,7 +17,7 @@ from qkan_pack.bench._repo_load import (
     render_repository_load,
     repository_ratios,
 )
-from qkan_pack.bench._serve_load import SERVE_SCHEMA, median_point, summarise
+from qkan_pack.bench._serve_results import SERVE_SCHEMA, median_point, round_ratio_range, summarise
 from qkan_pack.errors import BenchError
 
 from ..conftest import MODELS
@@ -83,12 +83,13 @@ def test_each_figure_is_the_median_of_its_rounds_and_every_error_shows() -> None
 def test_the_aggregate_and_one_model_are_ratios_to_the_model_alone() -> None:
     curves = {"alone": [_point(100, 8), _point(200, 32)],
               "all": [_point(95, 8), _point(150, 32)], "one": [_point(100, 8), _point(210, 32)]}
-    assert repository_ratios(curves) == {"all": {"8": 0.95, "32": 0.75},
-                                         "one": {"8": 1.0, "32": 1.05}}
+    ratios, ranges = repository_ratios(curves)
+    assert ratios == {"all": {"8": 0.95, "32": 0.75}, "one": {"8": 1.0, "32": 1.05}}
+    assert ranges == {}  # one round each: no spread to tell
     report = ServeLoadReport(
         schema=SERVE_SCHEMA, created="2000-01-01T00:00:00+00:00", artifact="repo", command=[],
         settings={"seconds": 1.0, "processes": 1, "rounds": 3},
-        machine={"cpu": "cpu", "gpu": None}, curves=curves, ratios=repository_ratios(curves),
+        machine={"cpu": "cpu", "gpu": None}, curves=curves, ratios=ratios,
         server={"alone": {"ready": "serving m1"}, "repository": {"ready": "serving repo"}},
         repository={"models": ["m1", "m2"], "alone": "m1/1"})
     text = render_repository_load(report)
@@ -96,6 +97,36 @@ def test_the_aggregate_and_one_model_are_ratios_to_the_model_alone() -> None:
     assert "alone: m1/1 served alone, POST /: serving m1" in text
     assert "POST /models/<name>: serving repo" in text and "one: m1 through" in text
     assert "all  0.95x at 8, 0.75x at 32" in text and "one  1.00x at 8, 1.05x at 32" in text
+    assert "lowest-highest" not in text
+
+
+def test_a_ratio_over_rounds_reports_the_range_of_its_rounds() -> None:
+    """The median ratio and, beside it, the lowest and highest ratio of a single round (each
+    round measures both curves back to back, so round i of one is set against round i of
+    the other): how far one round may sit from the median is what a reader needs to judge
+    a ratio near its target."""
+    def rounds(*rates: float, clients: int = 8) -> object:
+        return median_point([_point(rate, clients) for rate in rates])
+
+    alone = rounds(100, 200, 100)
+    curves = {"alone": [alone], "all": [rounds(95, 150, 110)], "one": [rounds(100, 210, 90)]}
+    assert alone.round_requests_per_s == [100.0, 200.0, 100.0]
+    ratios, ranges = repository_ratios(curves)
+    # medians 110/100 and 100/100; per round 0.95, 0.75, 1.10 and 1.00, 1.05, 0.90
+    assert ratios == {"all": {"8": 1.1}, "one": {"8": 1.0}}
+    assert ranges == {"all": {"8": [0.75, 1.1]}, "one": {"8": [0.9, 1.05]}}
+    report = ServeLoadReport(
+        schema=SERVE_SCHEMA, created="2000-01-01T00:00:00+00:00", artifact="repo", command=[],
+        settings={"seconds": 1.0, "processes": 1, "rounds": 3},
+        machine={"cpu": "cpu", "gpu": None}, curves=curves, ratios=ratios, ratio_ranges=ranges,
+        server={"alone": {"ready": "serving m1"}, "repository": {"ready": "serving repo"}},
+        repository={"models": ["m1", "m2"], "alone": "m1/1"})
+    text = render_repository_load(report)
+    assert "alone at the same clients [lowest-highest round]:" in text
+    assert "all  1.10x at 8 [0.75-1.10]" in text and "one  1.00x at 8 [0.90-1.05]" in text
+    # rounds that do not pair up (a curve measured fewer times) give no range
+    assert round_ratio_range(rounds(1, 2, 3), rounds(1, 2)) is None
+    assert median_point([_point(5)]).round_requests_per_s == []
 
 
 def test_protocol_rounds_rotate_the_order_and_take_each_point_s_median(

@@ -10,7 +10,8 @@ import time
 from collections import Counter
 
 from qkan_pack.bench._load import LoadResult
-from qkan_pack.bench._serve_load import render_point, summarise
+from qkan_pack.bench._serve_render import render_point
+from qkan_pack.bench._serve_results import summarise
 from qkan_pack.bench._server_process import (
     ROLES,
     ProcessCpu,

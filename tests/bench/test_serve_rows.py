@@ -5,6 +5,7 @@ and refused artifacts with several inputs)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -146,7 +147,12 @@ def test_protocols_are_reported_side_by_side_with_ratios_to_the_json_route() -> 
 
     from qkan_pack.bench import ServeLoadReport, render_serve_load
     from qkan_pack.bench._load import LoadResult
-    from qkan_pack.bench._serve_load import SERVE_SCHEMA, protocol_ratios, summarise
+    from qkan_pack.bench._serve_results import (
+        SERVE_SCHEMA,
+        median_point,
+        protocol_ratios,
+        summarise,
+    )
 
     def point(protocol: str, requests: int) -> object:
         return summarise(8, LoadResult([1.0] * requests, Counter({200: requests})), 2.0,
@@ -159,9 +165,25 @@ def test_protocols_are_reported_side_by_side_with_ratios_to_the_json_route() -> 
         settings={"seconds": 2.0, "processes": 1, "rows_per_request": 8},
         machine={"cpu": "cpu", "gpu": None},
         server={"model": {"ready": "serving mlp"}, "noop": {"ready": "serving noop"}},
-        curves={"model": model, "noop": [point("json", 900)]}, ratios=protocol_ratios(model))
+        curves={"model": model, "noop": [point("json", 900)]}, ratios=protocol_ratios(model)[0])
     assert report.ratios == {"oip-binary": {"8": 1.5}, "oip-grpc": {"8": 0.95}}
+    assert protocol_ratios(model)[1] == {}  # one round: no spread
     text = render_serve_load(report)
     assert "noop (the JSON route only): serving noop" in text
     assert "oip-binary 1.50x at 8" in text and "oip-grpc   0.95x at 8" in text
     assert "8 row(s) per request" in text and "1200.0" in text
+
+    # over rounds: round i of each protocol against round i of the JSON route
+    def rounds(protocol: str, *requests: int) -> object:
+        return median_point([point(protocol, n) for n in requests])
+
+    model = [rounds("json", 200, 400, 200), rounds("oip-binary", 180, 480, 220),
+             rounds("oip-grpc", 190, 380, 210)]
+    ratios, ranges = protocol_ratios(model)
+    assert ratios == {"oip-binary": {"8": 1.1}, "oip-grpc": {"8": 1.05}}
+    assert ranges == {"oip-binary": {"8": [0.9, 1.2]}, "oip-grpc": {"8": [0.95, 1.05]}}
+    text = render_serve_load(replace(report, curves={"model": model}, ratios=ratios,
+                                     ratio_ranges=ranges))
+    assert "(rows/s alike) [lowest-highest round]:" in text
+    assert "oip-binary 1.10x at 8 [0.90-1.20]" in text
+    assert "oip-grpc   1.05x at 8 [0.95-1.05]" in text
