@@ -266,7 +266,7 @@ class ArtifactServer:
             counts = await ingress_counts(socket)
             ingress = Ingress(**counts) if counts is not None else None
         return replica_families(self.core.stats.snapshot(), self._metrics_info,
-                                self.core.gpu_memory(), ingress)
+                                self.core.gpu_memory(), ingress, self.http.admission.pending())
 
     async def scrape(self) -> tuple[bytes, str]:
         """``GET /metrics``: every replica's families, merged (``_metrics.every_replica``)."""

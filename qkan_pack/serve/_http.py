@@ -113,6 +113,12 @@ class Admission:
         elif waiter.done() and not waiter.cancelled():
             self.release()  # it was handed a slot it will not use
 
+    def pending(self) -> tuple[int, int]:
+        """(at work, waiting): requests holding a slot, and those queued for one (what
+        ``qkan_pack_pending_requests`` exports: the depth operators alert on)."""
+        waiting = sum(1 for waiter in self._waiters if not waiter.done())
+        return self._ongoing - self._free, waiting
+
     def release(self) -> None:
         """Give a slot back: to the longest waiter, else to the free pool."""
         while self._waiters:

@@ -76,8 +76,10 @@ class Ingress:
 
 def replica_families(snapshot: Snapshot, info: ReplicaInfo,
                      gpu_memory: Mapping[str, int] | None = None,
-                     ingress: Ingress | None = None) -> list[Any]:
-    """One replica's families (``prometheus_client`` metric families, picklable)."""
+                     ingress: Ingress | None = None,
+                     pending: tuple[int, int] | None = None) -> list[Any]:
+    """One replica's families (``prometheus_client`` metric families, picklable).
+    ``pending``: its admission's (at work, waiting) requests at the scrape."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     labels, names = info.labels, list(REPLICA_LABELS)
@@ -85,6 +87,14 @@ def replica_families(snapshot: Snapshot, info: ReplicaInfo,
         "qkan_pack_requests", "Inference requests a replica answered, by protocol and outcome "
         "(success, client_error, unauthorized, overloaded, server_error); 401s on any route "
         "count as unauthorized.", names, ("protocol", "outcome"), labels, snapshot.answered)]
+    if pending is not None:
+        depth = GaugeMetricFamily(
+            "qkan_pack_pending_requests", "Inference requests in the replica at the scrape: "
+            "at_work (admitted: parsing, batched, replaying, replying) and waiting (queued for "
+            "a slot, within --max-queued-requests).", labels=[*names, "state"])
+        for state, count in zip(("at_work", "waiting"), pending):
+            depth.add_metric([*labels, state], count)
+        families.append(depth)
     families.append(_histograms(
         "qkan_pack_request_duration_seconds", "Successful inference requests' latency in the "
         "replica, from its handler's start to the reply.", names, "protocol", labels,

@@ -148,6 +148,45 @@ def test_the_merge_keeps_every_replica_and_one_of_each_shared_series() -> None:
     assert _total(samples, "qkan_pack_ingress_refusals_total", reason="unauthorized") == 4
 
 
+def test_pending_requests_are_the_admission_s_slots_in_use_and_its_queue() -> None:
+    """``qkan_pack_pending_requests``: requests holding one of the replica's slots (at_work)
+    and those queued for one (waiting), as the admission holds them at the scrape; a
+    cancelled waiter leaves the queue."""
+    from qkan_pack.errors import OverloadedError
+    from qkan_pack.serve._http import Admission
+    from qkan_pack.serve._metrics import ReplicaInfo, exposition, merge, replica_families
+    from qkan_pack.serve._stats import ReplicaStats
+
+    async def scenario() -> list[tuple[int, int]]:
+        admission = Admission(2, 2)
+        seen = [admission.pending()]
+        await admission.acquire()
+        await admission.acquire()
+        waiters = [asyncio.ensure_future(admission.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        seen.append(admission.pending())
+        with pytest.raises(OverloadedError):
+            await admission.acquire()
+        admission.release()  # hands its slot to the first waiter
+        await asyncio.sleep(0)
+        seen.append(admission.pending())
+        waiters[1].cancel()
+        await asyncio.sleep(0)
+        seen.append(admission.pending())
+        for _ in range(2):
+            admission.release()
+        seen.append(admission.pending())
+        return seen
+
+    assert asyncio.run(scenario()) == [(0, 0), (2, 2), (2, 1), (2, 0), (0, 0)]
+    info = ReplicaInfo(NAME, "1", "a", "cpu", 0.5, 1.0, (), 8)
+    text, _ = exposition(merge([replica_families(ReplicaStats([]).snapshot(), info,
+                                                 pending=(2, 1))]))
+    samples = _families(text.decode())
+    assert _total(samples, "qkan_pack_pending_requests", replica="a", state="at_work") == 2
+    assert _total(samples, "qkan_pack_pending_requests", model=NAME, state="waiting") == 1
+
+
 def test_haproxy_counts_parse_from_its_admin_answers() -> None:
     from qkan_pack.serve._haproxy_admin import parse_ingress_counts
 
@@ -266,6 +305,9 @@ def test_metrics_count_what_was_sent_over_every_protocol(server: Server) -> None
     assert delta("qkan_pack_rows_per_replay_sum", model=NAME) == rows
     assert delta("qkan_pack_replayed_rows_total", kind="request") == rows
     assert _total(after, "qkan_pack_scrape_replicas", state="answered") == 2
+    depth = {(dict(k)["replica"], dict(k)["state"]): v for (name, k), v in after.items()
+             if name == "qkan_pack_pending_requests"}
+    assert len(depth) == 4 and set(depth.values()) == {0}  # both replicas, nothing in flight
     replicas = {dict(k)["replica"] for (name, k) in after if name == "qkan_pack_model_loads_total"}
     assert len(replicas) == 2 and _total(after, "qkan_pack_model_loads_total", model=NAME) == 2
     assert server.json("/stats")[0] == 200  # the replica's own view is still there
