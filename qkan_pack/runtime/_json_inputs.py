@@ -221,8 +221,12 @@ def host_array(array: np.ndarray, name: str, want: str,
                accepted: Sequence[Signature] = ()) -> np.ndarray:
     """``array`` (already ``want``'s values, bfloat16 as bits) as a fresh host array of
     ``HOST_DTYPES[want]`` in native byte order, every float finite in ``want``."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        array = np.array(array, dtype=HOST_DTYPES[want])
+    host = HOST_DTYPES[want]
+    if array.dtype == host:  # the common binary tensor: a copy converts nothing (nor can
+        array = np.array(array)  # overflow), and numpy's errstate costs more than the copy
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = np.array(array, dtype=host)
     return check_finite(array, name, want, accepted)
 
 
