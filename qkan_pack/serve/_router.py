@@ -51,7 +51,7 @@ from ._oip import EXTENSIONS, PLATFORM
 from ._oip_grpc import IMPLEMENTED, add_rpc_methods
 from ._ray_compat import HEAD_NODE_RESOURCE
 from ._repository import Defaults, VersionPlan
-from ._versions import UNAVAILABLE, Deployed, Refusal, Repository
+from ._versions import Deployed, Refusal, Repository
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -225,9 +225,8 @@ class RouterHttp:
         return json_response(200, {"live": True})
 
     async def _ready(self, request: Request) -> Response:
-        ready = all(self.repository.ready_versions(n) for n in self.repository.models
-                    if any(v.state != UNAVAILABLE or v.reason != "unloaded"
-                           for v in self.repository.models[n].values()))
+        await self.repository.fresh_health()
+        ready = self.repository.server_ready()
         return json_response(200 if ready else 400, {"ready": ready})
 
     async def _index(self, request: Request) -> Response:
@@ -237,6 +236,7 @@ class RouterHttp:
         ready = index_ready_only(body)
         if isinstance(ready, Refusal):
             return self._refuse(ready)
+        await self.repository.fresh_health()
         return json_response(200, self.repository.index(ready))
 
     async def _metrics(self, request: Request) -> Response:
@@ -348,13 +348,17 @@ class RouterGrpc:
                     self.token_sha256) for k, v in metadata):
             return self._refuse(context, "UNAUTHENTICATED", "missing or wrong bearer token: "
                                 "send metadata 'authorization: Bearer <token>'", reply())
-        if rpc in ("ServerLive", "ServerReady"):
-            return reply(**{rpc.removeprefix("Server").lower(): True})
+        if rpc == "ServerLive":
+            return reply(live=True)
+        if rpc == "ServerReady":
+            await self.repository.fresh_health()
+            return reply(ready=self.repository.server_ready())
         if rpc == "ServerMetadata":
             meta = server_metadata(self.server_version)
             return reply(name=meta["name"], version=meta["version"],
                          extensions=meta["extensions"])
         if rpc == "RepositoryIndex":
+            await self.repository.fresh_health()
             return reply(models=[self.pb.RepositoryIndexResponse.ModelIndex(**e)
                                  for e in self.repository.index(request.ready)])
         if rpc in ("RepositoryModelLoad", "RepositoryModelUnload"):
@@ -425,7 +429,7 @@ class RepositoryServer:
 
         tune_replica_process()
         self.repository = Repository(root, defaults, served, workdir=workdir,
-                                     log_level=log_level)
+                                     log_level=log_level, watch=True)
         limits = limits or HttpLimits()
         self._token_sha256 = limits.token_sha256
         self._server_version = __version__
@@ -453,8 +457,9 @@ class RepositoryServer:
         handles = [self.repository.handle(d) for d in self.repository.deployed()]
         parts, answered, failed = await replicas_of(handles, "metric_families")
         own = repository_families(self.repository.loads, {
-            (n, str(v)): s.state for n, vs in self.repository.models.items()
-            for v, s in vs.items()}, self.http.refusals)
+            (n, str(v)): self.repository.state_of(s)[0]
+            for n, vs in self.repository.models.items() for v, s in vs.items()},
+            self.http.refusals)
         return exposition([*merge([own, *parts]), scrape_family(answered, failed)])
 
     async def stats(self, reset: bool) -> dict[str, Any]:

@@ -22,7 +22,12 @@ from ._app import deployment_app
 from ._deploy import DEPLOY_POLL_S, wait_running
 from ._haproxy_admin import admin_command
 from ._placement import check_left
-from ._ray_compat import delete_apps, deploy_without_waiting, haproxy_admin_socket
+from ._ray_compat import (
+    delete_apps,
+    deploy_without_waiting,
+    haproxy_admin_socket,
+    serve_status,
+)
 from ._repository import (
     MODEL_CONFIG,
     VERSION_DIR,
@@ -52,6 +57,14 @@ FORWARD_MIN_TIMEOUT_S = 10.0
 MAX_SHOWN = 40
 #: How long one command to HAProxy's admin socket may take.
 ADMIN_TIMEOUT_S = 2.0
+#: How old the replicas' health (``Repository.watch_health``) may be before a request,
+#: the index or a readiness check asks Ray Serve again (in the background), and how often
+#: a request passed on to a version checks it while it waits.
+HEALTH_TTL_S = 2.0
+#: How long the router waits for Ray Serve's controller's status.
+HEALTH_TIMEOUT_S = 5.0
+#: The most characters of Ray's message about a version's replicas a reason repeats.
+MAX_HEALTH_MESSAGE = 300
 logger = logging.getLogger(__name__)
 
 
@@ -87,8 +100,12 @@ class Repository:
     docstring. Deploys from worker threads (Ray's deploy and status calls block)."""
 
     def __init__(self, root: str, defaults: Defaults, served: Sequence[tuple[VersionPlan, int]],
-                 *, workdir: str | None = None, log_level: str = "WARNING") -> None:
+                 *, workdir: str | None = None, log_level: str = "WARNING",
+                 watch: bool = False) -> None:
+        """``watch``: follow the replicas' health in Ray Serve (``watch_health``; the
+        router's, inside Ray Serve: elsewhere there is no Serve to ask)."""
         self.root = Path(root)
+        self.watch = watch
         self.defaults = defaults
         self.workdir = workdir
         self.log_level = log_level
@@ -108,13 +125,82 @@ class Repository:
             self._admission[deployed.generation.prefix] = admission_of(plan)
             self.loads[plan.model, str(plan.version), "success"] += 1
         self._generation = max((g for _, g in served), default=0)
+        #: Serving generations (by application) with no running replica, and Ray's word on
+        #: why (``watch_health``): such a version is not ready, though loaded.
+        self.down: dict[str, str] = {}
+        self._health_at = -HEALTH_TTL_S  # when it was last read (monotonic)
+        self._health_task: asyncio.Task[None] | None = None
 
     # -- what serves ------------------------------------------------------------------
 
     def ready_versions(self, name: str) -> list[int]:
-        """The versions of ``name`` that serve (not those being unloaded), ascending."""
+        """The versions of ``name`` that serve (not those being unloaded, nor those whose
+        replicas are all down: ``watch_health``), ascending."""
         return sorted(v for v, s in self.models.get(name, {}).items()
-                      if s.state == READY and s.serving is not None)
+                      if s.state == READY and s.serving is not None
+                      and s.serving.generation.app not in self.down)
+
+    def server_ready(self) -> bool:
+        """The protocol's server readiness (as Triton's strict readiness): every model loaded
+        has a version ready (a model never loaded, or unloaded, is not waited for)."""
+        return all(self.ready_versions(name) for name, versions in self.models.items()
+                   if any(v.state != UNAVAILABLE or v.reason != "unloaded"
+                          for v in versions.values()))
+
+    def state_of(self, version: Version) -> tuple[str, str]:
+        """(Triton's state, why) as the index and metrics say it: a loaded version whose
+        replicas are all down is UNAVAILABLE, with Ray's reason, until one runs again."""
+        serving = version.serving
+        if version.state == READY and serving is not None:
+            why = self.down.get(serving.generation.app)
+            if why is not None:
+                return UNAVAILABLE, f"no replica running: {why}"
+        return version.state, version.reason
+
+    # -- the replicas' health ----------------------------------------------------------
+
+    def watch_health(self) -> None:
+        """Ask Ray Serve again, in the background, when its answer is older than
+        ``HEALTH_TTL_S`` (requests, the index and readiness checks call this; none waits
+        for it). Without it a version whose replicas all died and cannot start again (a
+        file of its artifact changed on disk, a device fault) stayed READY, and each
+        request to it waited ``forward_timeout_s`` for a replica that never came."""
+        if not self.watch or time.monotonic() - self._health_at < HEALTH_TTL_S:
+            return
+        if self._health_task is None or self._health_task.done():
+            self._health_task = asyncio.get_running_loop().create_task(self.read_health())
+
+    async def fresh_health(self) -> None:
+        """``down`` at most ``HEALTH_TTL_S`` old, waiting for Ray Serve's answer if need be:
+        what the index and readiness checks say (not on a request's path)."""
+        self.watch_health()
+        if self._health_task is not None and not self._health_task.done():
+            await asyncio.shield(self._health_task)
+
+    async def read_health(self) -> None:
+        """``down`` from Ray Serve's status (each serving generation's running replicas);
+        the routes without a version published again when it changed (so that HAProxy
+        sends them to the highest version that runs). Kept as it was when the controller
+        does not answer."""
+        self._health_at = time.monotonic()
+        try:
+            status = await asyncio.to_thread(serve_status, HEALTH_TIMEOUT_S)
+        except Exception as exc:  # Ray's; what was known stands, asked again after the TTL
+            logger.warning("model repository: Ray Serve's status not read: %s", exc)
+            return
+        if status is None or not status.applications:  # no answer, or no Serve to say
+            return
+        down = {}
+        for deployed in self.deployed():
+            why = not_running(status, deployed.generation.app)
+            if why is not None:
+                down[deployed.generation.app] = why
+        self._health_at = time.monotonic()
+        if down != self.down:
+            for app in sorted(down.keys() - self.down.keys()):
+                logger.warning("model repository: %s has no replica running: %s", app, down[app])
+            self.down = down
+            await self.publish_routes()
 
     def served_models(self) -> list[str]:
         """The models a generation of which serves, by name."""
@@ -129,7 +215,8 @@ class Repository:
     def resolve(self, name: str, version: str | None) -> Deployed | Refusal:
         """What serves ``name`` (``version``: a version's number as text; None or "": the
         highest ready one), or why nothing does (404: no such model or version; 503: not
-        ready)."""
+        ready, or no replica of it running)."""
+        self.watch_health()
         versions = self.models.get(name)
         if not versions or all(s.state == UNAVAILABLE for s in versions.values()):
             if versions or name in self._on_disk():
@@ -144,9 +231,9 @@ class Repository:
         if version in (None, ""):
             ready = self.ready_versions(name)
             if not ready:
-                return Refusal(503, f"model {name!r} has no ready version: "
-                               + "; ".join(f"{v}: {s.state.lower()} {s.reason}".strip()
-                                           for v, s in sorted(versions.items())))
+                return Refusal(503, f"model {name!r} has no ready version: " + "; ".join(
+                    f"{v}: {' '.join(self.state_of(s)).lower()}".strip()
+                    for v, s in sorted(versions.items())))
             serving = versions[ready[-1]].serving
             assert serving is not None
             return serving
@@ -160,6 +247,10 @@ class Repository:
         if state.serving is None or state.state != READY:  # unloading: its replicas are leaving
             return Refusal(503, f"version {version} of model {name!r} is "
                            f"{state.state.lower()}" + (f": {state.reason}" if state.reason else ""))
+        why = self.down.get(state.serving.generation.app)
+        if why is not None:
+            return Refusal(503, f"version {version} of model {name!r} has no replica "
+                           f"running: {why}")
         return state.serving
 
     def handle(self, deployed: Deployed) -> Any:
@@ -175,17 +266,29 @@ class Repository:
 
     async def call(self, deployed: Deployed, method: str, *args: Any) -> Any:
         """``method`` of ``deployed``'s replicas over its handle, or a 503 Refusal when they
-        give no answer within ``forward_timeout_s``: a call Ray's handle cannot hand to a
-        replica (its generation deleted meanwhile) otherwise waits for ever."""
+        give no answer within ``forward_timeout_s``, or as soon as none of them runs
+        (``watch_health``, read again while it waits): a call Ray's handle cannot hand to
+        a replica (its generation deleted meanwhile, its replicas dead) otherwise waits
+        for ever."""
         response = getattr(self.handle(deployed), method).remote(*args)
-        timeout_s = forward_timeout_s(deployed.plan)
-        try:
-            return await asyncio.wait_for(response, timeout_s)
-        except asyncio.TimeoutError:
-            response.cancel()
-            plan = deployed.plan
-            return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
-                           f"answer within {timeout_s:g} s (it may be unloading); retry")
+        plan, app = deployed.plan, deployed.generation.app
+        timeout_s = forward_timeout_s(plan)
+        waiting = asyncio.ensure_future(_answer(response))
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            done, _ = await asyncio.wait([waiting], timeout=min(left, HEALTH_TTL_S))
+            if done:
+                return waiting.result()
+            self.watch_health()
+            if app in self.down:
+                response.cancel()
+                waiting.cancel()
+                return Refusal(503, f"version {plan.version} of model {plan.model!r} has no "
+                               f"replica running: {self.down[app]}")
+        response.cancel()
+        waiting.cancel()
+        return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
+                       f"answer within {timeout_s:g} s (it may be unloading); retry")
 
     def routes_choice(self) -> tuple[list[str], str | None]:
         """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
@@ -230,7 +333,8 @@ class Repository:
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: each model of the directory and each loaded one, with
-        each version's state (a model never loaded, or unloaded, as one UNAVAILABLE entry)."""
+        each version's state (``state_of``; a model never loaded, or unloaded, as one
+        UNAVAILABLE entry)."""
         entries = []
         for name in sorted({*self._on_disk(), *self.models}):
             versions = self.models.get(name)
@@ -238,8 +342,10 @@ class Repository:
                 entries.append({"name": name, "version": "", "state": UNAVAILABLE,
                                 "reason": "unloaded"})
                 continue
-            entries += [{"name": name, "version": str(v), "state": s.state, "reason": s.reason}
-                        for v, s in sorted(versions.items())]
+            for number, version in sorted(versions.items()):
+                state, reason = self.state_of(version)
+                entries.append({"name": name, "version": str(number), "state": state,
+                                "reason": reason})
         return [e for e in entries if e["state"] == READY] if ready_only else entries
 
     # -- control ----------------------------------------------------------------------
@@ -399,6 +505,29 @@ class Repository:
     def _record_admission(self) -> None:
         if self.workdir is not None:
             write_admission(self.workdir, self._admission)
+
+
+async def _answer(response: Any) -> Any:
+    """A deployment handle's response, awaited (``asyncio.wait`` takes tasks, not it)."""
+    return await response
+
+
+def not_running(status: Any, app: str) -> str | None:
+    """Why application ``app`` of a ``serve.status()`` has no running replica of its
+    version's deployment (Ray's message), or None while one runs."""
+    application = status.applications.get(app)
+    if application is None:
+        return "its application is gone from Ray Serve"
+    deployment = application.deployments.get(VERSION_DEPLOYMENT)
+    if deployment is None:
+        return f"its deployment is gone from Ray Serve ({application.status})"
+    if any(str(getattr(state, "value", state)) == "RUNNING" and count
+           for state, count in deployment.replica_states.items()):
+        return None
+    message = " ".join((deployment.message or application.message or "").split())
+    if len(message) > MAX_HEALTH_MESSAGE:
+        message = message[:MAX_HEALTH_MESSAGE] + "..."
+    return f"Ray Serve says {deployment.status}" + (f": {message}" if message else "")
 
 
 def forward_timeout_s(plan: VersionPlan) -> float:

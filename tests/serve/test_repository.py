@@ -491,6 +491,48 @@ def test_the_router_resolves_names_and_versions_as_triton_does(tmp_path: Path) -
     assert repository.index(ready_only=True) == [repository.index()[1]]
 
 
+def test_a_version_with_no_replica_running_is_unavailable_and_not_the_default(
+        tmp_path: Path) -> None:
+    """Ray Serve's status read as the router reads it (``not_running``), and what a version
+    whose replicas are all down does to the repository's answers: UNAVAILABLE with Ray's
+    reason in the index, refused (503) by name, passed over by requests without a version,
+    and the server not ready once a model has no version left."""
+    from types import SimpleNamespace
+
+    from qkan_pack.serve._versions import VERSION_DEPLOYMENT, Refusal, not_running
+
+    def status(**apps: Any) -> Any:
+        return SimpleNamespace(applications=apps)
+
+    def app(replicas: dict[str, int], message: str = "") -> Any:
+        deployment = SimpleNamespace(status="UNHEALTHY", replica_states=replicas,
+                                     message=message)
+        return SimpleNamespace(status="DEPLOYING", message="",
+                               deployments={VERSION_DEPLOYMENT: deployment})
+
+    assert not_running(status(a=app({"RUNNING": 1, "STARTING": 1})), "a") is None
+    assert not_running(status(a=app({"STARTING": 1}, "ReplicaLoadError:\n  x" + "y" * 400)),
+                       "a") == "Ray Serve says UNHEALTHY: ReplicaLoadError: x" + "y" * 281 + "..."
+    assert not_running(status(), "a") == "its application is gone from Ray Serve"
+
+    root = _repository(tmp_path / "repo", {"mlp/1": None, "mlp/2": None, "clf/1": None})
+    repository = _router(root, [_plan("mlp"), dataclasses.replace(_plan("mlp"), version=2),
+                                _plan("clf")])
+    assert repository.server_ready()
+    two = repository.models["mlp"][2].serving.generation.app
+    repository.down[two] = "Ray Serve says UNHEALTHY: weights changed"
+    assert repository.resolve("mlp", None).plan.version == 1  # the highest that runs
+    assert repository.resolve("mlp", "2") == Refusal(
+        503, "version 2 of model 'mlp' has no replica running: Ray Serve says UNHEALTHY: "
+        "weights changed")
+    assert {"name": "mlp", "version": "2", "state": "UNAVAILABLE", "reason": "no replica "
+            "running: Ray Serve says UNHEALTHY: weights changed"} in repository.index()
+    assert repository.server_ready()  # mlp 1 still serves
+    repository.down[repository.models["mlp"][1].serving.generation.app] = "gone"
+    assert repository.resolve("mlp", None).status == 503 and not repository.server_ready()
+    assert repository.routes_choice()[0] == [repository.models["clf"][1].serving.generation.app]
+
+
 def test_the_router_refuses_without_a_model_in_json(tmp_path: Path) -> None:
     root = _repository(tmp_path / "repo", {"mlp/1": None, "clf/1": None})
     repository = _router(root, [_plan("mlp"), _plan("clf")])

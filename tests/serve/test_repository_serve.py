@@ -8,8 +8,11 @@ Ray's Python proxy, where the router passes every request on over a handle."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -304,6 +307,76 @@ def test_load_and_unload_leave_the_other_models_serving(
                   result="failure") == 2
     assert _total(samples, "qkan_pack_repository_loads_total", model="clf", version="1",
                   result="success") == 2
+
+
+def _replicas_of(server: Server, app_prefix: str) -> list[int]:
+    """The replica processes of the applications whose name starts with ``app_prefix``."""
+    found = []
+    for pid in server.replica_pids():
+        with contextlib.suppress(OSError):
+            if f"ServeReplica:{app_prefix}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def _index_entry(server: Server, model: str, version: str) -> dict[str, str]:
+    status, index = server.json("/v2/repository/index", {})
+    assert status == 200
+    return next(e for e in index if (e["name"], e["version"]) == (model, version))
+
+
+def test_a_version_whose_replicas_are_down_is_unavailable_at_once(
+        server: Server, repo: Path, predictors: dict[tuple[str, int], Predictor]) -> None:
+    """Version 1 of ``mlp`` loses its replica, and its replacement cannot load (a changed
+    weights file on disk): the index says UNAVAILABLE with Ray's reason, its requests are
+    refused at once (they waited 60 s each for a replica that never came, the version
+    still READY), its ready check says no, the model's other version serves; once the file
+    is back and a replica runs again, version 1 is READY and answers."""
+    import tritonclient.grpc as grpc_client
+
+    weights = repo / "mlp" / "1" / "weights.safetensors"
+    kept = weights.read_bytes()
+    broken = bytearray(kept)
+    broken[-1] ^= 0xFF
+    weights.write_bytes(bytes(broken))
+    try:
+        pids = _replicas_of(server, "mlp.v1.")
+        assert pids, "no replica of mlp version 1 found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (entry := _index_entry(server, "mlp", "1"))["state"] == "READY":
+            assert time.monotonic() < deadline, "mlp/1 still READY 60 s after its replica died"
+            time.sleep(0.5)
+        assert entry["state"] == "UNAVAILABLE" and "no replica running" in entry["reason"]
+        x = _rows("mlp")
+        started = time.monotonic()
+        status, body = server.json("/models/mlp/versions/1", {"inputs": x.tolist()})
+        assert status == 503 and "has no replica running" in body["error"]
+        _, grpc = _clients(server)
+        with pytest.raises(grpc_client.InferenceServerException, match="UNAVAILABLE"):
+            grpc.infer("mlp", [_input(grpc_client, x, "x")], model_version="1",
+                       headers=_auth("authorization"))
+        assert time.monotonic() - started < 10  # at once, not after a 60-s wait each
+        assert server.json("/v2/models/mlp/versions/1/ready")[0] == 400
+        assert server.json("/v2/health/ready") == (200, {"ready": True})  # mlp 2 serves
+        status, body = server.json("/models/mlp", {"inputs": x.tolist()})
+        assert status == 200
+        np.testing.assert_allclose(body["outputs"], predictors["mlp", 2](x), rtol=1e-5,
+                                   atol=1e-6)
+        ready = {dict(k)["state"]: v for (name, k), v in _samples(server).items()
+                 if name == "qkan_pack_model_version_ready"
+                 and (dict(k)["model"], dict(k)["version"]) == ("mlp", "1")}
+        assert ready == {"UNAVAILABLE": 0.0}
+    finally:
+        weights.write_bytes(kept)
+    deadline = time.monotonic() + 180  # Ray starts the replica again, after its back-off
+    while _index_entry(server, "mlp", "1")["state"] != "READY":
+        assert time.monotonic() < deadline, "mlp/1 not READY again 180 s after the file came back"
+        time.sleep(1)
+    status, body = server.json("/models/mlp/versions/1", {"inputs": x.tolist()})
+    assert status == 200
+    np.testing.assert_allclose(body["outputs"], predictors["mlp", 1](x), rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
