@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._app import tune_replica_process
@@ -462,6 +462,16 @@ class RepositoryServer:
             self.http.refusals)
         return exposition([*merge([own, *parts]), scrape_family(answered, failed)])
 
+    async def ModelStreamInfer(self, requests: Any,  # noqa: N802: the RPC's name
+                               grpc_context: Any = None) -> AsyncIterator[Any]:
+        """``ModelStreamInfer`` (bidirectional streaming) is not served: the call ends with
+        no message, ``UNAUTHENTICATED`` without the token, else ``UNIMPLEMENTED``. Without
+        this method Ray's proxy answered ``UNKNOWN`` naming the router's own methods,
+        token or not."""
+        await self.grpc.answer("ModelStreamInfer", None, grpc_context)  # sets the status
+        return
+        yield  # an async generator: Ray Serve streams what it yields (nothing)
+
     async def stats(self, reset: bool) -> dict[str, Any]:
         """``GET /stats``: each version's replicas' counters."""
         deployed = self.repository.deployed()
@@ -472,6 +482,7 @@ class RepositoryServer:
 
 
 add_rpc_methods(RepositoryServer)  # Ray Serve calls the method named after each RPC
+
 
 
 def router_app(root: str, defaults: Defaults, served: Sequence[tuple[VersionPlan, int]], *,

@@ -172,6 +172,25 @@ def test_unknown_names_and_versions_are_404_and_not_found(server: Server) -> Non
         grpc.get_model_repository_index()
 
 
+def test_streaming_inference_is_unimplemented_after_the_token_check(server: Server) -> None:
+    """``ModelStreamInfer`` with its requests sent whole (the stream closed after them):
+    UNIMPLEMENTED, and UNAUTHENTICATED without the token (Ray's proxy answered UNKNOWN
+    naming the router's own methods, either way)."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="mlp").SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        for metadata, code in (((("authorization", f"Bearer {TOKEN}"),),
+                                grpc.StatusCode.UNIMPLEMENTED),
+                               (None, grpc.StatusCode.UNAUTHENTICATED)):
+            with pytest.raises(grpc.RpcError) as info:
+                list(stream(iter([request]), metadata=metadata, timeout=30))
+            assert info.value.code() == code, info.value
+            assert "Tried to call a method" not in (info.value.details() or "")
+
+
 def test_a_models_config_file_is_applied(server: Server) -> None:
     status, clf = server.json("/models/clf")
     assert status == 200
