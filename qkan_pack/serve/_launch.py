@@ -304,7 +304,11 @@ def serve_repository(root: str | os.PathLike[str], options: ServeOptions, listen
     keys = tuple(os.fspath(key) for key in replica.trusted_keys)
     defaults = Defaults(replace(options, grpc=listen.grpc_port is not None), keys,
                         replica.precision, replica.compiled)
-    plans = plan_repository(scan_repository(root), defaults)
+    models = scan_repository(root)
+    for model in models:
+        if (unread := model.unread_config()) is not None:
+            notice(unread)
+    plans = plan_repository(models, defaults)
     for plan in plans:
         if plan.signed_by is not None:
             notice(f"{plan.label}: signature verified: signed by {plan.signed_by}")

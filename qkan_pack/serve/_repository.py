@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 #: A model's settings file, beside its version directories.
 MODEL_CONFIG = "qkan-pack.toml"
+#: Triton's model configuration file, which a migrated repository may still hold.
+TRITON_CONFIG = "config.pbtxt"
 MAX_CONFIG_BYTES = 64 * 1024
 #: A version directory's name: a positive integer, no sign or leading zero (``1``, ``12``).
 VERSION_DIR = re.compile(r"[1-9][0-9]{0,17}\Z")
@@ -83,6 +85,19 @@ class ModelDir:
     path: Path
     versions: tuple[VersionDir, ...]
     config: Path | None = None
+    #: Triton's ``config.pbtxt`` where the directory holds one: not read (``unread_config``).
+    triton_config: Path | None = None
+
+    def unread_config(self) -> str | None:
+        """What to tell a user whose model directory holds Triton's configuration, which
+        serve does not read (its version policy, batching and instances would otherwise
+        be silently ignored), or None."""
+        if self.triton_config is None:
+            return None
+        return (f"WARNING: {self.name}/{TRITON_CONFIG} is Triton's model configuration, which "
+                f"qkan-pack does not read: every version directory of {self.name} serves, and "
+                f"its settings (max_batch_size, replicas, ...) go in {self.name}/{MODEL_CONFIG} "
+                "(docs/serving.md#a-models-settings-qkan-packtoml)")
 
 
 def _visible(directory: Path) -> list[Path]:
@@ -135,11 +150,13 @@ def _scan_model(path: Path, problems: list[str]) -> ModelDir | None:
         problems.append(f"{name}: this is an artifact, not a model's directory; move it into "
                         f"{name}/1/ (a version directory)")
         return None
-    versions, config = [], None
+    versions, config, triton_config = [], None, None
     for entry in _visible(path):
         label = f"{name}/{entry.name}"
         if entry.name == MODEL_CONFIG:
             config = entry
+        elif entry.name == TRITON_CONFIG:
+            triton_config = entry
         elif not entry.is_dir():  # a label file, a README: Triton's model directories hold
             if VERSION_DIR.match(entry.name):  # such files too; not named as a version
                 problems.append(_dangling(label, entry) or f"{label}: a file, not a version "
@@ -155,7 +172,8 @@ def _scan_model(path: Path, problems: list[str]) -> ModelDir | None:
                                        entry.resolve() if entry.is_symlink() else entry))
     if not versions and not any(p.startswith(f"{name}/") for p in problems):
         problems.append(f"{name}: no version directory ({name}/1/, {name}/2/, ...)")
-    return ModelDir(name, path, tuple(sorted(versions, key=lambda v: v.version)), config)
+    return ModelDir(name, path, tuple(sorted(versions, key=lambda v: v.version)), config,
+                    triton_config)
 
 
 def _dangling(label: str, path: Path) -> str | None:

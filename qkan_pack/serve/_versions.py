@@ -372,6 +372,8 @@ class Repository:
                 for number in await asyncio.to_thread(version_numbers, self.root / name):
                     self._failed(name, number, "; ".join(exc.problems))
                 return Refusal(400, f"cannot load {name!r}: {exc}")
+            if (unread := model.unread_config()) is not None:
+                logger.warning("model repository: %s", unread)
             plans, problems = await asyncio.to_thread(plan_model, model, self.defaults)
             versions = self.models.setdefault(name, {})
             on_disk = [v.version for v in model.versions]

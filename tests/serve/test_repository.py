@@ -87,6 +87,22 @@ def test_an_artifact_and_a_repository_are_told_apart_by_the_manifest(
     assert [v.version for v in models[0].versions] == [1, 2]  # ascending, whatever the disk order
     assert models[0].config == repo / "mlp" / MODEL_CONFIG and models[1].config is None
     assert scan_model(repo, "other").versions[0].label == "other/1"
+    assert models[0].unread_config() is None
+
+
+def test_triton_s_config_pbtxt_is_said_to_be_unread(built: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    """A repository moved from Triton keeps each model's ``config.pbtxt``; serve does not
+    read it (its version policy, batching and instances), so it says so at start and on
+    each load rather than ignoring it silently."""
+    repo = _repository(tmp_path / "repo", {
+        "mlp/1": built["mlp1"], "mlp/config.pbtxt": "version_policy: { latest: { num_versions: 1 }}"})
+    (model,) = scan_repository(repo)
+    assert model.triton_config == repo / "mlp" / "config.pbtxt"
+    said = model.unread_config()
+    assert said is not None and said.startswith("WARNING: mlp/config.pbtxt is Triton's model "
+                                                "configuration, which qkan-pack does not read")
+    assert "every version directory of mlp serves" in said and "mlp/qkan-pack.toml" in said
 
 
 def test_every_layout_problem_is_named_at_once(built: dict[str, Path], tmp_path: Path) -> None:
@@ -575,9 +591,13 @@ def test_serve_refuses_a_bad_repository_and_one_artifact_options_before_ray_star
     from qkan_pack.serve import ReplicaLoad, serve_forever
 
     good = _repository(tmp_path / "good", {"mlp/1": built["mlp1"]})
-    bad = _repository(tmp_path / "bad", {"mlp/1": built["mlp1"], "mlp/2": built["mlp1"]})
+    bad = _repository(tmp_path / "bad", {"mlp/1": built["mlp1"], "mlp/2": built["mlp1"],
+                                         "mlp/config.pbtxt": "max_batch_size: 8"})
+    said: list[str] = []
     with pytest.raises(RepositoryError, match="mlp/2: its manifest names version '1'"):
-        serve_forever(bad)
+        serve_forever(bad, notice=said.append)
+    assert [line.split(",")[0] for line in said] == [  # Triton's config, said before the refusal
+        "WARNING: mlp/config.pbtxt is Triton's model configuration"]
     with pytest.raises(ServeError, match="--name: a repository's models are named by their "
                                          "directories"):
         serve_forever(good, ServeOptions(model_name="other"))
