@@ -26,7 +26,7 @@ from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._inflate import COMPRESSIONS, inflate
 from ._offload import WireHelper
-from ._oip import BINARY_HEADER, InferRequest, OipModel
+from ._oip import BINARY_HEADER, FIXED_MODEL, InferRequest, OipModel, ready_only
 from ._stats import outcome_of
 from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
 
@@ -342,6 +342,8 @@ class HttpApi:
             if not parts:
                 return json_response(200, self.oip.server_metadata())
             return json_response(200, {parts[1]: True})
+        if parts[:1] == ["repository"]:
+            return await self._repository_route(request, path, parts[1:])
         if len(parts) < 2 or parts[0] != "models":
             return json_response(404, {"error": f"no route {path!r} in the Open Inference "
                                        "Protocol"})
@@ -365,6 +367,28 @@ class HttpApi:
             return json_response(200, self.oip.config())
         return json_response(404, {"error": f"no route {path!r}; a model has /ready, /config "
                                    "and /infer"})
+
+    async def _repository_route(self, request: Request, path: str,
+                                rest: list[str]) -> Response:
+        """Triton's repository extension on one artifact, as Triton answers it with model
+        control ``none``: the index lists this model; load and unload are refused (400)."""
+        assert self.oip is not None
+        control = len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload")
+        if rest != ["index"] and not control:
+            return json_response(404, {"error": f"no route {path!r}; the repository extension "
+                                       "has POST /v2/repository/index and /v2/repository/"
+                                       "models/<name>/load and /unload"})
+        if request.method != "POST":
+            return _method_not_allowed(request.method, path, "POST")
+        if control:
+            return json_response(400, {"error": FIXED_MODEL})
+        body = await self._read_body(request)
+        if not isinstance(body, bytes):
+            return body
+        ready = ready_only(body)
+        if isinstance(ready, str):
+            return json_response(400, {"error": ready})
+        return json_response(200, self.oip.index())
 
     async def _oip_infer(self, request: Request) -> Response:
         assert self.oip is not None

@@ -41,6 +41,13 @@ from ._wire import (
 OIP_DATATYPE = {name: spec.oip for name, spec in DTYPES.items()}
 BINARY_HEADER = "inference-header-content-length"
 EXTENSIONS = ("binary_tensor_data",)
+#: Triton's repository extension: a repository's router serves it whole; one artifact's
+#: server its index, refusing load and unload (``FIXED_MODEL``).
+REPOSITORY_EXTENSION = "model_repository"
+#: Why a server of one artifact loads and unloads nothing.
+FIXED_MODEL = ("this server serves one artifact, so it loads and unloads no model (as Triton "
+               "with model control 'none'): serve a model repository (qkan-pack serve REPO, "
+               "REPO/<name>/<version>/) to load and unload")
 PLATFORM = "qkan-pack"
 #: What an inference request looks like, for the messages that refuse one.
 REQUEST_SHAPE = '{"inputs": [{"name", "shape", "datatype", "data"}, ...]}'
@@ -192,7 +199,13 @@ class OipModel:
     # -- metadata -----------------------------------------------------------------------
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": PLATFORM, "version": self.server_version, "extensions": list(EXTENSIONS)}
+        return {"name": PLATFORM, "version": self.server_version,
+                "extensions": [*EXTENSIONS, REPOSITORY_EXTENSION]}
+
+    def index(self) -> list[dict[str, str]]:
+        """Triton's repository index of a server of this one model (Triton's with model
+        control ``none``): the model, ready."""
+        return [{"name": self.name, "version": self.version, "state": "READY", "reason": ""}]
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "versions": [self.version], "platform": PLATFORM,
@@ -437,6 +450,28 @@ class OipModel:
             head["id"] = request.id
         head["outputs"] = outputs
         return head
+
+
+def control_body(body: bytes) -> dict[str, Any] | str:
+    """A repository request's JSON object (an empty body is ``{}``), or what is wrong with
+    it (Triton's index, load and unload requests)."""
+    if not body.strip():
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"the body is not JSON: {exc}"
+    return data if isinstance(data, dict) else "the body is not a JSON object"
+
+
+def ready_only(body: bytes) -> bool | str:
+    """The index request's ``ready`` flag (Triton's ``{"ready": true}``: ready ones only),
+    or what is wrong with the body."""
+    data = control_body(body)
+    if isinstance(data, str):
+        return data
+    ready = data.get("ready", False)
+    return ready if isinstance(ready, bool) else '"ready" is true or false'
 
 
 def _key_count(request: Any) -> int:

@@ -32,6 +32,7 @@ from ._grpc_wire import KeptLayout, is_head_of, reply_bytes, request_head
 from ._oip import (
     CACHED_HEADER_BYTES,
     CACHED_HEADERS,
+    FIXED_MODEL,
     OIP_DATATYPE,
     HeaderPlan,
     InferRequest,
@@ -58,10 +59,12 @@ IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "Mod
 #: The service's unary RPCs this server does not serve (Triton's repository control,
 #: statistics, shared memory, trace and log settings): each answers UNIMPLEMENTED, never
 #: Ray's UNKNOWN naming the replica's own methods. (Streaming inference is not served.)
-UNSERVED = ("ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
-            "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+UNSERVED = ("ModelStatistics", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
             "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
             "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
+#: Triton's repository extension: one artifact's server lists its model and refuses load
+#: and unload (``_oip.FIXED_MODEL``); a repository's router serves it whole.
+REPOSITORY_RPCS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 #: A ``ModelInfer`` read through a kept head: its raw tensors and the head's plan.
 Kept = tuple[list[memoryview], HeaderPlan]
 #: The typed ``InferTensorContents`` field of each manifest dtype (half floats: raw only).
@@ -140,7 +143,8 @@ class _Call:
 
 def add_rpc_methods(server: type) -> type:
     """Give the replica class ``server`` a method named after each RPC of the service
-    (``IMPLEMENTED`` and ``UNSERVED``), as Ray Serve calls them with the request message:
+    (``IMPLEMENTED``, ``REPOSITORY_RPCS``, ``UNSERVED``), as Ray Serve calls them with the
+    request message:
     each passes it to ``self.grpc.answer`` (``GrpcApi``, or a repository router's)."""
     def rpc_method(rpc: str) -> Callable[..., Any]:
         async def method(self: Any, request: Any, grpc_context: Any = None) -> Any:
@@ -150,7 +154,7 @@ def add_rpc_methods(server: type) -> type:
         method.__doc__ = f"``{rpc}`` of the Open Inference Protocol over gRPC."
         return method
 
-    for rpc in (*IMPLEMENTED, *UNSERVED):
+    for rpc in (*IMPLEMENTED, *REPOSITORY_RPCS, *UNSERVED):
         setattr(server, rpc, rpc_method(rpc))
     return server
 
@@ -249,6 +253,8 @@ class GrpcApi:
         return reply
 
     async def _answer(self, rpc: str, request: Any, context: Any, payload: bytes | None) -> Any:
+        if rpc in REPOSITORY_RPCS:
+            return self.repository(rpc, context)
         if rpc not in IMPLEMENTED:
             return self.unimplemented(rpc, context)
         if not self.authorized(context):
@@ -278,9 +284,23 @@ class GrpcApi:
 
         if self.authorized(context):
             _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not served by qkan-pack; "
-                  "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config and "
-                  "ModelInfer")
+                  "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config, "
+                  "ModelInfer and RepositoryIndex")
         return getattr(self.pb, f"{rpc}Response")()  # never None: Ray's proxy serialises it
+
+    def repository(self, rpc: str, context: Any) -> Any:
+        """The repository extension's RPCs on one artifact (after the token): the index
+        lists this model, ready; load and unload are INVALID_ARGUMENT (HTTP's 400)."""
+        import grpc
+
+        reply = getattr(self.pb, f"{rpc}Response")
+        if not self.authorized(context):
+            return reply()
+        if rpc == "RepositoryIndex":
+            return reply(models=[self.pb.RepositoryIndexResponse.ModelIndex(**entry)
+                                 for entry in self.oip.index()])
+        _fail(context, grpc.StatusCode.INVALID_ARGUMENT, FIXED_MODEL)
+        return reply()
 
     def server_metadata(self) -> Any:
         meta = self.oip.server_metadata()

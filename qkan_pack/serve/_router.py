@@ -47,7 +47,7 @@ from ._app import tune_replica_process
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._http import BodyDeadline, HttpLimits, json_response, raw_response, read_limited
 from ._metrics import exposition, merge, replicas_of, repository_families, scrape_family
-from ._oip import EXTENSIONS, PLATFORM
+from ._oip import EXTENSIONS, PLATFORM, REPOSITORY_EXTENSION, control_body, ready_only
 from ._oip_grpc import IMPLEMENTED, add_rpc_methods
 from ._ray_compat import HEAD_NODE_RESOURCE
 from ._repository import Defaults, VersionPlan
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-#: The repository extension, beside the protocol's own (``GET /v2``).
-REPOSITORY_EXTENSION = "model_repository"
 #: Each refusal's gRPC status, by HTTP status.
 GRPC_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE",
                401: "UNAUTHENTICATED"}
@@ -275,24 +273,14 @@ def server_metadata(version: str) -> dict[str, Any]:
 
 
 def _json_object(body: bytes) -> dict[str, Any] | Refusal:
-    if not body.strip():
-        return {}
-    import orjson
-
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return Refusal(400, f"the body is not JSON: {exc}")
-    return data if isinstance(data, dict) else Refusal(400, "the body is not a JSON object")
+    data = control_body(body)
+    return Refusal(400, data) if isinstance(data, str) else data
 
 
 def index_ready_only(body: bytes) -> bool | Refusal:
-    """The index request's ``ready`` flag (Triton's ``{"ready": true}``: ready ones only)."""
-    data = _json_object(body)
-    if isinstance(data, Refusal):
-        return data
-    ready = data.get("ready", False)
-    return ready if isinstance(ready, bool) else Refusal(400, '"ready" is true or false')
+    """The index request's ``ready`` flag (``_oip.ready_only``), or its 400."""
+    ready = ready_only(body)
+    return Refusal(400, ready) if isinstance(ready, str) else ready
 
 
 def unsupported_parameters(body: bytes) -> Refusal | None:
@@ -462,7 +450,7 @@ class RepositoryServer:
             self.http.refusals)
         return exposition([*merge([own, *parts]), scrape_family(answered, failed)])
 
-    async def ModelStreamInfer(self, requests: Any,  # noqa: N802: the RPC's name
+    async def ModelStreamInfer(self, requests: Any,  # named as the RPC
                                grpc_context: Any = None) -> AsyncIterator[Any]:
         """``ModelStreamInfer`` (bidirectional streaming) is not served: the call ends with
         no message, ``UNAUTHENTICATED`` without the token, else ``UNIMPLEMENTED``. Without

@@ -816,6 +816,39 @@ def test_tritonclient_http_errors_follow_the_protocol(server: Server) -> None:
 
 @pytest.mark.serve
 @pytest.mark.slow
+def test_one_artifact_answers_the_repository_extension_as_triton_without_control(
+        server: Server) -> None:
+    """Triton with model control ``none``: its repository index lists the model, ready;
+    load and unload are refused saying why. Before, the index was a 404 over HTTP and
+    UNIMPLEMENTED over gRPC, and tritonclient's get_model_repository_index failed."""
+    http = pytest.importorskip("tritonclient.http")
+    grpc_client = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    entry = {"name": NAME, "version": "1", "state": "READY", "reason": ""}
+    client = http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    assert client.get_model_repository_index(headers=_auth()) == [entry]
+    assert "model_repository" in client.get_server_metadata(headers=_auth())["extensions"]
+    assert server.json("/v2/repository/index", {"ready": True}) == (200, [entry])
+    assert server.json("/v2/repository/index", {"ready": "yes"})[0] == 400
+    assert server.json("/v2/repository/index", method="GET")[0] == 405
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(NAME, headers=_auth())
+    assert info.value.status() == "400" and "serves one artifact" in info.value.message()
+    assert server.json(f"/v2/repository/models/{NAME}/unload", {})[0] == 400
+    assert server.json("/v2/repository/index", {}, token=None)[0] == 401
+    grpc = grpc_client.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    auth = _auth("authorization")
+    index = grpc.get_model_repository_index(headers=auth, as_json=True)
+    assert index["models"] == [{"name": NAME, "version": "1", "state": "READY"}]
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*serves one artifact"):
+        grpc.unload_model(NAME, headers=auth)
+    with pytest.raises(InferenceServerException, match="UNAUTHENTICATED"):
+        grpc.get_model_repository_index()
+
+
+@pytest.mark.serve
+@pytest.mark.slow
 def test_tritonclient_grpc_sync_and_asyncio(server: Server, predictor: Predictor) -> None:
     grpc_client = pytest.importorskip("tritonclient.grpc")
     aio = pytest.importorskip("tritonclient.grpc.aio")
@@ -1009,7 +1042,7 @@ def test_an_unserved_rpc_answers_unimplemented_with_an_empty_reply(manifest: Any
     import grpc
 
     api = _grpc_api(_oip(manifest))
-    for rpc in ("ModelStatistics", "RepositoryIndex", "LogSettings"):
+    for rpc in ("ModelStatistics", "CudaSharedMemoryStatus", "LogSettings"):
         context = _Context()
         reply = asyncio.run(api.answer(rpc, getattr(api.pb, f"{rpc}Request")(), context))
         assert context.code == grpc.StatusCode.UNIMPLEMENTED, rpc
@@ -1036,7 +1069,9 @@ def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> No
         result = client.infer(read_artifact(artifact).manifest.metadata.name, [given])
         np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
         with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not served"):
-            client.get_model_repository_index()  # not INTERNAL with Ray's traceback
+            client.get_inference_statistics()  # not INTERNAL with Ray's traceback
+        assert [m.name for m in client.get_model_repository_index().models] == [
+            read_artifact(artifact).manifest.metadata.name]
     finally:
         running.stop()
         running.kill()
