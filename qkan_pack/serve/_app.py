@@ -41,7 +41,8 @@ from ._auth import app_checks_tokens_of
 from ._cluster import load_failed, this_node
 from ._grpc_http import answer_over_http, grpc_message_limit, is_grpc_call
 from ._haproxy_admin import ingress_counts
-from ._http import HttpApi, HttpLimits, forwarded_request, json_response
+from ._http import HttpApi, HttpLimits, Reports, forwarded_request
+from ._http_replies import json_response
 from ._metrics import (
     Ingress,
     ReplicaInfo,
@@ -56,6 +57,7 @@ from ._oip import OipModel
 from ._oip_grpc import ForwardedCall, add_rpc_methods
 from ._ray_compat import haproxy_admin_socket
 from ._rows import dependent_rows, describe_artifact, largest_batch, row_plan
+from ._statistics import merged_statistics, replica_statistics
 from ._uvicorn_compat import write_replies_whole
 from ._wire import is_tensor, map_leaves, torch_module
 
@@ -222,8 +224,9 @@ class ArtifactServer:
         self._description["oip"] = {"model": self.oip.name, "version": self.oip.version}
         self._metrics_info = replica_info(predictor, self.oip, self._replica,
                                           max(e.rows for e in self.core.stats.entries.values()))
-        self.http = HttpApi(self.core, options.limits, self.describe, self.stats,
-                            self._description["accepted"], self.oip, metrics=self.scrape,
+        self.http = HttpApi(self.core, options.limits,
+                            Reports(self.describe, self.stats, self.scrape, self.statistics),
+                            self._description["accepted"], self.oip,
                             aliases=json_routes(self.oip) if options.model_version else ())
         if options.grpc:
             _ = self.grpc  # the stubs, registered for unpickling requests, before any arrives
@@ -268,6 +271,20 @@ class ArtifactServer:
         return replica_families(self.core.stats.snapshot(), self._metrics_info,
                                 self.core.gpu_memory(), ingress, self.http.admission.pending())
 
+    async def model_statistics(self) -> list[Any]:
+        """(this replica's id, its entry of Triton's statistics extension: ``_statistics``),
+        as a list: what ``statistics`` asks every replica for."""
+        return [self._replica["id"], replica_statistics(
+            self.core.stats.snapshot(), self.core.stats.entries, self.oip.name,
+            self.oip.version)]
+
+    async def statistics(self) -> list[dict[str, Any]]:
+        """``GET .../stats``, gRPC ``ModelStatistics``: every replica's entry, summed (the
+        replicas gathered as a scrape gathers them, each once: the broadcast reaches this
+        replica too)."""
+        parts, _, _ = await every_replica("model_statistics", await self.model_statistics())
+        return [merged_statistics(list(dict(parts).values()))]
+
     async def scrape(self) -> tuple[bytes, str]:
         """``GET /metrics``: every replica's families, merged (``_metrics.every_replica``)."""
         parts, answered, failed = await every_replica("metric_families",
@@ -308,7 +325,8 @@ class ArtifactServer:
             self._grpc = GrpcApi(self.oip, self.core, self._token_sha256, self.http.admission,
                                  self.http.limits.retry_after_s,
                                  infer=functools.partial(self.core.infer, paced=True),
-                                 answered=functools.partial(self.core.stats.answered, "oip-grpc"))
+                                 answered=functools.partial(self.core.stats.answered, "oip-grpc"),
+                                 statistics=self.statistics)
         return self._grpc
 
     @property
@@ -323,7 +341,8 @@ class ArtifactServer:
             self._grpc_http = GrpcApi(self.oip, self.core, self._token_sha256,
                                       self.http.admission, self.http.limits.retry_after_s,
                                       answered=functools.partial(self.core.stats.answered,
-                                                                 "oip-grpc"))
+                                                                 "oip-grpc"),
+                                      statistics=self.statistics)
         return self._grpc_http
 
 

@@ -13,7 +13,6 @@ are counted (``ReplicaStats.answered``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -24,11 +23,12 @@ import numpy as np
 
 from ..errors import InputError, MalformedRequestError, OverloadedError
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
+from ._http_replies import binary_response, json_response, method_not_allowed, raw_response
 from ._inflate import COMPRESSIONS, inflate
 from ._offload import WireHelper
 from ._oip import BINARY_HEADER, FIXED_MODEL, InferRequest, OipModel, ready_only
 from ._stats import outcome_of
-from ._wire import dumps, encode_reply, header_count, output_nbytes, parse_request
+from ._wire import encode_reply, header_count, output_nbytes, parse_request
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -186,21 +186,31 @@ class BodyDeadline:
             task.cancel()
 
 
+@dataclass(frozen=True)
+class Reports:
+    """What a replica's routes report, each made by the replica: ``GET /`` (``describe``),
+    ``/stats`` (``stats``, told whether to reset), ``GET /metrics`` (``metrics``: the text
+    and its content type) and Triton's statistics extension (``statistics``: the model's
+    ``model_stats`` entries); no route for those left None."""
+
+    describe: Callable[[], dict[str, Any]]
+    stats: Callable[[bool], dict[str, Any]]
+    metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None
+    statistics: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+
+
 class HttpApi:
     """Dispatches one starlette request; owns no model state (``ModelCore`` does)."""
 
-    def __init__(self, core: ModelCore, limits: HttpLimits, describe: Callable[[], dict[str, Any]],
-                 stats: Callable[[bool], dict[str, Any]], accepted: list[str],
-                 oip: OipModel | None = None,
-                 metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+    def __init__(self, core: ModelCore, limits: HttpLimits, reports: Reports,
+                 accepted: list[str], oip: OipModel | None = None,
                  aliases: Sequence[str] = ()) -> None:
-        """``metrics``: the text of ``GET /metrics`` and its content type (no route without);
-        ``aliases``: more paths answering as ``/`` does (a repository's JSON routes)."""
+        """``aliases``: more paths answering as ``/`` does (a repository's JSON routes)."""
+        self._describe, self._stats = reports.describe, reports.stats
+        self._metrics, self._statistics = reports.metrics, reports.statistics
         self.core = core
         self.oip = oip
         self.limits = limits
-        self._describe = describe
-        self._stats = stats
         self._accepted = accepted
         self.admission = Admission(*limits.admission_bounds(core.max_batch_size))
         self._body_deadline = BodyDeadline(limits.body_timeout_s)
@@ -214,8 +224,7 @@ class HttpApi:
             self._routes.update({(alias, "POST"): self._predict,
                                  (alias, "GET"): self._get_description,
                                  (alias, "HEAD"): self._get_description})
-        self._metrics = metrics
-        if metrics is not None:
+        if self._metrics is not None:
             self._routes["/metrics", "GET"] = self._get_metrics
         if oip is not None:  # the protocol's infer routes, found without parsing the path
             base = f"/v2/models/{oip.name}"
@@ -338,12 +347,14 @@ class HttpApi:
         method = request.method
         if parts in ([], ["health", "live"], ["health", "ready"]):
             if method not in ("GET", "HEAD"):
-                return _method_not_allowed(method, path, "GET")
+                return method_not_allowed(method, path, "GET")
             if not parts:
                 return json_response(200, self.oip.server_metadata())
             return json_response(200, {parts[1]: True})
         if parts[:1] == ["repository"]:
             return await self._repository_route(request, path, parts[1:])
+        if parts == ["models", "stats"] and self._statistics is not None:  # every model's
+            return await self._model_statistics(request, path)
         if len(parts) < 2 or parts[0] != "models":
             return json_response(404, {"error": f"no route {path!r} in the Open Inference "
                                        "Protocol"})
@@ -355,18 +366,27 @@ class HttpApi:
         action = "/".join(rest)
         if action == "infer":
             if method != "POST":
-                return _method_not_allowed(method, path, "POST")
+                return method_not_allowed(method, path, "POST")
             return await self._admitted(request, self._oip_infer, "oip-http")
         if method not in ("GET", "HEAD"):
-            return _method_not_allowed(method, path, "GET")
+            return method_not_allowed(method, path, "GET")
         if action == "":
             return json_response(200, self.oip.metadata())
         if action == "ready":
             return json_response(200, {"name": self.oip.name, "ready": True})
         if action == "config":
             return json_response(200, self.oip.config())
+        if action == "stats" and self._statistics is not None:
+            return await self._model_statistics(request, path)
         return json_response(404, {"error": f"no route {path!r}; a model has /ready, /config "
                                    "and /infer"})
+
+    async def _model_statistics(self, request: Request, path: str) -> Response:
+        """Triton's statistics extension: ``{"model_stats": [...]}`` (``_statistics``)."""
+        assert self._statistics is not None
+        if request.method not in ("GET", "HEAD"):
+            return method_not_allowed(request.method, path, "GET")
+        return json_response(200, {"model_stats": await self._statistics()})
 
     async def _repository_route(self, request: Request, path: str,
                                 rest: list[str]) -> Response:
@@ -379,7 +399,7 @@ class HttpApi:
                                        "has POST /v2/repository/index and /v2/repository/"
                                        "models/<name>/load and /unload"})
         if request.method != "POST":
-            return _method_not_allowed(request.method, path, "POST")
+            return method_not_allowed(request.method, path, "POST")
         if control:
             return json_response(400, {"error": FIXED_MODEL})
         body = await self._read_body(request)
@@ -540,11 +560,6 @@ def _protocol(path: str) -> str:
     return "oip-http" if path == "/v2" or path.startswith("/v2/") else "json"
 
 
-def _method_not_allowed(method: str, path: str, allowed: str) -> Response:
-    return json_response(405, {"error": f"{method} is not allowed on {path}; use {allowed}"},
-                         {"Allow": allowed})
-
-
 def _headers(scope: Mapping[str, Any], *names: bytes) -> list[str | None]:
     """Request headers from the raw ASGI headers (``names`` in lower case; the first of each,
     None where absent), in one pass."""
@@ -556,44 +571,3 @@ def _headers(scope: Mapping[str, Any], *names: bytes) -> list[str | None]:
             if found[index] is None:
                 found[index] = value.decode("latin-1")
     return found
-
-
-def binary_response(payload: bytes, header_length: int) -> Response:
-    """An Open Inference Protocol reply with binary tensors after its JSON header."""
-    reply = raw_response(200, payload)
-    reply.raw_headers[1:] = [(b"content-type", b"application/octet-stream"),
-                             (b"inference-header-content-length", b"%d" % header_length)]
-    return reply
-
-
-def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
-    return raw_response(status, dumps(payload), headers)
-
-
-def raw_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
-    return _json_reply_type()(status, body, headers)
-
-
-@functools.cache
-def _json_reply_type() -> Callable[[int, bytes, dict[str, str] | None], Response]:
-    """A starlette ``Response`` (Ray Serve sends only those as they are) whose headers are
-    written out directly: starlette's constructor re-derives them from the media type for
-    every reply, several times what writing them here costs. Made on first use, so
-    that this module loads without starlette."""
-    from starlette.responses import Response
-
-    class JsonReply(Response):
-        media_type = "application/json"
-
-        def __init__(self, status: int, body: bytes, headers: dict[str, str] | None) -> None:
-            self.status_code = status
-            self.body = body
-            self.background = None
-            self.raw_headers = [(b"content-length", str(len(body)).encode()),
-                                (b"content-type", b"application/json")]
-            if headers:
-                self.raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                                     for k, v in headers.items()]
-
-    return JsonReply
-

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from ._oip import (
     raw_bytes,
     reshaped,
 )
+from ._statistics import statistics_message
 from ._wire import Given
 
 if TYPE_CHECKING:
@@ -55,11 +56,11 @@ SERVICER_FUNCTION = "qkan_pack.serve._oip_grpc.add_inference_service"
 #: The RPCs this server answers; the service's others (Triton's repository, statistics,
 #: shared-memory and trace RPCs) answer UNIMPLEMENTED.
 IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-               "ModelInfer", "ModelConfig")
+               "ModelInfer", "ModelConfig", "ModelStatistics")
 #: The service's unary RPCs this server does not serve (Triton's repository control,
 #: statistics, shared memory, trace and log settings): each answers UNIMPLEMENTED, never
 #: Ray's UNKNOWN naming the replica's own methods. (Streaming inference is not served.)
-UNSERVED = ("ModelStatistics", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+UNSERVED = ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
             "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
             "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
 #: Triton's repository extension: one artifact's server lists its model and refuses load
@@ -189,11 +190,15 @@ class GrpcApi:
     def __init__(self, oip: OipModel, core: Any, token_sha256: str | None,
                  admission: Admission, retry_after_s: int, *,
                  infer: Callable[..., Any] | None = None,
-                 answered: Callable[[str, float], None] | None = None) -> None:
+                 answered: Callable[[str, float], None] | None = None,
+                 statistics: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+                 ) -> None:
         """``infer``: the model's inference (default ``core.infer``; the replica passes it
         with ``paced=True``: gRPC hands requests to the loop one at a time, ``_gather``);
-        ``answered``: told each counted call's outcome and seconds."""
+        ``answered``: told each counted call's outcome and seconds; ``statistics``: the
+        model's ``ModelStatistics`` entries (``_statistics``; none: UNIMPLEMENTED)."""
         self.oip, self.core, self.token_sha256 = oip, core, token_sha256
+        self._statistics = statistics
         self.admission, self.retry_after_s = admission, retry_after_s
         self._infer = infer or core.infer
         self._answered = answered
@@ -255,10 +260,12 @@ class GrpcApi:
     async def _answer(self, rpc: str, request: Any, context: Any, payload: bytes | None) -> Any:
         if rpc in REPOSITORY_RPCS:
             return self.repository(rpc, context)
-        if rpc not in IMPLEMENTED:
+        if rpc not in IMPLEMENTED or (rpc == "ModelStatistics" and self._statistics is None):
             return self.unimplemented(rpc, context)
         if not self.authorized(context):
             return getattr(self.pb, f"{rpc}Response")()
+        if rpc == "ModelStatistics":
+            return await self.model_statistics(request, context)
         if rpc.startswith("Model"):
             name, version = ((request.model_name, request.model_version) if rpc == "ModelInfer"
                              else (request.name, request.version))
@@ -267,6 +274,13 @@ class GrpcApi:
         if rpc == "ModelInfer":
             return await self.infer(request, context, payload)
         return self._answers[rpc]()
+
+    async def model_statistics(self, request: Any, context: Any) -> Any:
+        """``ModelStatistics``: this model's (every model's, when the request names none)."""
+        assert self._statistics is not None
+        if request.name and not self.model_known(request.name, request.version, context):
+            return self.pb.ModelStatisticsResponse()
+        return statistics_message(self.pb, await self._statistics())
 
     @property
     def _answers(self) -> dict[str, Callable[[], Any]]:
@@ -284,8 +298,8 @@ class GrpcApi:
 
         if self.authorized(context):
             _fail(context, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not served by qkan-pack; "
-                  "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config, "
-                  "ModelInfer and RepositoryIndex")
+                  "it serves ServerLive/Ready/Metadata, ModelReady/Metadata/Config/"
+                  "Statistics, ModelInfer and RepositoryIndex")
         return getattr(self.pb, f"{rpc}Response")()  # never None: Ray's proxy serialises it
 
     def repository(self, rpc: str, context: Any) -> Any:

@@ -45,12 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 from ._app import tune_replica_process
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
-from ._http import BodyDeadline, HttpLimits, json_response, raw_response, read_limited
+from ._http import BodyDeadline, HttpLimits, read_limited
+from ._http_replies import json_response, raw_response
 from ._metrics import exposition, merge, replicas_of, repository_families, scrape_family
 from ._oip import EXTENSIONS, PLATFORM, REPOSITORY_EXTENSION, control_body, ready_only
 from ._oip_grpc import IMPLEMENTED, add_rpc_methods
 from ._ray_compat import HEAD_NODE_RESOURCE
 from ._repository import Defaults, VersionPlan
+from ._statistics import statistics_message
 from ._versions import Deployed, Refusal, Repository
 
 if TYPE_CHECKING:
@@ -95,6 +97,9 @@ class RouterHttp:
             self.refusals["unauthorized"] += 1
             return raw_response(401, UNAUTHORIZED_BODY, {"WWW-Authenticate": CHALLENGE})
         parts = path.split("/")[1:]
+        if parts == ["v2", "models", "stats"] or (parts[:2] == ["v2", "models"]
+                                                  and parts[3:] == ["stats"]):
+            return await self._statistics(request, path, None if len(parts) == 3 else parts[2])
         if parts[:2] == ["v2", "models"] and len(parts) >= 3:
             return await self._model_route(request, parts[2], parts[3:], path)
         if parts[:1] == ["models"] and len(parts) >= 2:
@@ -154,6 +159,17 @@ class RouterHttp:
                                            "error": target.message})
             return self._refuse(target)
         return await self._forward(request, target, path)
+
+    async def _statistics(self, request: Request, path: str, name: str | None) -> Response:
+        """Triton's statistics extension over every ready version (of model ``name``); one
+        version's (``.../versions/<v>/stats``) is its replicas' own answer."""
+        if request.method not in ("GET", "HEAD"):
+            return json_response(405, {"error": f"{request.method} is not allowed on {path}; "
+                                       "use GET"}, {"Allow": "GET"})
+        stats = await self.repository.statistics(name)
+        if isinstance(stats, Refusal):
+            return self._refuse(stats)
+        return json_response(200, {"model_stats": stats})
 
     async def _forward(self, request: Request, target: Deployed, path: str) -> Response:
         body = await self._body(request)
@@ -351,6 +367,11 @@ class RouterGrpc:
                                  for e in self.repository.index(request.ready)])
         if rpc in ("RepositoryModelLoad", "RepositoryModelUnload"):
             return await self._control(rpc, request, context, reply)
+        if rpc == "ModelStatistics" and not request.version:  # every version (of a model)
+            stats = await self.repository.statistics(request.name or None)
+            if isinstance(stats, Refusal):
+                return self._refuse(context, GRPC_STATUS[stats.status], stats.message, reply())
+            return statistics_message(self.pb, stats)
         if rpc in IMPLEMENTED:  # a model's RPC
             return await self._model_rpc(rpc, request, context, metadata)
         return self._refuse(context, "UNIMPLEMENTED", f"{rpc} is not served by qkan-pack",

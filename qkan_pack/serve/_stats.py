@@ -98,6 +98,8 @@ class Snapshot:
     elements: Counter[tuple[str, str]]
     direct: Counter[str]
     labels: list[str] = field(default_factory=list)
+    #: When the last inference request succeeded (Unix time; 0: none yet).
+    last_success: float = 0.0
 
 
 class ReplicaStats:
@@ -115,6 +117,7 @@ class ReplicaStats:
         self._shapes: dict[str, _Shape] = {}
         self._rows_per_replay: Counter[int] = Counter()
         self._direct: Counter[str] = Counter()
+        self._last_success = 0.0
         self._baseline = self._copy()
         self._since = time.time()
 
@@ -132,6 +135,7 @@ class ReplicaStats:
         with self._lock:
             self._answered[protocol, outcome] += 1
             if outcome == "success":
+                self._last_success = time.time()
                 buckets = self._latency.get(protocol)
                 if buckets is None:
                     buckets = self._latency[protocol] = Buckets()
@@ -186,7 +190,8 @@ class ReplicaStats:
             replays=Counter({label: sum(shape.seconds.counts) for label, shape in shapes}),
             replay_seconds={label: shape.seconds.copy() for label, shape in shapes},
             rows_per_replay=Counter(self._rows_per_replay), rows=rows, elements=elements,
-            direct=Counter(self._direct), labels=list(self._labels))
+            direct=Counter(self._direct), labels=list(self._labels),
+            last_success=self._last_success)
 
     def snapshot(self) -> Snapshot:
         """Every counter since the replica started (what ``/metrics`` exports)."""

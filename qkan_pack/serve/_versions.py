@@ -290,6 +290,21 @@ class Repository:
         return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
                        f"answer within {timeout_s:g} s (it may be unloading); retry")
 
+    async def statistics(self, name: str | None) -> list[dict[str, Any]] | Refusal:
+        """Triton's ``model_stats`` of every ready version (of model ``name``), each its
+        replicas' sum (``_statistics``), ordered by model and version; a version that does
+        not answer in time is left out. A name that serves nothing: ``resolve``'s refusal
+        (404 unknown or not loaded, 503 nothing ready)."""
+        if name is not None and not self.ready_versions(name):
+            resolved = self.resolve(name, None)
+            assert isinstance(resolved, Refusal)
+            return resolved
+        targets = [self.models[model][v].serving for model in sorted(self.models)
+                   if name in (None, model) for v in self.ready_versions(model)]
+        answers = await asyncio.gather(*(self.call(t, "statistics") for t in targets if t))
+        return [entry for answer in answers if not isinstance(answer, Refusal)
+                for entry in answer]
+
     def routes_choice(self) -> tuple[list[str], str | None]:
         """What HAProxy routes without a version (``_haproxy.model_routes``): each model's
         highest ready version's generation, and the one ``POST /`` goes to."""

@@ -187,6 +187,47 @@ def test_pending_requests_are_the_admission_s_slots_in_use_and_its_queue() -> No
     assert _total(samples, "qkan_pack_pending_requests", model=NAME, state="waiting") == 1
 
 
+def test_triton_statistics_are_read_from_the_counters_and_summed_over_replicas() -> None:
+    """Triton's statistics extension (what perf_analyzer reads): successes and their time,
+    failures (not a missing token), queue waits, replays per captured batch size; two
+    replicas' entries summed, the latest inference kept."""
+    from qkan_pack.serve._statistics import merged_statistics, replica_statistics
+    from qkan_pack.serve._stats import Entry, ReplicaStats
+
+    entries = {"1x2": Entry(1, 2), "8x2": Entry(8, 16)}
+    parts = []
+    for _ in range(2):  # two replicas
+        stats = ReplicaStats(list(entries), entries)
+        for _request in range(3):
+            stats.answered("json", "success", 0.002)
+        stats.answered("oip-grpc", "success", 0.004)
+        stats.answered("json", "client_error", 0.0)
+        stats.answered("json", "unauthorized", 0.0)
+        stats.waited([0.001, 0.003, 0.0, 0.0])
+        stats.replay("8x2", 3, 0.0005)
+        stats.replay("1x2", 1, 0.0002)
+        parts.append(replica_statistics(stats.snapshot(), entries, NAME, "1"))
+    one = parts[0]
+    assert (one["name"], one["version"]) == (NAME, "1")
+    assert one["inference_count"] == 4 and one["execution_count"] == 2
+    assert one["last_inference"] >= int(time.time() * 1000) - 60_000
+    inference = one["inference_stats"]
+    assert inference["success"] == {"count": 4, "ns": 10_000_000}
+    assert inference["fail"] == {"count": 1, "ns": 0}
+    assert inference["queue"] == {"count": 4, "ns": 4_000_000}
+    assert inference["compute_infer"] == {"count": 2, "ns": 700_000}
+    assert inference["compute_input"] == inference["cache_hit"] == {"count": 0, "ns": 0}
+    assert [(b["batch_size"], b["compute_infer"]) for b in one["batch_stats"]] == [
+        (1, {"count": 1, "ns": 200_000}), (8, {"count": 1, "ns": 500_000})]
+    both = merged_statistics(parts)
+    assert both["inference_count"] == 8 and both["execution_count"] == 4
+    assert both["inference_stats"]["success"] == {"count": 8, "ns": 20_000_000}
+    assert both["batch_stats"][1] == {"batch_size": 8, "compute_input": {"count": 0, "ns": 0},
+                                      "compute_infer": {"count": 2, "ns": 1_000_000},
+                                      "compute_output": {"count": 0, "ns": 0}}
+    assert both["last_inference"] == max(p["last_inference"] for p in parts)
+
+
 def test_haproxy_counts_parse_from_its_admin_answers() -> None:
     from qkan_pack.serve._haproxy_admin import parse_ingress_counts
 

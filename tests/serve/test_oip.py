@@ -849,6 +849,45 @@ def test_one_artifact_answers_the_repository_extension_as_triton_without_control
 
 @pytest.mark.serve
 @pytest.mark.slow
+def test_triton_statistics_count_the_requests_sent(server: Server) -> None:
+    """Triton's statistics extension, as perf_analyzer and tritonclient read it: every
+    replica's counts summed; the requests sent show in the success count and in the rows
+    inferred, each of HTTP's and gRPC's views alike (it was a 404 and UNIMPLEMENTED)."""
+    http = pytest.importorskip("tritonclient.http")
+    grpc_client = pytest.importorskip("tritonclient.grpc")
+
+    client = http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    grpc = grpc_client.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+    def stats() -> dict:
+        (entry,) = client.get_inference_statistics(NAME, headers=_auth())["model_stats"]
+        return entry
+
+    before = stats()
+    for _ in range(5):
+        given = http.InferInput("x", [1, 2], "FP32")
+        given.set_data_from_numpy(_rows(1))
+        client.infer(NAME, [given], headers=_auth())
+    after = stats()
+    assert (after["name"], after["version"]) == (NAME, "1")
+    assert after["inference_stats"]["success"]["count"] - \
+        before["inference_stats"]["success"]["count"] == 5
+    assert after["inference_count"] - before["inference_count"] == 5
+    assert 1 <= after["execution_count"] - before["execution_count"] <= 5
+    assert after["inference_stats"]["success"]["ns"] > before["inference_stats"]["success"]["ns"]
+    assert after["last_inference"] > 0 and after["last_inference"] >= before["last_inference"]
+    assert {b["batch_size"] for b in after["batch_stats"]} <= {1, 8, 32, 64}
+    assert server.json("/v2/models/stats")[1]["model_stats"] == [after]
+    assert server.json("/v2/models/other/stats")[0] == 404
+    over_grpc = grpc.get_inference_statistics(NAME, headers=_auth("authorization"),
+                                              as_json=True)["model_stats"][0]
+    assert int(over_grpc["inference_count"]) == after["inference_count"]
+    assert over_grpc["inference_stats"]["success"]["count"] == \
+        str(after["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.serve
+@pytest.mark.slow
 def test_tritonclient_grpc_sync_and_asyncio(server: Server, predictor: Predictor) -> None:
     grpc_client = pytest.importorskip("tritonclient.grpc")
     aio = pytest.importorskip("tritonclient.grpc.aio")
@@ -878,7 +917,7 @@ def test_tritonclient_grpc_sync_and_asyncio(server: Server, predictor: Predictor
     with pytest.raises(InferenceServerException, match="NOT_FOUND"):
         client.get_model_metadata("other", headers=auth)
     with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not served by qkan-pack"):
-        client.get_inference_statistics(NAME, headers=auth)
+        client.get_system_shared_memory_status(headers=auth)
     huge = grpc_client.InferInput("x", [2**18, 2], "FP32")  # 2 MiB, over --max-body-mb 1
     huge.set_data_from_numpy(np.zeros((2**18, 2), np.float32))
     with pytest.raises(InferenceServerException, match="RESOURCE_EXHAUSTED"):
@@ -1069,7 +1108,7 @@ def test_grpc_through_rays_own_proxy(artifact: Path, predictor: Predictor) -> No
         result = client.infer(read_artifact(artifact).manifest.metadata.name, [given])
         np.testing.assert_allclose(result.as_numpy("output"), predictor(x), rtol=1e-5, atol=1e-6)
         with pytest.raises(InferenceServerException, match=r"UNIMPLEMENTED.*not served"):
-            client.get_inference_statistics()  # not INTERNAL with Ray's traceback
+            client.get_cuda_shared_memory_status()  # not INTERNAL with Ray's traceback
         assert [m.name for m in client.get_model_repository_index().models] == [
             read_artifact(artifact).manifest.metadata.name]
     finally:

@@ -756,7 +756,7 @@ def test_the_routers_grpc_refusals_are_empty_replies_with_their_status(tmp_path:
     for rpc, metadata, code in (("RepositoryIndex", (), "UNAUTHENTICATED"),
                                 ("ModelInfer", (("authorization", "Bearer wrong"),),
                                  "UNAUTHENTICATED"),
-                                ("ModelStatistics", sent, "UNIMPLEMENTED"),
+                                ("CudaSharedMemoryStatus", sent, "UNIMPLEMENTED"),
                                 ("TraceSetting", (), "UNAUTHENTICATED")):
         context = _grpc_call(metadata)
         reply = asyncio.run(router.answer(rpc, getattr(router.pb, f"{rpc}Request")(), context))

@@ -172,6 +172,31 @@ def test_unknown_names_and_versions_are_404_and_not_found(server: Server) -> Non
         grpc.get_model_repository_index()
 
 
+def test_triton_statistics_list_every_ready_version(server: Server) -> None:
+    """``GET /v2/models/stats`` and gRPC ``ModelStatistics`` without a name (perf_analyzer's
+    question): every ready version, each its replicas' sum; one version by name, each
+    request it answered counted (they were 404 "unknown model 'stats'" and UNIMPLEMENTED)."""
+    import tritonclient.http as http_module
+
+    http, grpc = _clients(server)
+    status, body = server.json("/v2/models/stats")
+    assert status == 200
+    listed = sorted((m["name"], m["version"]) for m in body["model_stats"])
+    assert listed == [("clf", "1"), ("mlp", "1"), ("mlp", "2")]
+    over_grpc = grpc.get_inference_statistics(headers=_auth("authorization"), as_json=True)
+    assert sorted((m["name"], m["version"]) for m in over_grpc["model_stats"]) == listed
+
+    def clf_successes() -> int:
+        (entry,) = http.get_inference_statistics("clf", "1", headers=_auth())["model_stats"]
+        return entry["inference_stats"]["success"]["count"]
+
+    before = clf_successes()
+    for _ in range(3):
+        http.infer("clf", [_input(http_module, _rows("clf"), "x")], headers=_auth())
+    assert clf_successes() - before == 3
+    assert server.json("/v2/models/nope/stats")[0] == 404
+
+
 def test_streaming_inference_is_unimplemented_after_the_token_check(server: Server) -> None:
     """``ModelStreamInfer`` with its requests sent whole (the stream closed after them):
     UNIMPLEMENTED, and UNAUTHENTICATED without the token (Ray's proxy answered UNKNOWN
@@ -435,8 +460,8 @@ def test_through_the_python_proxy_the_router_passes_requests_on(
                        (lambda: grpc.infer("mlp", [_input(grpc_module, x, "input")],
                                            headers={"authorization": "Bearer wrong-token-00000"}),
                         "UNAUTHENTICATED"),
-                       (lambda: grpc.get_inference_statistics(
-                           "mlp", headers=_auth("authorization")), "UNIMPLEMENTED")):
+                       (lambda: grpc.get_system_shared_memory_status(
+                           headers=_auth("authorization")), "UNIMPLEMENTED")):
         with pytest.raises(InferenceServerException) as info:  # not INTERNAL, Ray's traceback
             call()
         assert info.value.status() == f"StatusCode.{code}", info.value
@@ -444,6 +469,9 @@ def test_through_the_python_proxy_the_router_passes_requests_on(
     samples = _samples(python_ingress)
     assert _total(samples, "qkan_pack_requests_total", model="mlp", version="1",
                   outcome="success") == 5
+    every = grpc.get_inference_statistics(headers=_auth("authorization"), as_json=True)
+    assert sorted((m["name"], m["version"]) for m in every["model_stats"]) == [("mlp", "1")]
+    assert int(every["model_stats"][0]["inference_count"]) >= 5
 
 
 def test_unloading_answers_the_calls_in_flight_to_its_version(python_ingress: Server) -> None:

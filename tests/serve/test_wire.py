@@ -947,7 +947,7 @@ def test_replies_carry_their_length_type_and_extra_headers() -> None:
     """The light reply type writes its headers itself: what starlette's would have written."""
     from starlette.responses import Response
 
-    from qkan_pack.serve._http import json_response
+    from qkan_pack.serve._http_replies import json_response
 
     sent: list[dict] = []
 
