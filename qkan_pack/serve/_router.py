@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ._app import tune_replica_process
 from ._auth import CHALLENGE, UNAUTHORIZED_BODY, authorization, bearer_matches
 from ._http import BodyDeadline, HttpLimits, read_limited
-from ._http_replies import json_response, raw_response
+from ._http_replies import json_response, method_not_allowed, raw_response
 from ._metrics import exposition, merge, replicas_of, repository_families, scrape_family
 from ._oip import EXTENSIONS, PLATFORM, REPOSITORY_EXTENSION, control_body, ready_only
 from ._oip_grpc import IMPLEMENTED, add_rpc_methods
@@ -164,8 +164,7 @@ class RouterHttp:
         """Triton's statistics extension over every ready version (of model ``name``); one
         version's (``.../versions/<v>/stats``) is its replicas' own answer."""
         if request.method not in ("GET", "HEAD"):
-            return json_response(405, {"error": f"{request.method} is not allowed on {path}; "
-                                       "use GET"}, {"Allow": "GET"})
+            return method_not_allowed(request.method, path, "GET")
         stats = await self.repository.statistics(name)
         if isinstance(stats, Refusal):
             return self._refuse(stats)
@@ -491,7 +490,6 @@ class RepositoryServer:
 
 
 add_rpc_methods(RepositoryServer)  # Ray Serve calls the method named after each RPC
-
 
 
 def router_app(root: str, defaults: Defaults, served: Sequence[tuple[VersionPlan, int]], *,

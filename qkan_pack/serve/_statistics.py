@@ -44,7 +44,7 @@ def _timed(buckets: Sequence[Buckets]) -> dict[str, int]:
 def replica_statistics(snapshot: Snapshot, entries: Mapping[str, Entry], name: str,
                        version: str) -> dict[str, Any]:
     """One replica's ``model_stats`` entry (Triton's JSON), from its counters."""
-    inference = dict.fromkeys(INFERENCE_FIELDS) | {
+    inference = {key: _duration() for key in INFERENCE_FIELDS} | {
         "success": _timed(list(snapshot.latency.values())),
         "fail": _duration(sum(n for (_, outcome), n in snapshot.answered.items()
                               if outcome not in NOT_INFERENCES)),
@@ -54,18 +54,14 @@ def replica_statistics(snapshot: Snapshot, entries: Mapping[str, Entry], name: s
     for label, buckets in snapshot.replay_seconds.items():
         size = entries[label].rows if label in entries else 1
         batch = batches.setdefault(size, {key: _duration() for key in BATCH_FIELDS})
-        batch["compute_infer"] = _sum(batch["compute_infer"], _timed([buckets]))
+        batch["compute_infer"] = _total([batch["compute_infer"], _timed([buckets])])
     return {
         "name": name, "version": version,
         "last_inference": int(snapshot.last_success * 1000),
         "inference_count": sum(rows * n for rows, n in snapshot.rows_per_replay.items()),
         "execution_count": sum(snapshot.replays.values()),
-        "inference_stats": {key: value or _duration() for key, value in inference.items()},
+        "inference_stats": inference,
         "batch_stats": [{"batch_size": size, **batches[size]} for size in sorted(batches)]}
-
-
-def _sum(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
-    return {"count": a["count"] + b["count"], "ns": a["ns"] + b["ns"]}
 
 
 def merged_statistics(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -77,7 +73,7 @@ def merged_statistics(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for batch in part["batch_stats"]:
             into = batches.setdefault(batch["batch_size"], {key: _duration() for key in BATCH_FIELDS})
             for key in BATCH_FIELDS:
-                into[key] = _sum(into[key], batch[key])
+                into[key] = _total([into[key], batch[key]])
     return {
         "name": first["name"], "version": first["version"],
         "last_inference": max(p["last_inference"] for p in parts),

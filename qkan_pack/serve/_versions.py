@@ -195,7 +195,6 @@ class Repository:
             why = not_running(status, deployed.generation.app)
             if why is not None:
                 down[deployed.generation.app] = why
-        self._health_at = time.monotonic()
         if down != self.down:
             for app in sorted(down.keys() - self.down.keys()):
                 logger.warning("model repository: %s has no replica running: %s", app, down[app])
@@ -247,11 +246,7 @@ class Repository:
         if state.serving is None or state.state != READY:  # unloading: its replicas are leaving
             return Refusal(503, f"version {version} of model {name!r} is "
                            f"{state.state.lower()}" + (f": {state.reason}" if state.reason else ""))
-        why = self.down.get(state.serving.generation.app)
-        if why is not None:
-            return Refusal(503, f"version {version} of model {name!r} has no replica "
-                           f"running: {why}")
-        return state.serving
+        return self._no_replica(state.serving) or state.serving
 
     def handle(self, deployed: Deployed) -> Any:
         """The deployment handle of ``deployed``'s replicas (made once per generation)."""
@@ -271,24 +266,30 @@ class Repository:
         a replica (its generation deleted meanwhile, its replicas dead) otherwise waits
         for ever."""
         response = getattr(self.handle(deployed), method).remote(*args)
-        plan, app = deployed.plan, deployed.generation.app
+        plan = deployed.plan
         timeout_s = forward_timeout_s(plan)
-        waiting = asyncio.ensure_future(_answer(response))
+        waiting = asyncio.ensure_future(response)
         deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
+        refusal = None
+        while refusal is None and (left := deadline - time.monotonic()) > 0:
             done, _ = await asyncio.wait([waiting], timeout=min(left, HEALTH_TTL_S))
             if done:
                 return waiting.result()
             self.watch_health()
-            if app in self.down:
-                response.cancel()
-                waiting.cancel()
-                return Refusal(503, f"version {plan.version} of model {plan.model!r} has no "
-                               f"replica running: {self.down[app]}")
+            refusal = self._no_replica(deployed)
         response.cancel()
         waiting.cancel()
-        return Refusal(503, f"version {plan.version} of model {plan.model!r} gave no "
-                       f"answer within {timeout_s:g} s (it may be unloading); retry")
+        return refusal or Refusal(503, f"version {plan.version} of model {plan.model!r} gave "
+                                  f"no answer within {timeout_s:g} s (it may be unloading); retry")
+
+    def _no_replica(self, deployed: Deployed) -> Refusal | None:
+        """The 503 for a generation with no replica running (``down``), else None."""
+        why = self.down.get(deployed.generation.app)
+        if why is None:
+            return None
+        plan = deployed.plan
+        return Refusal(503, f"version {plan.version} of model {plan.model!r} has no replica "
+                       f"running: {why}")
 
     async def statistics(self, name: str | None) -> list[dict[str, Any]] | Refusal:
         """Triton's ``model_stats`` of every ready version (of model ``name``), each its
@@ -522,11 +523,6 @@ class Repository:
     def _record_admission(self) -> None:
         if self.workdir is not None:
             write_admission(self.workdir, self._admission)
-
-
-async def _answer(response: Any) -> Any:
-    """A deployment handle's response, awaited (``asyncio.wait`` takes tasks, not it)."""
-    return await response
 
 
 def not_running(status: Any, app: str) -> str | None:
