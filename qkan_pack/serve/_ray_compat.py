@@ -21,6 +21,7 @@ each private name.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -47,14 +48,22 @@ def check_ray() -> None:
                                                     "that release line"), hint=INSTALL)
 
 
+#: Ray Serve builds its config objects (a deploy's, and those a status read parses) with a
+#: module registered for pickling by value, unregistering it after: two threads doing so at
+#: once fail ("... is not registered for pickle by value"), as a model repository's load
+#: did while its router read the replicas' health. One at a time in this process.
+_SERVE_CONFIGS = threading.Lock()
+
+
 def deploy_without_waiting(app: Any, name: str, logging_config: Mapping[str, Any],
                            route_prefix: str = "/") -> Any:
     """Deploy ``app`` as application ``name`` at ``route_prefix`` and return its handle
     without waiting for replicas (other applications are left as they are)."""
     from ray import serve
 
-    return serve._run(app, _blocking=False, name=name, route_prefix=route_prefix,
-                      logging_config=dict(logging_config))
+    with _SERVE_CONFIGS:
+        return serve._run(app, _blocking=False, name=name, route_prefix=route_prefix,
+                          logging_config=dict(logging_config))
 
 
 def delete_apps(names: Sequence[str], blocking: bool = True) -> None:
@@ -85,7 +94,8 @@ def serve_status(timeout_s: float) -> Any | None:
         details = ray.get(asked, timeout=timeout_s)
     except GetTimeoutError:
         return None
-    return ServeInstanceDetails(**details)._get_status()
+    with _SERVE_CONFIGS:
+        return ServeInstanceDetails(**details)._get_status()
 
 
 #: Where a model repository names the application that gRPC calls without ``application``
